@@ -1,0 +1,84 @@
+"""Error types raised by carbon_gym.
+
+Every error that bad input can trigger derives from :class:`CarbonGymError` and names the
+offending field, file or line, so that a user never has to read a traceback to find out what
+was wrong. They also derive from :class:`ValueError` so generic handlers keep working.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+
+class CarbonGymError(ValueError):
+    """Base class of every documented carbon_gym error."""
+
+
+class ConfigError(CarbonGymError):
+    """A configuration value (scenario field, parameter file entry, argument) is invalid.
+
+    Args:
+        field: dotted name of the bad field, e.g. ``"workload.rate_per_s"``.
+        message: what is wrong with it.
+        allowed: optional description or iterable of allowed values.
+        source: optional file (and line) the value came from.
+    """
+
+    def __init__(self, field: str, message: str, allowed: Any = None, source: str | None = None):
+        self.field = field
+        self.allowed = allowed
+        self.source = source
+        text = f"{field}: {message}"
+        if allowed is not None:
+            if isinstance(allowed, (list, tuple, set, frozenset)) or (
+                isinstance(allowed, Iterable) and not isinstance(allowed, str)
+            ):
+                allowed_text = ", ".join(map(str, allowed))
+            else:
+                allowed_text = str(allowed)
+            text += f" (allowed: {allowed_text})"
+        if source:
+            text = f"{source}: {text}"
+        super().__init__(text)
+
+
+class DataError(CarbonGymError):
+    """A data file (carbon trace, workload trace, parameter file) is malformed.
+
+    Args:
+        source: the file, optionally with ``:line``.
+        message: what is wrong.
+    """
+
+    def __init__(self, source: str, message: str):
+        self.source = source
+        super().__init__(f"{source}: {message}")
+
+
+class ActionError(CarbonGymError):
+    """An action passed to ``env.step`` has the wrong shape, range or chooses a masked option."""
+
+
+class LedgerError(CarbonGymError):
+    """The end-of-episode accounting check failed: a request or a joule is unaccounted for."""
+
+
+def check_finite_nonneg(field: str, value: float, *, allow_zero: bool = True) -> float:
+    """Return ``float(value)`` or raise :class:`ConfigError` if it is NaN, infinite or negative."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(field, f"expected a number, got {value!r}") from None
+    if v != v or v in (float("inf"), float("-inf")):
+        raise ConfigError(field, f"must be finite, got {value!r}")
+    if v < 0 or (not allow_zero and v == 0):
+        raise ConfigError(field, f"must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+    return v
+
+
+def check_choice(field: str, value: Any, allowed: Iterable[Any]) -> Any:
+    """Return ``value`` if it is one of ``allowed``, else raise :class:`ConfigError` listing them."""
+    allowed = list(allowed)
+    if value not in allowed:
+        raise ConfigError(field, f"unknown value {value!r}", allowed=allowed)
+    return value

@@ -1,0 +1,189 @@
+"""Iteration latency model: how long one engine iteration takes for a given batch.
+
+One interface, :class:`IterationLatencyModel`, and one implementation,
+:class:`TableLatencyModel`, whose coefficients live in
+``carbon_gym/data/params/latency/<gpu>__<model>__tp<k>.toml`` (written by ``calibration/``).
+
+Functional form (all times in seconds, for the whole forward pass of one iteration)::
+
+    T = overhead_s
+      + per_sampled_seq_s      * n_sampled            # LM head + sampling, one per sequence
+      + linear(num_tokens)                            # token-level operators x layers (table)
+      + attn_decode_per_seq_s  * n_decode             # decode attention, fixed part
+      + attn_decode_per_ctx_s  * decode_ctx_sum       # decode attention, per cached token read
+      + attn_prefill_per_token_s * prefill_tokens     # prefill attention, per query token
+      + attn_prefill_per_pair_s  * prefill_attn_pairs # prefill attention, per (query, key) pair
+      + allreduce(num_tokens)                         # TP > 1: two all-reduces per layer
+
+with ``num_tokens = prefill_tokens + n_decode`` and ``linear`` a piecewise-linear interpolation
+of a (tokens, seconds) table (linear extrapolation past its ends).
+
+**Contract used by the simulator's closed-form fast path:** T is *affine in decode_ctx_sum* with
+slope :meth:`IterationLatencyModel.decode_ctx_coeff_s`, everything else held fixed. During a run
+of pure decode iterations with ``n`` sequences, the context sum grows by ``n`` per iteration, so
+iteration ``k`` of the run takes ``T_0 + k * n * decode_ctx_coeff_s``. Any other implementation
+must keep this property.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from .._toml import data_path, load_toml
+from ..errors import ConfigError, DataError
+
+
+class IterationLatencyModel(Protocol):
+    """Time of one engine iteration as a function of its batch."""
+
+    def iteration_time_s(
+        self,
+        prefill_tokens: int,
+        prefill_attn_pairs: float,
+        n_decode: int,
+        decode_ctx_sum: float,
+        n_sampled: int,
+    ) -> float:
+        """Seconds for one iteration.
+
+        Args:
+            prefill_tokens: prompt tokens computed in this iteration (all chunks).
+            prefill_attn_pairs: sum over prefill chunks of ``chunk * (kv_before + (chunk + 1) / 2)``,
+                the number of (query, key) pairs the prefill attention computes.
+            n_decode: sequences decoding one token each.
+            decode_ctx_sum: sum of the context lengths (tokens in KV) the decode sequences attend to.
+            n_sampled: sequences that sample a token at the end of the iteration
+                (decodes + prefills that finish their prompt).
+        """
+        ...
+
+    def decode_ctx_coeff_s(self) -> float:
+        """Slope of :meth:`iteration_time_s` in ``decode_ctx_sum`` (seconds per context token)."""
+        ...
+
+
+@dataclass(frozen=True)
+class TableLatencyModel:
+    """Calibrated iteration latency model (see the module docstring for its form).
+
+    Attributes:
+        name: identifier, e.g. ``"a100-80gb__llama-3.1-8b__tp1"``.
+        tokens_grid: increasing token counts of the linear-operator table.
+        linear_s: seconds of all token-level operators of all layers at each grid point.
+        overhead_s: per-iteration framework / scheduling / embedding overhead, seconds.
+        per_sampled_seq_s: LM head + sampling per sampled sequence, seconds.
+        attn_decode_per_seq_s, attn_decode_per_ctx_s: decode attention coefficients, seconds.
+        attn_prefill_per_token_s, attn_prefill_per_pair_s: prefill attention coefficients, seconds.
+        allreduce_fixed_s, allreduce_per_token_s: tensor-parallel communication, seconds.
+        source: free text saying how the numbers were obtained.
+    """
+
+    name: str
+    tokens_grid: np.ndarray
+    linear_s: np.ndarray
+    overhead_s: float
+    per_sampled_seq_s: float
+    attn_decode_per_seq_s: float
+    attn_decode_per_ctx_s: float
+    attn_prefill_per_token_s: float
+    attn_prefill_per_pair_s: float
+    allreduce_fixed_s: float = 0.0
+    allreduce_per_token_s: float = 0.0
+    source: str = ""
+    _slopes: np.ndarray = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        grid = np.asarray(self.tokens_grid, dtype=np.float64)
+        lin = np.asarray(self.linear_s, dtype=np.float64)
+        if grid.ndim != 1 or grid.shape != lin.shape or grid.size < 2:
+            raise ConfigError("latency.tokens_grid", "must be 1-D, at least 2 points, same length as linear_s")
+        if np.any(np.diff(grid) <= 0):
+            raise ConfigError("latency.tokens_grid", "must be strictly increasing")
+        if np.any(~np.isfinite(lin)) or np.any(lin < 0):
+            raise ConfigError("latency.linear_s", "must be finite and >= 0")
+        object.__setattr__(self, "tokens_grid", grid)
+        object.__setattr__(self, "linear_s", lin)
+        object.__setattr__(self, "_slopes", np.diff(lin) / np.diff(grid))
+
+    def linear_time_s(self, num_tokens: float) -> float:
+        """Seconds of the token-level operators (all layers) for ``num_tokens`` tokens."""
+        g = self.tokens_grid
+        if num_tokens <= 0:
+            return 0.0
+        i = int(np.searchsorted(g, num_tokens, side="right")) - 1
+        i = min(max(i, 0), g.size - 2)
+        return float(self.linear_s[i] + self._slopes[i] * (num_tokens - g[i]))
+
+    def iteration_time_s(
+        self,
+        prefill_tokens: int,
+        prefill_attn_pairs: float,
+        n_decode: int,
+        decode_ctx_sum: float,
+        n_sampled: int,
+    ) -> float:
+        """Seconds for one iteration (see :class:`IterationLatencyModel`)."""
+        tokens = prefill_tokens + n_decode
+        if tokens <= 0:
+            return 0.0
+        t = self.overhead_s + self.per_sampled_seq_s * n_sampled + self.linear_time_s(tokens)
+        t += self.attn_decode_per_seq_s * n_decode + self.attn_decode_per_ctx_s * decode_ctx_sum
+        t += self.attn_prefill_per_token_s * prefill_tokens + self.attn_prefill_per_pair_s * prefill_attn_pairs
+        t += self.allreduce_fixed_s + self.allreduce_per_token_s * tokens
+        return t
+
+    def decode_ctx_coeff_s(self) -> float:
+        """Seconds per decode context token (the slope the closed-form fast path relies on)."""
+        return self.attn_decode_per_ctx_s
+
+    def prefill_time_s(self, prompt_tokens: int, chunk_tokens: int = 2048) -> float:
+        """Seconds to prefill a lone prompt in chunks of ``chunk_tokens`` (no other work in the batch)."""
+        done, total = 0, 0.0
+        while done < prompt_tokens:
+            c = min(chunk_tokens, prompt_tokens - done)
+            pairs = c * (done + (c + 1) / 2)
+            last = done + c >= prompt_tokens
+            total += self.iteration_time_s(c, pairs, 0, 0.0, 1 if last else 0)
+            done += c
+        return total
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "TableLatencyModel":
+        """Load the ``[latency]`` table of a parameter file."""
+        raw = load_toml(path)
+        if "latency" not in raw:
+            raise DataError(str(path), "missing [latency] table")
+        lat = dict(raw["latency"])
+        required = [
+            "tokens_grid", "linear_s", "overhead_s", "per_sampled_seq_s", "attn_decode_per_seq_s",
+            "attn_decode_per_ctx_s", "attn_prefill_per_token_s", "attn_prefill_per_pair_s",
+        ]
+        missing = [k for k in required if k not in lat]
+        if missing:
+            raise DataError(str(path), f"[latency] is missing {', '.join(missing)}")
+        known = set(required) | {"allreduce_fixed_s", "allreduce_per_token_s", "source", "name"}
+        unknown = sorted(set(lat) - known)
+        if unknown:
+            raise DataError(str(path), f"[latency] has unknown keys {', '.join(unknown)}")
+        name = str(lat.pop("name", Path(path).stem))
+        return cls(name=name, **lat)
+
+
+def latency_params_path(gpu: str, model: str, tp: int) -> Path:
+    """Path of the packaged latency parameter file for (gpu, model, tp)."""
+    return data_path("params", "latency", f"{gpu}__{model}__tp{tp}.toml")
+
+
+def load_latency_model(gpu: str, model: str, tp: int, path: str | Path | None = None) -> TableLatencyModel:
+    """Load the latency model for (gpu, model, tp) from the package or from ``path``."""
+    p = Path(path) if path else latency_params_path(gpu, model, tp)
+    if not p.exists():
+        shipped = sorted(x.stem for x in data_path("params", "latency").glob("*.toml"))
+        raise ConfigError(
+            "latency", f"no latency parameters for gpu={gpu!r} model={model!r} tp={tp}", allowed=shipped
+        )
+    return TableLatencyModel.from_file(p)
