@@ -6,17 +6,23 @@ One interface, :class:`IterationLatencyModel`, and one implementation,
 
 Functional form (all times in seconds, for the whole forward pass of one iteration)::
 
-    T = overhead_s
-      + per_sampled_seq_s      * n_sampled            # LM head + sampling, one per sequence
+    T = overhead_s                                    # framework / scheduler, every iteration
+      + [n_sampled > 0] * lm_head_fixed_s             # LM-head weight read, once per iteration
+      + per_sampled_seq_s      * n_sampled            # LM head flops + sampling, per sequence
       + linear(num_tokens)                            # token-level operators x layers (table)
-      + attn_decode_per_seq_s  * n_decode             # decode attention, fixed part
+      + [n_decode > 0] * attn_decode_fixed_s          # decode attention kernels, fixed part
+      + attn_decode_per_seq_s  * n_decode             # decode attention + KV save, per sequence
       + attn_decode_per_ctx_s  * decode_ctx_sum       # decode attention, per cached token read
-      + attn_prefill_per_token_s * prefill_tokens     # prefill attention, per query token
+      + [prefill_tokens > 0] * attn_prefill_fixed_s   # prefill attention kernels, fixed part
+      + attn_prefill_per_token_s * prefill_tokens     # prefill attention + KV save, per token
       + attn_prefill_per_pair_s  * prefill_attn_pairs # prefill attention, per (query, key) pair
-      + allreduce(num_tokens)                         # TP > 1: two all-reduces per layer
+      + allreduce_fixed_s + allreduce_per_token_s * num_tokens   # TP > 1 all-reduces
 
 with ``num_tokens = prefill_tokens + n_decode`` and ``linear`` a piecewise-linear interpolation
-of a (tokens, seconds) table (linear extrapolation past its ends).
+of a (tokens, seconds) table (linear extrapolation past its ends). ``[c]`` is 1 if ``c`` holds
+else 0. The *kernel* part (:meth:`TableLatencyModel.kernel_time_s`: linear + attention terms) is
+what a per-operator profile measures; the rest (overhead, LM head, all-reduce) is added by
+``calibration/`` from first principles or fitted end to end (see ``calibration/README.md``).
 
 **Contract used by the simulator's closed-form fast path:** T is *affine in decode_ctx_sum* with
 slope :meth:`IterationLatencyModel.decode_ctx_coeff_s`, everything else held fixed. During a run
@@ -34,7 +40,13 @@ from typing import Protocol
 import numpy as np
 
 from .._toml import data_path, load_toml
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, check_finite_nonneg
+
+_SCALAR_FIELDS = (
+    "overhead_s", "per_sampled_seq_s", "attn_decode_per_seq_s", "attn_decode_per_ctx_s",
+    "attn_prefill_per_token_s", "attn_prefill_per_pair_s", "allreduce_fixed_s",
+    "allreduce_per_token_s", "lm_head_fixed_s", "attn_decode_fixed_s", "attn_prefill_fixed_s",
+)
 
 
 class IterationLatencyModel(Protocol):
@@ -74,11 +86,14 @@ class TableLatencyModel:
         name: identifier, e.g. ``"a100-80gb__llama-3.1-8b__tp1"``.
         tokens_grid: increasing token counts of the linear-operator table.
         linear_s: seconds of all token-level operators of all layers at each grid point.
-        overhead_s: per-iteration framework / scheduling / embedding overhead, seconds.
-        per_sampled_seq_s: LM head + sampling per sampled sequence, seconds.
+        overhead_s: per-iteration framework / scheduling overhead, seconds.
+        per_sampled_seq_s: LM head flops + sampling per sampled sequence, seconds.
         attn_decode_per_seq_s, attn_decode_per_ctx_s: decode attention coefficients, seconds.
         attn_prefill_per_token_s, attn_prefill_per_pair_s: prefill attention coefficients, seconds.
         allreduce_fixed_s, allreduce_per_token_s: tensor-parallel communication, seconds.
+        lm_head_fixed_s: LM-head weight read, once per iteration that samples, seconds.
+        attn_decode_fixed_s, attn_prefill_fixed_s: fixed attention kernel time per iteration
+            that has decodes / prefill tokens, seconds.
         source: free text saying how the numbers were obtained.
     """
 
@@ -93,6 +108,9 @@ class TableLatencyModel:
     attn_prefill_per_pair_s: float
     allreduce_fixed_s: float = 0.0
     allreduce_per_token_s: float = 0.0
+    lm_head_fixed_s: float = 0.0
+    attn_decode_fixed_s: float = 0.0
+    attn_prefill_fixed_s: float = 0.0
     source: str = ""
     _slopes: np.ndarray = field(init=False, repr=False, compare=False)
 
@@ -105,6 +123,8 @@ class TableLatencyModel:
             raise ConfigError("latency.tokens_grid", "must be strictly increasing")
         if np.any(~np.isfinite(lin)) or np.any(lin < 0):
             raise ConfigError("latency.linear_s", "must be finite and >= 0")
+        for f in _SCALAR_FIELDS:
+            object.__setattr__(self, f, check_finite_nonneg(f"latency.{f}", getattr(self, f)))
         object.__setattr__(self, "tokens_grid", grid)
         object.__setattr__(self, "linear_s", lin)
         object.__setattr__(self, "_slopes", np.diff(lin) / np.diff(grid))
@@ -130,10 +150,30 @@ class TableLatencyModel:
         tokens = prefill_tokens + n_decode
         if tokens <= 0:
             return 0.0
-        t = self.overhead_s + self.per_sampled_seq_s * n_sampled + self.linear_time_s(tokens)
-        t += self.attn_decode_per_seq_s * n_decode + self.attn_decode_per_ctx_s * decode_ctx_sum
-        t += self.attn_prefill_per_token_s * prefill_tokens + self.attn_prefill_per_pair_s * prefill_attn_pairs
-        t += self.allreduce_fixed_s + self.allreduce_per_token_s * tokens
+        t = self.kernel_time_s(prefill_tokens, prefill_attn_pairs, n_decode, decode_ctx_sum)
+        t += self.overhead_s + self.allreduce_fixed_s + self.allreduce_per_token_s * tokens
+        if n_sampled > 0:
+            t += self.lm_head_fixed_s + self.per_sampled_seq_s * n_sampled
+        return t
+
+    def kernel_time_s(
+        self, prefill_tokens: int, prefill_attn_pairs: float, n_decode: int, decode_ctx_sum: float
+    ) -> float:
+        """Seconds of the profiled kernels only (token-level operators + attention, all layers).
+
+        This is the part a per-operator profile measures; :meth:`iteration_time_s` adds the
+        framework overhead, the LM head and the tensor-parallel all-reduces.
+        """
+        tokens = prefill_tokens + n_decode
+        if tokens <= 0:
+            return 0.0
+        t = self.linear_time_s(tokens)
+        if n_decode > 0:
+            t += self.attn_decode_fixed_s + self.attn_decode_per_seq_s * n_decode
+            t += self.attn_decode_per_ctx_s * decode_ctx_sum
+        if prefill_tokens > 0:
+            t += self.attn_prefill_fixed_s + self.attn_prefill_per_token_s * prefill_tokens
+            t += self.attn_prefill_per_pair_s * prefill_attn_pairs
         return t
 
     def decode_ctx_coeff_s(self) -> float:
@@ -165,7 +205,7 @@ class TableLatencyModel:
         missing = [k for k in required if k not in lat]
         if missing:
             raise DataError(str(path), f"[latency] is missing {', '.join(missing)}")
-        known = set(required) | {"allreduce_fixed_s", "allreduce_per_token_s", "source", "name"}
+        known = set(required) | set(_SCALAR_FIELDS) | {"source", "name"}
         unknown = sorted(set(lat) - known)
         if unknown:
             raise DataError(str(path), f"[latency] has unknown keys {', '.join(unknown)}")
