@@ -1,0 +1,455 @@
+"""The ``carbon-gym`` command-line tool.
+
+Subcommands (each imports what it needs only when it runs, so ``carbon-gym --help`` is fast)::
+
+    carbon-gym eval --policies rr,greedy,milp --scenarios dev --seeds 3 [--preset quick]
+    carbon-gym experiment headline|milp-vs-ilp|predictor|polling|tradeoff|bound|all  (or a..f)
+    carbon-gym report results/headline            # regenerate RESULTS.md from a headline run
+    carbon-gym scenarios                           # shipped scenarios
+    carbon-gym policies                            # policy names the harness accepts
+    carbon-gym calibrate ...                       # calibration.cli
+    carbon-gym train ...                           # train.cli
+    carbon-gym bench env|solvers|soak ...          # eval/bench_<name>.py
+
+Bad arguments (unknown policy or scenario, bad seeds, malformed ``--set``) print one line naming
+the argument and the allowed values and exit with status 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from typing import Any, Sequence
+
+PROG = "carbon-gym"
+EXIT_USAGE = 2
+
+EXPERIMENT_ALIASES = {
+    "a": "headline",
+    "b": "milp-vs-ilp",
+    "c": "predictor",
+    "d": "polling",
+    "e": "tradeoff",
+    "f": "bound",
+}
+EXPERIMENTS = tuple(EXPERIMENT_ALIASES.values())
+BENCHES = ("env", "solvers", "soak", "sim")
+
+
+class UsageError(Exception):
+    """A bad command-line argument: printed as one line, exit status 2."""
+
+    def __init__(self, argument: str, message: str, allowed: Sequence[str] | None = None):
+        text = f"{argument}: {message}"
+        if allowed is not None:
+            text += f" (allowed: {', '.join(map(str, allowed))})"
+        super().__init__(text)
+
+
+class _Parser(argparse.ArgumentParser):
+    """ArgumentParser whose errors are one line (no usage dump) and exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(self.prog, message)
+
+
+# ----------------------------------------------------------------------------------------------
+# argument parsing helpers
+
+
+def parse_value(text: str) -> Any:
+    """``--set`` values: JSON (numbers, true/false, lists, quoted strings) or a bare string."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, ValueError):
+        return text
+
+
+def parse_assignments(items: Sequence[str] | None, argument: str) -> dict[str, Any]:
+    """``["a.b=1", "c=x"]`` -> ``{"a.b": 1, "c": "x"}``; UsageError naming ``argument`` otherwise."""
+    out: dict[str, Any] = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(argument, f"expected KEY=VALUE, got {item!r}")
+        out[key.strip()] = parse_value(value)
+    return out
+
+
+def parse_policy_args(items: Sequence[str] | None) -> dict[str, dict[str, Any]]:
+    """``["milp.slo_weight=10"]`` -> ``{"milp": {"slo_weight": 10}}``."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, value in parse_assignments(items, "--policy-arg").items():
+        pol, dot, kw = key.partition(".")
+        if not dot or not kw:
+            raise UsageError("--policy-arg", f"expected POLICY.KEY=VALUE, got {key!r}")
+        out.setdefault(pol, {})[kw] = value
+    return out
+
+
+def parse_seeds(n: int | None, seed_list: str | None, start: int = 0) -> list[int]:
+    """``--seeds N`` -> ``[start, ..., start+N-1]``; ``--seed-list 0,4,7`` -> that list."""
+    if seed_list:
+        seeds = []
+        for part in seed_list.split(","):
+            part = part.strip()
+            try:
+                seeds.append(int(part))
+            except ValueError:
+                raise UsageError("--seed-list", f"expected comma-separated integers, got {part!r}") from None
+        if any(s < 0 for s in seeds):
+            raise UsageError("--seed-list", "seeds must be >= 0")
+        if len(set(seeds)) != len(seeds):
+            raise UsageError("--seed-list", "seeds must be distinct")
+        return seeds
+    if n is None:
+        n = 1
+    if n < 1:
+        raise UsageError("--seeds", f"must be a positive number of seeds, got {n}")
+    if start < 0:
+        raise UsageError("--seed-start", f"must be >= 0, got {start}")
+    return list(range(start, start + n))
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    return v
+
+
+def _float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    return v
+
+
+def split_list(text: str | None) -> list[str]:
+    return [p.strip() for p in (text or "").split(",") if p.strip()]
+
+
+def resolve_policies(text: str) -> list[str]:
+    """Comma list (or ``all``) -> validated policy names, ``rr`` first (the reference)."""
+    from eval import harness
+
+    names = split_list(text)
+    if not names:
+        raise UsageError("--policies", "no policy given", harness.available_policies())
+    allowed = harness.available_policies()
+    out: list[str] = []
+    for n in names:
+        if n == "all":
+            out.extend(p for p in harness.default_policies() if p not in out)
+            continue
+        if n not in allowed:
+            raise UsageError("--policies", f"unknown policy {n!r}", allowed + ["all"])
+        if n not in out:
+            out.append(n)
+    if harness.REFERENCE_POLICY not in out:
+        print(f"{PROG}: note: adding '{harness.REFERENCE_POLICY}' (the reference for 'vs rr')", file=sys.stderr)
+        out.insert(0, harness.REFERENCE_POLICY)
+    return out
+
+
+def list_scenarios() -> list[str]:
+    from carbon_gym.scenario import list_scenarios as _list
+
+    return list(_list())
+
+
+def resolve_scenarios(text: str) -> list[str]:
+    """Comma list of shipped names or TOML paths -> validated list."""
+    names = split_list(text)
+    shipped = list_scenarios()
+    if not names:
+        raise UsageError("--scenarios", "no scenario given", shipped)
+    for n in names:
+        if n in shipped:
+            continue
+        if n.endswith(".toml") or os.sep in n:
+            if not os.path.isfile(n):
+                raise UsageError("--scenarios", f"no such scenario file {n!r}")
+            continue
+        raise UsageError("--scenarios", f"unknown scenario {n!r}", shipped + ["<path/to/file.toml>"])
+    return names
+
+
+# ----------------------------------------------------------------------------------------------
+# parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description="carbon_gym: carbon-aware geo-distributed LLM serving — evaluation, experiments, calibration, training.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    ev = sub.add_parser("eval", help="run a policy x scenario x seed matrix and write tables", description="Run every policy on every scenario and seed (common random numbers) and write summary.csv/.md, per-run, per-step and per-request records and TensorBoard scalars.")
+    add_run_args(ev, out_default=os.path.join("results", "eval"))
+    ev.add_argument("--policies", default="all", help="comma list of policy names, or 'all' (default); rr is always added as the reference")
+    ev.add_argument("--scenarios", default="dev", help="comma list of shipped scenario names or TOML paths (default: dev)")
+
+    ex = sub.add_parser("experiment", help="run one of the study's experiments (a-f) and write its table and figure")
+    ex.add_argument("name", help="headline|milp-vs-ilp|predictor|polling|tradeoff|bound|all, or a..f")
+    add_run_args(ex, out_default="results")
+    ex.add_argument("--models", default=None, help="comma list of models to include (llama8b,qwen7b,mixtral8x7b; default all)")
+    ex.add_argument("--loads", default=None, help="comma list of loads (low,moderate,high; default per experiment)")
+    ex.add_argument("--policies", default=None, help="override the experiment's policy list (comma list)")
+
+    rp = sub.add_parser("report", help="write RESULTS.md from a finished headline run (and other experiments found next to it)")
+    rp.add_argument("results_dir", nargs="?", default="results", help="directory holding headline/ (and the other experiments), default results")
+    rp.add_argument("--out", default="RESULTS.md", help="Markdown file to write (default RESULTS.md)")
+    rp.add_argument("--figures", default=os.path.join("docs", "results"), help="where to copy the figures RESULTS.md shows")
+    rp.add_argument("--command", dest="run_command", default=None, help="the command that produced the run (default: from its config.json)")
+
+    sub.add_parser("scenarios", help="list the shipped scenarios")
+    sub.add_parser("policies", help="list the policy names the harness accepts")
+    sub.add_parser("calibrate", help="fit latency/power parameters and write the validation report (calibration.cli)", add_help=False)
+    sub.add_parser("train", help="train learned policies (train.cli)", add_help=False)
+    bp = sub.add_parser("bench", help="benchmarks: env, solvers, soak, sim (eval/bench_<name>.py)", add_help=False)
+    bp.add_argument("name", nargs="?")
+    return p
+
+
+def add_run_args(p: argparse.ArgumentParser, *, out_default: str) -> None:
+    g = p.add_argument_group("matrix")
+    g.add_argument("--seeds", type=_positive_int, default=None, help="number of seeds (default: 3 for eval; preset-dependent for experiments)")
+    g.add_argument("--seed-start", type=_positive_int, default=0, help="first seed (default 0)")
+    g.add_argument("--seed-list", default=None, help="explicit comma list of seeds (overrides --seeds)")
+    g.add_argument("--preset", default=None, help="quick (short episodes, for CI and laptops) or full (the scenario's own durations)")
+    g.add_argument("--duration-s", type=_float, default=None, help="simulated seconds per episode (overrides the preset)")
+    g.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE", help="scenario override, e.g. --set env.polling_s=2 (repeatable)")
+    g.add_argument("--policy-arg", dest="policy_args", action="append", metavar="POLICY.KEY=VALUE", help="policy keyword argument, e.g. --policy-arg milp.time_limit_s=0.5 (repeatable)")
+    g.add_argument("--no-carbon-start", action="store_true", help="keep the scenario's own carbon start instead of sampling starts across the year")
+    r = p.add_argument_group("execution and output")
+    r.add_argument("--out", default=out_default, help=f"output directory (default {out_default})")
+    r.add_argument("--workers", type=_positive_int, default=None, help="local worker processes (default: all cores)")
+    r.add_argument("--ray-address", default=None, help="run on Ray: 'local' for a local instance, 'auto' or ray://host:port for a cluster")
+    r.add_argument("--tensorboard", default=None, metavar="DIR", help="TensorBoard log dir (default: <out>/tensorboard)")
+    r.add_argument("--no-tensorboard", action="store_true", help="do not write TensorBoard scalars")
+    r.add_argument("--format", choices=("parquet", "csv"), default="parquet", help="record files format (default parquet; csv if pyarrow is missing)")
+    r.add_argument("--no-requests", action="store_true", help="do not write per-request records")
+    r.add_argument("--no-plots", action="store_true", help="skip figures")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+# ----------------------------------------------------------------------------------------------
+# commands
+
+
+def _check_run_args(args: argparse.Namespace) -> None:
+    if args.workers is not None and args.workers < 1:
+        raise UsageError("--workers", f"must be >= 1, got {args.workers}")
+    if args.duration_s is not None and not (args.duration_s > 0):
+        raise UsageError("--duration-s", f"must be > 0, got {args.duration_s}")
+    from eval.experiments import PRESETS
+
+    if args.preset is not None and args.preset not in PRESETS:
+        raise UsageError("--preset", f"unknown preset {args.preset!r}", list(PRESETS))
+
+
+def cmd_eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    _check_run_args(args)
+    seeds = parse_seeds(args.seeds if args.seeds is not None else 3, args.seed_list, args.seed_start)
+    policies = resolve_policies(args.policies)
+    scenarios = resolve_scenarios(args.scenarios)
+    overrides = parse_assignments(args.overrides, "--set")
+    policy_kwargs = parse_policy_args(args.policy_args)
+    for pol in policy_kwargs:
+        if pol not in policies:
+            raise UsageError("--policy-arg", f"policy {pol!r} is not in --policies", policies)
+    from eval import experiments
+
+    summary = experiments.run_eval(
+        scenarios=scenarios,
+        policies=policies,
+        seeds=seeds,
+        preset=args.preset,
+        duration_s=args.duration_s,
+        overrides=overrides,
+        policy_kwargs=policy_kwargs,
+        out=args.out,
+        workers=args.workers,
+        ray_address=args.ray_address,
+        tensorboard=None if args.no_tensorboard else (args.tensorboard or os.path.join(args.out, "tensorboard")),
+        fmt=args.format,
+        requests=not args.no_requests,
+        plots=not args.no_plots,
+        progress=not args.no_progress,
+        carbon_start=not args.no_carbon_start,
+        command=_command_line(argv),
+    )
+    from eval.harness import summary_markdown
+
+    print(summary_markdown(summary), end="")
+    print(f"wrote {os.path.join(args.out, 'summary.md')}")
+    return 0
+
+
+def cmd_experiment(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    _check_run_args(args)
+    name = EXPERIMENT_ALIASES.get(args.name, args.name)
+    names = list(EXPERIMENTS) if name == "all" else [name]
+    if names[0] not in EXPERIMENTS:
+        raise UsageError("experiment", f"unknown experiment {args.name!r}", list(EXPERIMENTS) + ["all"] + list(EXPERIMENT_ALIASES))
+    seeds = parse_seeds(args.seeds, args.seed_list, args.seed_start) if (args.seeds or args.seed_list) else None
+    from eval import experiments
+
+    models = split_list(args.models) or None
+    if models:
+        for m in models:
+            if m not in experiments.MODELS:
+                raise UsageError("--models", f"unknown model {m!r}", experiments.MODELS)
+    loads = split_list(args.loads) or None
+    if loads:
+        for ld in loads:
+            if ld not in experiments.LOADS:
+                raise UsageError("--loads", f"unknown load {ld!r}", experiments.LOADS)
+    policies = resolve_policies(args.policies) if args.policies else None
+    for n in names:
+        table = experiments.run_experiment(
+            n,
+            out=os.path.join(args.out, n),
+            preset=args.preset or "quick",
+            seeds=seeds,
+            models=models,
+            loads=loads,
+            policies=policies,
+            duration_s=args.duration_s,
+            overrides=parse_assignments(args.overrides, "--set"),
+            policy_kwargs=parse_policy_args(args.policy_args),
+            workers=args.workers,
+            ray_address=args.ray_address,
+            tensorboard=None if args.no_tensorboard else (args.tensorboard or os.path.join(args.out, n, "tensorboard")),
+            fmt=args.format,
+            requests=not args.no_requests,
+            plots=not args.no_plots,
+            progress=not args.no_progress,
+            carbon_start=not args.no_carbon_start,
+            command=_command_line(argv),
+        )
+        print(f"## {n}\n")
+        print(table, end="")
+        print(f"wrote {os.path.join(args.out, n)}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from eval import experiments
+
+    if not os.path.isdir(os.path.join(args.results_dir, "headline")):
+        raise UsageError("results_dir", f"{os.path.join(args.results_dir, 'headline')!r} not found; run `carbon-gym experiment headline --out {args.results_dir}` first")
+    path = experiments.write_results_md(args.results_dir, out=args.out, figures_dir=args.figures, command=args.run_command)
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_scenarios(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    try:
+        from carbon_gym.scenario import describe_scenario  # type: ignore[attr-defined]
+    except ImportError:
+        describe_scenario = None
+    for name in list_scenarios():
+        line = name
+        if describe_scenario is not None:
+            try:
+                line = f"{name:24s} {describe_scenario(name)}"
+            except Exception:  # noqa: BLE001 - a listing must not fail on one bad description
+                pass
+        print(line)
+    return 0
+
+
+def cmd_policies(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from eval import harness
+
+    defaults = set(harness.default_policies())
+    for name in harness.available_policies():
+        print(name + ("" if name in defaults else "   (not in 'all')"))
+    return 0
+
+
+def _delegate(module: str, argv: Sequence[str], what: str) -> int:
+    import importlib
+
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name and (exc.name == module or module.startswith(exc.name + ".")):
+            print(f"{PROG}: error: {what} is not available in this installation ({module} not found)", file=sys.stderr)
+            return EXIT_USAGE
+        raise
+    main_fn = getattr(mod, "main", None)
+    if main_fn is None:
+        print(f"{PROG}: error: {module} has no main()", file=sys.stderr)
+        return EXIT_USAGE
+    rc = main_fn(list(argv))
+    return int(rc or 0)
+
+
+def _command_line(argv: Sequence[str]) -> str:
+    return " ".join([PROG] + [shlex.quote(a) for a in argv])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``carbon-gym``; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "calibrate":
+        return _delegate("calibration.cli", argv[1:], "calibration")
+    if argv and argv[0] == "train":
+        return _delegate("train.cli", argv[1:], "training")
+    if argv and argv[0] == "bench":
+        if len(argv) < 2 or argv[1] not in BENCHES:
+            got = argv[1] if len(argv) > 1 else None
+            print(f"{PROG}: error: bench: {'missing benchmark name' if got is None else f'unknown benchmark {got!r}'} (allowed: {', '.join(BENCHES)})", file=sys.stderr)
+            return EXIT_USAGE
+        return _delegate(f"eval.bench_{argv[1]}", argv[2:], f"benchmark {argv[1]!r}")
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return EXIT_USAGE
+        handler = {
+            "eval": cmd_eval,
+            "experiment": cmd_experiment,
+            "report": cmd_report,
+            "scenarios": cmd_scenarios,
+            "policies": cmd_policies,
+        }[args.command]
+        return handler(args, argv)
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - documented errors become one line, bugs keep their traceback
+        return _report_error(exc)
+
+
+def _report_error(exc: BaseException) -> int:
+    from carbon_gym.errors import CarbonGymError, ConfigError
+
+    from eval.harness import RunFailed
+
+    inner = exc.original if isinstance(exc, RunFailed) else exc
+    if isinstance(inner, CarbonGymError):
+        prefix = f"{exc.spec.run_id}: " if isinstance(exc, RunFailed) else ""
+        print(f"{PROG}: error: {prefix}{inner}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(inner, ConfigError) else 1
+    if isinstance(exc, RuntimeError) and "pip install" in str(exc):
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
+    raise exc
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

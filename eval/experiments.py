@@ -1,0 +1,605 @@
+"""The study's experiments (a-f), the ``carbon-gym eval`` driver, the clairvoyant bound and RESULTS.md.
+
+Each experiment is one command (``carbon-gym experiment <name>``) that runs its matrix through
+:mod:`eval.harness` and writes, under ``results/<name>/``: the harness outputs (summary.csv/.md,
+runs.csv, records, TensorBoard), the experiment's own table ``<name>.md``/``.csv`` and figures
+(PNG + PDF).
+
+=====  ============  ==========================================================================
+ id    name          what it compares
+=====  ============  ==========================================================================
+ a     headline      3 models x low/moderate/high load, every policy
+ b     milp-vs-ilp   facility MILP vs the per-request ILPs, per model (paired by seed)
+ c     predictor     output-length predictor vs oracle lengths (MILP and state-aware ILP)
+ d     polling       polling period 0.25-8 s: SLO violations and carbon
+ e     tradeoff      carbon reduction vs SLO violation as the MILP's latency weight varies
+ f     bound         every policy's reduction as a share of a clairvoyant bound's
+=====  ============  ==========================================================================
+
+Presets: ``quick`` (short episodes: the whole headline matrix in under an hour on 2 cores) and
+``full`` (the scenarios' own durations).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from eval import harness
+from eval.harness import REFERENCE_POLICY, RunSpec, mean_ci95
+
+MODELS = ("llama8b", "qwen7b", "mixtral8x7b")
+LOADS = ("low", "moderate", "high")
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Episode length and default seed count of an experiment run."""
+
+    duration_s: float | None  # None: the scenario's own duration
+    seeds: int
+    polling_s: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+    weights: tuple[float, ...] = (0.0, 0.1, 1.0, 10.0, 100.0)
+
+
+PRESETS: dict[str, Preset] = {
+    "quick": Preset(duration_s=180.0, seeds=3),
+    "full": Preset(duration_s=None, seeds=5),
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# scenario override keys (one place to adapt to carbon_gym.scenario)
+
+OVERRIDE_DURATION = "duration_s"
+OVERRIDE_PREDICTOR = harness.OVERRIDE_PREDICTOR
+OVERRIDE_POLLING = harness.OVERRIDE_POLLING
+ORACLE = "oracle"
+LATENCY_WEIGHT_KWARG = "slo_weight"  # facility MILP keyword for the latency (SLO slack) weight
+
+
+def preset_overrides(preset: str | None, duration_s: float | None, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Scenario overrides of a preset + explicit ``--duration-s`` + ``--set`` (last wins)."""
+    out: dict[str, Any] = {}
+    if preset is not None and PRESETS[preset].duration_s is not None:
+        out[OVERRIDE_DURATION] = PRESETS[preset].duration_s
+    if duration_s is not None:
+        out[OVERRIDE_DURATION] = float(duration_s)
+    out.update(overrides or {})
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# running a matrix and writing its outputs
+
+
+@dataclass
+class Executed:
+    """A finished matrix: results (records already on disk), the runs and summary tables."""
+
+    results: list[harness.RunResult]
+    runs: Any
+    summary: Any
+    out: str
+    paths: dict[str, dict[str, str]]
+
+
+def execute(
+    specs: Sequence[RunSpec],
+    out: str,
+    *,
+    workers: int | None = None,
+    ray_address: str | None = None,
+    tensorboard: str | None = None,
+    fmt: str = "parquet",
+    requests: bool = True,
+    progress: bool = True,
+    command: str | None = None,
+    extra_config: Mapping[str, Any] | None = None,
+) -> Executed:
+    """Run ``specs`` and write the harness outputs under ``out``."""
+    writer = harness.OutputWriter(out, requests=requests, fmt=fmt)
+    results = harness.run_matrix(specs, workers=workers, ray_address=ray_address, progress=progress, keep_requests=requests, on_result=writer)
+    summary = harness.write_outputs(results, out, command=command, tensorboard=tensorboard, extra_config=extra_config)
+    runs = harness.runs_table(results)
+    return Executed(results, runs, summary, out, writer.paths)
+
+
+def with_carbon_start(specs: Sequence[RunSpec], carbon_start: bool) -> list[RunSpec]:
+    return [replace(s, carbon_start=carbon_start) for s in specs]
+
+
+def run_eval(
+    *,
+    scenarios: Sequence[str],
+    policies: Sequence[str],
+    seeds: Sequence[int],
+    preset: str | None = None,
+    duration_s: float | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    policy_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+    out: str = "results/eval",
+    workers: int | None = None,
+    ray_address: str | None = None,
+    tensorboard: str | None = None,
+    fmt: str = "parquet",
+    requests: bool = True,
+    plots: bool = True,
+    progress: bool = True,
+    carbon_start: bool = True,
+    command: str | None = None,
+):
+    """``carbon-gym eval``: the matrix, its tables and (optionally) its figures; returns the summary."""
+    ov = preset_overrides(preset, duration_s, overrides)
+    specs = harness.make_specs(scenarios, policies, seeds, overrides=ov, policy_kwargs=policy_kwargs)
+    specs = with_carbon_start(specs, carbon_start)
+    ex = execute(specs, out, workers=workers, ray_address=ray_address, tensorboard=tensorboard, fmt=fmt, requests=requests, progress=progress, command=command)
+    if plots:
+        for scen in dict.fromkeys(ex.runs["scenario"]):
+            standard_figures(ex, scen, os.path.join(out, "figures"), tag=scen)
+    return ex.summary
+
+
+# ----------------------------------------------------------------------------------------------
+# figures shared by eval and the experiments
+
+
+def _meta(ex: Executed, scenario: str) -> dict[str, Any]:
+    for r in ex.results:
+        if r.spec.scenario_name == scenario:
+            return r.meta
+    return {}
+
+
+def _load(ex: Executed, spec: RunSpec, kind: str):
+    path = ex.paths.get(spec.run_id, {}).get(kind)
+    if path is None:
+        return None
+    return harness.read_table(path)
+
+
+def standard_figures(ex: Executed, scenario: str, fig_dir: str, *, tag: str, policies: Sequence[str] | None = None, seed: int | None = None) -> dict[str, list[str]]:
+    """Latency CDFs, load by hour of day and carbon over time (one seed) for one scenario."""
+    from eval import plots
+
+    meta = _meta(ex, scenario)
+    dc_names = list(meta.get("datacenters", []))
+    results = [r for r in ex.results if r.spec.scenario_name == scenario and (policies is None or r.spec.policy_name in policies)]
+    if not results:
+        return {}
+    figs: dict[str, list[str]] = {}
+    by_pol_req: dict[str, list] = {}
+    pooled: dict[str, Any] = {}
+    import pandas as pd
+
+    for r in results:
+        frame = _load(ex, r.spec, "requests")
+        if frame is None:
+            continue
+        by_pol_req.setdefault(r.spec.policy_name, []).append((frame[["arrival_s", "datacenter"]], r.meta.get("start_offset_s", 0.0)))
+        pooled.setdefault(r.spec.policy_name, []).append(frame[["ttft_s", "tpot_s", "output_tokens"]])
+    if pooled:
+        pooled_df = {k: pd.concat(v, ignore_index=True) for k, v in pooled.items()}
+        figs["latency_cdf"] = plots.latency_cdfs(
+            pooled_df, os.path.join(fig_dir, f"{tag}_latency_cdf"),
+            ttft_target_s=meta.get("ttft_target_s"), tpot_target_s=meta.get("tpot_target_s"),
+            title=f"{scenario}: latency CDFs (seeds pooled)",
+        )
+    if by_pol_req and dc_names:
+        figs["load_by_hour"] = plots.load_by_hour(by_pol_req, dc_names, os.path.join(fig_dir, f"{tag}_load_by_hour"), title=f"{scenario}: share of requests per datacenter by hour of day")
+    seed = min(r.spec.seed for r in results) if seed is None else seed
+    steps = {r.spec.policy_name: r.steps for r in results if r.spec.seed == seed and r.steps}
+    if steps and dc_names:
+        figs["carbon_over_time"] = plots.carbon_over_time(steps, dc_names, os.path.join(fig_dir, f"{tag}_carbon_over_time_seed{seed}"), title=f"{scenario}, seed {seed}: carbon per datacenter (lines) and grid intensity (shaded)")
+    return figs
+
+
+# ----------------------------------------------------------------------------------------------
+# analysis helpers on runs tables
+
+
+def paired_difference(runs, scenario_col: str, a: str, b: str, metric: str) -> tuple[float, float, int]:
+    """Mean and 95% CI half-width over seeds of ``metric[a] - metric[b]`` (same scenario+seed)."""
+    ra = runs[runs["policy"] == a].set_index([scenario_col, "seed"])[metric]
+    rb = runs[runs["policy"] == b].set_index([scenario_col, "seed"])[metric]
+    common = ra.index.intersection(rb.index)
+    diff = (ra.loc[common] - rb.loc[common]).to_numpy(np.float64)
+    m, ci = mean_ci95(diff)
+    return m, ci, int(np.isfinite(diff).sum())
+
+
+def _fmt(m: float, ci: float = float("nan"), d: int = 1) -> str:
+    if m is None or not np.isfinite(m):
+        return "–"
+    return f"{m:.{d}f}" + (f" ± {ci:.{d}f}" if ci is not None and np.isfinite(ci) else "")
+
+
+def _md(df, columns: Sequence[str] | None = None) -> str:
+    cols = list(columns or df.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for _, r in df.iterrows():
+        lines.append("| " + " | ".join(str(r[c]) for c in cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def headline_table(summary) -> str:
+    """Reduction vs rr (%) and SLO violation (%) per scenario (rows) x policy (columns)."""
+    pols = list(dict.fromkeys(summary["policy"]))
+    scens = list(dict.fromkeys(summary["scenario"]))
+    head = ["scenario"] + pols
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for s in scens:
+        cells = [s]
+        for p in pols:
+            sel = summary[(summary["scenario"] == s) & (summary["policy"] == p)]
+            if sel.empty:
+                cells.append("–")
+                continue
+            r = sel.iloc[0]
+            cells.append(f"{_fmt(r['reduction_vs_rr_pct'], r.get('reduction_vs_rr_pct_ci95'))} ({r['slo_violation_pct']:.1f})")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "Carbon reduction vs round-robin, % (mean ± 95% CI over seeds); SLO violation % in parentheses.\n\n" + "\n".join(lines) + "\n"
+
+
+def milp_vs_ilp_table(runs, *, milp: str = "milp", ilps: Sequence[str] = ("ilp", "ilp-state")):
+    """Per scenario: MILP reduction, each ILP's, and the paired gap (pp) MILP - ILP, with CIs."""
+    import pandas as pd
+
+    rows = []
+    for scen in dict.fromkeys(runs["scenario"]):
+        sub = runs[runs["scenario"] == scen]
+        if milp not in set(sub["policy"]):
+            continue
+        row: dict[str, Any] = {"scenario": scen}
+        m, ci = mean_ci95(sub[sub["policy"] == milp]["reduction_vs_rr_pct"])
+        row["milp_reduction_pct"], row["milp_reduction_pct_ci95"] = m, ci
+        m, ci = mean_ci95(sub[sub["policy"] == milp]["slo_violation_pct"])
+        row["milp_violation_pct"], row["milp_violation_pct_ci95"] = m, ci
+        for ilp in ilps:
+            if ilp not in set(sub["policy"]):
+                continue
+            m, ci = mean_ci95(sub[sub["policy"] == ilp]["reduction_vs_rr_pct"])
+            row[f"{ilp}_reduction_pct"], row[f"{ilp}_reduction_pct_ci95"] = m, ci
+            m, ci = mean_ci95(sub[sub["policy"] == ilp]["slo_violation_pct"])
+            row[f"{ilp}_violation_pct"] = m
+            g, gci, n = paired_difference(sub, "scenario", milp, ilp, "reduction_vs_rr_pct")
+            row[f"gap_vs_{ilp}_pp"], row[f"gap_vs_{ilp}_pp_ci95"] = g, gci
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def milp_vs_ilp_markdown(table, ilps: Sequence[str] = ("ilp", "ilp-state")) -> str:
+    head = ["scenario", "milp: vs rr % (viol. %)"] + [f"{i}: vs rr % (viol. %)" for i in ilps] + [f"MILP - {i} (pp)" for i in ilps]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for _, r in table.iterrows():
+        cells = [r["scenario"], f"{_fmt(r['milp_reduction_pct'], r['milp_reduction_pct_ci95'])} ({r['milp_violation_pct']:.1f})"]
+        for i in ilps:
+            cells.append(f"{_fmt(r.get(f'{i}_reduction_pct'), r.get(f'{i}_reduction_pct_ci95'))} ({_fmt(r.get(f'{i}_violation_pct'))})" if f"{i}_reduction_pct" in r else "–")
+        for i in ilps:
+            cells.append(_fmt(r.get(f"gap_vs_{i}_pp", float("nan")), r.get(f"gap_vs_{i}_pp_ci95", float("nan"))))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------------------------
+# experiment definitions
+
+
+def _scenarios(models: Sequence[str] | None, loads: Sequence[str] | None, default_loads: Sequence[str]) -> list[str]:
+    return [f"{m}-{ld}" for m in (models or MODELS) for ld in (loads or default_loads)]
+
+
+def _variant_specs(
+    base_scenarios: Sequence[str],
+    policies: Sequence[str],
+    seeds: Sequence[int],
+    variants: Sequence[tuple[str, Mapping[str, Any]]],
+    overrides: Mapping[str, Any],
+    policy_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+) -> list[RunSpec]:
+    """Specs for scenario variants (label suffix, extra overrides), rr included in every variant;
+    variants of one scenario share episode starts (``start_key``)."""
+    pols = [REFERENCE_POLICY] + [p for p in policies if p != REFERENCE_POLICY]
+    pk = policy_kwargs or {}
+    specs = []
+    for scen in base_scenarios:
+        for suffix, extra in variants:
+            ov = dict(overrides)
+            ov.update(extra)
+            for p in pols:
+                for k in seeds:
+                    specs.append(RunSpec(scenario=scen, policy=p, seed=int(k), overrides=harness._freeze(ov), policy_kwargs=harness._freeze(pk.get(p)), scenario_label=f"{scen}[{suffix}]" if suffix else "", start_key=scen))
+    return specs
+
+
+def _base(label: str) -> str:
+    return label.split("[", 1)[0]
+
+
+def _variant(label: str) -> str:
+    return label.split("[", 1)[1].rstrip("]") if "[" in label else ""
+
+
+def exp_headline(ctx: "Ctx") -> str:
+    scens = _scenarios(ctx.models, ctx.loads, LOADS)
+    pols = ctx.policies or harness.default_policies()
+    specs = harness.make_specs(scens, pols, ctx.seeds, overrides=ctx.overrides, policy_kwargs=ctx.policy_kwargs)
+    ex = ctx.execute(specs)
+    table = headline_table(ex.summary)
+    ctx.write_text("headline.md", table + "\n" + harness.summary_markdown(ex.summary))
+    if ctx.plots:
+        from eval import plots
+
+        pol_order = list(dict.fromkeys(ex.summary["policy"]))
+        nonref = ex.summary[ex.summary["policy"] != REFERENCE_POLICY]
+        plots.bars(nonref, x="scenario", hue="policy", y="reduction_vs_rr_pct", yerr="reduction_vs_rr_pct_ci95", stem=ctx.fig("headline_reduction"), ylabel="carbon reduction vs rr (%)", title="Carbon reduction vs round-robin (mean ± 95% CI)", hue_order=[p for p in pol_order if p != REFERENCE_POLICY])
+        plots.bars(ex.summary, x="scenario", hue="policy", y="slo_violation_pct", yerr="slo_violation_pct_ci95", stem=ctx.fig("headline_violations"), ylabel="SLO violations (% of requests)", title="SLO violation rate (mean ± 95% CI)", hue_order=pol_order)
+        focus = next((s for s in dict.fromkeys(ex.summary["scenario"]) if "moderate" in s), ex.summary["scenario"].iloc[0])
+        standard_figures(ex, focus, ctx.fig_dir, tag=focus)
+    return table
+
+
+def exp_milp_vs_ilp(ctx: "Ctx") -> str:
+    scens = _scenarios(ctx.models, ctx.loads, ("moderate", "high"))
+    pols = ctx.policies or [REFERENCE_POLICY, "ilp", "ilp-state", "milp"]
+    specs = harness.make_specs(scens, pols, ctx.seeds, overrides=ctx.overrides, policy_kwargs=ctx.policy_kwargs)
+    ex = ctx.execute(specs)
+    ilps = [p for p in ("ilp", "ilp-state") if p in pols]
+    table = milp_vs_ilp_table(ex.runs, ilps=ilps)
+    table.to_csv(os.path.join(ctx.out, "milp-vs-ilp.csv"), index=False)
+    md = "Facility MILP vs per-request ILPs: reduction vs rr, % (SLO violation %), and the paired gap in percentage points.\n\n" + milp_vs_ilp_markdown(table, ilps)
+    ctx.write_text("milp-vs-ilp.md", md)
+    if ctx.plots and not table.empty:
+        from eval import plots
+        import pandas as pd
+
+        long = []
+        for _, r in table.iterrows():
+            for i in ilps:
+                long.append({"scenario": r["scenario"], "ilp": i, "gap": r.get(f"gap_vs_{i}_pp"), "ci": r.get(f"gap_vs_{i}_pp_ci95")})
+        plots.bars(pd.DataFrame(long), x="scenario", hue="ilp", y="gap", yerr="ci", stem=ctx.fig("milp_vs_ilp_gap"), ylabel="MILP reduction - ILP reduction (pp)", title="Facility MILP advantage over per-request ILPs (paired by seed)")
+    return md
+
+
+def exp_predictor(ctx: "Ctx") -> str:
+    import pandas as pd
+
+    scens = _scenarios(ctx.models, ctx.loads, ("moderate",))
+    pols = [p for p in (ctx.policies or ["milp", "ilp-state"]) if p != REFERENCE_POLICY]
+    variants = [("predicted", {}), (ORACLE, {OVERRIDE_PREDICTOR: ORACLE})]
+    specs = _variant_specs(scens, pols, ctx.seeds, variants, ctx.overrides, ctx.policy_kwargs)
+    ex = ctx.execute(specs)
+    runs = ex.runs.copy()
+    runs["base"] = runs["scenario"].map(_base)
+    runs["variant"] = runs["scenario"].map(_variant)
+    rows = []
+    for scen in dict.fromkeys(runs["base"]):
+        for p in pols:
+            a = runs[(runs["base"] == scen) & (runs["policy"] == p)]
+            pr = a[a["variant"] == "predicted"].set_index("seed")
+            orc = a[a["variant"] == ORACLE].set_index("seed")
+            common = pr.index.intersection(orc.index)
+            row = {"scenario": scen, "policy": p, "seeds": len(common)}
+            for metric, short in (("reduction_vs_rr_pct", "reduction"), ("slo_violation_pct", "violation")):
+                mp, cp = mean_ci95(pr.loc[common, metric])
+                mo, co = mean_ci95(orc.loc[common, metric])
+                md_, cd = mean_ci95((pr.loc[common, metric] - orc.loc[common, metric]).to_numpy(float))
+                row.update({f"{short}_predicted": mp, f"{short}_predicted_ci95": cp, f"{short}_oracle": mo, f"{short}_oracle_ci95": co, f"{short}_diff_pp": md_, f"{short}_diff_pp_ci95": cd})
+            rows.append(row)
+    table = pd.DataFrame(rows)
+    table.to_csv(os.path.join(ctx.out, "predictor.csv"), index=False)
+    disp = pd.DataFrame({
+        "scenario": table["scenario"], "policy": table["policy"], "seeds": table["seeds"],
+        "vs rr %, predicted": [_fmt(a, b) for a, b in zip(table["reduction_predicted"], table["reduction_predicted_ci95"])],
+        "vs rr %, oracle": [_fmt(a, b) for a, b in zip(table["reduction_oracle"], table["reduction_oracle_ci95"])],
+        "carbon gap (pp, pred - oracle)": [_fmt(a, b) for a, b in zip(table["reduction_diff_pp"], table["reduction_diff_pp_ci95"])],
+        "viol. %, predicted": [_fmt(a, b, 2) for a, b in zip(table["violation_predicted"], table["violation_predicted_ci95"])],
+        "viol. %, oracle": [_fmt(a, b, 2) for a, b in zip(table["violation_oracle"], table["violation_oracle_ci95"])],
+        "violation gap (pp)": [_fmt(a, b, 2) for a, b in zip(table["violation_diff_pp"], table["violation_diff_pp_ci95"])],
+    }) if not table.empty else table
+    md = "Output-length predictor vs oracle lengths (paired by seed; gap = predicted - oracle).\n\n" + (_md(disp) if not table.empty else "(no runs)\n")
+    ctx.write_text("predictor.md", md)
+    if ctx.plots and not table.empty:
+        from eval import plots
+
+        long = []
+        for _, r in table.iterrows():
+            for v in ("predicted", ORACLE):
+                long.append({"case": f"{r['scenario']}\n{r['policy']}", "lengths": v, "reduction": r[f"reduction_{v}"], "ci": r[f"reduction_{v}_ci95"]})
+        plots.bars(pd.DataFrame(long), x="case", hue="lengths", y="reduction", yerr="ci", stem=ctx.fig("predictor_vs_oracle"), ylabel="carbon reduction vs rr (%)", title="Predicted vs true output lengths")
+    return md
+
+
+def exp_polling(ctx: "Ctx") -> str:
+    import pandas as pd
+
+    scens = _scenarios(ctx.models or ("llama8b",), ctx.loads, ("moderate",))
+    pols = [p for p in (ctx.policies or ["milp", "greedy", "least-loaded"]) if p != REFERENCE_POLICY]
+    periods = ctx.preset.polling_s
+    variants = [(f"poll={p:g}s", {OVERRIDE_POLLING: float(p)}) for p in periods]
+    specs = _variant_specs(scens, pols, ctx.seeds, variants, ctx.overrides, ctx.policy_kwargs)
+    ex = ctx.execute(specs)
+    s = ex.summary.copy()
+    s["base"] = s["scenario"].map(_base)
+    s["polling_s"] = s["scenario"].map(lambda x: float(_variant(x).split("=")[1].rstrip("s")))
+    s = s.sort_values(["base", "policy", "polling_s"], kind="stable")
+    s.to_csv(os.path.join(ctx.out, "polling.csv"), index=False)
+    disp = pd.DataFrame({
+        "scenario": s["base"], "policy": s["policy"], "polling (s)": s["polling_s"].map(lambda v: f"{v:g}"),
+        "vs rr %": [_fmt(a, b) for a, b in zip(s["reduction_vs_rr_pct"], s["reduction_vs_rr_pct_ci95"])],
+        "SLO viol. %": [_fmt(a, b, 2) for a, b in zip(s["slo_violation_pct"], s["slo_violation_pct_ci95"])],
+        "TTFT p99 (ms)": (s["ttft_p99_s"] * 1e3).map(lambda v: f"{v:.0f}"),
+    })
+    md = "Polling-period sweep (rr at each period is the reference).\n\n" + _md(disp)
+    ctx.write_text("polling.md", md)
+    if ctx.plots:
+        from eval import plots
+
+        for base in dict.fromkeys(s["base"]):
+            plots.polling_curve(s[s["base"] == base], ctx.fig(f"polling_{base}"), title=f"{base}: polling period")
+    return md
+
+
+def exp_tradeoff(ctx: "Ctx") -> str:
+    import pandas as pd
+
+    scens = _scenarios(ctx.models or ("llama8b",), ctx.loads, ("moderate",))
+    others = [p for p in (ctx.policies or harness.default_policies()) if p not in (REFERENCE_POLICY, "milp")]
+    specs: list[RunSpec] = []
+    for scen in scens:
+        specs += harness.make_specs([scen], [REFERENCE_POLICY] + others, ctx.seeds, overrides=ctx.overrides, policy_kwargs=ctx.policy_kwargs)
+        for w in ctx.preset.weights:
+            kw = dict(ctx.policy_kwargs.get("milp", {}))
+            kw[LATENCY_WEIGHT_KWARG] = float(w)
+            for k in ctx.seeds:
+                specs.append(RunSpec(scenario=scen, policy="milp", seed=int(k), overrides=harness._freeze(ctx.overrides), policy_kwargs=harness._freeze(kw), label=f"milp[w={w:g}]"))
+    ex = ctx.execute(specs)
+    s = ex.summary.copy()
+    s["weight"] = s["policy"].map(lambda p: float(p.split("=")[1].rstrip("]")) if p.startswith("milp[w=") else np.nan)
+    s.to_csv(os.path.join(ctx.out, "tradeoff.csv"), index=False)
+    disp = pd.DataFrame({
+        "scenario": s["scenario"], "policy": s["policy"],
+        "vs rr %": [_fmt(a, b) for a, b in zip(s["reduction_vs_rr_pct"], s["reduction_vs_rr_pct_ci95"])],
+        "SLO viol. %": [_fmt(a, b, 2) for a, b in zip(s["slo_violation_pct"], s["slo_violation_pct_ci95"])],
+    })
+    md = f"Carbon vs SLO trade-off: facility MILP with latency weight `{LATENCY_WEIGHT_KWARG}` swept, other policies at their defaults.\n\n" + _md(disp)
+    ctx.write_text("tradeoff.md", md)
+    if ctx.plots:
+        from eval import plots
+
+        for scen in dict.fromkeys(s["scenario"]):
+            sub = s[(s["scenario"] == scen) & (s["policy"] != REFERENCE_POLICY)].copy()
+            sub.loc[sub["weight"].notna(), "policy"] = "milp"
+            plots.tradeoff(sub.rename(columns={"weight": "w"}), ctx.fig(f"tradeoff_{scen}"), sweep_policy="milp", param="w", title=f"{scen}: carbon vs SLO")
+    return md
+
+
+def exp_bound(ctx: "Ctx") -> str:
+    import pandas as pd
+
+    scens = _scenarios(ctx.models, ctx.loads, ("moderate",))
+    pols = [p for p in (ctx.policies or harness.default_policies()) if p != "clairvoyant"] + ["clairvoyant"]
+    specs = harness.make_specs(scens, pols, ctx.seeds, overrides=ctx.overrides, policy_kwargs=ctx.policy_kwargs)
+    ex = ctx.execute(specs)
+    s = ex.summary.copy()
+    rows = []
+    for scen in dict.fromkeys(s["scenario"]):
+        sub = s[s["scenario"] == scen]
+        bound = float(sub[sub["policy"] == "clairvoyant"]["reduction_vs_rr_pct"].iloc[0])
+        for _, r in sub.iterrows():
+            rows.append({
+                "scenario": scen, "policy": r["policy"],
+                "reduction_vs_rr_pct": r["reduction_vs_rr_pct"], "reduction_vs_rr_pct_ci95": r["reduction_vs_rr_pct_ci95"],
+                "share_of_bound_pct": 100.0 * r["reduction_vs_rr_pct"] / bound if bound > 0 else np.nan,
+                "slo_violation_pct": r["slo_violation_pct"],
+            })
+    table = pd.DataFrame(rows)
+    table.to_csv(os.path.join(ctx.out, "bound.csv"), index=False)
+    disp = pd.DataFrame({
+        "scenario": table["scenario"], "policy": table["policy"],
+        "vs rr %": [_fmt(a, b) for a, b in zip(table["reduction_vs_rr_pct"], table["reduction_vs_rr_pct_ci95"])],
+        "share of bound %": table["share_of_bound_pct"].map(lambda v: _fmt(v, d=0)),
+        "SLO viol. %": table["slo_violation_pct"].map(lambda v: _fmt(v, d=2)),
+    })
+    md = ("Each policy's carbon reduction as a share of the clairvoyant bound's (true lengths, all arrivals and carbon known, "
+          "SLOs ignored, cleanest capacity filled first, idle/host power counted).\n\n" + _md(disp))
+    ctx.write_text("bound.md", md)
+    if ctx.plots:
+        from eval import plots
+
+        plots.bars(table[table["policy"] != REFERENCE_POLICY], x="scenario", hue="policy", y="share_of_bound_pct", stem=ctx.fig("bound_share"), ylabel="share of the clairvoyant reduction (%)", title="Reduction as a share of the clairvoyant bound")
+    return md
+
+
+EXPERIMENT_FUNCS: dict[str, Callable[["Ctx"], str]] = {
+    "headline": exp_headline,
+    "milp-vs-ilp": exp_milp_vs_ilp,
+    "predictor": exp_predictor,
+    "polling": exp_polling,
+    "tradeoff": exp_tradeoff,
+    "bound": exp_bound,
+}
+
+
+@dataclass
+class Ctx:
+    """Everything an experiment needs: where to write, what to run, how to run it."""
+
+    name: str
+    out: str
+    preset: Preset
+    seeds: list[int]
+    models: list[str] | None
+    loads: list[str] | None
+    policies: list[str] | None
+    overrides: dict[str, Any]
+    policy_kwargs: dict[str, dict[str, Any]]
+    run_kwargs: dict[str, Any]
+    plots: bool
+    carbon_start: bool
+    command: str | None
+
+    @property
+    def fig_dir(self) -> str:
+        return os.path.join(self.out, "figures")
+
+    def fig(self, stem: str) -> str:
+        return os.path.join(self.fig_dir, stem)
+
+    def execute(self, specs: Sequence[RunSpec]) -> Executed:
+        specs = with_carbon_start(specs, self.carbon_start)
+        return execute(specs, self.out, command=self.command, extra_config={"experiment": self.name, "preset": self.preset.__dict__}, **self.run_kwargs)
+
+    def write_text(self, name: str, text: str) -> str:
+        os.makedirs(self.out, exist_ok=True)
+        path = os.path.join(self.out, name)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        return path
+
+
+def run_experiment(
+    name: str,
+    *,
+    out: str,
+    preset: str = "quick",
+    seeds: Sequence[int] | None = None,
+    models: Sequence[str] | None = None,
+    loads: Sequence[str] | None = None,
+    policies: Sequence[str] | None = None,
+    duration_s: float | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    policy_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+    workers: int | None = None,
+    ray_address: str | None = None,
+    tensorboard: str | None = None,
+    fmt: str = "parquet",
+    requests: bool = True,
+    plots: bool = True,
+    progress: bool = True,
+    carbon_start: bool = True,
+    command: str | None = None,
+) -> str:
+    """Run experiment ``name`` (see the module docstring) and return its Markdown table."""
+    p = PRESETS[preset]
+    ctx = Ctx(
+        name=name,
+        out=out,
+        preset=p,
+        seeds=list(seeds) if seeds is not None else list(range(p.seeds)),
+        models=list(models) if models else None,
+        loads=list(loads) if loads else None,
+        policies=list(policies) if policies else None,
+        overrides=preset_overrides(preset, duration_s, overrides),
+        policy_kwargs={k: dict(v) for k, v in (policy_kwargs or {}).items()},
+        run_kwargs={"workers": workers, "ray_address": ray_address, "tensorboard": tensorboard, "fmt": fmt, "requests": requests, "progress": progress},
+        plots=plots,
+        carbon_start=carbon_start,
+        command=command,
+    )
+    return EXPERIMENT_FUNCS[name](ctx)

@@ -1,0 +1,727 @@
+"""Evaluation harness: run a (scenario x policy x seed) matrix with common random numbers.
+
+One *run* is one episode of one policy on one scenario under one seed. For a given
+(scenario, seed) every policy sees exactly the same episode: the env is reset with the same seed
+(same requests, same lengths) and the episode starts at the same point of the carbon year. The
+start is drawn deterministically from (scenario, seed) with a low-discrepancy sequence over
+day-of-year x hour-of-day (:func:`episode_start_offset_s`), so a table with a few seeds averages
+over seasons and hours rather than one afternoon, and adding seeds never moves the earlier ones.
+
+Outputs of :func:`run_matrix` + :func:`write_outputs` (under ``out``):
+
+``summary.csv`` / ``summary.md``
+    one row per (scenario, policy): means over seeds with 95% t-intervals (``*_ci95`` = half
+    width), carbon reduction vs round-robin computed per seed from the *same seeds'* round-robin
+    runs, SLO violation rate (per request), the MLPerf p99 verdict (share of seeds whose p99 TTFT
+    and p99 TPOT are within the targets), decision time.
+``runs.csv``
+    one row per run (the per-seed numbers behind the summary).
+``requests/<scenario>__<policy>__seed<k>.parquet`` (``.csv`` if pyarrow is missing)
+    one row per completed request (the simulator's ``RequestRecords`` fields).
+``steps/<scenario>__<policy>__seed<k>.parquet``
+    one row per env step: carbon, energy, completions, violations, latencies, decision time,
+    per-datacenter carbon and grid intensity.
+``config.json``
+    the command, the run specs, episode starts, package versions.
+
+Everything except the decision (wall-clock) times is a deterministic function of the specs, so
+re-running reproduces ``summary.csv`` bit for bit in every column not starting with
+``decision_``. The local (process pool) and Ray backends run the same :func:`run_one` and the
+driver orders results by spec, so both give the same tables.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import re
+import sys
+import time
+import zlib
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+REFERENCE_POLICY = "rr"
+
+# scenario override keys (carbon_gym.scenario field names)
+OVERRIDE_CARBON_START = "carbon.start_utc"  # ISO-8601 UTC episode start on the carbon trace
+OVERRIDE_POLLING = "polling_period_s"
+OVERRIDE_PREDICTOR = "env.predictor"
+OVERRIDE_DURATION = "duration_s"
+SECONDS_PER_HOUR = 3600.0
+SECONDS_PER_DAY = 86400.0
+DAYS_PER_YEAR = 365
+
+# Two-sided 95% Student-t critical values for df = 1..30.
+_T95 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# statistics
+
+
+def t_critical_95(df: int) -> float:
+    """Two-sided 95% critical value of Student's t with ``df`` degrees of freedom (df >= 1)."""
+    if df < 1:
+        return float("nan")
+    if df <= len(_T95):
+        return _T95[df - 1]
+    z = 1.959963984540054
+    # Cornish-Fisher expansion; error < 1e-4 for df > 30.
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+def mean_ci95(values: Iterable[float]) -> tuple[float, float]:
+    """Mean and half-width of the 95% t-interval of the mean (NaN half-width for n < 2).
+
+    NaN entries are ignored (e.g. a latency percentile of a run with no completed request).
+    """
+    x = np.asarray([v for v in values], dtype=np.float64)
+    x = x[np.isfinite(x)]
+    n = x.size
+    if n == 0:
+        return float("nan"), float("nan")
+    m = float(x.mean())
+    if n < 2:
+        return m, float("nan")
+    sd = float(x.std(ddof=1))
+    return m, t_critical_95(n - 1) * sd / math.sqrt(n)
+
+
+def percentile(x: np.ndarray, q: float) -> float:
+    """``np.percentile`` (linear) that returns NaN for an empty array."""
+    x = np.asarray(x, dtype=np.float64)
+    return float(np.percentile(x, q)) if x.size else float("nan")
+
+
+# ----------------------------------------------------------------------------------------------
+# episode starts (common random numbers across policies)
+
+_PLASTIC = 1.324717957244746  # generalised golden ratio for the 2-D R2 sequence
+
+
+def episode_start_offset_s(scenario_key: str, seed: int, *, period_s: float = DAYS_PER_YEAR * SECONDS_PER_DAY) -> float:
+    """Carbon-trace offset (s since the trace's first hour) at which episode ``seed`` starts.
+
+    Day of year and hour of day follow the 2-D R2 low-discrepancy sequence indexed by ``seed``,
+    shifted by a hash of ``scenario_key``, so any number of consecutive seeds spreads evenly
+    over seasons and hours, every policy gets the same start for the same (scenario, seed), and
+    adding seeds never changes earlier ones. Rounded to the minute; wrapped into ``period_s``.
+    """
+    h = zlib.crc32(str(scenario_key).encode("utf-8"))
+    u0 = (h & 0xFFFF) / 65536.0
+    v0 = (h >> 16) / 65536.0
+    k = int(seed) + 1
+    u = (u0 + k / _PLASTIC) % 1.0  # season
+    v = (v0 + k / _PLASTIC**2) % 1.0  # hour of day
+    days = max(1, int(period_s // SECONDS_PER_DAY))
+    offset = math.floor(u * days) * SECONDS_PER_DAY + v * SECONDS_PER_DAY
+    offset = round(offset / 60.0) * 60.0
+    return float(offset % period_s) if period_s > 0 else 0.0
+
+
+# ----------------------------------------------------------------------------------------------
+# run specs
+
+
+def _freeze(mapping: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ...]:
+    if not mapping:
+        return ()
+    return tuple(sorted((str(k), v) for k, v in mapping.items()))
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One episode to run: a scenario, a policy (with keyword arguments) and a seed.
+
+    Attributes:
+        scenario: shipped scenario name or path to a scenario TOML file.
+        policy: policy registry name (``rr``, ``milp``, ``clairvoyant``, ...).
+        seed: env seed (workload, lengths) and episode-start index.
+        overrides: scenario overrides as sorted ``(dotted.key, value)`` pairs.
+        policy_kwargs: keyword arguments of the policy factory as sorted pairs.
+        label: name of this policy variant in tables (default: ``policy``).
+        scenario_label: name of the scenario variant in tables (default: ``scenario``).
+        start_key: key hashed for the episode start (default: ``scenario``); variants of one
+            scenario (a sweep) share it so they also share their episode starts.
+        carbon_start: whether to override the scenario's carbon start with the sampled one.
+    """
+
+    scenario: str
+    policy: str
+    seed: int
+    overrides: tuple[tuple[str, Any], ...] = ()
+    policy_kwargs: tuple[tuple[str, Any], ...] = ()
+    label: str = ""
+    scenario_label: str = ""
+    start_key: str = ""
+    carbon_start: bool = True
+
+    @property
+    def policy_name(self) -> str:
+        return self.label or self.policy
+
+    @property
+    def scenario_name(self) -> str:
+        return self.scenario_label or _scenario_stem(self.scenario)
+
+    @property
+    def run_id(self) -> str:
+        """File-safe id ``<scenario>__<policy>__seed<k>``."""
+        return f"{_safe(self.scenario_name)}__{_safe(self.policy_name)}__seed{int(self.seed)}"
+
+    def start_offset_s(self) -> float:
+        return episode_start_offset_s(self.start_key or self.scenario_name, self.seed)
+
+
+def _scenario_stem(scenario: str) -> str:
+    s = str(scenario)
+    if s.endswith(".toml") or os.sep in s:
+        return os.path.splitext(os.path.basename(s))[0]
+    return s
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=+-]+", "_", str(name)) or "_"
+
+
+def make_specs(
+    scenarios: Sequence[str],
+    policies: Sequence[str],
+    seeds: Sequence[int],
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    policy_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+) -> list[RunSpec]:
+    """The full matrix, ordered scenario -> policy -> seed. ``policy_kwargs`` is per policy name."""
+    pk = policy_kwargs or {}
+    return [
+        RunSpec(scenario=s, policy=p, seed=int(k), overrides=_freeze(overrides), policy_kwargs=_freeze(pk.get(p)))
+        for s in scenarios
+        for p in policies
+        for k in seeds
+    ]
+
+
+# ----------------------------------------------------------------------------------------------
+# policies
+
+
+def local_policies() -> dict[str, Callable[..., Any]]:
+    """Policies defined in ``eval`` itself (not in ``solvers``): name -> factory(env, **kw)."""
+    from eval.experiments import ClairvoyantPolicy
+
+    return {"clairvoyant": lambda env, **kw: ClairvoyantPolicy(**kw)}
+
+
+def available_policies() -> list[str]:
+    """Every policy name the harness can run (solvers' registry + eval's own + rr)."""
+    names: list[str] = []
+    try:
+        from solvers import available_policies as solver_policies
+
+        names.extend(solver_policies())
+    except ImportError:
+        pass
+    if REFERENCE_POLICY not in names:
+        names.insert(0, REFERENCE_POLICY)
+    for n in local_policies():
+        if n not in names:
+            names.append(n)
+    return names
+
+
+def default_policies() -> list[str]:
+    """What ``--policies all`` means: every registered policy except the clairvoyant bound and
+    anything that needs a checkpoint argument (learned agents are named explicitly)."""
+    names = [n for n in available_policies() if n not in local_policies()]
+    return names
+
+
+def make_policy(name: str, env: Any, **kwargs: Any) -> Any:
+    """Build policy ``name`` for ``env`` (solvers' factory, eval's own, or round-robin)."""
+    local = local_policies()
+    if name in local:
+        return local[name](env, **kwargs)
+    try:
+        from solvers import make_policy as solver_make_policy
+    except ImportError:
+        solver_make_policy = None
+    if solver_make_policy is not None:
+        return solver_make_policy(name, env, **kwargs)
+    if name == REFERENCE_POLICY:
+        from carbon_gym.policy import RoundRobinPolicy
+
+        return RoundRobinPolicy(**kwargs)
+    from carbon_gym.errors import ConfigError
+
+    raise ConfigError("policy", f"unknown policy {name!r} (solvers package not importable)", allowed=available_policies())
+
+
+# ----------------------------------------------------------------------------------------------
+# one run
+
+
+@dataclass
+class RunResult:
+    """What one run returns: scalar metrics, per-step and per-request columns (numpy arrays)."""
+
+    spec: RunSpec
+    metrics: dict[str, Any]
+    steps: dict[str, np.ndarray]
+    requests: dict[str, np.ndarray]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def run_one(spec: RunSpec, *, keep_requests: bool = True) -> RunResult:
+    """Run one episode of ``spec`` and collect its metrics and records.
+
+    The loop is :func:`carbon_gym.policy.rollout`'s (``policy.reset(env)`` after ``env.reset``,
+    ``policy.act`` timed outside the env) with per-step and per-request recording added.
+    """
+    raise NotImplementedError  # written once the env lands
+
+
+def _run_one_worker(spec: RunSpec, keep_requests: bool) -> RunResult:
+    """Top-level (picklable) entry point for process-pool and Ray workers."""
+    return run_one(spec, keep_requests=keep_requests)
+
+
+# ----------------------------------------------------------------------------------------------
+# the matrix
+
+
+class RunFailed(RuntimeError):
+    """A run of the matrix raised; the message names the run and the original error."""
+
+    def __init__(self, spec: RunSpec, exc: BaseException):
+        self.spec = spec
+        self.original = exc
+        super().__init__(f"run {spec.run_id} failed: {type(exc).__name__}: {exc}")
+
+
+_POLICY_COST = {"milp": 8.0, "ilp-state": 5.0, "ilp": 4.0, "clairvoyant": 1.5}
+
+
+def _cost_hint(spec: RunSpec) -> float:
+    """Rough relative cost used only to start long runs first (better packing of workers)."""
+    load = 1.0
+    for word, w in (("high", 3.0), ("moderate", 2.0), ("low", 1.0)):
+        if word in spec.scenario_name:
+            load = w
+            break
+    model = 2.0 if "mixtral" in spec.scenario_name else 1.0
+    return _POLICY_COST.get(spec.policy, 1.0) * load * model
+
+
+def default_workers() -> int:
+    """All local cores (``os.cpu_count()``)."""
+    return max(1, os.cpu_count() or 1)
+
+
+def run_matrix(
+    specs: Sequence[RunSpec],
+    *,
+    workers: int | None = None,
+    ray_address: str | None = None,
+    progress: bool = True,
+    keep_requests: bool = True,
+    on_result: Callable[[RunResult], None] | None = None,
+) -> list[RunResult]:
+    """Run every spec and return the results **in the order of** ``specs``.
+
+    Args:
+        workers: local processes (default: all cores); 1 runs in this process.
+        ray_address: if given, fan out over Ray instead (``"local"`` starts a local instance,
+            anything else is passed to ``ray.init(address=...)``, e.g. ``"auto"`` or
+            ``"ray://head:10001"``); Ray is the optional ``carbon-gym[ray]`` extra.
+        progress: a tqdm bar over runs on stderr.
+        keep_requests: return per-request records (else only metrics and steps).
+        on_result: called in this process with each result as it arrives (any order), e.g. to
+            write its files; it may clear ``result.requests`` to free memory.
+    """
+    specs = list(specs)
+    if not specs:
+        return []
+    order = sorted(range(len(specs)), key=lambda i: (-_cost_hint(specs[i]), i))
+    results: list[RunResult | None] = [None] * len(specs)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(specs), unit="run", desc="eval", file=sys.stderr, dynamic_ncols=True)
+
+    def done(i: int, res: RunResult) -> None:
+        if on_result is not None:
+            on_result(res)
+        results[i] = res
+        if bar is not None:
+            bar.set_postfix_str(specs[i].run_id, refresh=False)
+            bar.update(1)
+
+    try:
+        if ray_address:
+            _run_ray(specs, order, ray_address, keep_requests, done)
+        else:
+            n = workers if workers is not None else default_workers()
+            if n <= 1 or len(specs) == 1:
+                for i in order:
+                    try:
+                        res = run_one(specs[i], keep_requests=keep_requests)
+                    except Exception as exc:  # noqa: BLE001 - re-raised with the run's name
+                        raise RunFailed(specs[i], exc) from exc
+                    done(i, res)
+            else:
+                _run_pool(specs, order, min(n, len(specs)), keep_requests, done)
+    finally:
+        if bar is not None:
+            bar.close()
+    return [r for r in results if r is not None]
+
+
+def _run_pool(specs: list[RunSpec], order: list[int], n: int, keep_requests: bool, done: Callable[[int, RunResult], None]) -> None:
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    # spawn: no fork of a parent holding threads (tqdm) or solver state; workers import afresh.
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
+        futures = {pool.submit(_run_one_worker, specs[i], keep_requests): i for i in order}
+        pending = set(futures)
+        try:
+            while pending:
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    i = futures[fut]
+                    exc = fut.exception()
+                    if exc is not None:
+                        raise RunFailed(specs[i], exc) from exc
+                    done(i, fut.result())
+        except BaseException:
+            for fut in pending:
+                fut.cancel()
+            raise
+
+
+def _run_ray(specs: list[RunSpec], order: list[int], address: str, keep_requests: bool, done: Callable[[int, RunResult], None]) -> None:
+    try:
+        import ray
+    except ImportError:
+        raise RuntimeError("--ray-address needs Ray: pip install 'carbon-gym[ray]'") from None
+    if not ray.is_initialized():
+        kwargs: dict[str, Any] = {"ignore_reinit_error": True, "log_to_driver": False}
+        if address not in ("local",):
+            kwargs["address"] = address
+        ray.init(**kwargs)
+    remote = ray.remote(_run_one_worker)
+    refs = {remote.remote(specs[i], keep_requests): i for i in order}
+    pending = list(refs)
+    while pending:
+        finished, pending = ray.wait(pending, num_returns=1)
+        for ref in finished:
+            i = refs[ref]
+            try:
+                res = ray.get(ref)
+            except Exception as exc:  # noqa: BLE001
+                for r in pending:
+                    ray.cancel(r)
+                raise RunFailed(specs[i], exc) from exc
+            done(i, res)
+
+
+# ----------------------------------------------------------------------------------------------
+# tables
+
+# per-run metrics summarised across seeds (mean and 95% CI), in table order
+SUMMARY_METRICS = (
+    "carbon_g",
+    "reduction_vs_rr_pct",
+    "energy_kwh",
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "ttft_p99_s",
+    "tpot_p50_s",
+    "tpot_p90_s",
+    "tpot_p99_s",
+    "slo_violation_pct",
+)
+TIMING_COLUMNS = ("decision_mean_s", "decision_p95_s")
+
+
+def runs_table(results: Sequence[RunResult], reference: str = REFERENCE_POLICY):
+    """One row per run (pandas DataFrame) with ``reduction_vs_rr_pct`` from the same seed's rr run.
+
+    Reduction = 100 x (carbon_rr - carbon) / carbon_rr for the round-robin run with the same
+    scenario (label) and seed; NaN when that run is not in ``results``.
+    """
+    import pandas as pd
+
+    rows = []
+    for r in results:
+        row = {"scenario": r.spec.scenario_name, "policy": r.spec.policy_name, "seed": int(r.spec.seed)}
+        row.update({k: v for k, v in r.metrics.items() if np.isscalar(v) or v is None})
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    ref = df[df["policy"] == reference].set_index(["scenario", "seed"])["carbon_g"]
+    keys = list(zip(df["scenario"], df["seed"]))
+    ref_carbon = np.array([ref.get(k, np.nan) for k in keys], dtype=np.float64)
+    df["rr_carbon_g"] = ref_carbon
+    df["reduction_vs_rr_pct"] = 100.0 * (ref_carbon - df["carbon_g"].to_numpy(np.float64)) / ref_carbon
+    return df
+
+
+def summarise(runs, *, reference: str = REFERENCE_POLICY):
+    """Summary DataFrame: one row per (scenario, policy), in first-appearance order.
+
+    ``runs`` is the output of :func:`runs_table` (or a list of :class:`RunResult`).
+    """
+    import pandas as pd
+
+    if not hasattr(runs, "columns"):
+        runs = runs_table(runs, reference)
+    out = []
+    for (scen, pol), g in runs.groupby(["scenario", "policy"], sort=False):
+        row: dict[str, Any] = {"scenario": scen, "policy": pol, "seeds": int(len(g))}
+        for m in SUMMARY_METRICS:
+            if m not in g:
+                continue
+            mean, ci = mean_ci95(g[m].to_numpy(np.float64))
+            row[m] = mean
+            row[m + "_ci95"] = ci
+        if "mlperf_p99_pass" in g:
+            row["mlperf_p99_pass_share"] = float(np.mean(g["mlperf_p99_pass"].astype(float)))
+        for c in ("requests_completed", "requests_in_flight", "requests_failed"):
+            if c in g:
+                row[c] = float(g[c].mean())
+        for c in TIMING_COLUMNS:
+            if c in g:
+                row[c] = float(g[c].mean())
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def _sig(x: float, digits: int = 3) -> str:
+    if x is None or not np.isfinite(x):
+        return "–"
+    if x == 0:
+        return "0"
+    mag = math.floor(math.log10(abs(x)))
+    decimals = max(0, digits - 1 - mag)
+    return f"{x:,.{decimals}f}"
+
+
+def _pm(mean: float, ci: float, digits: int = 3, scale: float = 1.0) -> str:
+    if mean is None or not np.isfinite(mean):
+        return "–"
+    text = _sig(mean * scale, digits)
+    if ci is not None and np.isfinite(ci):
+        text += f" ± {_sig(ci * scale, 2)}"
+    return text
+
+
+def _fixed(mean: float, ci: float, decimals: int = 1) -> str:
+    if mean is None or not np.isfinite(mean):
+        return "–"
+    text = f"{mean:.{decimals}f}"
+    if ci is not None and np.isfinite(ci):
+        text += f" ± {ci:.{decimals}f}"
+    return text
+
+
+def summary_markdown(summary, *, timing: bool = True) -> str:
+    """The summary as a Markdown table (means ± 95% CI half-widths; latencies in ms)."""
+    head = [
+        "scenario", "policy", "seeds", "carbon (kg)", "vs rr (%)", "energy (kWh)",
+        "TTFT p50/p90/p99 (ms)", "TPOT p50/p90/p99 (ms)", "SLO viol. (%)", "MLPerf p99 pass",
+    ]
+    if timing:
+        head.append("decision mean/p95 (ms)")
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for _, r in summary.iterrows():
+        def g(k: str) -> float:
+            v = r.get(k, float("nan"))
+            return float(v) if v is not None else float("nan")
+
+        lat = lambda p: "/".join(_sig(g(f"{p}_{q}_s") * 1e3, 3) for q in ("p50", "p90", "p99"))  # noqa: E731
+        share = g("mlperf_p99_pass_share")
+        seeds = int(r["seeds"])
+        cells = [
+            str(r["scenario"]), str(r["policy"]), str(seeds),
+            _pm(g("carbon_g"), g("carbon_g_ci95"), 3, 1e-3),
+            _fixed(g("reduction_vs_rr_pct"), g("reduction_vs_rr_pct_ci95"), 1),
+            _pm(g("energy_kwh"), g("energy_kwh_ci95"), 3),
+            lat("ttft"), lat("tpot"),
+            _fixed(g("slo_violation_pct"), g("slo_violation_pct_ci95"), 2),
+            "–" if not np.isfinite(share) else f"{int(round(share * seeds))}/{seeds}",
+        ]
+        if timing:
+            cells.append(f"{_sig(g('decision_mean_s') * 1e3, 2)}/{_sig(g('decision_p95_s') * 1e3, 2)}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------------------------
+# files
+
+
+def write_table(columns: Mapping[str, np.ndarray] | Any, path_stem: str, fmt: str = "parquet") -> str:
+    """Write a column dict or DataFrame as ``path_stem.parquet`` (or ``.csv``); returns the path.
+
+    Parquet needs pyarrow; without it (or with ``fmt="csv"``) the table is written as CSV.
+    """
+    import pandas as pd
+
+    df = columns if hasattr(columns, "to_parquet") else pd.DataFrame({k: np.asarray(v) for k, v in columns.items()})
+    os.makedirs(os.path.dirname(path_stem) or ".", exist_ok=True)
+    if fmt == "parquet":
+        try:
+            import pyarrow  # noqa: F401
+
+            path = path_stem + ".parquet"
+            df.to_parquet(path, index=False)
+            return path
+        except ImportError:
+            pass
+    path = path_stem + ".csv"
+    df.to_csv(path, index=False)
+    return path
+
+
+def read_table(path_stem_or_path: str):
+    """Read a table written by :func:`write_table` (given the stem or the full path)."""
+    import pandas as pd
+
+    p = path_stem_or_path
+    if p.endswith(".parquet"):
+        return pd.read_parquet(p)
+    if p.endswith(".csv"):
+        return pd.read_csv(p)
+    if os.path.exists(p + ".parquet"):
+        return pd.read_parquet(p + ".parquet")
+    return pd.read_csv(p + ".csv")
+
+
+def write_tensorboard(result: RunResult, root: str, reduction_pct: float | None = None) -> str:
+    """Write one run's per-step scalars (and the final reduction) under ``root``; returns its dir."""
+    from eval.tb import TAGS, ScalarWriter, run_dir
+
+    d = run_dir(root, result.spec.scenario_name, result.spec.policy_name, result.spec.seed)
+    steps = result.steps
+    cols = {
+        TAGS.carbon_step_g: "carbon_g",
+        TAGS.carbon_cumulative_g: "cumulative_carbon_g",
+        TAGS.energy_step_j: "energy_j",
+        TAGS.slo_violations: "violations",
+        TAGS.slo_violation_rate: "violation_rate",
+        TAGS.ttft_p50_s: "ttft_p50_s",
+        TAGS.ttft_p99_s: "ttft_p99_s",
+        TAGS.tpot_p50_s: "tpot_p50_s",
+        TAGS.tpot_p99_s: "tpot_p99_s",
+        TAGS.decision_time_s: "decision_s",
+    }
+    n = len(steps.get("step", ()))
+    with ScalarWriter(d) as w:
+        arrays = {tag: np.asarray(steps[c], dtype=np.float64) for tag, c in cols.items() if c in steps}
+        for i in range(n):
+            step = int(steps["step"][i])
+            for tag, a in arrays.items():
+                w.scalar(tag, a[i], step)
+        if reduction_pct is not None:
+            w.scalar(TAGS.reduction_vs_rr_pct, reduction_pct, max(n - 1, 0))
+    return d
+
+
+def versions() -> dict[str, str]:
+    """Versions of Python and the packages that shape results."""
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    from importlib import metadata
+
+    for pkg in ("carbon-gym", "numpy", "gymnasium", "pyomo", "highspy", "pandas", "pyarrow", "matplotlib", "torch", "stable-baselines3", "ray"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+class OutputWriter:
+    """Writes each run's records as it arrives and the tables at the end (``on_result`` hook)."""
+
+    def __init__(self, out: str, *, requests: bool = True, steps: bool = True, fmt: str = "parquet"):
+        self.out = out
+        self.requests = requests
+        self.steps = steps
+        self.fmt = fmt
+        os.makedirs(out, exist_ok=True)
+        self.paths: dict[str, dict[str, str]] = {}
+
+    def __call__(self, result: RunResult) -> None:
+        paths = {}
+        rid = result.spec.run_id
+        if self.requests and result.requests:
+            paths["requests"] = write_table(result.requests, os.path.join(self.out, "requests", rid), self.fmt)
+        if self.steps and result.steps:
+            paths["steps"] = write_table(result.steps, os.path.join(self.out, "steps", rid), self.fmt)
+        result.requests = {}  # free memory: the records are on disk now
+        self.paths[rid] = paths
+
+
+def write_outputs(
+    results: Sequence[RunResult],
+    out: str,
+    *,
+    command: str | None = None,
+    tensorboard: str | None = None,
+    extra_config: Mapping[str, Any] | None = None,
+):
+    """Write runs.csv, summary.csv, summary.md, config.json (and TensorBoard runs); return the summary."""
+    os.makedirs(out, exist_ok=True)
+    runs = runs_table(results)
+    summary = summarise(runs)
+    runs.to_csv(os.path.join(out, "runs.csv"), index=False)
+    summary.to_csv(os.path.join(out, "summary.csv"), index=False)
+    with open(os.path.join(out, "summary.md"), "w", encoding="utf-8") as f:
+        f.write(summary_markdown(summary))
+    if tensorboard:
+        red = {(r.spec.scenario_name, r.spec.policy_name, r.spec.seed): v for r, v in zip(results, runs["reduction_vs_rr_pct"])}
+        for r in results:
+            write_tensorboard(r, tensorboard, red.get((r.spec.scenario_name, r.spec.policy_name, r.spec.seed)))
+    config = {
+        "command": command,
+        "versions": versions(),
+        "runs": [
+            {**_spec_json(r.spec), **{k: v for k, v in r.meta.items() if _jsonable(v)}}
+            for r in results
+        ],
+    }
+    if extra_config:
+        config.update(extra_config)
+    with open(os.path.join(out, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=1, default=str)
+    return summary
+
+
+def _spec_json(spec: RunSpec) -> dict[str, Any]:
+    d = asdict(spec)
+    d["overrides"] = dict(spec.overrides)
+    d["policy_kwargs"] = dict(spec.policy_kwargs)
+    d["run_id"] = spec.run_id
+    return d
+
+
+def _jsonable(v: Any) -> bool:
+    try:
+        json.dumps(v)
+        return True
+    except (TypeError, ValueError):
+        return False
