@@ -1,0 +1,207 @@
+"""Scenario -> (Simulator, Workload): the only place that wires data files to models.
+
+::
+
+    from carbon_gym.scenario import load_scenario
+    from carbon_gym.world import build_world
+
+    scenario = load_scenario("llama8b-moderate", overrides={"duration_s": 600})
+    sim, workload = build_world(scenario, seed=0)
+    batch = workload.arrivals_between(0.0, 1.0)
+
+Seeds: ``seed`` (default: ``scenario.seed``) drives the workload directly; the carbon forecast
+noise uses an independent stream derived from it (:func:`derive_seed`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from .errors import ConfigError
+from .physics.carbon import CarbonForecaster, CarbonTrace, carbon_offset_s, load_carbon_trace
+from .physics.network import Network, network_from_zones
+from .predict import OutputLengthPredictor, make_predictor
+from .scenario import Scenario, default_topology, resolve_topology
+from .topology import Topology
+from .workload import (
+    DiurnalProfile,
+    GammaArrivals,
+    PoissonArrivals,
+    Workload,
+    load_length_table,
+    make_length_sampler,
+    make_trace_replay,
+)
+
+__all__ = [
+    "build_world", "build_topology", "build_network", "build_carbon", "build_workload", "build_forecaster",
+    "build_predictor", "build_engine_config", "default_topology", "derive_seed", "WorldParts", "build_parts",
+]
+
+
+def derive_seed(seed: int, stream: str) -> int:
+    """An independent 63-bit seed for a named random stream (``"workload"``, ``"forecast"``, ...)."""
+    tag = [ord(c) for c in stream]
+    return int(np.random.SeedSequence([int(seed), *tag]).generate_state(2, np.uint64)[0] >> np.uint64(1))
+
+
+def build_topology(scenario: Scenario) -> Topology:
+    """The scenario's :class:`Topology`."""
+    return resolve_topology(scenario)[0]
+
+
+def build_network(scenario: Scenario) -> Network:
+    """One-way delays from each region's clients to each datacenter (RTT / 2)."""
+    topo, regions = resolve_topology(scenario)
+    overrides = {i: r.rtt_ms for i, r in enumerate(regions) if r.rtt_ms is not None}
+    try:
+        return network_from_zones(
+            [r.client_zone for r in regions], [d.zone for d in topo.datacenters],
+            metro_rtt_ms=scenario.topology.metro_rtt_ms, rtt_overrides_ms=overrides,
+        )
+    except ConfigError as e:
+        raise ConfigError("topology", f"{e} (give [[topology.regions]] rtt_ms for zones outside the RTT matrix)",
+                          source=scenario.source or None) from None
+
+
+def build_carbon(scenario: Scenario) -> tuple[CarbonTrace, float]:
+    """The carbon trace (columns = the datacenters' distinct zones) and the episode's offset in it, s."""
+    topo = build_topology(scenario)
+    zones = list(dict.fromkeys(d.zone for d in topo.datacenters))
+    c = scenario.carbon
+    path = None if c.file == "packaged" else c.file
+    trace = load_carbon_trace(path, kind=c.kind, zones=zones, interpolation=c.interpolation, fill=c.fill)
+    return trace, carbon_offset_s(trace, c.start_utc)
+
+
+def build_forecaster(scenario: Scenario, trace: CarbonTrace | None = None, seed: int | None = None) -> CarbonForecaster:
+    """Carbon forecasts for the scenario (horizon and error from ``[carbon]``)."""
+    if trace is None:
+        trace = build_carbon(scenario)[0]
+    seed = scenario.seed if seed is None else seed
+    c = scenario.carbon
+    return CarbonForecaster(trace, c.forecast_horizon_h, c.forecast_error_std_frac, derive_seed(seed, "forecast"))
+
+
+def build_workload(scenario: Scenario, seed: int | None = None) -> Workload:
+    """The scenario's request generator (see :mod:`carbon_gym.workload`)."""
+    from .physics.carbon import parse_start_utc
+
+    seed = scenario.seed if seed is None else seed
+    w = scenario.workload
+    _, regions = resolve_topology(scenario)
+    diurnal = None
+    if w.diurnal_amplitude > 0:
+        diurnal = DiurnalProfile(w.diurnal_amplitude, w.diurnal_peak_hour, tuple(r.utc_offset_h for r in regions),
+                                 parse_start_utc(scenario.carbon.start_utc))
+    replay_lengths = w.lengths == "trace"
+    if replay_lengths:
+        sampler = make_length_sampler(w.trace, max_context_tokens=w.max_context_tokens, cap_policy="resample")
+    else:
+        sampler = make_length_sampler(w.lengths, max_context_tokens=w.max_context_tokens, cap_policy=w.cap_policy,
+                                      prompt_tokens=w.prompt_tokens, output_tokens=w.output_tokens)
+    if w.arrival == "poisson":
+        arrivals: Any = PoissonArrivals()
+    elif w.arrival == "gamma":
+        arrivals = GammaArrivals(w.cv)
+    else:
+        peak = 1.0 + w.diurnal_amplitude
+        if w.time_scale is not None:
+            arrivals = make_trace_replay(w.trace, time_scale=w.time_scale)
+        else:
+            arrivals = make_trace_replay(w.trace, rate_per_s=scenario.rate_per_s * peak)
+    return Workload(
+        arrivals, sampler, rate_per_s=scenario.rate_per_s, n_regions=len(regions), region_shares=w.region_shares,
+        diurnal=diurnal, seed=derive_seed(seed, "workload"), block_s=w.block_s, replay_lengths=replay_lengths,
+        max_context_tokens=w.max_context_tokens, cap_policy=w.cap_policy,
+        replay_table=load_length_table(w.trace, "workload.trace") if replay_lengths else None,
+    )
+
+
+def build_predictor(scenario: Scenario) -> OutputLengthPredictor:
+    """The output-length predictor named by ``env.predictor``, fitted on the scenario's length data.
+
+    The binned predictor is fitted on the whole dataset the workload samples from (after the
+    context cap); held-out accuracy is documented in :mod:`carbon_gym.predict`.
+    """
+    w = scenario.workload
+    name = scenario.env.predictor
+    if name == "oracle":
+        return make_predictor("oracle")
+    if w.lengths == "fixed":
+        return make_predictor(name, prompt_tokens=np.array([w.prompt_tokens]), output_tokens=np.array([w.output_tokens]), min_count=1)
+    dataset = w.trace if w.lengths == "trace" else w.lengths
+    sampler = make_length_sampler(dataset, max_context_tokens=w.max_context_tokens, cap_policy="resample")
+    return make_predictor(name, prompt_tokens=sampler.prompt_tokens, output_tokens=sampler.output_tokens)
+
+
+def build_engine_config(scenario: Scenario):
+    """``carbon_gym.sim.EngineConfig`` from ``[engine]`` (fields the simulator does not know are refused)."""
+    from .sim import EngineConfig  # lazy: the simulator is optional for data-only use
+
+    e = scenario.engine
+    values = {
+        "tp": scenario.tp, "block_tokens": e.block_tokens, "gpu_memory_utilization": e.gpu_memory_utilization,
+        "max_num_seqs": e.max_num_seqs, "max_num_batched_tokens": e.max_num_batched_tokens,
+        "chunked_prefill": e.chunked_prefill, "max_model_len": e.max_model_len,
+    }
+    known = {f.name for f in fields(EngineConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"engine.{unknown[0]}", "not supported by this simulator's EngineConfig", allowed=sorted(known))
+    return EngineConfig(**values)
+
+
+@dataclass(frozen=True)
+class WorldParts:
+    """Everything :func:`build_world` wires, for callers that need more than (sim, workload)."""
+
+    topology: Topology
+    model: Any
+    gpu: Any
+    latency: Any
+    power: Any
+    network: Network
+    carbon: CarbonTrace
+    carbon_offset_s: float
+    engine: Any
+
+
+def build_parts(scenario: Scenario) -> WorldParts:
+    """Load every model and data file the simulator needs (no simulator constructed)."""
+    from .physics.latency import load_latency_model
+    from .physics.power import load_power_model
+    from .specs import load_gpu_spec, load_model_spec
+
+    topo = build_topology(scenario)
+    carbon, offset = build_carbon(scenario)
+    return WorldParts(
+        topology=topo, model=load_model_spec(scenario.model), gpu=load_gpu_spec(scenario.gpu),
+        latency=load_latency_model(scenario.gpu, scenario.model, scenario.tp), power=load_power_model(scenario.gpu),
+        network=build_network(scenario), carbon=carbon, carbon_offset_s=offset, engine=build_engine_config(scenario),
+    )
+
+
+def build_world(scenario: Scenario, seed: int | None = None, *, step_mode: bool = False):
+    """Build the simulator and the workload of a scenario.
+
+    Args:
+        scenario: a validated :class:`~carbon_gym.scenario.Scenario`.
+        seed: seed of this episode (default ``scenario.seed``).
+        step_mode: pass-through to the simulator (one iteration at a time; for equivalence tests).
+
+    Returns:
+        ``(Simulator, Workload)``.
+    """
+    if scenario.faults:
+        raise ConfigError("faults", "fault injection is not wired into build_world yet", source=scenario.source or None)
+    from .sim.simulator import Simulator  # lazy: written concurrently, heavy-ish
+
+    parts = build_parts(scenario)
+    kwargs: dict[str, Any] = dict(engine=parts.engine, carbon_offset_s=parts.carbon_offset_s,
+                                  dispatcher=scenario.engine.dispatcher, step_mode=step_mode)
+    sim = Simulator(parts.topology, parts.model, parts.gpu, parts.latency, parts.power, parts.network, parts.carbon, **kwargs)
+    return sim, build_workload(scenario, seed)
