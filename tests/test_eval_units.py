@@ -1,0 +1,173 @@
+"""Unit tests of the evaluation harness's pure parts: statistics, episode starts, tables,
+TensorBoard writing and figures, on synthetic run results (no simulator needed)."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+from eval import harness
+from eval.harness import RunResult, RunSpec
+
+
+# ---------------------------------------------------------------- statistics
+
+
+@pytest.mark.parametrize("df,expected", [(1, 12.706), (2, 4.303), (9, 2.262), (30, 2.042), (60, 2.0003), (120, 1.9799)])
+def test_t_critical_matches_tables(df, expected):
+    assert harness.t_critical_95(df) == pytest.approx(expected, abs=2e-3)
+
+
+def test_mean_ci95_analytic():
+    # x = 1, 2, 3: mean 2, sd 1, half-width = 4.303 / sqrt(3)
+    m, ci = harness.mean_ci95([1.0, 2.0, 3.0])
+    assert m == 2.0
+    assert ci == pytest.approx(4.303 / math.sqrt(3), rel=1e-9)
+    m, ci = harness.mean_ci95([5.0])
+    assert m == 5.0 and math.isnan(ci)
+    m, ci = harness.mean_ci95([2.0, float("nan"), 4.0])  # NaN ignored
+    assert m == 3.0 and ci == pytest.approx(12.706 * math.sqrt(2) / math.sqrt(2), rel=1e-9)
+    m, ci = harness.mean_ci95([])
+    assert math.isnan(m) and math.isnan(ci)
+
+
+# ---------------------------------------------------------------- episode starts
+
+
+def test_episode_starts_deterministic_and_spread():
+    a = [harness.episode_start_offset_s("llama8b-moderate", s) for s in range(24)]
+    b = [harness.episode_start_offset_s("llama8b-moderate", s) for s in range(24)]
+    assert a == b
+    # adding seeds never moves earlier ones
+    assert a[:5] == [harness.episode_start_offset_s("llama8b-moderate", s) for s in range(5)]
+    year = 365 * 86400.0
+    assert all(0 <= x < year for x in a)
+    assert all(x % 60 == 0 for x in a)
+    hours = np.array([(x % 86400) / 3600 for x in a])
+    days = np.array([x // 86400 for x in a])
+    # low discrepancy: 24 seeds hit every 6-hour block of the day and every quarter of the year
+    assert set((hours // 6).astype(int)) == {0, 1, 2, 3}
+    assert set((days // 92).astype(int)) == {0, 1, 2, 3}
+    # different scenarios get different starts; a spec's start uses its start_key
+    assert harness.episode_start_offset_s("dev", 0) != a[0]
+    spec = RunSpec("llama8b-moderate", "milp", 3, scenario_label="llama8b-moderate[poll=2s]", start_key="llama8b-moderate")
+    assert spec.start_offset_s() == a[3]
+
+
+# ---------------------------------------------------------------- tables
+
+
+def _result(scen: str, pol: str, seed: int, carbon: float, viol: float = 1.0, **extra) -> RunResult:
+    metrics = {
+        "carbon_g": carbon,
+        "energy_kwh": carbon / 300.0,
+        "ttft_p50_s": 0.2, "ttft_p90_s": 0.5, "ttft_p99_s": 1.0 + seed,
+        "tpot_p50_s": 0.02, "tpot_p90_s": 0.03, "tpot_p99_s": 0.05,
+        "slo_violation_pct": viol,
+        "mlperf_p99_pass": seed != 2,
+        "requests_completed": 100,
+        "decision_mean_s": 0.001 * (seed + 1), "decision_p95_s": 0.002,
+    }
+    metrics.update(extra)
+    return RunResult(spec=RunSpec(scen, pol, seed), metrics=metrics, steps={}, requests={})
+
+
+def test_reduction_is_paired_by_seed_and_rr_is_zero():
+    results = []
+    rr = {0: 1000.0, 1: 2000.0, 2: 4000.0}
+    for s, c in rr.items():
+        results.append(_result("dev", "rr", s, c))
+        results.append(_result("dev", "milp", s, c * (0.5 if s == 0 else 0.75)))
+    results.append(_result("other", "milp", 0, 10.0))  # no rr for this scenario -> NaN
+    runs = harness.runs_table(results)
+    milp = runs[(runs.scenario == "dev") & (runs.policy == "milp")].set_index("seed")["reduction_vs_rr_pct"]
+    assert milp.to_dict() == pytest.approx({0: 50.0, 1: 25.0, 2: 25.0})
+    assert (runs[runs.policy == "rr"]["reduction_vs_rr_pct"] == 0).all()
+    assert math.isnan(runs[runs.scenario == "other"]["reduction_vs_rr_pct"].iloc[0])
+    summary = harness.summarise(runs)
+    row = summary[(summary.scenario == "dev") & (summary.policy == "milp")].iloc[0]
+    m, ci = harness.mean_ci95([50.0, 25.0, 25.0])
+    assert row["reduction_vs_rr_pct"] == pytest.approx(m)
+    assert row["reduction_vs_rr_pct_ci95"] == pytest.approx(ci)
+    assert row["seeds"] == 3
+    assert row["mlperf_p99_pass_share"] == pytest.approx(2 / 3)
+    rrrow = summary[(summary.scenario == "dev") & (summary.policy == "rr")].iloc[0]
+    assert rrrow["reduction_vs_rr_pct"] == 0.0 and rrrow["reduction_vs_rr_pct_ci95"] == 0.0
+    assert list(summary["policy"][:2]) == ["rr", "milp"]  # first-appearance order
+    md = harness.summary_markdown(summary)
+    assert "| dev | milp | 3 |" in md and "2/3" in md
+    assert md.count("\n") == 2 + len(summary)
+
+
+def test_summary_markdown_formats_units():
+    s = harness.summarise([_result("dev", "rr", 0, 12345.0), _result("dev", "rr", 1, 12345.0)])
+    md = harness.summary_markdown(s)
+    assert "12.3 ± 0" in md  # carbon in kg, CI 0
+    assert "200/500/" in md  # TTFT in ms
+
+
+# ---------------------------------------------------------------- files and TensorBoard
+
+
+def test_write_table_roundtrip(tmp_path):
+    cols = {"a": np.arange(5), "b": np.linspace(0, 1, 5)}
+    p = harness.write_table(cols, str(tmp_path / "x" / "t"))
+    df = harness.read_table(p)
+    assert list(df["a"]) == [0, 1, 2, 3, 4]
+    p2 = harness.write_table(cols, str(tmp_path / "t2"), fmt="csv")
+    assert p2.endswith(".csv") and list(harness.read_table(str(tmp_path / "t2"))["a"]) == [0, 1, 2, 3, 4]
+
+
+def test_tensorboard_tags_and_roundtrip(tmp_path):
+    from eval.tb import TAGS, read_scalars
+
+    assert TAGS.carbon_step_g == "carbon/step_g"
+    assert len(set(TAGS)) == len(TAGS.names()) == 11
+    assert "eval/reduction_vs_rr_pct" in list(TAGS)
+    n = 4
+    steps = {
+        "step": np.arange(n),
+        "carbon_g": np.array([1.0, 2.0, 3.0, 4.0]),
+        "cumulative_carbon_g": np.cumsum([1.0, 2.0, 3.0, 4.0]),
+        "energy_j": np.full(n, 10.0),
+        "violations": np.array([0, 1, 0, 0]),
+        "violation_rate": np.array([np.nan, 0.5, 0.25, 0.2]),
+        "ttft_p50_s": np.array([np.nan, 0.1, 0.2, 0.3]),
+        "ttft_p99_s": np.array([np.nan, 0.2, 0.3, 0.4]),
+        "tpot_p50_s": np.full(n, 0.01), "tpot_p99_s": np.full(n, 0.02),
+        "decision_s": np.full(n, 0.001),
+    }
+    res = RunResult(spec=RunSpec("dev", "milp", 1), metrics={}, steps=steps, requests={})
+    d = harness.write_tensorboard(res, str(tmp_path), reduction_pct=12.5)
+    assert d == os.path.join(str(tmp_path), "dev", "milp", "seed_1")
+    sc = read_scalars(d)
+    assert set(sc) == set(TAGS)
+    assert [v for _, v in sc[TAGS.carbon_cumulative_g]] == [1.0, 3.0, 6.0, 10.0]
+    assert len(sc[TAGS.ttft_p50_s]) == 3  # NaN step skipped
+    assert sc[TAGS.reduction_vs_rr_pct] == [(3, 12.5)]
+
+
+def test_plots_write_png_and_pdf(tmp_path):
+    import pandas as pd
+
+    from eval import plots
+
+    rng = np.random.default_rng(0)
+    t = np.arange(1, 31, dtype=float)
+    steps = {p: {"time_s": t, **{f"carbon_g_dc{d}": rng.random(30) for d in range(3)}, **{f"intensity_g_per_kwh_dc{d}": np.full(30, 100.0 * (d + 1)) for d in range(3)}} for p in ("rr", "milp")}
+    paths = plots.carbon_over_time(steps, ["a", "b", "c"], str(tmp_path / "cot"))
+    reqs = {p: [(pd.DataFrame({"arrival_s": rng.random(50) * 30, "datacenter": rng.integers(0, 3, 50)}), 3600.0 * k) for k in range(3)] for p in ("rr", "milp")}
+    paths += plots.load_by_hour(reqs, ["a", "b", "c"], str(tmp_path / "lbh"))
+    lat = {p: pd.DataFrame({"ttft_s": rng.random(100) + 0.01, "tpot_s": rng.random(100) * 0.1 + 0.001, "output_tokens": np.full(100, 5)}) for p in ("rr", "milp")}
+    paths += plots.latency_cdfs(lat, str(tmp_path / "cdf"), ttft_target_s=2.0, tpot_target_s=0.1)
+    table = pd.DataFrame({"policy": ["milp"] * 3 + ["greedy"] * 3, "polling_s": [0.5, 1, 2] * 2, "slo_violation_pct": rng.random(6), "slo_violation_pct_ci95": rng.random(6), "reduction_vs_rr_pct": rng.random(6) * 50, "reduction_vs_rr_pct_ci95": rng.random(6)})
+    paths += plots.polling_curve(table, str(tmp_path / "poll"))
+    table2 = table.rename(columns={"polling_s": "w"})
+    paths += plots.tradeoff(table2, str(tmp_path / "trade"), sweep_policy="milp", param="w")
+    paths += plots.bars(table, x="polling_s", hue="policy", y="reduction_vs_rr_pct", yerr="reduction_vs_rr_pct_ci95", stem=str(tmp_path / "bars"))
+    assert len(paths) == 12
+    for p in paths:
+        assert os.path.getsize(p) > 1000, p
