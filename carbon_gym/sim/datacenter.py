@@ -1,0 +1,181 @@
+"""A datacenter: its engines, the dispatcher that spreads arrivals over them, and its
+power / energy / carbon ledger.
+
+Power is piecewise constant between events. The ledger keeps the current GPU power of all
+engines (active + idle), the idle part, and the constant host power of the nodes, and integrates
+them exactly whenever any of them changes (O(1) per change)::
+
+    IT power       = sum of engine powers (tp x per-GPU watts) + nodes x host_w
+    facility power = IT power x PUE
+    carbon [t0,t1] = facility power x integral of intensity over [off+t0, off+t1] / 3.6e6  (grams)
+
+A datacenter that is down draws nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from ..topology import DatacenterSpec
+from .engine import Engine, EngineConfig, EngineModels, RequestState
+
+J_PER_KWH = 3.6e6
+
+
+class Datacenter:
+    """Engines + dispatcher + power/energy/carbon ledger of one datacenter (internal).
+
+    Attributes (ledger, all since time 0): ``gpu_j`` (all GPU energy, IT level), ``idle_j``
+    (GPU energy of idle engines), ``host_j`` (non-GPU node energy), ``carbon_g`` (facility,
+    grams CO2eq). Counters: ``in_transit``, ``waiting``, ``running``, ``iterations``.
+    """
+
+    def __init__(
+        self,
+        index: int,
+        spec: DatacenterSpec,
+        zone: int,
+        carbon: Any,
+        carbon_offset_s: float,
+        cfg: EngineConfig,
+        total_blocks: int,
+        models: EngineModels,
+        host_w_per_node: float,
+        score_fn: Callable[[Engine], float],
+        step_mode: bool,
+        heap: list,
+        counter: Callable[[], int],
+        rows: list,
+    ) -> None:
+        self.index = index
+        self.spec = spec
+        self.name = spec.name
+        self.zone = zone
+        self.carbon = carbon
+        self.offset_s = float(carbon_offset_s)
+        self.pue = float(spec.pue)
+        self.score_fn = score_fn
+        self.n_engines = spec.nodes * spec.gpus_per_node // cfg.tp
+        self.scores: list[float] = [0.0] * self.n_engines
+        self.engines = [
+            Engine(self, i, cfg, total_blocks, models, step_mode, heap, counter, rows) for i in range(self.n_engines)
+        ]
+        for e in self.engines:
+            self.scores[e.index] = score_fn(e)
+        self.models = models
+        self.host_on_w = spec.nodes * float(host_w_per_node)
+        self.up = True
+        self.host_w = self.host_on_w
+        self.p_gpu = self.n_engines * models.idle_engine_w
+        self.p_idle = self.p_gpu
+        self.n_idle = self.n_engines
+        self._ct = -1.0
+        self._cc = 0.0
+        self.t_last = 0.0
+        self.c_last = self.cum(0.0)
+        self.gpu_j = 0.0
+        self.idle_j = 0.0
+        self.host_j = 0.0
+        self.carbon_g = 0.0
+        self.in_transit = 0
+        self.waiting = 0
+        self.running = 0
+        self.iterations = 0
+        # EWMA of prompt tokens arriving per second (for decode-time estimates)
+        self.tok_rate_sum = 0.0
+        self.tok_rate_t = 0.0
+
+    # ------------------------------------------------------------------ carbon / ledger
+    def cum(self, t: float) -> float:
+        """Integral of the zone's intensity from the trace start to ``off + t`` (g/kWh x s)."""
+        if t == self._ct:
+            return self._cc
+        v = self.carbon.integral(self.zone, 0.0, self.offset_s + t)
+        self._ct = t
+        self._cc = v
+        return v
+
+    def intensity(self, t: float) -> float:
+        """Grid intensity now, gCO2eq/kWh."""
+        return float(self.carbon.intensity(self.zone, self.offset_s + t))
+
+    def flush(self, t: float) -> None:
+        """Integrate the current (constant) power from the last change up to ``t``."""
+        dt = t - self.t_last
+        if dt <= 0.0:
+            return
+        p_gpu = self.p_gpu
+        host = self.host_w
+        self.gpu_j += p_gpu * dt
+        self.idle_j += self.p_idle * dt
+        self.host_j += host * dt
+        c = self.cum(t)
+        self.carbon_g += (p_gpu + host) * self.pue * (c - self.c_last) / J_PER_KWH
+        self.c_last = c
+        self.t_last = t
+
+    def engine_power_changed(self, t: float, old_w: float, new_w: float, old_idle: bool, new_idle: bool) -> None:
+        """An engine's power changes at ``t`` (flush the ledger first)."""
+        if not self.up:
+            return
+        self.flush(t)
+        self.p_gpu += new_w - old_w
+        if old_idle:
+            self.p_idle -= old_w
+            self.n_idle -= 1
+        if new_idle:
+            self.p_idle += new_w
+            self.n_idle += 1
+
+    def power_w(self) -> float:
+        """Facility power now, watts."""
+        return (self.p_gpu + self.host_w) * self.pue
+
+    # ------------------------------------------------------------------ dispatch
+    def pick(self) -> Engine:
+        """The engine with the lowest dispatcher score (ties: lowest index)."""
+        s = self.scores
+        if len(s) == 1:
+            return self.engines[0]
+        return self.engines[s.index(min(s))]
+
+    def note_arrival(self, t: float, prompt_tokens: int, tau_s: float = 60.0) -> None:
+        """Update the exponentially weighted prompt-token arrival rate (time constant ``tau_s``)."""
+        dt = t - self.tok_rate_t
+        if dt > 0.0:
+            self.tok_rate_sum *= math.exp(-dt / tau_s)
+            self.tok_rate_t = t
+        self.tok_rate_sum += prompt_tokens
+
+    def token_rate(self, t: float, tau_s: float = 60.0) -> float:
+        """Prompt tokens per second arriving at this datacenter (EWMA)."""
+        dt = max(t - self.tok_rate_t, 0.0)
+        return self.tok_rate_sum * math.exp(-dt / tau_s) / tau_s
+
+    # ------------------------------------------------------------------ faults
+    def set_up(self, t: float, up: bool) -> list[RequestState]:
+        """Bring the datacenter down (abort all its requests; returns them) or back up (idle)."""
+        if up == self.up:
+            return []
+        self.flush(t)
+        aborted: list[RequestState] = []
+        if not up:
+            for e in self.engines:
+                aborted.extend(e.abort_all())
+            self.waiting = 0
+            self.running = 0
+            self.p_gpu = 0.0
+            self.p_idle = 0.0
+            self.host_w = 0.0
+        else:
+            for e in self.engines:
+                e.reset()
+            self.p_gpu = self.n_engines * self.models.idle_engine_w
+            self.p_idle = self.p_gpu
+            self.host_w = self.host_on_w
+        self.n_idle = self.n_engines
+        for e in self.engines:
+            self.scores[e.index] = self.score_fn(e)
+        self.up = up
+        return aborted

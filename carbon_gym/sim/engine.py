@@ -1,0 +1,712 @@
+"""One vLLM-like inference engine: paged KV cache, FCFS waiting queue, continuous batching,
+chunked prefill, preemption by recompute, and closed-form jumps over runs of decode iterations.
+
+Scheduling (one *iteration* = one forward pass), mirroring vLLM V1 with chunked prefill:
+
+1. Every decoding sequence decodes one token. A sequence holding ``c`` tokens in KV needs a new
+   block when ``c % block_tokens == 0``; if the free blocks cannot cover all of them, the NEWEST
+   running request (prefilling or decoding) is preempted - its blocks are freed, it goes to the
+   FRONT of the waiting queue and will recompute ``prompt + generated`` tokens - until they fit
+   (the request needing the block may preempt itself). An iteration that preempted admits no
+   new request (vLLM V1 rule), unless it would otherwise be empty.
+2. Partially prefilled requests continue: chunk = min(remaining prompt, budget left), where the
+   budget is ``max_num_batched_tokens`` minus one token per decoding sequence.
+3. New requests are admitted from the head of the waiting queue (FCFS, no skipping) while
+   running sequences < ``max_num_seqs``, the head's blocks ``ceil(prefill / block_tokens)`` fit
+   in the free blocks (all prompt blocks are allocated at admission) and budget is left; each
+   takes a chunk of ``min(prompt, budget left)``.
+
+With ``chunked_prefill=False`` an engine alternates: when the head of the queue fits (sequences,
+blocks) and the previous iteration was not a prefill iteration (or nothing is decoding), it runs
+a *prefill-only* iteration admitting whole prompts while their sum fits the token budget (at
+least one, even if longer than the budget); otherwise a *decode-only* iteration.
+
+The iteration that computes the last prompt token samples the first output token (or, after a
+recompute, the next one); every decode iteration samples one more. A request with one output
+token completes at the end of its prefill.
+
+**Fast path.** When an iteration has no prefill work, no preemption, and the queue head cannot be
+admitted (or the queue is empty), the batch stays fixed until the next completion, arrival or
+KV-block shortage: iteration ``k`` of the run takes ``T0 + k * n * decode_ctx_coeff_s``. The
+engine jumps over ``K`` iterations at once, with ``K`` = iterations to the earliest completion
+(heap of finish iterations) capped so that the blocks the run allocates - computed exactly from a
+histogram of ``(context - iteration) mod block_tokens`` - fit in the free blocks. An arrival at
+an engine whose queue was empty truncates the run at the first iteration boundary at or after
+the arrival. ``step_mode=True`` runs every iteration as its own event with explicit per-sequence
+bookkeeping (the slow reference); both give the same results.
+
+**Published state.** Dispatch scores and snapshots read ``view_free_blocks`` /
+``view_used_blocks``, refreshed at the end of every iteration that admitted, prefilled,
+preempted or completed something - moments that exist identically in both modes - so decisions
+do not depend on how decode runs were cut.
+
+**Energy shares.** Each iteration's facility energy (engine power x duration x PUE) is split over
+its batch in proportion to the tokens computed (a decode = 1 token); decoding sequences collect
+theirs through engine-level cumulative per-sequence counters (O(1) per sequence).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .datacenter import Datacenter
+
+J_PER_KWH = 3.6e6
+
+# engine states
+IDLE, WAKE, ITER, RUN = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """vLLM engine settings shared by every engine of a simulation.
+
+    Attributes:
+        tp: GPUs per engine (tensor-parallel degree); must divide the node's GPU count.
+        block_tokens: tokens per paged KV block.
+        gpu_memory_utilization: fraction of GPU memory for weights + KV cache.
+        max_num_seqs: most sequences in a running batch.
+        max_num_batched_tokens: per-iteration token budget (decode tokens + prefill chunks);
+            must be >= max_num_seqs.
+        chunked_prefill: mix prefill chunks with decodes (vLLM V1 default) or alternate
+            prefill-only and decode-only iterations.
+        max_model_len: largest prompt + output accepted, tokens.
+    """
+
+    tp: int = 1
+    block_tokens: int = 16
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    chunked_prefill: bool = True
+    max_model_len: int = 32768
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first invalid field."""
+        for name in ("tp", "block_tokens", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"engine.{name}", f"must be an integer >= 1, got {v!r}")
+        g = self.gpu_memory_utilization
+        if not isinstance(g, (int, float)) or not (0.0 < g <= 1.0):
+            raise ConfigError("engine.gpu_memory_utilization", f"must be in (0, 1], got {g!r}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ConfigError(
+                "engine.max_num_batched_tokens",
+                f"must be >= max_num_seqs ({self.max_num_seqs}), got {self.max_num_batched_tokens}",
+            )
+        if self.max_model_len < 2:
+            raise ConfigError("engine.max_model_len", "must be >= 2 (one prompt and one output token)")
+
+
+class RequestState:
+    """Mutable state of one in-flight request (internal; results come out as RequestRecords)."""
+
+    __slots__ = (
+        "rid", "origin", "dc", "eng", "arrival_s", "sent_s", "dc_arrival_s", "up_s", "down_s",
+        "prompt", "output", "prefill_len", "prefilled", "blocks", "gen", "decoding",
+        "base", "gbase", "fin", "fseq", "ctx", "e_mark", "c_mark",
+        "first_sched_s", "first_token_s", "preemptions", "energy_j", "carbon_g", "alive",
+    )
+
+    def __init__(self, rid: int, origin: int, dc: int, arrival_s: float, sent_s: float,
+                 up_s: float, down_s: float, prompt: int, output: int) -> None:
+        self.rid = rid
+        self.origin = origin
+        self.dc = dc
+        self.eng = -1
+        self.arrival_s = arrival_s
+        self.sent_s = sent_s
+        self.up_s = up_s
+        self.down_s = down_s
+        self.dc_arrival_s = sent_s + up_s
+        self.prompt = prompt
+        self.output = output
+        self.prefill_len = prompt
+        self.prefilled = 0
+        self.blocks = 0
+        self.gen = 0
+        self.decoding = False
+        self.base = 0
+        self.gbase = 0
+        self.fin = -1
+        self.fseq = -1
+        self.ctx = 0
+        self.e_mark = 0.0
+        self.c_mark = 0.0
+        self.first_sched_s = -1.0
+        self.first_token_s = -1.0
+        self.preemptions = 0
+        self.energy_j = 0.0
+        self.carbon_g = 0.0
+        self.alive = True
+
+
+class EngineModels:
+    """Latency and power models shared by the engines of a simulation, with small caches.
+
+    ``decode_fixed_s(n)`` is the part of a pure-decode iteration's time that does not depend on
+    the context sum (the latency contract guarantees the time is affine in it), and
+    ``decode_power_w(n)`` the engine's (all TP GPUs) power while decoding ``n`` sequences.
+    """
+
+    __slots__ = ("latency", "power", "tp", "coeff", "idle_engine_w", "_fixed", "_pow")
+
+    def __init__(self, latency: Any, power: Any, tp: int) -> None:
+        self.latency = latency
+        self.power = power
+        self.tp = tp
+        self.coeff = float(latency.decode_ctx_coeff_s())
+        self.idle_engine_w = tp * float(power.idle_w)
+        self._fixed: dict[int, float] = {}
+        self._pow: dict[int, float] = {}
+
+    def decode_fixed_s(self, n: int) -> float:
+        """Seconds of a pure-decode iteration of ``n`` sequences with zero context."""
+        v = self._fixed.get(n)
+        if v is None:
+            v = self._fixed[n] = float(self.latency.iteration_time_s(0, 0.0, n, 0.0, n))
+        return v
+
+    def decode_power_w(self, n: int) -> float:
+        """Engine watts during a pure-decode iteration of ``n`` sequences."""
+        v = self._pow.get(n)
+        if v is None:
+            v = self._pow[n] = self.tp * float(self.power.gpu_power_w(0, n))
+        return v
+
+
+class Engine:
+    """One tensor-parallel group serving the model (see the module docstring for the rules).
+
+    Created by :class:`~carbon_gym.sim.datacenter.Datacenter`; driven by the simulator through
+    :meth:`enqueue` (a request reaches the engine) and :meth:`on_event` (an iteration or a run
+    of iterations ends, or an idle engine wakes up).
+    """
+
+    def __init__(
+        self,
+        dc: "Datacenter",
+        index: int,
+        cfg: EngineConfig,
+        total_blocks: int,
+        models: EngineModels,
+        step_mode: bool,
+        heap: list,
+        counter: Callable[[], int],
+        rows: list,
+    ) -> None:
+        self.dc = dc
+        self.index = index
+        self.block_tokens = cfg.block_tokens
+        self.max_seqs = cfg.max_num_seqs
+        self.budget = cfg.max_num_batched_tokens
+        self.chunked = cfg.chunked_prefill
+        self.step = step_mode
+        self.models = models
+        self.heap = heap
+        self.counter = counter
+        self.rows = rows
+        self.total_blocks = total_blocks
+        self.reset()
+
+    def reset(self) -> None:
+        """Empty the engine (no requests, all blocks free, idle). Counters are kept if present."""
+        self.waiting: deque[RequestState] = deque()
+        self.running: dict[int, RequestState] = {}
+        self.prefilling: list[RequestState] = []
+        self.n_dec = 0
+        self.base_sum = 0
+        self.hist = [0] * self.block_tokens
+        self.fin_heap: list[tuple[int, int, RequestState]] = []
+        self.free = self.total_blocks
+        self.pending_tokens = 0
+        self.waiting_blocks = 0
+        self.cum_e = 0.0
+        self.cum_c = 0.0
+        self.state = IDLE
+        self.version = getattr(self, "version", 0) + 1
+        self.t0 = 0.0
+        self.c0 = 0.0
+        self.t_end = 0.0
+        self.K = 0
+        self.T0 = 0.0
+        self.B = 0.0
+        self.power_w = self.models.idle_engine_w
+        self.is_idle = True
+        self.chunks: list[tuple[RequestState, int]] = []
+        self.n_iter_dec = 0
+        self.prefill_tokens = 0
+        self.sig = False
+        self.last_prefill_only = False
+        self.view_free_blocks = self.total_blocks
+        self.view_used_blocks = 0
+        if not hasattr(self, "it"):
+            self.it = 0  # iterations run (all kinds)
+            self.dit = 0  # iterations in which the decoding sequences advanced
+            self.preemptions = 0
+            self.completed = 0
+
+    # ------------------------------------------------------------------ queries
+    def _blocks_for(self, tokens: int) -> int:
+        bt = self.block_tokens
+        return (tokens + bt - 1) // bt
+
+    def kv_tokens_decoding(self) -> int:
+        """Tokens held in KV by the decoding sequences right now (as of the last event)."""
+        if self.step:
+            return sum(r.ctx for r in self.running.values() if r.decoding)
+        return self.base_sum + self.n_dec * self.dit
+
+    # ------------------------------------------------------------------ arrivals
+    def enqueue(self, req: RequestState, t: float) -> None:
+        """A request reaches this engine's waiting queue at time ``t``."""
+        was_empty = not self.waiting
+        self.waiting.append(req)
+        self.pending_tokens += req.prefill_len
+        self.waiting_blocks += self._blocks_for(req.prefill_len)
+        dc = self.dc
+        dc.waiting += 1
+        dc.scores[self.index] = dc.score_fn(self)
+        state = self.state
+        if state == IDLE:
+            self.state = WAKE
+            self.version += 1
+            heapq.heappush(self.heap, (t, 1, self.counter(), self, self.version))
+        elif state == RUN and was_empty:
+            self._truncate(t)
+
+    def _run_end(self, k: int) -> float:
+        return self.t0 + (k * self.T0 + 0.5 * self.B * k * (k - 1))
+
+    def _truncate(self, a: float) -> None:
+        """Cut the current decode run at the first iteration boundary at or after ``a``."""
+        K = self.K
+        x = a - self.t0
+        T0, B = self.T0, self.B
+        if x <= 0.0:
+            k = 1
+        else:
+            # smallest k with k*T0 + B*k*(k-1)/2 >= x  (positive root, cancellation-free form)
+            b = T0 - 0.5 * B
+            if B > 0.0:
+                disc = b * b + 2.0 * B * x
+                root = 2.0 * x / (b + disc ** 0.5) if b > 0.0 else (-b + disc ** 0.5) / B
+            else:
+                root = x / T0
+            k = int(root) if root < K else K
+            if k < 1:
+                k = 1
+            while k > 1 and self._run_end(k - 1) >= a:
+                k -= 1
+            while k < K and self._run_end(k) < a:
+                k += 1
+        if k < K:
+            self.K = k
+            self.t_end = self._run_end(k)
+            self.version += 1
+            heapq.heappush(self.heap, (self.t_end, 1, self.counter(), self, self.version))
+
+    # ------------------------------------------------------------------ events
+    def on_event(self, t: float) -> None:
+        """The current iteration/run ends (or an idle engine wakes) at ``t``: account, then plan."""
+        state = self.state
+        if state == RUN:
+            self._finish_run(t)
+        elif state == ITER:
+            self._finish_iter(t)
+        self._plan(t)
+
+    def _publish(self) -> None:
+        self.view_free_blocks = self.free
+        self.view_used_blocks = self.total_blocks - self.free
+        dc = self.dc
+        dc.scores[self.index] = dc.score_fn(self)
+
+    def _allocs(self, K: int) -> int:
+        """Blocks the decoding sequences allocate over the next ``K`` decode iterations."""
+        bt = self.block_tokens
+        q, r = divmod(K, bt)
+        total = self.n_dec * q
+        if r:
+            hist = self.hist
+            j = self.dit
+            for i in range(1, r + 1):
+                total += hist[(-(j + i)) % bt]
+        return total
+
+    def _finish_run(self, t: float) -> None:
+        n = self.n_dec
+        K = self.K
+        dc = self.dc
+        c1 = dc.cum(t)
+        pf = self.power_w * dc.pue
+        self.cum_e += pf * (t - self.t0) / n
+        self.cum_c += pf * (c1 - self.c0) / (J_PER_KWH * n)
+        self.free -= self._allocs(K)
+        self.dit += K
+        self.it += K
+        dc.iterations += K
+        fh = self.fin_heap
+        dit = self.dit
+        done = False
+        while fh and fh[0][0] <= dit:
+            fin, seq, req = heapq.heappop(fh)
+            if req.fseq != seq:
+                continue
+            self._complete(req, t)
+            done = True
+        if done:
+            self._publish()
+
+    def _finish_iter(self, t: float) -> None:
+        dc = self.dc
+        c1 = dc.cum(t)
+        pf = self.power_w * dc.pue
+        e = pf * (t - self.t0)
+        c = pf * (c1 - self.c0) / J_PER_KWH
+        nd = self.n_iter_dec
+        tot = nd + self.prefill_tokens
+        self.it += 1
+        dc.iterations += 1
+        step = self.step
+        if nd:
+            self.dit += 1
+            if step:
+                ei, ci = e / tot, c / tot
+                for r in self.running.values():
+                    if r.decoding:
+                        r.energy_j += ei
+                        r.carbon_g += ci
+                        r.ctx += 1
+                        r.gen += 1
+            else:
+                self.cum_e += e / tot
+                self.cum_c += c / tot
+        for req, ch in self.chunks:
+            f = ch / tot
+            req.energy_j += e * f
+            req.carbon_g += c * f
+            req.prefilled += ch
+            if req.prefilled == req.prefill_len:
+                self._prompt_done(req, t)
+        self.chunks = []
+        if step:
+            if nd:
+                done = [r for r in self.running.values() if r.decoding and r.gen >= r.output]
+                for r in done:
+                    self._complete(r, t)
+                    self.sig = True
+        else:
+            fh = self.fin_heap
+            dit = self.dit
+            while fh and fh[0][0] <= dit:
+                fin, seq, req = heapq.heappop(fh)
+                if req.fseq != seq:
+                    continue
+                self._complete(req, t)
+                self.sig = True
+        if self.sig:
+            self._publish()
+
+    def _prompt_done(self, req: RequestState, t: float) -> None:
+        """``req`` computed its last prompt token in the iteration ending at ``t``."""
+        self.prefilling.remove(req)
+        req.gen += 1
+        if req.first_token_s < 0.0:
+            req.first_token_s = t
+        if req.gen >= req.output:
+            self._complete(req, t)
+            self.sig = True
+            return
+        req.decoding = True
+        ctx = req.prefill_len
+        if self.step:
+            req.ctx = ctx
+            return
+        dit = self.dit
+        req.base = ctx - dit
+        req.gbase = req.gen - dit
+        self.n_dec += 1
+        self.base_sum += req.base
+        self.hist[(req.base - 1) % self.block_tokens] += 1
+        req.e_mark = self.cum_e
+        req.c_mark = self.cum_c
+        req.fin = req.output - req.gbase
+        seq = self.counter()
+        req.fseq = seq
+        heapq.heappush(self.fin_heap, (req.fin, seq, req))
+
+    def _drop_decoder(self, req: RequestState) -> int:
+        """Remove a decoding ``req`` from the decode aggregates; return the blocks it holds."""
+        if self.step:
+            ctx = req.ctx
+        else:
+            ctx = req.base + self.dit
+            self.n_dec -= 1
+            self.base_sum -= req.base
+            self.hist[(req.base - 1) % self.block_tokens] -= 1
+            req.energy_j += self.cum_e - req.e_mark
+            req.carbon_g += self.cum_c - req.c_mark
+            req.fseq = -1
+            req.gen = req.gbase + self.dit
+        req.decoding = False
+        return self._blocks_for(ctx)
+
+    def _complete(self, req: RequestState, t: float) -> None:
+        """``req`` produced its last token at engine time ``t``: free it and record it."""
+        if req.decoding:
+            self.free += self._drop_decoder(req)
+            if not self.step:
+                req.gen = req.output
+        else:
+            self.free += req.blocks
+        del self.running[req.rid]
+        req.alive = False
+        dc = self.dc
+        dc.running -= 1
+        self.completed += 1
+        down = req.down_s
+        arrival = req.arrival_s
+        ttft = req.first_token_s + down - arrival
+        e2e = t + down - arrival
+        out = req.output
+        tpot = (e2e - ttft) / (out - 1) if out > 1 else 0.0
+        self.rows.append((
+            req.rid, req.origin, req.dc, self.index, arrival, req.sent_s, req.dc_arrival_s,
+            req.first_sched_s, req.first_token_s + down, t + down, req.prompt, out, ttft, tpot, e2e,
+            req.first_sched_s - req.dc_arrival_s, req.first_token_s - req.first_sched_s,
+            req.up_s + down, req.preemptions, req.energy_j, req.carbon_g,
+        ))
+
+    def _preempt_newest(self) -> RequestState:
+        """Preempt the newest running request (recompute later); return it."""
+        victim = next(reversed(self.running.values()))
+        if victim.decoding:
+            self.free += self._drop_decoder(victim)
+        else:
+            self.free += victim.blocks
+            self.prefilling.remove(victim)
+        del self.running[victim.rid]
+        victim.prefill_len = victim.prompt + victim.gen
+        victim.prefilled = 0
+        victim.blocks = 0
+        victim.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(victim)
+        self.pending_tokens += victim.prefill_len
+        self.waiting_blocks += self._blocks_for(victim.prefill_len)
+        dc = self.dc
+        dc.running -= 1
+        dc.waiting += 1
+        return victim
+
+    def _decode_need(self) -> int:
+        """Blocks the decoding sequences need for the next decode iteration."""
+        bt = self.block_tokens
+        if self.step:
+            return sum(1 for r in self.running.values() if r.decoding and r.ctx % bt == 0)
+        return self.hist[(-(self.dit + 1)) % bt]
+
+    def _preempt_for_decode(self) -> int:
+        """Preempt newest requests until the next decode's blocks fit; return blocks needed."""
+        bt = self.block_tokens
+        if self.step:
+            # explicit vLLM order: walk decoders oldest first, allocate, preempt from the back
+            need = 0
+            for r in list(self.running.values()):
+                if r.rid not in self.running or not r.decoding or r.ctx % bt:
+                    continue
+                while self.free - need < 1:
+                    v = self._preempt_newest()
+                    if v is r:
+                        break
+                if r.rid in self.running:
+                    need += 1
+                else:
+                    break
+            return need
+        need = self._decode_need()
+        j = self.dit + 1
+        while need > self.free:
+            v = next(reversed(self.running.values()))
+            if v.decoding and (v.base + j - 1) % bt == 0:
+                need -= 1
+            self._preempt_newest()
+        return need
+
+    def _head_fits(self, free: int) -> bool:
+        head = self.waiting[0]
+        return len(self.running) < self.max_seqs and self._blocks_for(head.prefill_len) <= free
+
+    def _admit(self, t: float) -> RequestState:
+        head = self.waiting.popleft()
+        b = self._blocks_for(head.prefill_len)
+        self.running[head.rid] = head
+        self.prefilling.append(head)
+        head.blocks = b
+        self.free -= b
+        self.pending_tokens -= head.prefill_len
+        self.waiting_blocks -= b
+        if head.first_sched_s < 0.0:
+            head.first_sched_s = t
+        dc = self.dc
+        dc.waiting -= 1
+        dc.running += 1
+        return head
+
+    def _plan(self, t: float) -> None:
+        """Schedule the next iteration (or run of decode iterations) starting at ``t``."""
+        waiting = self.waiting
+        n = self.n_dec if not self.step else sum(1 for r in self.running.values() if r.decoding)
+        chunks: list[tuple[RequestState, int]] = []
+        preempted = False
+        prefill_only = False
+        dec = n > 0
+        need = 0
+        if not self.chunked and waiting and (n == 0 or not self.last_prefill_only) and self._head_fits(self.free):
+            prefill_only = True
+            dec = False
+        if dec:
+            need = self._decode_need()
+            if need > self.free:
+                need = self._preempt_for_decode()
+                preempted = True
+                n = self.n_dec if not self.step else sum(1 for r in self.running.values() if r.decoding)
+                dec = n > 0
+        budget = self.budget - (n if dec else 0)
+        free_after = self.free - need
+        if prefill_only or (not self.chunked and not dec and waiting):
+            # prefill-only iteration: whole prompts while they fit the budget (at least one)
+            prefill_only = True
+            while waiting and len(self.running) < self.max_seqs:
+                head = waiting[0]
+                b = self._blocks_for(head.prefill_len)
+                if b > free_after or (chunks and head.prefill_len > budget):
+                    break
+                self._admit(t)
+                free_after -= b
+                budget -= head.prefill_len
+                chunks.append((head, head.prefill_len))
+        elif self.chunked:
+            for req in self.prefilling:
+                if budget <= 0:
+                    break
+                ch = req.prefill_len - req.prefilled
+                if ch > budget:
+                    ch = budget
+                chunks.append((req, ch))
+                budget -= ch
+            if not preempted or (not dec and not chunks):
+                max_seqs = self.max_seqs
+                while waiting and budget > 0 and len(self.running) < max_seqs:
+                    head = waiting[0]
+                    b = self._blocks_for(head.prefill_len)
+                    if b > free_after:
+                        break
+                    self._admit(t)
+                    free_after -= b
+                    ch = head.prefill_len if head.prefill_len < budget else budget
+                    chunks.append((head, ch))
+                    budget -= ch
+        self.last_prefill_only = prefill_only
+        dc = self.dc
+        if chunks or preempted:
+            dc.scores[self.index] = dc.score_fn(self)
+        if not dec and not chunks:
+            self.state = IDLE
+            self._set_power(t, self.models.idle_engine_w, True)
+            self.sig = False
+            return
+        models = self.models
+        self.t0 = t
+        if (not self.step and dec and not chunks and not preempted
+                and (self.chunked or not (waiting and self._head_fits(free_after)))):
+            # closed-form run of pure decode iterations
+            fh = self.fin_heap
+            while fh[0][2].fseq != fh[0][1]:
+                heapq.heappop(fh)
+            K = fh[0][0] - self.dit
+            bt = self.block_tokens
+            free = self.free
+            full = free // n
+            if bt * full < K:
+                rem = free - n * full
+                hist = self.hist
+                j = self.dit + bt * full
+                i = 0
+                while True:
+                    a = hist[(-(j + i + 1)) % bt]
+                    if a > rem:
+                        break
+                    rem -= a
+                    i += 1
+                kkv = bt * full + i
+                if kkv < K:
+                    K = kkv
+            coeff = models.coeff
+            self.K = K
+            self.T0 = models.decode_fixed_s(n) + coeff * (self.base_sum + n * (self.dit + 1))
+            self.B = n * coeff
+            self.t_end = self._run_end(K)
+            self.state = RUN
+            self._set_power(t, models.decode_power_w(n), False)
+            self.sig = False
+        else:
+            # one iteration, explicit
+            self.free -= need
+            pt = 0
+            pairs = 0.0
+            sampled = n if dec else 0
+            for req, ch in chunks:
+                pt += ch
+                pairs += ch * (req.prefilled + 0.5 * (ch + 1))
+                if req.prefilled + ch == req.prefill_len:
+                    sampled += 1
+            nd = n if dec else 0
+            if nd:
+                if self.step:
+                    ctx_sum = sum(r.ctx + 1 for r in self.running.values() if r.decoding)
+                else:
+                    ctx_sum = self.base_sum + n * (self.dit + 1)
+            else:
+                ctx_sum = 0
+            T = float(models.latency.iteration_time_s(pt, pairs, nd, float(ctx_sum), sampled))
+            if pt:
+                p = models.tp * float(models.power.gpu_power_w(pt, nd))
+            else:
+                p = models.decode_power_w(nd) if not self.step else models.tp * float(models.power.gpu_power_w(0, nd))
+            self.chunks = chunks
+            self.n_iter_dec = nd
+            self.prefill_tokens = pt
+            self.sig = bool(chunks) or preempted
+            self.t_end = t + T
+            self.state = ITER
+            self._set_power(t, p, False)
+        self.c0 = dc.cum(t)
+        self.version += 1
+        heapq.heappush(self.heap, (self.t_end, 1, self.counter(), self, self.version))
+
+    def _set_power(self, t: float, watts: float, idle: bool) -> None:
+        if watts != self.power_w or idle != self.is_idle:
+            self.dc.engine_power_changed(t, self.power_w, watts, self.is_idle, idle)
+            self.power_w = watts
+            self.is_idle = idle
+
+    # ------------------------------------------------------------------ faults
+    def abort_all(self) -> list[RequestState]:
+        """Drop every request on this engine (datacenter outage); return them."""
+        reqs = list(self.running.values()) + list(self.waiting)
+        for r in reqs:
+            if r.decoding and not self.step:
+                r.energy_j += self.cum_e - r.e_mark
+                r.carbon_g += self.cum_c - r.c_mark
+            r.alive = False
+        self.reset()
+        return reqs

@@ -1,0 +1,583 @@
+"""The simulator: a clock, an event heap and the datacenters.
+
+Events are (time, priority, sequence number, object, version) tuples in one heap: request
+arrivals at a datacenter (priority 0, so arrivals at the same instant are seen before an engine
+plans its next iteration) and engine events (priority 1: an iteration or a closed-form run of
+decode iterations ends, or an idle engine wakes). Engine events are invalidated lazily by a
+per-engine version counter when a run is cut short.
+
+A request's life: :meth:`Simulator.submit` at ``now_s`` (the client issued it at ``arrival_s``,
+the wait counts in its TTFT) -> uplink delay -> the datacenter's dispatcher picks an engine ->
+engine queue -> prefill -> decode -> the last token travels back (downlink delay) -> a row in
+:meth:`Simulator.pop_completed`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from .datacenter import Datacenter
+from .dispatch import get_dispatcher
+from .engine import EngineConfig, EngineModels, RequestState
+from .records import AbortedRequests, RequestRecords
+
+#: Time constant of the prompt-token arrival-rate average used by the estimates, seconds.
+RATE_TAU_S = 60.0
+#: Output length assumed by the estimates before any request has completed, tokens.
+DEFAULT_MEAN_OUTPUT_TOKENS = 128.0
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    """State of every datacenter at ``time_s`` (arrays of length D unless noted).
+
+    Engine-level quantities (``free_kv_blocks``, the estimates) use the state each engine
+    *published* at the end of its last iteration that admitted, prefilled, preempted or
+    completed something. Estimates describe a NEW request sent to the engine the dispatcher
+    would pick now:
+
+    - ``est_queue_wait_s``: prompt tokens queued ahead on that engine x ``est_prefill_s_per_token``
+      + one ``est_iteration_s`` per chunk of ``est_prefill_chunk_tokens`` they need, plus, when
+      the queued prompts' blocks exceed the free KV blocks (or the sequence limit is reached),
+      the time for running requests to release enough: deficit / (blocks in use / (mean output
+      tokens x decode iteration time)).
+    - ``est_prefill_s_per_token``: added iteration time per prompt token in a chunk mixed with
+      the running decodes; ``est_iteration_s``: time of an iteration with the running decodes and
+      a 1-token chunk (the fixed cost per chunk); ``est_prefill_chunk_tokens``: tokens per chunk
+      (budget minus running sequences).
+    - ``est_tpot_s``: decode iteration time with the running batch + 1 at the batch's mean
+      context, divided by ``1 - rho`` where ``rho`` = (prompt tokens per second arriving per
+      engine, exponentially averaged over 60 s) x ``est_prefill_s_per_token`` (the share of time
+      prefill chunks add to each iteration; capped at 0.9).
+    - ``tpot_slope_s_per_seq``: added decode iteration time per extra sequence, same scaling.
+
+    A datacenter that is down has ``up=False`` and infinite estimates.
+    """
+
+    time_s: float
+    carbon_g_per_kwh: np.ndarray
+    pue: np.ndarray
+    queue_len: np.ndarray
+    running: np.ndarray
+    free_kv_blocks: np.ndarray
+    total_kv_blocks: np.ndarray
+    power_w: np.ndarray
+    busy_engines: np.ndarray
+    n_engines: np.ndarray
+    est_queue_wait_s: np.ndarray
+    est_prefill_s_per_token: np.ndarray
+    est_tpot_s: np.ndarray
+    tpot_slope_s_per_seq: np.ndarray
+    up: np.ndarray
+    est_iteration_s: np.ndarray
+    est_prefill_chunk_tokens: np.ndarray
+
+
+@dataclass(frozen=True)
+class LatencyEstimates:
+    """Estimates for R candidate requests x D datacenters (arrays of shape (R, D), seconds).
+
+    ``ttft_s = network up + queue_wait_s + prefill_s + network down`` (the wait before the
+    request is placed is excluded); ``network_s`` = uplink + downlink; ``prefill_s`` =
+    ceil(prompt / chunk) x est_iteration_s + prompt x est_prefill_s_per_token.
+    """
+
+    network_s: np.ndarray
+    queue_wait_s: np.ndarray
+    prefill_s: np.ndarray
+    tpot_s: np.ndarray
+    ttft_s: np.ndarray
+
+
+@dataclass(frozen=True)
+class SimTotals:
+    """Cumulative accounting since time 0 up to ``time_s`` (arrays of length D).
+
+    ``it_energy_j = gpu_energy_j + host_energy_j`` (IT level); ``idle_energy_j`` is the part of
+    ``gpu_energy_j`` drawn by idle engines; ``facility_energy_j = it_energy_j x PUE``;
+    ``carbon_g`` is facility energy x grid intensity. Counts: requests ``submitted``,
+    ``completed``, ``aborted`` (datacenter outages), ``in_flight`` (= submitted - completed -
+    aborted); ``preemptions``; ``iterations`` (engine forward passes).
+    """
+
+    time_s: float
+    it_energy_j: np.ndarray
+    facility_energy_j: np.ndarray
+    carbon_g: np.ndarray
+    idle_energy_j: np.ndarray
+    host_energy_j: np.ndarray
+    gpu_energy_j: np.ndarray
+    submitted: int
+    completed: int
+    in_flight: int
+    preemptions: int
+    aborted: int
+    iterations: int
+
+
+def _as_int(field: str, value: Any, lo: int, hi: int | None = None) -> int:
+    """Validate an integer in [lo, hi] (hi inclusive)."""
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(field, f"expected an integer, got {value!r}") from None
+    if f != f or not math.isfinite(f) or f != int(f):
+        raise ConfigError(field, f"expected a finite integer, got {value!r}")
+    v = int(f)
+    if v < lo or (hi is not None and v > hi):
+        allowed = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+        raise ConfigError(field, f"out of range: {v}", allowed=allowed)
+    return v
+
+
+class Simulator:
+    """Discrete-event simulator of vLLM-like engines in geo-distributed datacenters.
+
+    Args:
+        topology: regions and datacenters (:class:`~carbon_gym.topology.Topology`).
+        model, gpu: :class:`~carbon_gym.specs.ModelSpec` / :class:`~carbon_gym.specs.GpuSpec`.
+        latency: iteration latency model (for this model, GPU and ``engine.tp``).
+        power: per-GPU power model.
+        network: one-way delays (regions x datacenters).
+        carbon: carbon intensity trace holding every datacenter's zone.
+        engine: engine settings shared by all engines.
+        carbon_offset_s: carbon-trace time of simulation time 0, seconds.
+        dispatcher: intra-datacenter dispatcher name (see :mod:`carbon_gym.sim.dispatch`).
+        step_mode: run every iteration as its own event (slow reference; same results).
+
+    Request ids are 0, 1, 2, ... in submission order, per simulator.
+    """
+
+    def __init__(
+        self,
+        topology: Any,
+        model: Any,
+        gpu: Any,
+        latency: Any,
+        power: Any,
+        network: Any,
+        carbon: Any,
+        *,
+        engine: EngineConfig = EngineConfig(),
+        carbon_offset_s: float = 0.0,
+        dispatcher: str = "least_work",
+        step_mode: bool = False,
+    ) -> None:
+        if not isinstance(engine, EngineConfig):
+            raise ConfigError("engine", f"expected an EngineConfig, got {type(engine).__name__}")
+        engine.validate()
+        score_fn = get_dispatcher(dispatcher)
+        off = float(carbon_offset_s)
+        if not math.isfinite(off) or off < 0:
+            raise ConfigError("carbon_offset_s", f"must be finite and >= 0, got {carbon_offset_s!r}")
+        tp = engine.tp
+        for i, d in enumerate(topology.datacenters):
+            if d.gpus_per_node % tp:
+                divisors = [k for k in range(1, d.gpus_per_node + 1) if d.gpus_per_node % k == 0]
+                raise ConfigError(
+                    "engine.tp", f"tp={tp} does not divide the {d.gpus_per_node} GPUs per node of datacenter "
+                    f"{i} ({d.name})", allowed=divisors,
+                )
+        if getattr(topology, "gpu", gpu.name) != gpu.name:
+            raise ConfigError("gpu", f"topology uses {topology.gpu!r} but the GPU spec is {gpu.name!r}", allowed=[topology.gpu])
+        kv_budget = tp * gpu.memory_bytes * engine.gpu_memory_utilization - model.weight_bytes
+        block_bytes = engine.block_tokens * model.kv_bytes_per_token
+        total_blocks = int(math.floor(kv_budget / block_bytes)) if kv_budget > 0 else 0
+        if total_blocks <= 0:
+            raise ConfigError(
+                "model", f"{model.name} ({model.weight_bytes / 1e9:.1f} GB of weights) does not fit in tp={tp} x "
+                f"{gpu.name} at gpu_memory_utilization={engine.gpu_memory_utilization} (no room for KV cache)",
+                allowed="a larger engine.tp, GPU or gpu_memory_utilization",
+            )
+        if total_blocks * engine.block_tokens < engine.max_model_len:
+            raise ConfigError(
+                "engine.max_model_len",
+                f"{engine.max_model_len} tokens exceed one engine's KV cache ({total_blocks * engine.block_tokens} tokens)",
+                allowed=f"<= {total_blocks * engine.block_tokens}",
+            )
+        D = topology.n_datacenters
+        R = topology.n_regions
+        ow = np.asarray(network.one_way_s)
+        if ow.shape != (R, D):
+            raise ConfigError("network.one_way_s", f"shape {ow.shape} does not match (regions, datacenters) = {(R, D)}")
+        zones = [carbon.zone_index(d.zone) for d in topology.datacenters]
+
+        self.topology = topology
+        self.model = model
+        self.gpu = gpu
+        self.latency = latency
+        self.power = power
+        self.network = network
+        self.carbon = carbon
+        self.engine_config = engine
+        self.carbon_offset_s = off
+        self.dispatcher = dispatcher
+        self.step_mode = bool(step_mode)
+        self.kv_blocks_per_engine = total_blocks
+        self.now_s = 0.0
+        self._heap: list = []
+        self._counter = itertools.count().__next__
+        self._rows: list[tuple] = []
+        self._models = EngineModels(latency, power, tp)
+        self._one_way = [[float(x) for x in row] for row in ow]
+        self._bytes_per_token_s = float(network.bytes_per_token) / float(network.bandwidth_bytes_per_s)
+        self.datacenters = [
+            Datacenter(
+                i, d, zones[i], carbon, off, engine, total_blocks, self._models, float(power.host_w), score_fn,
+                self.step_mode, self._heap, self._counter, self._rows,
+            )
+            for i, d in enumerate(topology.datacenters)
+        ]
+        self._in_transit: dict[int, RequestState] = {}
+        self._next_id = 0
+        self._aborted = 0
+        self._out_sum = 0
+        self._out_n = 0
+        self.events_processed = 0
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def n_datacenters(self) -> int:
+        """Number of datacenters."""
+        return len(self.datacenters)
+
+    @property
+    def n_regions(self) -> int:
+        """Number of origin regions."""
+        return self.topology.n_regions
+
+    # ------------------------------------------------------------------ submission
+    def submit(self, origin: int, arrival_s: float, prompt_tokens: int, output_tokens: int, datacenter: int) -> int:
+        """Send one request from ``origin`` to ``datacenter`` now; return its id.
+
+        ``arrival_s`` (<= ``now_s``) is when the client issued it; ``output_tokens`` is the true
+        output length (hidden from schedulers, used only to end the request).
+        """
+        R, D = self.topology.n_regions, len(self.datacenters)
+        o = _as_int("origin", origin, 0, R - 1)
+        d = _as_int("datacenter", datacenter, 0, D - 1)
+        p = _as_int("prompt_tokens", prompt_tokens, 1)
+        q = _as_int("output_tokens", output_tokens, 1)
+        a = float(arrival_s)
+        if not math.isfinite(a) or a < 0:
+            raise ConfigError("arrival_s", f"must be finite and >= 0, got {arrival_s!r}")
+        self._check_request(a, p, q, d)
+        return self._submit(o, a, p, q, d)
+
+    def _check_request(self, a: float, p: int, q: int, d: int) -> None:
+        if a > self.now_s:
+            raise ConfigError("arrival_s", f"{a} is after now_s={self.now_s}; advance the simulator first",
+                              allowed=f"<= {self.now_s}")
+        mml = self.engine_config.max_model_len
+        if p + q > mml:
+            raise ConfigError("prompt_tokens", f"prompt + output = {p + q} exceeds engine.max_model_len={mml}",
+                              allowed=f"prompt_tokens + output_tokens <= {mml}")
+        if not self.datacenters[d].up:
+            raise ConfigError("datacenter", f"datacenter {d} ({self.datacenters[d].name}) is down",
+                              allowed=[i for i, x in enumerate(self.datacenters) if x.up])
+
+    def _submit(self, o: int, a: float, p: int, q: int, d: int) -> int:
+        rid = self._next_id
+        self._next_id = rid + 1
+        row = self._one_way[o]
+        down = row[d]
+        up = down + p * self._bytes_per_token_s
+        now = self.now_s
+        req = RequestState(rid, o, d, a, now, up, down, p, q)
+        self.datacenters[d].in_transit += 1
+        self._in_transit[rid] = req
+        heapq.heappush(self._heap, (req.dc_arrival_s, 0, self._counter(), req, 0))
+        return rid
+
+    def submit_batch(self, origins: Any, arrival_s: Any, prompt_tokens: Any, output_tokens: Any,
+                     datacenters: Any) -> np.ndarray:
+        """Submit several requests now (arrays of equal length); return their ids (int64)."""
+        arrs = {
+            "origins": np.asarray(origins), "arrival_s": np.asarray(arrival_s, dtype=np.float64),
+            "prompt_tokens": np.asarray(prompt_tokens), "output_tokens": np.asarray(output_tokens),
+            "datacenters": np.asarray(datacenters),
+        }
+        n = arrs["origins"].shape[0] if arrs["origins"].ndim == 1 else -1
+        for k, v in arrs.items():
+            if v.ndim != 1 or v.shape[0] != n:
+                raise ConfigError(k, f"must be 1-D arrays of the same length, got shape {v.shape}")
+        if n == 0:
+            return np.zeros(0, dtype=np.int64)
+        R, D = self.topology.n_regions, len(self.datacenters)
+        ints = {}
+        for k, lo, hi in (("origins", 0, R - 1), ("datacenters", 0, D - 1), ("prompt_tokens", 1, None),
+                          ("output_tokens", 1, None)):
+            v = arrs[k]
+            if v.dtype.kind not in "iu":
+                f = v.astype(np.float64)
+                if not np.all(np.isfinite(f)) or np.any(f != np.round(f)):
+                    bad = int(np.flatnonzero(~np.isfinite(f) | (f != np.round(f)))[0])
+                    raise ConfigError(f"{k}[{bad}]", f"expected a finite integer, got {v[bad]!r}")
+                v = f.astype(np.int64)
+            v = v.astype(np.int64)
+            badm = (v < lo) | ((v > hi) if hi is not None else False)
+            if np.any(badm):
+                bad = int(np.flatnonzero(badm)[0])
+                allowed = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+                raise ConfigError(f"{k}[{bad}]", f"out of range: {int(v[bad])}", allowed=allowed)
+            ints[k] = v
+        a = arrs["arrival_s"]
+        badm = ~np.isfinite(a) | (a < 0) | (a > self.now_s)
+        if np.any(badm):
+            bad = int(np.flatnonzero(badm)[0])
+            raise ConfigError(f"arrival_s[{bad}]", f"must be finite, >= 0 and <= now_s={self.now_s}, got {a[bad]!r}")
+        mml = self.engine_config.max_model_len
+        tot = ints["prompt_tokens"] + ints["output_tokens"]
+        if np.any(tot > mml):
+            bad = int(np.flatnonzero(tot > mml)[0])
+            raise ConfigError(f"prompt_tokens[{bad}]", f"prompt + output = {int(tot[bad])} exceeds engine.max_model_len={mml}",
+                              allowed=f"prompt_tokens + output_tokens <= {mml}")
+        dcs = ints["datacenters"]
+        for d in np.unique(dcs):
+            if not self.datacenters[int(d)].up:
+                raise ConfigError("datacenters", f"datacenter {int(d)} ({self.datacenters[int(d)].name}) is down",
+                                  allowed=[i for i, x in enumerate(self.datacenters) if x.up])
+        sub = self._submit
+        ids = [sub(o, t, p, q, d) for o, t, p, q, d in zip(ints["origins"].tolist(), a.tolist(),
+                                                             ints["prompt_tokens"].tolist(),
+                                                             ints["output_tokens"].tolist(), dcs.tolist())]
+        return np.asarray(ids, dtype=np.int64)
+
+    # ------------------------------------------------------------------ time
+    def advance_to(self, t_s: float) -> None:
+        """Process every event with time <= ``t_s``; then ``now_s = t_s``."""
+        t = float(t_s)
+        if not (t == t) or t < self.now_s:
+            raise ConfigError("t_s", f"must be >= now_s={self.now_s}, got {t_s!r}")
+        heap = self._heap
+        pop = heapq.heappop
+        dcs = self.datacenters
+        in_transit = self._in_transit
+        n_ev = 0
+        while heap and heap[0][0] <= t:
+            time, prio, _, obj, ver = pop(heap)
+            n_ev += 1
+            if prio:
+                if ver == obj.version:
+                    obj.on_event(time)
+            else:
+                if not obj.alive:
+                    continue
+                del in_transit[obj.rid]
+                dc = dcs[obj.dc]
+                dc.in_transit -= 1
+                dc.note_arrival(time, obj.prompt, RATE_TAU_S)
+                eng = dc.pick()
+                obj.eng = eng.index
+                eng.enqueue(obj, time)
+        self.events_processed += n_ev
+        self.now_s = t
+
+    def run_until_idle(self, max_time_s: float = math.inf) -> float:
+        """Advance until no event is left (or ``max_time_s``); return the new ``now_s``."""
+        while self._heap and self._heap[0][0] <= max_time_s:
+            self.advance_to(max(self._heap[0][0], self.now_s))
+            # advance_to processes everything at that instant; loop continues with the next one
+        if max_time_s < math.inf and max_time_s > self.now_s:
+            self.advance_to(max_time_s)
+        return self.now_s
+
+    def next_event_s(self) -> float:
+        """Time of the next pending event (``inf`` if none); stale entries are dropped."""
+        heap = self._heap
+        while heap:
+            time, prio, _, obj, ver = heap[0]
+            if (prio and ver != obj.version) or (not prio and not obj.alive):
+                heapq.heappop(heap)
+                continue
+            return time
+        return math.inf
+
+    # ------------------------------------------------------------------ results
+    def pop_completed(self) -> RequestRecords:
+        """Records of the requests completed since the last call (then forgotten here)."""
+        rows = self._rows[:]
+        self._rows.clear()
+        if rows:
+            out = 0
+            for r in rows:
+                out += r[11]
+            self._out_sum += out
+            self._out_n += len(rows)
+        return RequestRecords.from_rows(rows)
+
+    def totals(self) -> SimTotals:
+        """Cumulative energy/carbon per datacenter and request counts, up to ``now_s``."""
+        now = self.now_s
+        for dc in self.datacenters:
+            dc.flush(now)
+        g = np.array([dc.gpu_j for dc in self.datacenters])
+        h = np.array([dc.host_j for dc in self.datacenters])
+        pue = np.array([dc.pue for dc in self.datacenters])
+        completed = sum(e.completed for dc in self.datacenters for e in dc.engines)
+        return SimTotals(
+            time_s=now,
+            it_energy_j=g + h,
+            facility_energy_j=(g + h) * pue,
+            carbon_g=np.array([dc.carbon_g for dc in self.datacenters]),
+            idle_energy_j=np.array([dc.idle_j for dc in self.datacenters]),
+            host_energy_j=h,
+            gpu_energy_j=g,
+            submitted=self._next_id,
+            completed=completed,
+            in_flight=self._next_id - completed - self._aborted,
+            preemptions=sum(e.preemptions for dc in self.datacenters for e in dc.engines),
+            aborted=self._aborted,
+            iterations=sum(dc.iterations for dc in self.datacenters),
+        )
+
+    # ------------------------------------------------------------------ faults
+    def set_datacenter_up(self, dc: int, up: bool) -> AbortedRequests:
+        """Take datacenter ``dc`` down (its queued, running and in-transit requests are aborted,
+        their progress lost, and returned so the caller can resubmit them) or bring it back up
+        (idle, empty). A datacenter that is down draws no power and refuses submissions."""
+        d = _as_int("dc", dc, 0, len(self.datacenters) - 1)
+        center = self.datacenters[d]
+        now = self.now_s
+        reqs = center.set_up(now, bool(up))
+        if not up:
+            for rid, r in list(self._in_transit.items()):
+                if r.dc == d:
+                    r.alive = False
+                    del self._in_transit[rid]
+                    reqs.append(r)
+            center.in_transit = 0
+        reqs.sort(key=lambda r: r.rid)
+        self._aborted += len(reqs)
+        return AbortedRequests(
+            request_id=np.array([r.rid for r in reqs], dtype=np.int64),
+            origin=np.array([r.origin for r in reqs], dtype=np.int64),
+            arrival_s=np.array([r.arrival_s for r in reqs], dtype=np.float64),
+            prompt_tokens=np.array([r.prompt for r in reqs], dtype=np.int64),
+            output_tokens=np.array([r.output for r in reqs], dtype=np.int64),
+            datacenter=np.full(len(reqs), d, dtype=np.int64),
+            preemptions=np.array([r.preemptions for r in reqs], dtype=np.int64),
+        )
+
+    # ------------------------------------------------------------------ snapshot / estimates
+    def _mean_output(self) -> float:
+        if self._out_n:
+            return self._out_sum / self._out_n
+        return DEFAULT_MEAN_OUTPUT_TOKENS
+
+    def _engine_estimates(self, dc: Datacenter) -> tuple:
+        """(queue_wait_s, prefill_per_token_s, tpot_s, slope_s, iteration_s, chunk_tokens,
+        deficit_blocks_without_new, release_blocks_per_s) for the engine the dispatcher picks."""
+        e = dc.pick()
+        lat = self.latency
+        models = self._models
+        cfg = self.engine_config
+        bt = cfg.block_tokens
+        n = len(e.running)
+        used = e.view_used_blocks
+        mean_ctx = used * bt / n if n else 0.0
+        ctx_sum = n * mean_ctx
+        coeff = models.coeff
+        t_dec_new = models.decode_fixed_s(n + 1) + coeff * (n + 1) * (mean_ctx + 1.0)
+        t_dec_now = models.decode_fixed_s(n) + coeff * ctx_sum if n else 0.0
+        c = max(cfg.max_num_batched_tokens - n, 1) if cfg.chunked_prefill else cfg.max_num_batched_tokens
+        f_iter = float(lat.iteration_time_s(1, 1.0, n, ctx_sum, n + 1))
+        if c > 1:
+            full = float(lat.iteration_time_s(c, c * (c + 1) / 2.0, n, ctx_sum, n + 1))
+            per_tok = max((full - f_iter) / (c - 1), 0.0)
+        else:
+            per_tok = f_iter
+        queued = e.pending_tokens + sum(r.prefill_len - r.prefilled for r in e.prefilling)
+        wait = queued * per_tok + math.ceil(queued / c) * f_iter
+        mean_out = self._mean_output()
+        t_dec_ref = t_dec_now if n else t_dec_new
+        release = max(used, 1) / (mean_out * t_dec_ref)
+        deficit = e.waiting_blocks - e.view_free_blocks
+        excess = n + len(e.waiting) + 1 - cfg.max_num_seqs
+        seq_wait = excess * mean_out * t_dec_ref / max(n, 1) if excess > 0 else 0.0
+        rate = dc.token_rate(self.now_s, RATE_TAU_S) / dc.n_engines
+        rho = min(rate * per_tok, 0.9)
+        tpot = t_dec_new / (1.0 - rho)
+        slope = (models.decode_fixed_s(n + 2) - models.decode_fixed_s(n + 1) + coeff * (mean_ctx + 1.0)) / (1.0 - rho)
+        return wait, per_tok, tpot, slope, f_iter, c, deficit, release, seq_wait
+
+    def snapshot(self) -> ClusterSnapshot:
+        """Per-datacenter state and estimates now (see :class:`ClusterSnapshot`)."""
+        now = self.now_s
+        D = len(self.datacenters)
+        cols: dict[str, list] = {k: [] for k in (
+            "ci", "pue", "q", "run", "free", "total", "p", "busy", "ne", "wait", "ppt", "tpot", "slope", "up",
+            "iter", "chunk")}
+        for dc in self.datacenters:
+            dc.flush(now)
+            cols["ci"].append(dc.intensity(now))
+            cols["pue"].append(dc.pue)
+            cols["q"].append(dc.waiting + dc.in_transit)
+            cols["run"].append(dc.running)
+            cols["free"].append(sum(e.view_free_blocks for e in dc.engines))
+            cols["total"].append(dc.n_engines * self.kv_blocks_per_engine)
+            cols["p"].append(dc.power_w())
+            cols["busy"].append(dc.n_engines - dc.n_idle if dc.up else 0)
+            cols["ne"].append(dc.n_engines)
+            cols["up"].append(dc.up)
+            if dc.up:
+                wait, ppt, tpot, slope, f_iter, c, deficit, release, seq_wait = self._engine_estimates(dc)
+                mem = deficit / release if deficit > 0 else 0.0
+                wait += max(mem, seq_wait)
+            else:
+                wait = ppt = tpot = slope = f_iter = math.inf
+                c = 0
+            cols["wait"].append(wait)
+            cols["ppt"].append(ppt)
+            cols["tpot"].append(tpot)
+            cols["slope"].append(slope)
+            cols["iter"].append(f_iter)
+            cols["chunk"].append(c)
+        f = lambda k: np.asarray(cols[k], dtype=np.float64)  # noqa: E731
+        i = lambda k: np.asarray(cols[k], dtype=np.int64)  # noqa: E731
+        assert D == len(cols["ci"])
+        return ClusterSnapshot(
+            time_s=now, carbon_g_per_kwh=f("ci"), pue=f("pue"), queue_len=i("q"), running=i("run"),
+            free_kv_blocks=i("free"), total_kv_blocks=i("total"), power_w=f("p"), busy_engines=i("busy"),
+            n_engines=i("ne"), est_queue_wait_s=f("wait"), est_prefill_s_per_token=f("ppt"), est_tpot_s=f("tpot"),
+            tpot_slope_s_per_seq=f("slope"), up=np.asarray(cols["up"], dtype=bool), est_iteration_s=f("iter"),
+            est_prefill_chunk_tokens=i("chunk"),
+        )
+
+    def estimate(self, prompt_tokens: Any, origins: Any) -> LatencyEstimates:
+        """Latency estimates for R candidate requests (prompt lengths, origin regions) at every
+        datacenter, as if each were sent now to the engine the dispatcher would pick."""
+        p = np.asarray(prompt_tokens, dtype=np.float64).reshape(-1)
+        o = np.asarray(origins, dtype=np.int64).reshape(-1)
+        if p.shape != o.shape:
+            raise ConfigError("origins", f"must have the same length as prompt_tokens ({p.shape[0]}), got {o.shape[0]}")
+        if p.size and (not np.all(np.isfinite(p)) or np.any(p < 1)):
+            raise ConfigError("prompt_tokens", "must be finite and >= 1")
+        R = self.topology.n_regions
+        if o.size and (np.any(o < 0) or np.any(o >= R)):
+            raise ConfigError("origins", "out of range", allowed=f"0..{R - 1}")
+        D = len(self.datacenters)
+        bt = self.engine_config.block_tokens
+        ow = self.network.one_way_s
+        net = self.network.uplink_matrix_s(o, p) + ow[o]
+        wait = np.full((p.size, D), np.inf)
+        pre = np.full((p.size, D), np.inf)
+        tpot = np.full((p.size, D), np.inf)
+        new_blocks = np.ceil(p / bt)
+        for d, dc in enumerate(self.datacenters):
+            if not dc.up:
+                continue
+            w, ppt, tp, _, f_iter, c, deficit, release, seq_wait = self._engine_estimates(dc)
+            deficit_r = deficit + new_blocks
+            mem = np.maximum(deficit_r, 0.0) / release
+            wait[:, d] = w + np.maximum(mem, seq_wait)
+            pre[:, d] = np.ceil(p / c) * f_iter + p * ppt
+            tpot[:, d] = tp
+        return LatencyEstimates(network_s=net, queue_wait_s=wait, prefill_s=pre, tpot_s=tpot, ttft_s=net + wait + pre)
