@@ -836,7 +836,10 @@ def _resolve(s: Scenario, ctx: _Ctx, base_dir: Path | None) -> Scenario:
         c = dataclasses.replace(c, file=str(fp))
     from .physics.carbon import carbon_offset_s, load_carbon_trace, parse_start_utc
 
-    parse_start_utc(c.start_utc, "carbon.start_utc")  # raises ConfigError on a bad string
+    try:
+        parse_start_utc(c.start_utc, "carbon.start_utc")
+    except ConfigError as e:
+        raise ctx.err("carbon.start_utc", str(e).split(": ", 1)[-1].split(" (allowed")[0], allowed=e.allowed) from None
     if c.file == "packaged":
         try:
             carbon_offset_s(load_carbon_trace(kind=c.kind), c.start_utc)
