@@ -51,7 +51,7 @@ from .io import (
     SHIPPED_ATTENTION, SHIPPED_MLP_CSV, AttentionAnchors, OperatorProfile, load_attention_anchors,
     load_operator_profile,
 )
-from .shapes import ITERATION_OPS, LAYER_OPS, MATMUL_OPS, lm_head_cost, op_cost
+from .shapes import ITERATION_OPS, LAYER_OPS, MATMUL_OPS, OPTIONAL_LAYER_OPS, lm_head_cost, op_cost
 
 FRAMEWORK_OVERHEAD_S = 2.0e-3
 SAMPLING_PASSES = 4
@@ -137,12 +137,17 @@ class Efficiencies:
 
 
 def fit_efficiencies(profile: OperatorProfile, spec: ModelSpec, gpu: GpuSpec) -> Efficiencies:
-    """Achieved memory efficiency at the smallest batch and compute efficiency at the largest."""
+    """Achieved memory efficiency at the smallest batch and compute efficiency at the largest.
+
+    Uses the four dense projections (only the two attention projections for a mixture-of-experts
+    model, whose MLP work depends on the routing).
+    """
     lo, hi = float(profile.tokens[0]), float(profile.tokens[-1])
-    t_lo = sum(float(profile.op_at(op, lo)) for op in MATMUL_OPS) * 1e-3
-    t_hi = sum(float(profile.op_at(op, hi)) for op in MATMUL_OPS) * 1e-3
-    bytes_lo = sum(op_cost(spec, profile.tp, op, lo).bytes for op in MATMUL_OPS)
-    flops_hi = sum(op_cost(spec, profile.tp, op, hi).flops for op in MATMUL_OPS)
+    ops = MATMUL_OPS if spec.experts <= 1 else ("attn_pre_proj", "attn_post_proj")
+    t_lo = sum(float(profile.op_at(op, lo)) for op in ops) * 1e-3
+    t_hi = sum(float(profile.op_at(op, hi)) for op in ops) * 1e-3
+    bytes_lo = sum(op_cost(spec, profile.tp, op, lo).bytes for op in ops)
+    flops_hi = sum(op_cost(spec, profile.tp, op, hi).flops for op in ops)
     return Efficiencies(mem=bytes_lo / gpu.hbm_bytes_per_s / t_lo, compute=flops_hi / gpu.peak_bf16_flops / t_hi)
 
 
@@ -171,7 +176,7 @@ class LinearFit:
 
 def profile_ops(profile: OperatorProfile) -> list[str]:
     """The operators of ``profile`` that make up an iteration (layer ops + embedding)."""
-    ops = [op for op in LAYER_OPS + ITERATION_OPS if op in profile.ops_ms]
+    ops = [op for op in LAYER_OPS + OPTIONAL_LAYER_OPS + ITERATION_OPS if op in profile.ops_ms]
     missing = [op for op in LAYER_OPS if op not in profile.ops_ms]
     if missing:
         raise ConfigError("profile", f"{profile.source}: missing operators {', '.join(missing)}", allowed=LAYER_OPS)
@@ -447,14 +452,18 @@ def fit_profile(
     knots: tuple[float, ...] | None = None,
     overhead_s: float = FRAMEWORK_OVERHEAD_S,
     command: str = "python -m calibration fit --write",
+    model_spec_path: str | Path | None = None,
+    gpu_spec_path: str | Path | None = None,
 ) -> ProfileFit:
     """Fit the latency parameters of (gpu, model, tp) from an operator CSV and attention anchors.
 
     The token-level table uses the profile's rows at ``tp``; attention measured at another TP
     degree is rescaled by the heads per GPU; all-reduce and framework terms are added (see the
     module docstring). Whole-iteration checks are made when the anchors were measured at ``tp``.
+    ``model_spec_path`` / ``gpu_spec_path``: TOML files with the model / GPU table when they are not
+    shipped in ``carbon_gym/data/{models,gpus}.toml``.
     """
-    spec, g = load_model_spec(model), load_gpu_spec(gpu)
+    spec, g = load_model_spec(model, model_spec_path), load_gpu_spec(gpu, gpu_spec_path)
     profiles = load_operator_profile(mlp_csv)
     if tp not in profiles:
         raise ConfigError("tp", f"profile {mlp_csv} has no rows for tp={tp}", allowed=sorted(profiles))
