@@ -281,13 +281,195 @@ class RunResult:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
+ENV_ID = "carbon_gym/GeoServe-v0"
+
+
+def make_env(scenario: Any) -> Any:
+    """The registered env for a :class:`~carbon_gym.scenario.Scenario` (or name), checker off."""
+    import gymnasium as gym
+
+    import carbon_gym  # noqa: F401 - registers the env ids
+
+    try:
+        return gym.make(ENV_ID, scenario=scenario, disable_env_checker=True)
+    except gym.error.Error:  # not registered (yet): construct the class directly
+        from carbon_gym.env import GeoServeEnv
+
+        return GeoServeEnv(scenario=scenario)
+
+
+def resolve_run_scenario(spec: RunSpec) -> tuple[Any, dict[str, Any]]:
+    """Load the spec's scenario with its overrides and, unless ``carbon_start`` is off, the
+    sampled episode start written into ``carbon.start_utc``. Returns (scenario, overrides used)."""
+    import warnings
+
+    from carbon_gym.scenario import load_scenario
+
+    overrides = dict(spec.overrides)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # e.g. provisional load levels: reported once by the CLI
+        scenario = load_scenario(spec.scenario, overrides)
+        if spec.carbon_start and OVERRIDE_CARBON_START not in overrides:
+            from datetime import timedelta
+
+            from carbon_gym.world import build_carbon
+
+            trace, _ = build_carbon(scenario)
+            offset = episode_start_offset_s(spec.start_key or spec.scenario_name, spec.seed, period_s=trace.period_s)
+            start = trace.start_utc + timedelta(seconds=offset)
+            overrides[OVERRIDE_CARBON_START] = start.strftime("%Y-%m-%dT%H:%M:%SZ")
+            scenario = load_scenario(spec.scenario, overrides)
+    return scenario, overrides
+
+
 def run_one(spec: RunSpec, *, keep_requests: bool = True) -> RunResult:
     """Run one episode of ``spec`` and collect its metrics and records.
 
     The loop is :func:`carbon_gym.policy.rollout`'s (``policy.reset(env)`` after ``env.reset``,
-    ``policy.act`` timed outside the env) with per-step and per-request recording added.
+    ``policy.act`` timed outside the env) with per-step and per-request recording added. Per-step
+    records: ``step``, ``time_s`` (end of the step), the env's step ``info`` counters, the
+    decision wall time, latency percentiles of the step's completions, cumulative carbon and
+    violation rate, and per datacenter ``carbon_g_dc<d>`` (emitted in the step) and
+    ``intensity_g_per_kwh_dc<d>`` (grid intensity at the step's start).
     """
-    raise NotImplementedError  # written once the env lands
+    wall0 = time.perf_counter()
+    scenario, overrides = resolve_run_scenario(spec)
+    env = make_env(scenario)
+    try:
+        policy = make_policy(spec.policy, env, **dict(spec.policy_kwargs))
+        obs, info = env.reset(seed=int(spec.seed))
+        u = env.unwrapped
+        reset_fn = getattr(policy, "reset", None)
+        if callable(reset_fn):
+            reset_fn(env)
+        sim = u.simulator
+        trace = sim.carbon
+        dcs = sim.topology.datacenters
+        zone_idx = np.array([trace.zone_index(d.zone) for d in dcs], dtype=np.int64)
+        n_dc = len(dcs)
+        offset = float(sim.carbon_offset_s)
+        ttft_target = float(scenario.ttft_s)
+        tpot_target = float(scenario.tpot_s)
+
+        cols: dict[str, list] = {k: [] for k in (
+            "step", "time_s", "carbon_g", "cumulative_carbon_g", "energy_j", "arrived", "placed", "deferred",
+            "overflow", "pending", "completed", "violations", "violation_rate", "ttft_p50_s", "ttft_p99_s",
+            "tpot_p50_s", "tpot_p99_s", "decision_s", "reward")}
+        dc_carbon_rows: list[np.ndarray] = []
+        intensity_rows: list[np.ndarray] = []
+        req_parts: list[dict[str, np.ndarray]] = []
+        prev_dc_carbon = np.asarray(sim.totals().carbon_g, dtype=np.float64).copy()
+        cum_carbon = float(info.get("carbon_g", 0.0))  # the reset's first (idle) polling period
+        pre_carbon_g = cum_carbon
+        completed_total = 0
+        violations_total = 0
+        step = 0
+        ended = False
+        max_steps = int(getattr(u, "max_episode_steps", 10**9))
+        while step < max_steps + 1:
+            t_start = float(sim.now_s)
+            intensity_rows.append(trace.intensity_all(offset + t_start)[zone_idx])
+            t0 = time.perf_counter()
+            action = policy.act(obs, info)
+            dt = time.perf_counter() - t0
+            obs, reward, terminated, truncated, info = env.step(action)
+            sim = u.simulator
+            recs = u.last_completed
+            n_done = int(info.get("completed", 0))
+            viol = int(info.get("violations", 0))
+            completed_total += n_done
+            violations_total += viol
+            cum_carbon += float(info["carbon_g"])
+            dc_now = np.asarray(sim.totals().carbon_g, dtype=np.float64)
+            dc_carbon_rows.append(dc_now - prev_dc_carbon)
+            prev_dc_carbon = dc_now.copy()
+            if recs is not None and len(recs):
+                ttft, tpot = recs.ttft_s, recs.tpot_s
+                if keep_requests:
+                    req_parts.append(recs.to_dict())
+            else:
+                ttft = tpot = np.zeros(0)
+            for k, v in (
+                ("step", step), ("time_s", float(info.get("time_s", sim.now_s))), ("carbon_g", float(info["carbon_g"])),
+                ("cumulative_carbon_g", cum_carbon), ("energy_j", float(info["energy_j"])),
+                ("arrived", int(info.get("arrived", 0))), ("placed", int(info.get("placed", 0))),
+                ("deferred", int(info.get("deferred", 0))), ("overflow", int(info.get("overflow", 0))),
+                ("pending", int(info.get("pending", 0))), ("completed", n_done), ("violations", viol),
+                ("violation_rate", violations_total / completed_total if completed_total else float("nan")),
+                ("ttft_p50_s", percentile(ttft, 50)), ("ttft_p99_s", percentile(ttft, 99)),
+                ("tpot_p50_s", percentile(tpot, 50)), ("tpot_p99_s", percentile(tpot, 99)),
+                ("decision_s", dt), ("reward", float(reward)),
+            ):
+                cols[k].append(v)
+            step += 1
+            if terminated or truncated:
+                ended = True
+                break
+        if not ended:
+            raise RuntimeError(f"episode did not end after {step} steps (max_episode_steps={max_steps})")
+        em = dict(info["episode_metrics"])
+    finally:
+        env.close()
+
+    steps: dict[str, np.ndarray] = {k: np.asarray(v) for k, v in cols.items()}
+    dc_c = np.vstack(dc_carbon_rows) if dc_carbon_rows else np.zeros((0, n_dc))
+    ci = np.vstack(intensity_rows) if intensity_rows else np.zeros((0, n_dc))
+    for d in range(n_dc):
+        steps[f"carbon_g_dc{d}"] = dc_c[:, d]
+        steps[f"intensity_g_per_kwh_dc{d}"] = ci[:, d]
+    requests: dict[str, np.ndarray] = {}
+    if keep_requests and req_parts:
+        requests = {k: np.concatenate([p[k] for p in req_parts]) for k in req_parts[0]}
+    elif keep_requests:
+        from carbon_gym.sim.records import RequestRecords
+
+        requests = RequestRecords.empty().to_dict()
+
+    dec = steps["decision_s"].astype(np.float64)
+    arrived = int(em.get("arrived", 0))
+    unfinished = int(em.get("in_flight_at_truncation", 0)) + int(em.get("unplaced_at_end", 0))
+    vr = em.get("violation_rate", float("nan"))
+    metrics: dict[str, Any] = {
+        "carbon_g": float(em["carbon_g"]),
+        "energy_kwh": float(em["energy_kwh"]),
+        "it_energy_kwh": float(em.get("it_energy_kwh", float("nan"))),
+        "ttft_p50_s": float(em["ttft_p50_s"]), "ttft_p90_s": float(em["ttft_p90_s"]), "ttft_p99_s": float(em["ttft_p99_s"]),
+        "tpot_p50_s": float(em["tpot_p50_s"]), "tpot_p90_s": float(em["tpot_p90_s"]), "tpot_p99_s": float(em["tpot_p99_s"]),
+        "slo_violation_pct": 100.0 * float(vr),
+        "ttft_violation_pct": 100.0 * float(em.get("ttft_violation_rate", float("nan"))),
+        "tpot_violation_pct": 100.0 * float(em.get("tpot_violation_rate", float("nan"))),
+        "mlperf_p99_pass": bool(float(em["ttft_p99_s"]) <= ttft_target and float(em["tpot_p99_s"]) <= tpot_target),
+        "requests_arrived": arrived,
+        "requests_completed": int(em.get("completed", 0)),
+        "requests_in_flight": int(em.get("in_flight_at_truncation", 0)),
+        "requests_unplaced": int(em.get("unplaced_at_end", 0)),
+        "unfinished_pct": 100.0 * unfinished / arrived if arrived else 0.0,
+        "deferred_slot_steps": int(em.get("deferred", 0)),
+        "steps": int(em.get("steps", step)),
+        "decision_mean_s": float(dec.mean()) if dec.size else 0.0,
+        "decision_p95_s": float(np.percentile(dec, 95)) if dec.size else 0.0,
+        "decision_max_s": float(dec.max()) if dec.size else 0.0,
+        "wall_s": time.perf_counter() - wall0,
+    }
+    dc_names = [d.name for d in dcs]
+    meta = {
+        "datacenters": dc_names,
+        "zones": [d.zone for d in dcs],
+        "start_utc": overrides.get(OVERRIDE_CARBON_START, scenario.carbon.start_utc),
+        # seconds since a UTC midnight at which the episode starts (for hour-of-day plots)
+        "start_offset_s": float(offset + trace.start_utc.hour * 3600 + trace.start_utc.minute * 60 + trace.start_utc.second),
+        "carbon_offset_s": offset,
+        "ttft_target_s": ttft_target,
+        "tpot_target_s": tpot_target,
+        "polling_period_s": float(scenario.polling_period_s),
+        "duration_s": float(scenario.duration_s),
+        "rate_per_s": float(scenario.rate_per_s),
+        "reset_carbon_g": pre_carbon_g,
+        "world_seed": em.get("world_seed"),
+        "dc_carbon_g": [float(x) for x in np.asarray(em.get("dc_carbon_g", []), dtype=float)],
+        "dc_placed": [int(x) for x in np.asarray(em.get("dc_placed", []))],
+    }
+    return RunResult(spec=spec, metrics=metrics, steps=steps, requests=requests, meta=meta)
 
 
 def _run_one_worker(spec: RunSpec, keep_requests: bool) -> RunResult:
@@ -452,8 +634,10 @@ SUMMARY_METRICS = (
     "tpot_p90_s",
     "tpot_p99_s",
     "slo_violation_pct",
+    "unfinished_pct",
 )
 TIMING_COLUMNS = ("decision_mean_s", "decision_p95_s")
+NONDETERMINISTIC_PREFIXES = ("decision_", "wall_")  # wall-clock columns, excluded from reproducibility checks
 
 
 def runs_table(results: Sequence[RunResult], reference: str = REFERENCE_POLICY):

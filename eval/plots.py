@@ -200,6 +200,9 @@ def latency_cdfs(
             ax.axvline(target, color="k", linestyle="--", linewidth=0.8)
             ax.axhline(0.99, color="0.6", linestyle=":", linewidth=0.8)
         ax.set_xscale("log")
+        from matplotlib.ticker import NullFormatter
+
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(label)
         ax.set_ylabel("fraction of requests")
         ax.set_ylim(0, 1.01)
