@@ -313,6 +313,21 @@ class Engine:
             self.version += 1
             heapq.heappush(self.heap, (self.t_end, 1, self.counter(), self, self.version))
 
+    def run_iterations_done(self, t: float) -> int:
+        """Iterations of the decode run in progress that have ended by ``t`` (0 if none)."""
+        if self.state != RUN:
+            return 0
+        k = 0
+        lo, hi = 0, self.K  # largest k in [0, K] with run_end(k) <= t
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._run_end(mid) <= t:
+                lo = mid
+            else:
+                hi = mid - 1
+        k = lo
+        return k
+
     # ------------------------------------------------------------------ events
     def on_event(self, t: float) -> None:
         """The current iteration/run ends (or an idle engine wakes) at ``t``: account, then plan."""

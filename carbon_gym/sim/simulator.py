@@ -104,7 +104,7 @@ class SimTotals:
     ``gpu_energy_j`` drawn by idle engines; ``facility_energy_j = it_energy_j x PUE``;
     ``carbon_g`` is facility energy x grid intensity. Counts: requests ``submitted``,
     ``completed``, ``aborted`` (datacenter outages), ``in_flight`` (= submitted - completed -
-    aborted); ``preemptions``; ``iterations`` (engine forward passes).
+    aborted); ``preemptions``; ``iterations`` (engine forward passes completed by ``time_s``).
     """
 
     time_s: float
@@ -435,7 +435,8 @@ class Simulator:
             in_flight=self._next_id - completed - self._aborted,
             preemptions=sum(e.preemptions for dc in self.datacenters for e in dc.engines),
             aborted=self._aborted,
-            iterations=sum(dc.iterations for dc in self.datacenters),
+            iterations=sum(dc.iterations for dc in self.datacenters)
+            + sum(e.run_iterations_done(now) for dc in self.datacenters for e in dc.engines),
         )
 
     # ------------------------------------------------------------------ faults
