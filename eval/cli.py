@@ -53,6 +53,9 @@ class _Parser(argparse.ArgumentParser):
     """ArgumentParser whose errors are one line (no usage dump) and exit status 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        if message.startswith("argument ") and ": " in message:
+            name, _, rest = message[len("argument "):].partition(": ")
+            raise UsageError(name, rest)
         raise UsageError(self.prog, message)
 
 
@@ -183,6 +186,30 @@ def resolve_scenarios(text: str) -> list[str]:
     return names
 
 
+def check_scenarios(scenarios: Sequence[str], overrides: dict[str, Any]) -> None:
+    """Load every scenario with the overrides before any run starts: a bad ``--set`` fails
+    here, once, as a usage error. Scenario warnings (e.g. provisional load levels) become one
+    ``note:`` line each."""
+    import warnings
+
+    from carbon_gym.errors import CarbonGymError
+    from carbon_gym.scenario import load_scenario
+
+    seen: set[str] = set()
+    for scen in scenarios:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                load_scenario(scen, overrides)
+            except CarbonGymError as exc:
+                raise UsageError("--set" if overrides else "--scenarios", f"{scen}: {exc}") from None
+        for w in caught:
+            text = str(w.message)
+            if text not in seen:
+                seen.add(text)
+                print(f"{PROG}: note: {text}", file=sys.stderr)
+
+
 # ----------------------------------------------------------------------------------------------
 # parser
 
@@ -267,6 +294,8 @@ def cmd_eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
             raise UsageError("--policy-arg", f"policy {pol!r} is not in --policies", policies)
     from eval import experiments
 
+    check_scenarios(scenarios, experiments.preset_overrides(args.preset, args.duration_s, overrides))
+
     summary = experiments.run_eval(
         scenarios=scenarios,
         policies=policies,
@@ -313,6 +342,7 @@ def cmd_experiment(args: argparse.Namespace, argv: Sequence[str]) -> int:
             if ld not in experiments.LOADS:
                 raise UsageError("--loads", f"unknown load {ld!r}", experiments.LOADS)
     policies = resolve_policies(args.policies) if args.policies else None
+    check_scenarios([f"{(models or experiments.MODELS)[0]}-{(loads or ['moderate'])[0]}"], experiments.preset_overrides(args.preset or "quick", args.duration_s, parse_assignments(args.overrides, "--set")))
     for n in names:
         table = experiments.run_experiment(
             n,
@@ -440,11 +470,18 @@ def _report_error(exc: BaseException) -> int:
 
     from eval.harness import RunFailed
 
-    inner = exc.original if isinstance(exc, RunFailed) else exc
-    if isinstance(inner, CarbonGymError):
-        prefix = f"{exc.spec.run_id}: " if isinstance(exc, RunFailed) else ""
-        print(f"{PROG}: error: {prefix}{inner}", file=sys.stderr)
-        return EXIT_USAGE if isinstance(inner, ConfigError) else 1
+    if isinstance(exc, RunFailed):
+        if exc.kind in ("config", "carbon_gym"):
+            print(f"{PROG}: error: {exc.spec.run_id}: {exc.original}", file=sys.stderr)
+            return EXIT_USAGE if exc.kind == "config" else 1
+        tb = getattr(exc.original, "traceback", "")
+        if tb:
+            print(tb, file=sys.stderr, end="")
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
+    if isinstance(exc, CarbonGymError):
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, ConfigError) else 1
     if isinstance(exc, RuntimeError) and "pip install" in str(exc):
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1

@@ -472,9 +472,42 @@ def run_one(spec: RunSpec, *, keep_requests: bool = True) -> RunResult:
     return RunResult(spec=spec, metrics=metrics, steps=steps, requests=requests, meta=meta)
 
 
+class WorkerError(Exception):
+    """A picklable stand-in for an exception raised in a worker process or on a Ray node.
+
+    (Some exception types, e.g. ones with required constructor arguments, cannot be unpickled,
+    which would break the process pool.) ``kind`` is ``"config"`` for
+    :class:`~carbon_gym.errors.ConfigError`, ``"carbon_gym"`` for other documented carbon_gym
+    errors, ``"other"`` otherwise; ``traceback`` is the worker's formatted traceback.
+    """
+
+    def __init__(self, kind: str, type_name: str, message: str, traceback: str = ""):
+        super().__init__(kind, type_name, message, traceback)
+        self.kind = kind
+        self.type_name = type_name
+        self.message = message
+        self.traceback = traceback
+
+    def __str__(self) -> str:
+        return self.message if self.kind != "other" else f"{self.type_name}: {self.message}"
+
+
+def _wrap_exception(exc: BaseException) -> WorkerError:
+    import traceback
+
+    from carbon_gym.errors import CarbonGymError, ConfigError
+
+    kind = "config" if isinstance(exc, ConfigError) else "carbon_gym" if isinstance(exc, CarbonGymError) else "other"
+    return WorkerError(kind, type(exc).__name__, str(exc), "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+
+
 def _run_one_worker(spec: RunSpec, keep_requests: bool) -> RunResult:
-    """Top-level (picklable) entry point for process-pool and Ray workers."""
-    return run_one(spec, keep_requests=keep_requests)
+    """Top-level (picklable) entry point for process-pool and Ray workers; errors come back as
+    :class:`WorkerError`."""
+    try:
+        return run_one(spec, keep_requests=keep_requests)
+    except Exception as exc:  # noqa: BLE001 - re-raised in the driver as RunFailed
+        raise _wrap_exception(exc) from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -487,7 +520,16 @@ class RunFailed(RuntimeError):
     def __init__(self, spec: RunSpec, exc: BaseException):
         self.spec = spec
         self.original = exc
-        super().__init__(f"run {spec.run_id} failed: {type(exc).__name__}: {exc}")
+        name = exc.type_name if isinstance(exc, WorkerError) else type(exc).__name__
+        super().__init__(f"run {spec.run_id} failed: {name}: {exc}")
+
+    @property
+    def kind(self) -> str:
+        """``"config"``, ``"carbon_gym"`` or ``"other"`` (see :class:`WorkerError`)."""
+        exc = self.original
+        if isinstance(exc, WorkerError):
+            return exc.kind
+        return _wrap_exception(exc).kind
 
 
 _POLICY_COST = {"milp": 8.0, "ilp-state": 5.0, "ilp": 4.0, "clairvoyant": 1.5}
@@ -557,9 +599,9 @@ def run_matrix(
             if n <= 1 or len(specs) == 1:
                 for i in order:
                     try:
-                        res = run_one(specs[i], keep_requests=keep_requests)
-                    except Exception as exc:  # noqa: BLE001 - re-raised with the run's name
-                        raise RunFailed(specs[i], exc) from exc
+                        res = _run_one_worker(specs[i], keep_requests)
+                    except WorkerError as exc:
+                        raise RunFailed(specs[i], exc) from None
                     done(i, res)
             else:
                 _run_pool(specs, order, min(n, len(specs)), keep_requests, done)
