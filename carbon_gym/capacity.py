@@ -1,0 +1,206 @@
+"""Serving capacity measured with the simulator: what the load levels are fractions of.
+
+Capacity of one engine (per model) = the highest Poisson request rate at which one engine that
+receives every request keeps the p99 TTFT and the p99 TPOT within the scenario's SLO targets.
+It is found by bisection over the rate with short simulations that share their random numbers
+(same seeds at every rate, so the p99s move smoothly with the rate):
+
+* one engine (``tp`` GPUs, one datacenter, no network delay), the scenario's engine settings,
+  length dataset and context cap, Poisson arrivals;
+* each request is submitted at its arrival instant; arrivals stop at ``duration_s`` and the
+  engine drains; requests arriving during the first ``warmup_s`` are not counted;
+* TPOT percentiles use requests with more than one output token (TPOT is undefined otherwise).
+
+Cluster capacity = per-engine capacity x number of engines. ``eval/measure_capacity.py`` runs
+this for the study's models and writes ``carbon_gym/data/load_levels.toml``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .scenario import Scenario
+from .topology import DatacenterSpec, Topology
+
+
+@dataclass(frozen=True)
+class SloProbe:
+    """Result of one simulation at a fixed rate.
+
+    Attributes:
+        rate_per_s: offered rate per engine, requests/s.
+        n: requests counted (after warm-up).
+        p99_ttft_s, p99_tpot_s: 99th percentiles, seconds.
+        violation_frac: share of counted requests violating TTFT or TPOT.
+        ok: both p99s within the targets.
+    """
+
+    rate_per_s: float
+    n: int
+    p99_ttft_s: float
+    p99_tpot_s: float
+    violation_frac: float
+    ok: bool
+
+
+@dataclass(frozen=True)
+class CapacityResult:
+    """Per-engine capacity of a scenario's model and the probes that found it."""
+
+    model: str
+    tp: int
+    per_engine_rate_per_s: float
+    probes: tuple[SloProbe, ...] = field(default_factory=tuple)
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+def _single_engine_parts(scenario: Scenario, n_engines: int = 1):
+    from .physics.carbon import load_carbon_trace
+    from .physics.network import Network
+    from .world import build_parts
+
+    parts = build_parts(scenario)
+    tp = scenario.tp
+    gpn = parts.gpu.gpus_per_node
+    if n_engines * tp <= gpn:
+        dc = DatacenterSpec(name="probe", region="probe", zone="FR", pue=1.1, nodes=1, gpus_per_node=n_engines * tp)
+    else:
+        if (n_engines * tp) % gpn:
+            raise ValueError("n_engines x tp must fill whole nodes")
+        dc = DatacenterSpec(name="probe", region="probe", zone="FR", pue=1.1, nodes=n_engines * tp // gpn, gpus_per_node=gpn)
+    topo = Topology(regions=("probe",), datacenters=(dc,), gpu=scenario.gpu)
+    carbon = load_carbon_trace(zones=["FR"])
+    return parts, topo, Network(one_way_s=np.zeros((1, 1))), carbon
+
+
+def probe_slo(scenario: Scenario, rate_per_s: float, *, duration_s: float = 600.0, warmup_s: float = 60.0,
+              seeds: tuple[int, ...] = (0, 1), n_engines: int = 1) -> SloProbe:
+    """Simulate ``n_engines`` engines (one datacenter, dispatcher from the scenario) fed Poisson
+    arrivals at ``rate_per_s`` per engine; return the p99 TTFT/TPOT after warm-up."""
+    from .sim.simulator import Simulator
+    from .world import build_workload
+
+    parts, topo, net, carbon = _single_engine_parts(scenario, n_engines)
+    ttft, tpot, viol_ttft, viol_tpot = [], [], [], []
+    sc = dataclasses.replace(scenario, resolved_rate_per_s=rate_per_s * n_engines,
+                             workload=dataclasses.replace(scenario.workload, region_shares=None, diurnal_amplitude=0.0, arrival="poisson"),
+                             topology=dataclasses.replace(scenario.topology, preset="custom", only_regions=None,
+                                                          regions=(_probe_region(),), datacenters=(_probe_dc(),)))
+    for seed in seeds:
+        sim = Simulator(topo, parts.model, parts.gpu, parts.latency, parts.power, net, carbon, engine=parts.engine,
+                        dispatcher=scenario.engine.dispatcher)
+        batch = build_workload(sc, seed=seed).arrivals_between(0.0, duration_s)
+        for a, p, o in zip(batch.arrival_s.tolist(), batch.prompt_tokens.tolist(), batch.output_tokens.tolist()):
+            sim.advance_to(a)
+            sim.submit(0, a, p, o, 0)
+        sim.run_until_idle()
+        rec = sim.pop_completed()
+        keep = rec.arrival_s >= warmup_s
+        ttft.append(rec.ttft_s[keep])
+        multi = keep & (rec.output_tokens > 1)
+        tpot.append(rec.tpot_s[multi])
+        viol_ttft.append(keep & (rec.ttft_s > scenario.ttft_s))
+        viol_tpot.append(keep & (rec.output_tokens > 1) & (rec.tpot_s > scenario.tpot_s))
+        assert len(rec) == len(batch), "every submitted request must complete"
+    t1 = np.concatenate(ttft)
+    t2 = np.concatenate(tpot)
+    n = int(t1.size)
+    if n == 0:
+        return SloProbe(rate_per_s, 0, 0.0, 0.0, 0.0, True)
+    p_ttft = float(np.percentile(t1, 99))
+    p_tpot = float(np.percentile(t2, 99)) if t2.size else 0.0
+    viol = float(np.sum([np.sum(a | b) for a, b in zip(viol_ttft, viol_tpot)]) / n)
+    return SloProbe(rate_per_s, n, p_ttft, p_tpot, viol, p_ttft <= scenario.ttft_s and p_tpot <= scenario.tpot_s)
+
+
+def _probe_region():
+    from .scenario import RegionConfig
+
+    return RegionConfig(name="probe", client_zone="FR")
+
+
+def _probe_dc():
+    from .scenario import DatacenterConfig
+
+    return DatacenterConfig(name="probe", region="probe", zone="FR", nodes=1)
+
+
+def measure_capacity(scenario: Scenario, *, rel_tol: float = 0.02, start_rate_per_s: float = 1.0,
+                     duration_s: float = 600.0, warmup_s: float = 60.0, seeds: tuple[int, ...] = (0, 1),
+                     max_rate_per_s: float = 1000.0, log: Any = None) -> CapacityResult:
+    """Bisection for the highest per-engine rate whose probe meets the SLO (see module docstring)."""
+    probes: list[SloProbe] = []
+
+    def run(rate: float) -> bool:
+        pr = probe_slo(scenario, rate, duration_s=duration_s, warmup_s=warmup_s, seeds=seeds)
+        probes.append(pr)
+        if log:
+            log(f"  rate {rate:8.3f}/s  n={pr.n:6d}  p99 TTFT {pr.p99_ttft_s:7.3f} s  p99 TPOT {pr.p99_tpot_s * 1000:7.1f} ms  "
+                f"violations {pr.violation_frac * 100:5.2f}%  {'ok' if pr.ok else 'VIOLATES'}")
+        return pr.ok
+
+    lo, hi = 0.0, float(start_rate_per_s)
+    while run(hi):
+        lo, hi = hi, hi * 2
+        if hi > max_rate_per_s:
+            raise RuntimeError(f"capacity above {max_rate_per_s} requests/s per engine; raise max_rate_per_s")
+    if lo == 0.0:  # start rate already violates: search downwards
+        while hi > 1e-3:
+            hi_new = hi / 2
+            if run(hi_new):
+                lo = hi_new
+                break
+            hi = hi_new
+    while (hi - lo) > rel_tol * hi:
+        mid = 0.5 * (lo + hi)
+        if run(mid):
+            lo = mid
+        else:
+            hi = mid
+    settings = dict(duration_s=duration_s, warmup_s=warmup_s, seeds=list(seeds), rel_tol=rel_tol,
+                    lengths=scenario.workload.lengths, max_context_tokens=scenario.workload.max_context_tokens,
+                    ttft_s=scenario.ttft_s, tpot_s=scenario.tpot_s, dispatcher=scenario.engine.dispatcher,
+                    max_num_seqs=scenario.engine.max_num_seqs, max_num_batched_tokens=scenario.engine.max_num_batched_tokens,
+                    chunked_prefill=scenario.engine.chunked_prefill)
+    return CapacityResult(scenario.model, scenario.tp, lo, tuple(sorted(probes, key=lambda p: p.rate_per_s)), settings)
+
+
+def round_robin_slo(scenario: Scenario, *, duration_s: float = 300.0, warmup_s: float = 60.0, seed: int = 0,
+                    polling_period_s: float | None = None) -> SloProbe:
+    """Run the scenario with round-robin placement over its datacenters and report the SLO probe.
+
+    Requests are placed every ``polling_period_s`` (default: the scenario's) in arrival order,
+    request ``i`` going to datacenter ``i mod D``; the network delays of the topology apply.
+    """
+    from .world import build_world
+
+    period = scenario.polling_period_s if polling_period_s is None else polling_period_s
+    sim, workload = build_world(scenario, seed)
+    D = sim.n_datacenters
+    k = 0
+    t = 0.0
+    while t < duration_s - 1e-12:
+        t1 = min(duration_s, t + period)
+        b = workload.arrivals_between(t, t1)
+        sim.advance_to(t1)
+        if len(b):
+            sim.submit_batch(b.origin, b.arrival_s, b.prompt_tokens, b.output_tokens, (k + np.arange(len(b))) % D)
+            k += len(b)
+        t = t1
+    sim.run_until_idle()
+    rec = sim.pop_completed()
+    keep = rec.arrival_s >= warmup_s
+    multi = keep & (rec.output_tokens > 1)
+    n = int(keep.sum())
+    p_ttft = float(np.percentile(rec.ttft_s[keep], 99)) if n else 0.0
+    p_tpot = float(np.percentile(rec.tpot_s[multi], 99)) if multi.any() else 0.0
+    viol = float(np.mean((rec.ttft_s[keep] > scenario.ttft_s) | ((rec.output_tokens[keep] > 1) & (rec.tpot_s[keep] > scenario.tpot_s)))) if n else 0.0
+    rate = scenario.rate_per_s / max(1, scenario.n_engines())
+    return SloProbe(rate, n, p_ttft, p_tpot, viol, p_ttft <= scenario.ttft_s and p_tpot <= scenario.tpot_s)
+
+

@@ -1,0 +1,98 @@
+"""Measure per-engine serving capacity with the simulator and (optionally) write the load levels.
+
+    python eval/measure_capacity.py                 # print capacities of the three study models
+    python eval/measure_capacity.py --write         # ... and update carbon_gym/data/load_levels.toml
+    python eval/measure_capacity.py --models llama-3.1-8b --duration 300 --seeds 0
+
+Method (carbon_gym/capacity.py): bisection over the Poisson rate offered to ONE engine for the
+highest rate at which p99 TTFT and p99 TPOT stay within the model's MLPerf targets; settings
+(engine, lengths, context cap, SLO) from the model's study scenario ``<model>-moderate``.
+A model whose latency parameters are missing keeps its previous entry (marked PROVISIONAL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+STUDY = {"llama-3.1-8b": "llama8b", "qwen2.5-7b": "qwen7b", "mixtral-8x7b": "mixtral8x7b"}
+
+
+def _toml_entry(model: str, fields: dict) -> str:
+    from carbon_gym.scenario import _toml_value
+
+    lines = [f'[capacity."{model}"]']
+    lines += [f"{k} = {_toml_value(v)}" for k, v in fields.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=list(STUDY), choices=list(STUDY))
+    ap.add_argument("--duration", type=float, default=900.0, help="simulated seconds of arrivals per probe")
+    ap.add_argument("--warmup", type=float, default=60.0, help="seconds of arrivals not counted")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds pooled per probe")
+    ap.add_argument("--rel-tol", type=float, default=0.01, help="bisection stops at this relative width")
+    ap.add_argument("--write", action="store_true", help="update carbon_gym/data/load_levels.toml")
+    args = ap.parse_args(argv)
+
+    import warnings
+
+    from carbon_gym.capacity import measure_capacity
+    from carbon_gym.errors import CarbonGymError
+    from carbon_gym.scenario import load_levels_path, load_load_levels, load_scenario
+
+    warnings.simplefilter("ignore", UserWarning)
+    old = load_load_levels()
+    command = "python eval/measure_capacity.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    entries: dict[str, dict] = {}
+    for model in STUDY:
+        prev = {"status": "PROVISIONAL", "per_engine_rate_per_s": old.per_engine_rate_per_s.get(model, 1.0), **old.conditions.get(model, {})}
+        prev["status"] = "PROVISIONAL" if old.provisional.get(model, True) else prev.get("status", "MEASURED")
+        entries[model] = prev
+    for model in args.models:
+        scenario = load_scenario(f"{STUDY[model]}-moderate", overrides={"workload.rate_per_s": 1.0})
+        print(f"{model} (tp={scenario.tp}, SLO TTFT {scenario.ttft_s} s / TPOT {scenario.tpot_s} s):", flush=True)
+        t0 = time.perf_counter()
+        try:
+            res = measure_capacity(scenario, rel_tol=args.rel_tol, duration_s=args.duration, warmup_s=args.warmup,
+                                   seeds=tuple(args.seeds), log=print)
+        except CarbonGymError as exc:
+            print(f"  cannot measure: {exc}; keeping the previous (PROVISIONAL) entry")
+            continue
+        wall = time.perf_counter() - t0
+        best = max((p for p in res.probes if p.ok), key=lambda p: p.rate_per_s)
+        print(f"  capacity {res.per_engine_rate_per_s:.3f} requests/s per engine ({wall:.1f} s wall)")
+        entries[model] = {
+            "status": "MEASURED",
+            "per_engine_rate_per_s": round(res.per_engine_rate_per_s, 4),
+            "tp": res.tp,
+            "lengths": res.settings["lengths"],
+            "max_context_tokens": res.settings["max_context_tokens"],
+            "ttft_s": res.settings["ttft_s"],
+            "tpot_s": res.settings["tpot_s"],
+            "p99_ttft_s_at_capacity": round(best.p99_ttft_s, 4),
+            "p99_tpot_s_at_capacity": round(best.p99_tpot_s, 5),
+            "probe_duration_s": args.duration,
+            "probe_warmup_s": args.warmup,
+            "probe_seeds": list(args.seeds),
+            "rel_tol": args.rel_tol,
+            "command": command.strip(),
+        }
+    if args.write:
+        path = load_levels_path()
+        text = path.read_text()
+        head = text[: text.index("[fractions]")]
+        fr = old.fractions
+        body = f"[fractions]\nlow = {fr['low']}\nmoderate = {fr['moderate']}\nhigh = {fr['high']}\n"
+        for model, fields in entries.items():
+            body += "\n" + _toml_entry(model, fields) + "\n"
+        Path(path).write_text(head + body)
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,55 @@
+"""Load presets: the measured capacities reproduce with the current simulator, and round-robin at
+the presets runs at the intended fraction of capacity and within the SLO (issue 3, item 4)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from carbon_gym.capacity import probe_slo, round_robin_slo
+from carbon_gym.scenario import load_load_levels, load_scenario
+
+SHORT = {"llama-3.1-8b": "llama8b", "qwen2.5-7b": "qwen7b", "mixtral-8x7b": "mixtral8x7b"}
+
+
+def scen(name, overrides=None):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return load_scenario(name, overrides=overrides)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", list(SHORT))
+def test_stored_capacity_is_the_slo_knee(model):
+    levels = load_load_levels()
+    if levels.provisional[model]:
+        pytest.skip(f"{model}: capacity still PROVISIONAL")
+    cond = levels.conditions[model]
+    cap = levels.per_engine_rate_per_s[model]
+    s = scen(f"{SHORT[model]}-moderate", {"workload.rate_per_s": 1.0})
+    kw = dict(duration_s=cond["probe_duration_s"], warmup_s=cond["probe_warmup_s"], seeds=tuple(cond["probe_seeds"]))
+    at = probe_slo(s, cap, **kw)
+    assert at.ok, at  # the stored rate meets both p99 targets ...
+    assert at.p99_ttft_s == pytest.approx(cond["p99_ttft_s_at_capacity"], rel=1e-3)
+    assert at.p99_tpot_s == pytest.approx(cond["p99_tpot_s_at_capacity"], rel=1e-3)
+    above = probe_slo(s, cap * 1.05, **kw)
+    assert not above.ok, above  # ... and 5% more load does not: it is the knee, not a guess
+
+
+@pytest.mark.slow
+def test_round_robin_at_presets_runs_at_the_intended_fraction():
+    levels = load_load_levels()
+    cap = levels.per_engine_rate_per_s["llama-3.1-8b"]
+    results = {}
+    for level in ("moderate", "high"):
+        # dev topology (2 datacenters x 8 engines), placement every 0.1 s so that the engines, not
+        # the scheduler's polling wait, decide the latency
+        s = scen("dev", {"workload.load": level, "polling_period_s": 0.1})
+        assert s.rate_per_s / s.n_engines() == pytest.approx(levels.fractions[level] * cap)
+        results[level] = round_robin_slo(s, duration_s=240.0, warmup_s=60.0)
+        assert results[level].ok, (level, results[level])
+    over = scen("dev", {"workload.rate_per_s": 1.3 * cap * 16, "polling_period_s": 0.1})
+    r_over = round_robin_slo(over, duration_s=240.0, warmup_s=60.0)
+    assert not r_over.ok, r_over  # beyond capacity round-robin breaks the p99 targets
+    assert results["moderate"].p99_tpot_s < results["high"].p99_tpot_s < r_over.p99_tpot_s
