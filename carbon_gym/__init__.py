@@ -1,0 +1,83 @@
+"""carbon_gym: a discrete-event simulator and Gymnasium environment for carbon-aware,
+geo-distributed LLM serving.
+
+Importing the package registers the environments with Gymnasium (no data is loaded until an
+environment is made):
+
+* ``carbon_gym/GeoServe-v0`` — any scenario: ``gymnasium.make("carbon_gym/GeoServe-v0",
+  scenario="llama8b-moderate", overrides={"duration_s": 600})`` (default scenario: ``"dev"``);
+* ``carbon_gym/GeoServe-<scenario>-v0`` — one id per shipped scenario, e.g.
+  ``carbon_gym/GeoServe-dev-v0``, ``carbon_gym/GeoServe-llama8b-moderate-v0``.
+
+Public names (imported lazily): :class:`GeoServeEnv`, :func:`decode_observation`,
+:class:`RoutingWeightsWrapper`, :class:`Policy`, :class:`RoundRobinPolicy`, :func:`rollout`,
+:func:`load_scenario`, :func:`build_world`, :func:`registered_env_ids`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+__version__ = "0.1.0"
+
+ENV_NAMESPACE = "carbon_gym"
+ENTRY_POINT = "carbon_gym.env:GeoServeEnv"
+_SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
+
+_LAZY = {
+    "GeoServeEnv": "carbon_gym.env",
+    "decode_observation": "carbon_gym.env",
+    "ObservationLayout": "carbon_gym.env",
+    "RoutingWeightsWrapper": "carbon_gym.wrappers",
+    "Policy": "carbon_gym.policy",
+    "RoundRobinPolicy": "carbon_gym.policy",
+    "rollout": "carbon_gym.policy",
+    "load_scenario": "carbon_gym.scenario",
+    "build_world": "carbon_gym.world",
+}
+
+__all__ = sorted([*_LAZY, "registered_env_ids", "env_id_for_scenario", "__version__"])
+
+
+def env_id_for_scenario(name: str) -> str:
+    """Gymnasium id of a shipped scenario, e.g. ``"dev"`` -> ``"carbon_gym/GeoServe-dev-v0"``."""
+    return f"{ENV_NAMESPACE}/GeoServe-{name}-v0"
+
+
+def _shipped_scenarios() -> list[str]:
+    return sorted(p.stem for p in _SCENARIO_DIR.glob("*.toml"))
+
+
+def _register() -> list[str]:
+    import gymnasium as gym
+
+    ids = [f"{ENV_NAMESPACE}/GeoServe-v0"]
+    specs = [(ids[0], {"scenario": "dev"})]
+    for name in _shipped_scenarios():
+        env_id = env_id_for_scenario(name)
+        ids.append(env_id)
+        specs.append((env_id, {"scenario": name}))
+    for env_id, kwargs in specs:
+        if env_id not in gym.registry:
+            gym.register(id=env_id, entry_point=ENTRY_POINT, kwargs=kwargs, disable_env_checker=False)
+    return ids
+
+
+_REGISTERED = _register()
+
+
+def registered_env_ids() -> list[str]:
+    """Ids registered by this package (``GeoServe-v0`` first, then one per shipped scenario)."""
+    return list(_REGISTERED)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'carbon_gym' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
