@@ -109,7 +109,7 @@ def derived_linear_s(lin: LinearFit, ref: ModelSpec, ref_tp: int, tgt: ModelSpec
     if tgt.experts > 1:
         per_op["moe_router"] = np.array([router_ms(tgt, n, floor_ms, gpu, eff) for n in grid])
     total = sum((1 if op in ITERATION_OPS else tgt.layers) * t for op, t in per_op.items())
-    return np.asarray(total) * 1e-3, per_op
+    return np.maximum.accumulate(np.asarray(total) * 1e-3), per_op
 
 
 def derive_latency(model: str, tp: int, gpu: str = "a100-80gb", reference: str = REFERENCE_MODEL,

@@ -17,7 +17,8 @@ Formats (all plain text):
 * **Power log**: ``nvidia-smi --query-gpu=timestamp,index,power.draw --format=csv[,nounits] -lms
   100`` output, or the profiler's NVML log with columns ``time_s,gpu,power_w``.
 * **Power intervals** (``start_s,end_s,phase,prefill_tokens,n_decode``): when the GPU ran which
-  steady batch state, on the power log's clock.
+  steady batch state, on the power log's clock (seconds since the epoch, or timestamps written
+  like nvidia-smi's, e.g. ``2025/03/12 10:20:00.000``, local time).
 * **Power samples** (``phase,prefill_tokens,n_decode,power_w``): power at known batch states.
 * **Parameter files**: TOML tables written by :func:`dump_params_toml`.
 """
@@ -28,7 +29,7 @@ import csv
 import json
 import math
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -379,7 +380,7 @@ def _parse_smi_time(text: str, where: str) -> float:
     text = text.strip()
     for fmt in _SMI_TIME_FORMATS:
         try:
-            return datetime.strptime(text, fmt).replace(tzinfo=timezone.utc).timestamp()
+            return datetime.strptime(text, fmt).timestamp()
         except ValueError:
             continue
     raise DataError(where, f"unreadable timestamp {text!r} (expected e.g. 2024/05/01 12:00:00.123)")
@@ -388,8 +389,9 @@ def _parse_smi_time(text: str, where: str) -> float:
 def load_power_log(path: str | Path) -> PowerLog:
     """Read an nvidia-smi ``timestamp,[index,]power.draw`` CSV or an NVML ``time_s,gpu,power_w`` CSV.
 
-    nvidia-smi timestamps (local wall clock, no zone) are read as seconds since the epoch as if
-    UTC; only differences matter when they are matched with intervals written on the same clock.
+    nvidia-smi timestamps (local wall clock, no zone) are converted to seconds since the epoch in
+    this machine's time zone, like the interval files' timestamps, so the two stay on one clock
+    (the profiler writes both as ``time.time()`` seconds instead).
     """
     path = Path(path)
     src = str(path)
@@ -457,6 +459,13 @@ class PowerStates:
     end_s: np.ndarray | None = None
 
 
+def _time_value(text: str, where: str, column: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return _parse_smi_time(text, f"{where} ({column})")
+
+
 def _load_states(path: str | Path, cols: tuple[str, ...]) -> dict[str, list]:
     path = Path(path)
     src = str(path)
@@ -476,7 +485,7 @@ def _load_states(path: str | Path, cols: tuple[str, ...]) -> dict[str, list]:
                 if c == "phase":
                     out[c].append(row[c].strip())
                     continue
-                v = _num(row[c], where, c)
+                v = _time_value(row[c], where, c) if c in ("start_s", "end_s") else _num(row[c], where, c)
                 if not math.isfinite(v) or v < 0:
                     raise DataError(where, f"{c} must be finite and >= 0, got {v}")
                 out[c].append(v)

@@ -170,8 +170,12 @@ class LinearFit:
     linear_mape_pct: float
 
     def linear_s(self) -> np.ndarray:
-        """Seconds of all token-level operators of one iteration at each knot."""
-        return sum(self.multiplicity[op] * t for op, t in self.op_tables_ms.items()) * 1e-3
+        """Seconds of all token-level operators of one iteration at each knot.
+
+        Made non-decreasing (running maximum): a measured dip (another kernel chosen at one size)
+        must not make a larger batch cheaper than a smaller one in the simulator.
+        """
+        return np.maximum.accumulate(sum(self.multiplicity[op] * t for op, t in self.op_tables_ms.items()) * 1e-3)
 
 
 def profile_ops(profile: OperatorProfile) -> list[str]:

@@ -360,7 +360,7 @@ def _fits(torch: Any, cfg: ProfilerConfig, layer: _Layer, tokens: int, kv_tokens
     """Whether tensors of ``tokens`` tokens and ``kv_tokens`` KV tokens fit the memory budget."""
     if not cfg.device.startswith("cuda"):
         return True
-    free, _ = torch.cuda.mem_get_info()
+    free, _ = torch.cuda.mem_get_info(torch.device(cfg.device))
     need = 2 * (tokens * (2 * layer.inter + 4 * cfg.shapes.hidden) + 3 * kv_tokens * layer.kvh * layer.d * expand)
     return need < cfg.max_memory_fraction * free
 

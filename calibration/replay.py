@@ -96,28 +96,32 @@ def simulate(setup: ReplaySetup, arrival_s: np.ndarray, prompt_tokens: np.ndarra
     carbon = CarbonTrace(zones=("LOCAL",), start_utc=datetime(2023, 1, 1), hourly_g_per_kwh=np.zeros((1, 1)))
     engine = EngineConfig(tp=setup.tp, **setup.engine_options)
     sim = Simulator(topo, setup.model, setup.gpu, setup.latency, setup.power, net, carbon, engine=engine)
-    order = np.argsort(arrival_s, kind="stable")
-    ids = np.asarray(sim.submit_batch(np.zeros(n, dtype=np.int64), np.asarray(arrival_s)[order],
-                                      np.asarray(prompt_tokens)[order], np.asarray(output_tokens)[order],
-                                      np.zeros(n, dtype=np.int64)))
+    arr = np.asarray(arrival_s, dtype=np.float64)
+    prompts = np.asarray(prompt_tokens, dtype=np.int64)
+    outputs = np.asarray(output_tokens, dtype=np.int64)
+    order = np.argsort(arr, kind="stable")
     ttft, tpot, done = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
-    pos = {int(r): int(i) for r, i in zip(ids, order)}
-    t = float(np.max(arrival_s)) if n else 0.0
-    step = max(60.0, t)
-    got = 0
-    while got < n:
-        t += step
-        sim.advance_to(t)
+    pos: dict[int, int] = {}
+
+    def collect() -> None:
         rec = sim.pop_completed()
-        for rid, a, b, d in zip(rec.request_id, rec.ttft_s, rec.tpot_s, rec.done_s):
-            i = pos[int(rid)]
+        for rid, a, b, d in zip(rec.request_id.tolist(), rec.ttft_s.tolist(), rec.tpot_s.tolist(), rec.done_s.tolist()):
+            i = pos[rid]
             ttft[i], tpot[i], done[i] = a, b, d
-        got += len(rec.request_id)
-        if t > 1e7:
-            raise ConfigError("replay", f"only {got} of {n} requests completed by t={t:.0f} s")
+
+    for i in order.tolist():  # each request is sent when the client issues it
+        t = float(arr[i])
+        if t > sim.now_s:
+            sim.advance_to(t)
+        pos[int(sim.submit(0, t, int(prompts[i]), int(outputs[i]), 0))] = i
+    collect()
+    sim.run_until_idle()
+    collect()
+    if np.any(np.isnan(done)):
+        raise ConfigError("replay", f"{int(np.isnan(done).sum())} of {n} requests did not complete")
     totals = sim.totals()
     end = float(np.max(done)) if n else 0.0
     # Energy up to the last completion: remove the idle tail the simulation ran past it.
-    it = float(np.sum(totals.it_energy_j)) - float(np.sum(totals.host_energy_j))
+    it = float(np.sum(totals.gpu_energy_j))
     tail = setup.power.idle_w * gpus * max(sim.now_s - end, 0.0)
     return ReplayResult(ttft, tpot, np.asarray(output_tokens), it - tail, end - float(np.min(arrival_s)) if n else 0.0)

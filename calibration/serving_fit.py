@@ -98,28 +98,25 @@ def objective(rows: Sequence[RateComparison], metric: str = "both") -> float:
     return float(np.nanmean(v))
 
 
-def minimize_bounded(f: Callable[[float], float], lo: float, hi: float, grid: int = 9, iters: int = 30,
-                     xtol: float = 1e-7) -> float:
-    """Minimise ``f`` on [lo, hi]: a uniform grid, then golden section inside the best bracket."""
-    xs = np.linspace(lo, hi, grid)
-    fs = [f(float(x)) for x in xs]
-    i = int(np.argmin(fs))
-    a, b = float(xs[max(i - 1, 0)]), float(xs[min(i + 1, grid - 1)])
-    g = (math.sqrt(5.0) - 1.0) / 2.0
-    c, d = b - g * (b - a), a + g * (b - a)
-    fc, fd = f(c), f(d)
-    for _ in range(iters):
-        if b - a < xtol:
-            break
-        if fc < fd:
-            b, d, fd = d, c, fc
-            c = b - g * (b - a)
-            fc = f(c)
-        else:
-            a, c, fc = c, d, fd
-            d = a + g * (b - a)
-            fd = f(d)
-    return float(min([(fs[i], float(xs[i])), (fc, c), (fd, d)])[1])
+def minimize_bounded(f: Callable[[float], float], lo: float, hi: float, points: Sequence[int] = (21, 11, 11, 11)) -> float:
+    """Minimise ``f`` on [lo, hi] by a zooming grid search.
+
+    Level ``k`` evaluates ``points[k]`` evenly spaced values in the current window and narrows the
+    window to one grid step either side of the best. Replayed errors are piecewise smooth with
+    small jumps (batch composition changes discretely with the latency), which trap bracketing
+    methods such as golden section in a local dip; a grid over the window does not.
+    """
+    best_x, best_f = lo, math.inf
+    a, b = lo, hi
+    for n in points:
+        xs = np.linspace(a, b, n)
+        for x in xs:
+            fx = f(float(x))
+            if fx < best_f:
+                best_x, best_f = float(x), fx
+        step = (b - a) / (n - 1)
+        a, b = max(lo, best_x - step), min(hi, best_x + step)
+    return best_x
 
 
 @dataclass
