@@ -229,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--models", default=None, help="comma list of models to include (llama8b,qwen7b,mixtral8x7b; default all)")
     ex.add_argument("--loads", default=None, help="comma list of loads (low,moderate,high; default per experiment)")
     ex.add_argument("--policies", default=None, help="override the experiment's policy list (comma list)")
+    ex.add_argument("--all-requests", action="store_true", help="write per-request records of every run (default: only where a figure needs them)")
 
     rp = sub.add_parser("report", help="write RESULTS.md from a finished headline run (and other experiments found next to it)")
     rp.add_argument("results_dir", nargs="?", default="results", help="directory holding headline/ (and the other experiments), default results")
@@ -359,7 +360,7 @@ def cmd_experiment(args: argparse.Namespace, argv: Sequence[str]) -> int:
             ray_address=args.ray_address,
             tensorboard=None if args.no_tensorboard else (args.tensorboard or os.path.join(args.out, n, "tensorboard")),
             fmt=args.format,
-            requests=not args.no_requests,
+            requests=False if args.no_requests else ("all" if args.all_requests else True),
             plots=not args.no_plots,
             progress=not args.no_progress,
             carbon_start=not args.no_carbon_start,

@@ -227,15 +227,31 @@ def execute(
     ray_address: str | None = None,
     tensorboard: str | None = None,
     fmt: str = "parquet",
-    requests: bool = True,
+    requests: bool | Callable[[RunSpec], bool] = True,
     progress: bool = True,
     command: str | None = None,
     extra_config: Mapping[str, Any] | None = None,
 ) -> Executed:
-    """Run ``specs`` and write the harness outputs under ``out``."""
-    writer = harness.OutputWriter(out, requests=requests, fmt=fmt)
+    """Run ``specs`` and write the harness outputs under ``out``.
+
+    ``requests``: write per-request records for every run (True), none (False), or the runs a
+    callable selects (experiments keep them only where a figure needs them).
+    """
+    import time
+
+    writer = harness.OutputWriter(out, requests=bool(requests), fmt=fmt)
+    t0 = time.perf_counter()
     results = harness.run_matrix(specs, workers=workers, ray_address=ray_address, progress=progress, keep_requests=requests, on_result=writer)
-    summary = harness.write_outputs(results, out, command=command, tensorboard=tensorboard, extra_config=extra_config)
+    elapsed = time.perf_counter() - t0
+    harness.report_warnings(results)
+    cfg = dict(extra_config or {})
+    cfg.update({
+        "elapsed_s": elapsed,
+        "backend": f"ray:{ray_address}" if ray_address else "local",
+        "workers": workers if workers is not None else harness.default_workers(),
+        "cpu_count": os.cpu_count(),
+    })
+    summary = harness.write_outputs(results, out, command=command, tensorboard=tensorboard, extra_config=cfg)
     runs = harness.runs_table(results)
     return Executed(results, runs, summary, out, writer.paths)
 
@@ -459,7 +475,8 @@ def exp_headline(ctx: "Ctx") -> str:
     scens = _scenarios(ctx.models, ctx.loads, LOADS)
     pols = ctx.policies or harness.default_policies()
     specs = harness.make_specs(scens, pols, ctx.seeds, overrides=ctx.overrides, policy_kwargs=ctx.policy_kwargs)
-    ex = ctx.execute(specs)
+    focus = next((sc for sc in scens if sc.endswith("-moderate")), scens[0])
+    ex = ctx.execute(specs, requests_for=[focus])
     table = headline_table(ex.summary)
     ctx.write_text("headline.md", table + "\n" + harness.summary_markdown(ex.summary))
     if ctx.plots:
@@ -469,7 +486,6 @@ def exp_headline(ctx: "Ctx") -> str:
         nonref = ex.summary[ex.summary["policy"] != REFERENCE_POLICY]
         plots.bars(nonref, x="scenario", hue="policy", y="reduction_vs_rr_pct", yerr="reduction_vs_rr_pct_ci95", stem=ctx.fig("headline_reduction"), ylabel="carbon reduction vs rr (%)", title="Carbon reduction vs round-robin (mean ± 95% CI)", hue_order=[p for p in pol_order if p != REFERENCE_POLICY])
         plots.bars(ex.summary, x="scenario", hue="policy", y="slo_violation_pct", yerr="slo_violation_pct_ci95", stem=ctx.fig("headline_violations"), ylabel="SLO violations (% of requests)", title="SLO violation rate (mean ± 95% CI)", hue_order=pol_order)
-        focus = next((s for s in dict.fromkeys(ex.summary["scenario"]) if "moderate" in s), ex.summary["scenario"].iloc[0])
         standard_figures(ex, focus, ctx.fig_dir, tag=focus)
     return table
 
@@ -663,6 +679,7 @@ class Ctx:
     name: str
     out: str
     preset: Preset
+    preset_name: str
     seeds: list[int]
     models: list[str] | None
     loads: list[str] | None
@@ -681,9 +698,21 @@ class Ctx:
     def fig(self, stem: str) -> str:
         return os.path.join(self.fig_dir, stem)
 
-    def execute(self, specs: Sequence[RunSpec]) -> Executed:
+    def execute(self, specs: Sequence[RunSpec], *, requests_for: Sequence[str] | None = ()) -> Executed:
+        """Run and write ``specs``; per-request records only for the scenarios in ``requests_for``
+        (``None``: all; default none, as experiments other than the headline only need tables),
+        unless ``--no-requests`` turned them off or ``--all-requests`` on."""
         specs = with_carbon_start(specs, self.carbon_start)
-        return execute(specs, self.out, command=self.command, extra_config={"experiment": self.name, "preset": self.preset.__dict__}, **self.run_kwargs)
+        kw = dict(self.run_kwargs)
+        req = kw.pop("requests")
+        if req == "all" or requests_for is None:
+            keep: Any = req is not False
+        elif req is False:
+            keep = False
+        else:
+            names = set(requests_for)
+            keep = lambda spec: spec.scenario_name in names  # noqa: E731
+        return execute(specs, self.out, command=self.command, requests=keep, extra_config={"experiment": self.name, "preset": self.preset_name, "preset_values": self.preset.__dict__}, **kw)
 
     def write_text(self, name: str, text: str) -> str:
         os.makedirs(self.out, exist_ok=True)
@@ -709,7 +738,7 @@ def run_experiment(
     ray_address: str | None = None,
     tensorboard: str | None = None,
     fmt: str = "parquet",
-    requests: bool = True,
+    requests: bool | str = True,
     plots: bool = True,
     progress: bool = True,
     carbon_start: bool = True,
@@ -721,6 +750,7 @@ def run_experiment(
         name=name,
         out=out,
         preset=p,
+        preset_name=preset,
         seeds=list(seeds) if seeds is not None else list(range(p.seeds)),
         models=list(models) if models else None,
         loads=list(loads) if loads else None,
@@ -733,3 +763,164 @@ def run_experiment(
         command=command,
     )
     return EXPERIMENT_FUNCS[name](ctx)
+
+
+# ----------------------------------------------------------------------------------------------
+# RESULTS.md
+
+NOTES_BEGIN = "<!-- notes:begin (kept when RESULTS.md is regenerated) -->"
+NOTES_END = "<!-- notes:end -->"
+
+STUDY_CLAIMS = (
+    ("carbon", "Carbon reduction vs round-robin, best load (facility MILP)", "up to 60%"),
+    ("violation", "Average SLO violation of the facility MILP", "about 3%"),
+    ("milp_ilp", "Facility MILP minus best per-request ILP, Mixtral-8x7B", "up to 8.6 pp, at 1.3% violation"),
+    ("predictor", "Predicted vs oracle output lengths (carbon / violation)", "within 4.1 pp / 1.1 pp"),
+    ("polling", "SLO violation vs polling period", "rises noticeably past 2 s"),
+)
+
+
+def _read_csv(path: str):
+    import pandas as pd
+
+    return pd.read_csv(path) if os.path.isfile(path) else None
+
+
+def _claims(results_dir: str) -> dict[str, str]:
+    """Our numbers for each study claim, computed from the result tables that exist."""
+    out: dict[str, str] = {}
+    h_runs = _read_csv(os.path.join(results_dir, "headline", "runs.csv"))
+    h_sum = _read_csv(os.path.join(results_dir, "headline", "summary.csv"))
+    if h_sum is not None and "milp" in set(h_sum["policy"]):
+        m = h_sum[h_sum["policy"] == "milp"]
+        best = m.loc[m["reduction_vs_rr_pct"].idxmax()]
+        out["carbon"] = f"up to {best['reduction_vs_rr_pct']:.1f}% ({best['scenario']}); range {m['reduction_vs_rr_pct'].min():.1f}–{m['reduction_vs_rr_pct'].max():.1f}%"
+        out["violation"] = f"{m['slo_violation_pct'].mean():.2f}% on average over {len(m)} scenarios (range {m['slo_violation_pct'].min():.2f}–{m['slo_violation_pct'].max():.2f}%)"
+    gap_src = _read_csv(os.path.join(results_dir, "milp-vs-ilp", "runs.csv"))
+    src = gap_src if gap_src is not None else h_runs
+    if src is not None and "milp" in set(src["policy"]):
+        ilps = [p for p in ("ilp", "ilp-state") if p in set(src["policy"])]
+        t = milp_vs_ilp_table(src, ilps=ilps)
+        t = t[t["scenario"].str.startswith("mixtral")]
+        if not t.empty and ilps:
+            rows = []
+            for _, r in t.iterrows():
+                gaps = [r[f"gap_vs_{i}_pp"] for i in ilps]
+                rows.append((min(gaps), r["scenario"], r["milp_violation_pct"]))
+            g, scen, viol = max(rows)
+            out["milp_ilp"] = f"up to {g:+.1f} pp ({scen}, vs the better ILP), MILP violation {viol:.2f}%"
+    pred = _read_csv(os.path.join(results_dir, "predictor", "predictor.csv"))
+    if pred is not None and not pred.empty:
+        out["predictor"] = f"within {pred['reduction_diff_pp'].abs().max():.1f} pp / {pred['violation_diff_pp'].abs().max():.2f} pp (max over {len(pred)} scenario x policy cases)"
+    poll = _read_csv(os.path.join(results_dir, "polling", "polling.csv"))
+    if poll is not None and "milp" in set(poll["policy"]):
+        p = poll[poll["policy"] == "milp"].sort_values("polling_s")
+        out["polling"] = "MILP violation %: " + ", ".join(f"{r.polling_s:g} s: {r.slo_violation_pct:.2f}" for r in p.itertuples())
+    return out
+
+
+def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", figures_dir: str = "docs/results", command: str | None = None) -> str:
+    """Write RESULTS.md from ``results_dir/headline`` (+ the other experiments found there).
+
+    Figures are copied (PNG) into ``figures_dir`` so the Markdown links work from the repo root.
+    Hand-written notes between the ``notes`` markers of an existing ``out`` are kept.
+    """
+    head_dir = os.path.join(results_dir, "headline")
+    with open(os.path.join(head_dir, "config.json"), encoding="utf-8") as f:
+        cfg = json.load(f)
+    summary = _read_csv(os.path.join(head_dir, "summary.csv"))
+    runs = _read_csv(os.path.join(head_dir, "runs.csv"))
+    notes = ""
+    if os.path.isfile(out):
+        old = open(out, encoding="utf-8").read()
+        if NOTES_BEGIN in old and NOTES_END in old:
+            notes = old.split(NOTES_BEGIN, 1)[1].split(NOTES_END, 1)[0].strip("\n")
+    os.makedirs(figures_dir, exist_ok=True)
+    rel = os.path.relpath(figures_dir, os.path.dirname(os.path.abspath(out)) or ".")
+
+    def fig(exp: str, stem: str) -> str | None:
+        src = os.path.join(results_dir, exp, "figures", stem + ".png")
+        if not os.path.isfile(src):
+            return None
+        dst_name = f"{exp}_{stem}.png" if not stem.startswith(exp) else stem + ".png"
+        shutil.copyfile(src, os.path.join(figures_dir, dst_name))
+        return f"{rel}/{dst_name}".replace(os.sep, "/")
+
+    v = cfg.get("versions", {})
+    runs_meta = cfg.get("runs", [])
+    durations = sorted({r.get("duration_s") for r in runs_meta if r.get("duration_s") is not None})
+    seeds = sorted({r.get("seed") for r in runs_meta})
+    scen = list(dict.fromkeys(summary["scenario"]))
+    pols = list(dict.fromkeys(summary["policy"]))
+    lines: list[str] = []
+    add = lines.append
+    add("# Results\n")
+    add("Generated by `carbon-gym report` from a real run of the headline experiment (and the other experiments")
+    add("whose outputs were present). Numbers are means over seeds with 95% t-intervals; every policy saw the")
+    add("same requests and the same carbon for a given seed (common random numbers); episode starts are spread")
+    add("over the 2023 carbon year (day of year x hour of day, the same for every policy).\n")
+    add("## How it was produced\n")
+    add("```bash")
+    add(command or cfg.get("command") or "carbon-gym experiment headline --preset quick")
+    add(f"carbon-gym report {results_dir}")
+    add("```\n")
+    add(f"- scenarios: {', '.join(scen)}")
+    add(f"- policies: {', '.join(pols)}")
+    add(f"- seeds: {', '.join(map(str, seeds))}; simulated seconds per episode: {', '.join(f'{d:g}' for d in durations)} (preset `{cfg.get('preset', '?')}`; arrivals stop there, then placed requests drain)")
+    if "elapsed_s" in cfg:
+        add(f"- wall time: {cfg['elapsed_s'] / 60:.1f} min on {cfg.get('workers')} worker process(es), {cfg.get('cpu_count')} CPU cores ({cfg.get('backend')})")
+    add("- versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if k != "platform"))
+    add(f"- platform: {v.get('platform', '?')}\n")
+    add("## Headline: carbon reduction vs round-robin (SLO violation %)\n")
+    add(headline_table(summary))
+    add("Full table (carbon in kg, latencies in ms; decision time is wall clock per step):\n")
+    from eval.harness import summary_markdown
+
+    add(summary_markdown(summary))
+    for exp, stem, caption in (
+        ("headline", "headline_reduction", "Carbon reduction vs round-robin per scenario and policy."),
+        ("headline", "headline_violations", "SLO violation rate per scenario and policy."),
+    ):
+        p = fig(exp, stem)
+        if p:
+            add(f"![{caption}]({p})\n\n*{caption}*\n")
+    focus = next((s for s in scen if s.endswith("-moderate")), scen[0])
+    for stem, caption in (
+        (f"{focus}_carbon_over_time_seed0", f"{focus}, seed 0: carbon emission rate per datacenter (lines, one per policy) over grid intensity (shaded)."),
+        (f"{focus}_load_by_hour", f"{focus}: share of requests each policy sends to each datacenter, by UTC hour (all seeds)."),
+        (f"{focus}_latency_cdf", f"{focus}: TTFT and TPOT distributions (seeds pooled); dashed = SLO target."),
+    ):
+        p = fig("headline", stem)
+        if p:
+            add(f"![{caption}]({p})\n\n*{caption}*\n")
+    for exp, title in (("milp-vs-ilp", "Facility MILP vs per-request ILPs"), ("predictor", "Predictor vs oracle"), ("polling", "Polling period"), ("tradeoff", "Carbon vs SLO trade-off"), ("bound", "Share of the clairvoyant bound")):
+        md_path = os.path.join(results_dir, exp, f"{exp}.md")
+        if not os.path.isfile(md_path):
+            continue
+        add(f"## {title}\n")
+        econf = os.path.join(results_dir, exp, "config.json")
+        if os.path.isfile(econf):
+            with open(econf, encoding="utf-8") as f:
+                add(f"`{json.load(f).get('command')}`\n")
+        add(open(md_path, encoding="utf-8").read())
+        fdir = os.path.join(results_dir, exp, "figures")
+        for name in sorted(os.listdir(fdir)) if os.path.isdir(fdir) else []:
+            if name.endswith(".png"):
+                p = fig(exp, name[:-4])
+                if p:
+                    add(f"![{exp}: {name[:-4]}]({p})\n")
+    add("## Comparison with the study\n")
+    ours = _claims(results_dir)
+    add("| claim | study | this run |")
+    add("|---|---|---|")
+    for key, claim, study in STUDY_CLAIMS:
+        add(f"| {claim} | {study} | {ours.get(key, 'not run')} |")
+    add("")
+    add("## Discussion\n")
+    add(NOTES_BEGIN)
+    add(notes or "(to be written: where and why these numbers differ from the study's)")
+    add(NOTES_END)
+    text = "\n".join(lines) + "\n"
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(text)
+    return out

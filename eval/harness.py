@@ -332,9 +332,13 @@ def run_one(spec: RunSpec, *, keep_requests: bool = True) -> RunResult:
     violation rate, and per datacenter ``carbon_g_dc<d>`` (emitted in the step) and
     ``intensity_g_per_kwh_dc<d>`` (grid intensity at the step's start).
     """
+    import warnings
+
     wall0 = time.perf_counter()
     scenario, overrides = resolve_run_scenario(spec)
-    env = make_env(scenario)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        env = make_env(scenario)
     try:
         policy = make_policy(spec.policy, env, **dict(spec.policy_kwargs))
         obs, info = env.reset(seed=int(spec.seed))
@@ -468,6 +472,7 @@ def run_one(spec: RunSpec, *, keep_requests: bool = True) -> RunResult:
         "world_seed": em.get("world_seed"),
         "dc_carbon_g": [float(x) for x in np.asarray(em.get("dc_carbon_g", []), dtype=float)],
         "dc_placed": [int(x) for x in np.asarray(em.get("dc_placed", []))],
+        "warnings": list(dict.fromkeys(str(w.message) for w in caught)),
     }
     return RunResult(spec=spec, metrics=metrics, steps=steps, requests=requests, meta=meta)
 
@@ -557,7 +562,7 @@ def run_matrix(
     workers: int | None = None,
     ray_address: str | None = None,
     progress: bool = True,
-    keep_requests: bool = True,
+    keep_requests: bool | Callable[[RunSpec], bool] = True,
     on_result: Callable[[RunResult], None] | None = None,
 ) -> list[RunResult]:
     """Run every spec and return the results **in the order of** ``specs``.
@@ -568,13 +573,15 @@ def run_matrix(
             anything else is passed to ``ray.init(address=...)``, e.g. ``"auto"`` or
             ``"ray://head:10001"``); Ray is the optional ``carbon-gym[ray]`` extra.
         progress: a tqdm bar over runs on stderr.
-        keep_requests: return per-request records (else only metrics and steps).
+        keep_requests: return per-request records (else only metrics and steps); a callable
+            decides per spec.
         on_result: called in this process with each result as it arrives (any order), e.g. to
             write its files; it may clear ``result.requests`` to free memory.
     """
     specs = list(specs)
     if not specs:
         return []
+    keep = [bool(keep_requests(s)) if callable(keep_requests) else bool(keep_requests) for s in specs]
     order = sorted(range(len(specs)), key=lambda i: (-_cost_hint(specs[i]), i))
     results: list[RunResult | None] = [None] * len(specs)
     bar = None
@@ -593,32 +600,32 @@ def run_matrix(
 
     try:
         if ray_address:
-            _run_ray(specs, order, ray_address, keep_requests, done)
+            _run_ray(specs, order, ray_address, keep, done)
         else:
             n = workers if workers is not None else default_workers()
             if n <= 1 or len(specs) == 1:
                 for i in order:
                     try:
-                        res = _run_one_worker(specs[i], keep_requests)
+                        res = _run_one_worker(specs[i], keep[i])
                     except WorkerError as exc:
                         raise RunFailed(specs[i], exc) from None
                     done(i, res)
             else:
-                _run_pool(specs, order, min(n, len(specs)), keep_requests, done)
+                _run_pool(specs, order, min(n, len(specs)), keep, done)
     finally:
         if bar is not None:
             bar.close()
     return [r for r in results if r is not None]
 
 
-def _run_pool(specs: list[RunSpec], order: list[int], n: int, keep_requests: bool, done: Callable[[int, RunResult], None]) -> None:
+def _run_pool(specs: list[RunSpec], order: list[int], n: int, keep: list[bool], done: Callable[[int, RunResult], None]) -> None:
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     # spawn: no fork of a parent holding threads (tqdm) or solver state; workers import afresh.
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
-        futures = {pool.submit(_run_one_worker, specs[i], keep_requests): i for i in order}
+        futures = {pool.submit(_run_one_worker, specs[i], keep[i]): i for i in order}
         pending = set(futures)
         try:
             while pending:
@@ -635,7 +642,7 @@ def _run_pool(specs: list[RunSpec], order: list[int], n: int, keep_requests: boo
             raise
 
 
-def _run_ray(specs: list[RunSpec], order: list[int], address: str, keep_requests: bool, done: Callable[[int, RunResult], None]) -> None:
+def _run_ray(specs: list[RunSpec], order: list[int], address: str, keep: list[bool], done: Callable[[int, RunResult], None]) -> None:
     try:
         import ray
     except ImportError:
@@ -646,7 +653,7 @@ def _run_ray(specs: list[RunSpec], order: list[int], address: str, keep_requests
             kwargs["address"] = address
         ray.init(**kwargs)
     remote = ray.remote(_run_one_worker)
-    refs = {remote.remote(specs[i], keep_requests): i for i in order}
+    refs = {remote.remote(specs[i], keep[i]): i for i in order}
     pending = list(refs)
     while pending:
         finished, pending = ray.wait(pending, num_returns=1)
@@ -865,6 +872,14 @@ def write_tensorboard(result: RunResult, root: str, reduction_pct: float | None 
         if reduction_pct is not None:
             w.scalar(TAGS.reduction_vs_rr_pct, reduction_pct, max(n - 1, 0))
     return d
+
+
+def report_warnings(results: Sequence[RunResult], stream: Any = None) -> list[str]:
+    """Print each distinct warning the runs recorded (env construction) once, as ``note:`` lines."""
+    seen = list(dict.fromkeys(w for r in results for w in r.meta.get("warnings", [])))
+    for w in seen:
+        print(f"carbon-gym: note: {w}", file=stream or sys.stderr)
+    return seen
 
 
 def versions() -> dict[str, str]:

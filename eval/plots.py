@@ -66,28 +66,35 @@ def carbon_over_time(
     n = len(dc_names)
     rows, cols = _grid(n)
     fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.3 * rows), sharex=True, squeeze=False)
+    def edges_of(frame: Any) -> np.ndarray:
+        t = np.asarray(frame["time_s"], dtype=float)
+        first = t[1] - t[0] if t.size > 1 else t[0]
+        return np.concatenate([[t[0] - first], t]) / 60.0  # step k covers [edges[k], edges[k+1])
+
     for d, name in enumerate(dc_names):
         ax = axes[d // cols][d % cols]
         ax2 = ax.twinx()
         first = steps[policies[0]]
-        t_min = np.asarray(first["time_s"], dtype=float) / 60.0
         ci_col = f"intensity_g_per_kwh_dc{d}"
         if ci_col in first:
+            e = edges_of(first)
             ci = np.asarray(first[ci_col], dtype=float)
-            ax2.fill_between(t_min, 0, ci, step="post", color="0.85", zorder=0, linewidth=0)
+            ax2.stairs(ci, e, fill=True, color="0.88", zorder=0, linewidth=0)
             ax2.set_ylim(0, max(1.0, float(np.nanmax(ci)) * 1.15))
         ax2.tick_params(axis="y", labelsize=6, colors="0.45")
         ax.set_zorder(ax2.get_zorder() + 1)
         ax.patch.set_visible(False)
+        top = 0.0
         for pol in policies:
             s = steps[pol]
             col = f"carbon_g_dc{d}"
             if col not in s:
                 continue
-            t = np.asarray(s["time_s"], dtype=float)
-            dt = np.diff(np.concatenate([[0.0], t]))
-            rate = np.asarray(s[col], dtype=float) / np.where(dt > 0, dt, np.nan)
-            ax.plot(t / 60.0, rate, color=colors[pol], linewidth=0.9, label=pol)
+            e = edges_of(s)
+            rate = np.asarray(s[col], dtype=float) / np.maximum(np.diff(e) * 60.0, 1e-9)
+            ax.stairs(rate, e, color=colors[pol], linewidth=0.9, label=pol, baseline=None)
+            top = max(top, float(np.nanmax(rate)) if rate.size else 0.0)
+        ax.set_ylim(0, top * 1.1 if top > 0 else 1.0)
         ax.set_title(name, fontsize=8)
         ax.tick_params(labelsize=6)
         if d % cols == 0:
