@@ -303,3 +303,10 @@ def test_build_world_dev_runs():
     sim.advance_to(300.0)
     assert n > 40 and sim.totals().submitted == n and sim.totals().completed == n
     assert len(sim.pop_completed()) == n
+
+
+def test_shipped_scenarios_show_a_whole_polling_period_of_arrivals():
+    for n in list_scenarios():
+        s = scen(n)
+        per_step = s.rate_per_s * (1 + s.workload.diurnal_amplitude) * s.polling_period_s
+        assert s.env.max_pending >= 1.25 * per_step + 4 * np.sqrt(per_step) + 16, n
