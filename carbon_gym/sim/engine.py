@@ -350,10 +350,14 @@ class Engine:
         q, r = divmod(K, bt)
         total = self.n_dec * q
         if r:
+            # iterations dit+1..dit+r need hist[s], hist[s-1], ..., hist[s-r+1] (cyclically)
             hist = self.hist
-            j = self.dit
-            for i in range(1, r + 1):
-                total += hist[(-(j + i)) % bt]
+            s = (-(self.dit + 1)) % bt
+            lo = s - r + 1
+            if lo >= 0:
+                total += sum(hist[lo:s + 1])
+            else:
+                total += sum(hist[:s + 1]) + sum(hist[bt + lo:])
         return total
 
     def _finish_run(self, t: float) -> None:
@@ -578,6 +582,73 @@ class Engine:
 
     def _plan(self, t: float) -> None:
         """Schedule the next iteration (or run of decode iterations) starting at ``t``."""
+        n = self.n_dec
+        if n and not self.step and self.chunked and not self.prefilling:
+            # common case first: a pure decode run (no partial prefill, the head cannot be admitted)
+            bt = self.block_tokens
+            dit = self.dit
+            free = self.free
+            if self.hist[(-(dit + 1)) % bt] <= free:
+                waiting = self.waiting
+                if not waiting or len(self.running) >= self.max_seqs or self.budget <= n or (
+                        (waiting[0].prefill_len + bt - 1) // bt > free - self.hist[(-(dit + 1)) % bt]):
+                    self._plan_run(t, n)
+                    return
+        self._plan_general(t)
+
+    def _plan_run(self, t: float, n: int) -> None:
+        """Plan a closed-form run of pure decode iterations of the ``n`` decoding sequences."""
+        fh = self.fin_heap
+        while fh[0][2].fseq != fh[0][1]:
+            heapq.heappop(fh)
+        dit = self.dit
+        K = fh[0][0] - dit
+        bt = self.block_tokens
+        free = self.free
+        full = free // n
+        if bt * full < K:
+            rem = free - n * full
+            hist = self.hist
+            j = dit + bt * full
+            i = 0
+            while True:
+                a = hist[(-(j + i + 1)) % bt]
+                if a > rem:
+                    break
+                rem -= a
+                i += 1
+            kkv = bt * full + i
+            if kkv < K:
+                K = kkv
+        models = self.models
+        coeff = models.coeff
+        fixed = models._fixed.get(n)
+        if fixed is None:
+            fixed = models.decode_fixed_s(n)
+        T0 = fixed + coeff * (self.base_sum + n * (dit + 1))
+        B = n * coeff
+        self.t0 = t
+        self.K = K
+        self.T0 = T0
+        self.B = B
+        t_end = self.t_end = t + (K * T0 + 0.5 * B * K * (K - 1))
+        self.state = RUN
+        self.last_prefill_only = False
+        self.sig = False
+        watts = models._pow.get(n)
+        if watts is None:
+            watts = models.decode_power_w(n)
+        dc = self.dc
+        if watts != self.power_w or self.is_idle:
+            dc.engine_power_changed(t, self.power_w, watts, self.is_idle, False)
+            self.power_w = watts
+            self.is_idle = False
+        self.c0 = dc.cum(t)
+        self.version = v = self.version + 1
+        heapq.heappush(self.heap, (t_end, 1, self.counter(), self, v))
+
+    def _plan_general(self, t: float) -> None:
+        """Schedule the next iteration in the general case (or a run, via :meth:`_plan_run`)."""
         waiting = self.waiting
         n = self.n_dec if not self.step else sum(1 for r in self.running.values() if r.decoding)
         chunks: list[tuple[RequestState, int]] = []
@@ -640,70 +711,42 @@ class Engine:
             self.sig = False
             return
         models = self.models
-        self.t0 = t
         if (not self.step and dec and not chunks and not preempted
                 and (self.chunked or not (waiting and self._head_fits(free_after)))):
             # closed-form run of pure decode iterations
-            fh = self.fin_heap
-            while fh[0][2].fseq != fh[0][1]:
-                heapq.heappop(fh)
-            K = fh[0][0] - self.dit
-            bt = self.block_tokens
-            free = self.free
-            full = free // n
-            if bt * full < K:
-                rem = free - n * full
-                hist = self.hist
-                j = self.dit + bt * full
-                i = 0
-                while True:
-                    a = hist[(-(j + i + 1)) % bt]
-                    if a > rem:
-                        break
-                    rem -= a
-                    i += 1
-                kkv = bt * full + i
-                if kkv < K:
-                    K = kkv
-            coeff = models.coeff
-            self.K = K
-            self.T0 = models.decode_fixed_s(n) + coeff * (self.base_sum + n * (self.dit + 1))
-            self.B = n * coeff
-            self.t_end = self._run_end(K)
-            self.state = RUN
-            self._set_power(t, models.decode_power_w(n), False)
-            self.sig = False
+            self._plan_run(t, n)
+            return
+        # one iteration, explicit
+        self.free -= need
+        pt = 0
+        pairs = 0.0
+        sampled = n if dec else 0
+        for req, ch in chunks:
+            pt += ch
+            pairs += ch * (req.prefilled + 0.5 * (ch + 1))
+            if req.prefilled + ch == req.prefill_len:
+                sampled += 1
+        nd = n if dec else 0
+        if nd:
+            if self.step:
+                ctx_sum = sum(r.ctx + 1 for r in self.running.values() if r.decoding)
+            else:
+                ctx_sum = self.base_sum + n * (self.dit + 1)
         else:
-            # one iteration, explicit
-            self.free -= need
-            pt = 0
-            pairs = 0.0
-            sampled = n if dec else 0
-            for req, ch in chunks:
-                pt += ch
-                pairs += ch * (req.prefilled + 0.5 * (ch + 1))
-                if req.prefilled + ch == req.prefill_len:
-                    sampled += 1
-            nd = n if dec else 0
-            if nd:
-                if self.step:
-                    ctx_sum = sum(r.ctx + 1 for r in self.running.values() if r.decoding)
-                else:
-                    ctx_sum = self.base_sum + n * (self.dit + 1)
-            else:
-                ctx_sum = 0
-            T = float(models.latency.iteration_time_s(pt, pairs, nd, float(ctx_sum), sampled))
-            if pt:
-                p = models.tp * float(models.power.gpu_power_w(pt, nd))
-            else:
-                p = models.decode_power_w(nd) if not self.step else models.tp * float(models.power.gpu_power_w(0, nd))
-            self.chunks = chunks
-            self.n_iter_dec = nd
-            self.prefill_tokens = pt
-            self.sig = bool(chunks) or preempted
-            self.t_end = t + T
-            self.state = ITER
-            self._set_power(t, p, False)
+            ctx_sum = 0
+        T = float(models.latency.iteration_time_s(pt, pairs, nd, float(ctx_sum), sampled))
+        if pt:
+            p = models.tp * float(models.power.gpu_power_w(pt, nd))
+        else:
+            p = models.decode_power_w(nd) if not self.step else models.tp * float(models.power.gpu_power_w(0, nd))
+        self.chunks = chunks
+        self.n_iter_dec = nd
+        self.prefill_tokens = pt
+        self.sig = bool(chunks) or preempted
+        self.t0 = t
+        self.t_end = t + T
+        self.state = ITER
+        self._set_power(t, p, False)
         self.c0 = dc.cum(t)
         self.version += 1
         heapq.heappush(self.heap, (self.t_end, 1, self.counter(), self, self.version))

@@ -265,22 +265,27 @@ class Simulator:
         d = _as_int("datacenter", datacenter, 0, D - 1)
         p = _as_int("prompt_tokens", prompt_tokens, 1)
         q = _as_int("output_tokens", output_tokens, 1)
-        a = float(arrival_s)
+        try:
+            a = float(arrival_s)
+        except (TypeError, ValueError):
+            a = math.nan
         if not math.isfinite(a) or a < 0:
             raise ConfigError("arrival_s", f"must be finite and >= 0, got {arrival_s!r}")
         self._check_request(a, p, q, d)
         return self._submit(o, a, p, q, d)
 
-    def _check_request(self, a: float, p: int, q: int, d: int) -> None:
+    def _check_request(self, a: float, p: int, q: int, d: int, index: str = "") -> None:
+        """Checks shared by submit and submit_batch (``index`` = "[i]" names the batch row)."""
         if a > self.now_s:
-            raise ConfigError("arrival_s", f"{a} is after now_s={self.now_s}; advance the simulator first",
+            raise ConfigError(f"arrival_s{index}", f"{a} is after now_s={self.now_s}; advance the simulator first",
                               allowed=f"<= {self.now_s}")
         mml = self.engine_config.max_model_len
         if p + q > mml:
-            raise ConfigError("prompt_tokens", f"prompt + output = {p + q} exceeds engine.max_model_len={mml}",
+            raise ConfigError(f"prompt_tokens{index}", f"prompt + output = {p + q} exceeds engine.max_model_len={mml}",
                               allowed=f"prompt_tokens + output_tokens <= {mml}")
         if not self.datacenters[d].up:
-            raise ConfigError("datacenter", f"datacenter {d} ({self.datacenters[d].name}) is down",
+            raise ConfigError("datacenters" + index if index else "datacenter",
+                              f"datacenter {d} ({self.datacenters[d].name}) is down",
                               allowed=[i for i, x in enumerate(self.datacenters) if x.up])
 
     def _submit(self, o: int, a: float, p: int, q: int, d: int) -> int:
@@ -299,6 +304,36 @@ class Simulator:
     def submit_batch(self, origins: Any, arrival_s: Any, prompt_tokens: Any, output_tokens: Any,
                      datacenters: Any) -> np.ndarray:
         """Submit several requests now (arrays of equal length); return their ids (int64)."""
+        try:
+            n_small = len(origins)
+        except TypeError:
+            n_small = -1
+        if 0 <= n_small <= 16:
+            # small batches: scalar validation is cheaper than a dozen numpy reductions
+            names = ("origins", "arrival_s", "prompt_tokens", "output_tokens", "datacenters")
+            cols = []
+            for k, x in zip(names, (origins, arrival_s, prompt_tokens, output_tokens, datacenters)):
+                c = np.asarray(x)
+                if c.ndim != 1 or c.shape[0] != n_small:
+                    raise ConfigError(k, f"must be 1-D arrays of the same length ({n_small}), got shape {c.shape}")
+                cols.append(c.tolist())
+            R, D = self.topology.n_regions, len(self.datacenters)
+            rows = []
+            for i, (o, a, p, q, d) in enumerate(zip(*cols)):
+                o = _as_int(f"origins[{i}]", o, 0, R - 1)
+                d = _as_int(f"datacenters[{i}]", d, 0, D - 1)
+                p = _as_int(f"prompt_tokens[{i}]", p, 1)
+                q = _as_int(f"output_tokens[{i}]", q, 1)
+                try:
+                    a = float(a)
+                except (TypeError, ValueError):
+                    a = math.nan
+                if not math.isfinite(a) or a < 0:
+                    raise ConfigError(f"arrival_s[{i}]", f"must be finite, >= 0 and <= now_s={self.now_s}, got {a!r}")
+                self._check_request(a, p, q, d, f"[{i}]")
+                rows.append((o, a, p, q, d))
+            sub = self._submit
+            return np.asarray([sub(*r) for r in rows], dtype=np.int64)
         arrs = {
             "origins": np.asarray(origins), "arrival_s": np.asarray(arrival_s, dtype=np.float64),
             "prompt_tokens": np.asarray(prompt_tokens), "output_tokens": np.asarray(output_tokens),

@@ -1,0 +1,195 @@
+"""Simulator throughput benchmark (issue 2).
+
+Prints simulated requests per wall-clock second, engine iterations per second and peak memory for
+
+(a) one engine (one A100, Llama-3.1-8B, TP1) at 5 req/s of Azure-conversation lengths;
+(b) the full 512-GPU topology (4 regions x 4 datacenters x 4 nodes x 8 A100, Llama-3.1-8B TP1,
+    512 engines, 16 hand-made hourly carbon zones) at a load that keeps the engines busy, with
+    round-robin placement over the datacenters.
+
+Requests are submitted the way the environment does: every ``--tick-s`` of simulated time the
+simulator is advanced and the requests that arrived during the tick are placed in one
+``submit_batch`` (their wait for placement counts in their TTFT); completed records are popped
+every tick and reduced to running sums, so memory does not grow with finished requests.
+
+Usage: ``python -m eval.bench_sim [--requests-a N] [--requests-b N] [--profile]``. With no
+arguments it runs in well under a minute; the last line is ``requests_per_s=<lower of (a), (b)>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import csv
+import pstats
+import resource
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+from carbon_gym.physics.carbon import CarbonTrace
+from carbon_gym.physics.latency import load_latency_model
+from carbon_gym.physics.network import Network
+from carbon_gym.physics.power import load_power_model
+from carbon_gym.sim import EngineConfig, Simulator
+from carbon_gym.specs import load_gpu_spec, load_model_spec
+from carbon_gym.topology import DatacenterSpec, Topology
+
+AZURE_CONV = "AzureLLMInferenceTrace_conv_2023.csv"
+
+
+def azure_conv_lengths() -> tuple[np.ndarray, np.ndarray, str]:
+    """(prompt tokens, output tokens, source) of the Azure 2023 conversation trace."""
+    here = Path(__file__).resolve().parents[1]
+    for p in (here / "carbon_gym" / "data" / "workload" / AZURE_CONV, Path("/work/shared/data/workload") / AZURE_CONV):
+        if p.exists():
+            with open(p, newline="") as f:
+                rows = list(csv.DictReader(f))
+            prompt = np.array([int(r["ContextTokens"]) for r in rows], dtype=np.int64)
+            output = np.array([int(r["GeneratedTokens"]) for r in rows], dtype=np.int64)
+            return prompt, output, str(p)
+    print("note: Azure conversation trace not found; sampling lognormal lengths "
+          "(median prompt 1020, output 129) instead", file=sys.stderr)
+    rng = np.random.default_rng(0)
+    prompt = np.clip(rng.lognormal(np.log(1020), 0.8, 20000), 2, 14000).astype(np.int64)
+    output = np.clip(rng.lognormal(np.log(129), 0.9, 20000), 7, 1000).astype(np.int64)
+    return prompt, output, "lognormal fallback"
+
+
+def one_engine_world():
+    topo = Topology(("r",), (DatacenterSpec("dc", "r", "Z", 1.1, 1, 1),))
+    net = Network(np.array([[0.005]]))
+    ct = CarbonTrace(("Z",), datetime(2023, 1, 1), np.linspace(100, 400, 24)[:, None], "step")
+    return topo, net, ct
+
+
+def full_world(seed: int = 0):
+    """4 regions x 4 datacenters x 4 nodes x 8 A100; hand-made RTTs and 16 carbon zones."""
+    rng = np.random.default_rng(seed)
+    regions = ("us", "eu", "asia", "oce")
+    dcs = []
+    for r, reg in enumerate(regions):
+        for k in range(4):
+            dcs.append(DatacenterSpec(f"{reg}-{k}", reg, f"Z{r}{k}", float(rng.uniform(1.08, 1.4)), 4, 8))
+    topo = Topology(regions, tuple(dcs))
+    inter = np.array([[0.0, 0.04, 0.09, 0.08], [0.04, 0.0, 0.12, 0.14], [0.09, 0.12, 0.0, 0.05],
+                      [0.08, 0.14, 0.05, 0.0]])
+    ow = np.repeat(inter, 4, axis=1) + rng.uniform(0.002, 0.006, (4, 16))
+    net = Network(ow)
+    hours = 24 * 14
+    h = np.arange(hours)[:, None]
+    base = rng.uniform(30, 700, (1, 16))
+    ci = base * (1 + 0.3 * np.sin(2 * np.pi * (h / 24 + rng.uniform(0, 1, (1, 16))))) + rng.uniform(0, 20, (hours, 16))
+    ct = CarbonTrace(tuple(d.zone for d in dcs), datetime(2023, 6, 1), ci, "step")
+    return topo, net, ct
+
+
+def make_simulator(world, engine: EngineConfig = EngineConfig()) -> Simulator:
+    topo, net, ct = world
+    gpu = load_gpu_spec("a100-80gb")
+    return Simulator(topo, load_model_spec("llama-3.1-8b"), gpu, load_latency_model("a100-80gb", "llama-3.1-8b", 1),
+                     load_power_model("a100-80gb"), net, ct, engine=engine)
+
+
+def run_case(name: str, sim: Simulator, n_requests: int, rate_per_s: float, lengths, tick_s: float,
+             seed: int, placement: str = "round_robin") -> dict:
+    """Drive ``sim`` with ``n_requests`` Poisson arrivals; return measured figures."""
+    rng = np.random.default_rng(seed)
+    prompt_all, output_all, _ = lengths
+    idx = rng.integers(0, prompt_all.size, n_requests)
+    mml = sim.engine_config.max_model_len
+    prompt = np.minimum(prompt_all[idx], mml // 2)
+    output = np.minimum(output_all[idx], mml - prompt)
+    arrival = np.cumsum(rng.exponential(1.0 / rate_per_s, n_requests))
+    R, D = sim.n_regions, sim.n_datacenters
+    origin = rng.integers(0, R, n_requests)
+    dc = np.arange(n_requests) % D
+    done = 0
+    ttft_sum = tpot_sum = 0.0
+    t0 = time.perf_counter()
+    i = 0
+    t = 0.0
+    end_arrival = float(arrival[-1])
+    while i < n_requests:
+        t += tick_s
+        sim.advance_to(t)
+        j = int(np.searchsorted(arrival, t, side="right"))
+        if j > i:
+            sim.submit_batch(origin[i:j], arrival[i:j], prompt[i:j], output[i:j], dc[i:j])
+            i = j
+        r = sim.pop_completed()
+        done += len(r)
+        ttft_sum += float(r.ttft_s.sum())
+        tpot_sum += float(r.tpot_s.sum())
+    # drain
+    while sim.totals().in_flight:
+        t += 10.0
+        sim.advance_to(t)
+        r = sim.pop_completed()
+        done += len(r)
+        ttft_sum += float(r.ttft_s.sum())
+        tpot_sum += float(r.tpot_s.sum())
+    wall = time.perf_counter() - t0
+    tot = sim.totals()
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    return dict(
+        name=name, requests=done, simulated_s=t, arrivals_span_s=end_arrival, wall_s=wall,
+        requests_per_s=done / wall, iterations=tot.iterations, iterations_per_s=tot.iterations / wall,
+        events=sim.events_processed, preemptions=tot.preemptions, mean_ttft_s=ttft_sum / max(done, 1),
+        mean_tpot_s=tpot_sum / max(done, 1), peak_rss_mb=rss_mb,
+        carbon_kg=float(tot.carbon_g.sum()) / 1e3, facility_kwh=float(tot.facility_energy_j.sum()) / 3.6e6,
+    )
+
+
+def report(res: dict) -> None:
+    print(f"({res['name']}) requests={res['requests']} simulated_s={res['simulated_s']:.0f} wall_s={res['wall_s']:.2f} "
+          f"requests_per_s={res['requests_per_s']:.0f} iterations={res['iterations']} "
+          f"iterations_per_s={res['iterations_per_s']:.0f} events={res['events']} preemptions={res['preemptions']} "
+          f"mean_ttft_s={res['mean_ttft_s']:.3f} mean_tpot_s={res['mean_tpot_s']:.4f} "
+          f"facility_kwh={res['facility_kwh']:.1f} carbon_kg={res['carbon_kg']:.1f} "
+          f"peak_rss_mb={res['peak_rss_mb']:.0f}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests-a", type=int, default=20000, help="requests for case (a), one engine")
+    ap.add_argument("--rate-a", type=float, default=5.0, help="arrival rate of case (a), req/s")
+    ap.add_argument("--requests-b", type=int, default=200000, help="requests for case (b), 512 GPUs (>= 200000)")
+    ap.add_argument("--rate-per-engine-b", type=float, default=4.0, help="arrivals per engine per second in (b)")
+    ap.add_argument("--tick-s", type=float, default=0.5, help="placement period, simulated seconds")
+    ap.add_argument("--only", choices=["a", "b"], help="run one case only")
+    ap.add_argument("--profile", action="store_true", help="print the top cProfile entries of each case")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    lengths = azure_conv_lengths()
+    print(f"workload lengths: {lengths[2]} (mean prompt {lengths[0].mean():.0f}, mean output {lengths[1].mean():.0f})")
+    results = []
+    cases = []
+    if args.only in (None, "a"):
+        cases.append(("a: 1 engine, %.0f req/s" % args.rate_a, lambda: make_simulator(one_engine_world()),
+                      args.requests_a, args.rate_a))
+    if args.only in (None, "b"):
+        sim_b_rate = args.rate_per_engine_b * 512
+        cases.append(("b: 512 GPUs, %.0f req/s round-robin" % sim_b_rate, lambda: make_simulator(full_world(args.seed)),
+                      args.requests_b, sim_b_rate))
+    for name, build, n, rate in cases:
+        sim = build()
+        if args.profile:
+            prof = cProfile.Profile()
+            prof.enable()
+        res = run_case(name, sim, n, rate, lengths, args.tick_s, args.seed)
+        if args.profile:
+            prof.disable()
+            pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+        report(res)
+        results.append(res)
+        del sim
+    print(f"requests_per_s={min(r['requests_per_s'] for r in results):.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
