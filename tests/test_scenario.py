@@ -310,3 +310,17 @@ def test_shipped_scenarios_show_a_whole_polling_period_of_arrivals():
         s = scen(n)
         per_step = s.rate_per_s * (1 + s.workload.diurnal_amplitude) * s.polling_period_s
         assert s.env.max_pending >= 1.25 * per_step + 4 * np.sqrt(per_step) + 16, n
+
+
+def test_readme_annotated_example_loads(tmp_path):
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "carbon_gym" / "scenarios" / "README.md").read_text()
+    block = re.search(r"## Annotated example\s+```toml\n(.*?)```", readme, re.S).group(1)
+    s = scen(str(write(tmp_path, block, "example.toml")))
+    assert s.name == "my-study" and s.workload.arrival == "gamma" and s.workload.region_shares == (0.6, 0.4)
+    assert [r.name for r in s.regions()] == ["north_america", "europe"]
+    assert s.n_engines() == 2 * 4 * 2 * 8
+    w = build_workload(s).arrivals_between(0.0, 10.0)
+    assert len(w) > 0 and np.all(w.prompt_tokens + w.output_tokens <= 8192)
