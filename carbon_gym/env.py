@@ -262,7 +262,9 @@ class GeoServeEnv(gym.Env):
     * Datacenter d is masked for a request when d is down, or when the request cannot fit any of
       d's engines even when it is empty: ``ceil((prompt_tokens + 1) / block_tokens)`` (its prompt
       plus its first generated token) exceeds the KV blocks of one engine, or d has no engine.
-      Defer is always allowed.
+      Defer is always allowed. (The simulator requires ``engine.max_model_len`` to fit one
+      engine's KV cache and the env requires ``workload.max_context_tokens <= max_model_len``,
+      so with valid settings the KV condition never binds and only down datacenters are masked.)
     * Invalid actions — a masked choice for a pending slot, an out-of-range value (< 0 or > D)
       or a non-integer value (float entries must be integral, e.g. ``3.0``) in a pending slot:
       with ``invalid_action="raise"`` (default) :class:`~carbon_gym.errors.ActionError` is raised
@@ -337,7 +339,9 @@ class GeoServeEnv(gym.Env):
     first observation holds the arrivals of [0, polling_period_s). Seeds: ``reset(seed=s)`` uses
     world seed s; the first ``reset()`` without a seed uses the scenario's ``seed``; a later
     ``reset()`` without a seed draws the world seed from ``env.np_random`` (so a seeded reset
-    followed by unseeded ones is reproducible).
+    followed by unseeded ones is reproducible). ``reset``'s info has ``time_s``, ``carbon_g`` and
+    ``energy_j`` of that first idle period (counted in the episode totals, in no step's reward),
+    ``arrived``, ``pending``, ``completed`` (0) and ``action_mask``.
 
     ## Episode End
 
@@ -385,9 +389,11 @@ class GeoServeEnv(gym.Env):
       issued during hour h covers hours h+1..h+H of the carbon trace.
     * ``drain_limit_s``: bound on the end-of-episode drain (seconds); default see Episode End.
 
-    Read-only attributes: ``scenario``, ``simulator`` (after reset), ``layout``
-    (:class:`ObservationLayout`), ``nominal_carbon_g_per_step``, ``max_episode_steps``;
-    :meth:`pending_requests` returns the raw data of the pending requests.
+    Read-only attributes: ``scenario``, ``simulator`` (after reset; read it, do not drive it),
+    ``layout`` (:class:`ObservationLayout`), ``nominal_carbon_g_per_step``,
+    ``max_episode_steps``, ``last_completed``. :meth:`pending_requests` returns the raw data of
+    the pending requests, :meth:`episode_metrics` the metrics so far, and
+    :meth:`set_datacenter_up` is the outage hook (aborted requests are re-queued).
     """
 
     metadata = {"render_modes": []}
@@ -433,7 +439,7 @@ class GeoServeEnv(gym.Env):
                 allowed=f"<= {sc.engine.max_model_len}",
                 source=sc.source or None,
             )
-        expected = sc.rate_per_s * self._P
+        expected = sc.rate_per_s * (1.0 + sc.workload.diurnal_amplitude) * self._P  # at the daily peak
         if expected + 4.0 * math.sqrt(expected) > self._K:
             warnings.warn(
                 f"scenario {sc.name!r}: about {expected:.0f} requests arrive per polling period but only "

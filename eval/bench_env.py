@@ -1,0 +1,134 @@
+"""Benchmark: GeoServeEnv steps per wall-clock second with the round-robin policy.
+
+Runs (a) the ``dev`` scenario (whole episodes, resets included) and (b) a moderate-load paper
+scenario (default ``llama8b-moderate``, 512 GPUs, about a thousand requests per step) for a few
+steps, and prints for each: steps/s, simulated requests/s, and the share of the step time spent
+in the simulator (``advance_to`` / ``submit_batch`` / ``snapshot`` / ``totals`` /
+``pop_completed``) versus the env's own work (observation, masks, bookkeeping) and the policy.
+
+Usage::
+
+    python eval/bench_env.py [--dev-steps 3000] [--paper-steps 20] [--paper-scenario llama8b-moderate]
+
+The last line is ``env_steps_per_s=<dev figure>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+from typing import Any
+
+import gymnasium as gym
+
+import carbon_gym  # noqa: F401  (registers the envs)
+from carbon_gym.policy import RoundRobinPolicy
+
+SIM_METHODS = ("advance_to", "submit_batch", "snapshot", "totals", "pop_completed")
+
+
+class _SimTimer:
+    """Wraps the simulator's public methods to accumulate their wall time (bench only)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    def install(self, sim: Any) -> None:
+        for name in SIM_METHODS:
+            fn = getattr(sim, name)
+
+            def timed(*args: Any, _fn: Any = fn, _name: str = name, **kwargs: Any) -> Any:
+                t0 = time.perf_counter()
+                try:
+                    return _fn(*args, **kwargs)
+                finally:
+                    self.seconds[_name] += time.perf_counter() - t0
+
+            setattr(sim, name, timed)
+
+
+def bench(env_id: str, steps: int, overrides: dict[str, Any] | None = None, seed: int = 0,
+          profile: bool = True) -> dict[str, float]:
+    """Step ``env_id`` with round-robin for ``steps`` steps (resetting at episode ends)."""
+    env = gym.make(env_id, overrides=overrides or {})
+    policy = RoundRobinPolicy()
+    timer = _SimTimer()
+    done_steps = 0
+    requests = 0
+    act_s = 0.0
+    reset_s = 0.0
+    t_start = time.perf_counter()
+    episode = 0
+    while done_steps < steps:
+        t0 = time.perf_counter()
+        obs, info = env.reset(seed=seed + episode)
+        reset_s += time.perf_counter() - t0
+        if profile:
+            timer.install(env.unwrapped.simulator)
+        policy.reset(env)
+        episode += 1
+        while done_steps < steps:
+            t0 = time.perf_counter()
+            action = policy.act(obs, info)
+            act_s += time.perf_counter() - t0
+            obs, _, _, trunc, info = env.step(action)
+            done_steps += 1
+            requests += info["placed"]
+            if trunc:
+                break
+    wall = time.perf_counter() - t_start
+    sim_s = sum(timer.seconds.values())
+    out = {
+        "steps": done_steps,
+        "episodes": episode,
+        "wall_s": wall,
+        "steps_per_s": done_steps / wall,
+        "requests_per_s": requests / wall,
+        "requests_per_step": requests / done_steps,
+        "sim_share": sim_s / wall if profile else float("nan"),
+        "policy_share": act_s / wall,
+        "reset_share": reset_s / wall,
+    }
+    for name in SIM_METHODS:
+        out[f"{name}_us_per_step"] = timer.seconds[name] / done_steps * 1e6
+    env.close()
+    return out
+
+
+def _print(label: str, r: dict[str, float]) -> None:
+    print(f"{label}: {r['steps']} steps ({r['episodes']} episodes) in {r['wall_s']:.2f} s -> "
+          f"{r['steps_per_s']:.0f} steps/s, {r['requests_per_s']:.0f} requests/s "
+          f"({r['requests_per_step']:.1f} placed per step)")
+    env_share = 1.0 - r["sim_share"] - r["policy_share"] - r["reset_share"]
+    parts = ", ".join(f"{n} {r[f'{n}_us_per_step']:.0f} us" for n in SIM_METHODS)
+    print(f"  time shares: simulator methods {r['sim_share']:.0%} ({parts} per step), "
+          f"reset (new simulator + workload) {r['reset_share']:.0%}, env's own work {env_share:.0%} "
+          f"({env_share * r['wall_s'] / r['steps'] * 1e6:.0f} us per step), "
+          f"round-robin policy {r['policy_share']:.0%}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark and print the figures (last line: ``env_steps_per_s=<dev>``)."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dev-steps", type=int, default=3000)
+    ap.add_argument("--paper-steps", type=int, default=20)
+    ap.add_argument("--paper-scenario", default="llama8b-moderate")
+    ap.add_argument("--no-profile", action="store_true", help="do not time the simulator's methods")
+    args = ap.parse_args(argv)
+    profile = not args.no_profile
+    # Warm-up (data loading, predictor fitting, imports) outside the timed runs.
+    bench("carbon_gym/GeoServe-dev-v0", 10, profile=False)
+    dev = bench("carbon_gym/GeoServe-dev-v0", args.dev_steps, profile=profile)
+    _print("dev", dev)
+    if args.paper_steps > 0:
+        env_id = carbon_gym.env_id_for_scenario(args.paper_scenario)
+        ov = {"duration_s": float(args.paper_steps)}
+        bench(env_id, 1, ov, profile=False)
+        paper = bench(env_id, args.paper_steps, ov, profile=profile)
+        _print(args.paper_scenario, paper)
+    print(f"env_steps_per_s={dev['steps_per_s']:.0f}")
+
+
+if __name__ == "__main__":
+    main()
