@@ -45,7 +45,7 @@ from .profile_fit import (
     allreduce_fields, check_profile_matches, fit_attention, fit_efficiencies, fit_linear, fit_profile,
     framework_fields, mape_pct, measured_linear_s, sig,
 )
-from .shapes import ITERATION_OPS, LAYER_OPS, MLP_OPS, OpCost, expected_experts_touched, op_cost, roofline_s
+from .shapes import ITERATION_OPS, MLP_OPS, OpCost, expected_experts_touched, op_cost, roofline_s
 
 ROUTER_KERNELS = 4
 DERIVED_GRID = (

@@ -23,13 +23,14 @@ def test_bench_result_hand_written_file():
     r = load_bench_result(DATA / "vllm_bench_llama8b_rate4.json")
     assert r.request_rate == 4.0 and r.burstiness == 1.0 and r.completed == 5
     assert r.input_lens.tolist() == [1021, 389, 1710, 77, 1006]  # the failed 6th request is left out
-    assert r.output_lens.tolist() == [129, 4, 201, 1, 63]
+    assert r.output_lens.tolist() == [129, 4, 7, 1, 11]
     assert r.ttfts_s.tolist() == [0.1321, 0.0521, 0.1187, 0.0860, 0.0921]
     assert [len(x) for x in r.itls_s] == [128, 3, 6, 0, 10]
     tpot = r.tpots_s
     assert tpot[1] == pytest.approx((0.0135 + 0.0136 + 0.0137) / 3)
-    # streaming chunks carry several tokens: TPOT = sum(ITL) / (output - 1), MLPerf's definition
-    assert tpot[2] == pytest.approx((0.0280 + 0.0139 + 0.0140 + 0.0141 + 0.0139 + 0.0140) / 200)
+    # TPOT = sum(ITL) / (output - 1) = (latency - TTFT) / (output - 1), MLPerf's definition
+    assert tpot[2] == pytest.approx((0.0280 + 0.0139 + 0.0140 + 0.0141 + 0.0139 + 0.0140) / 6)
+    assert float(np.mean(tpot[r.output_lens > 1])) == pytest.approx(14.43e-3, abs=1e-5)  # the file's mean_tpot_ms
     assert tpot[3] == 0.0
     assert r.gpu_energy_j is None
 
