@@ -524,7 +524,7 @@ class GeoServeEnv(gym.Env):
         D, R, K = self._D, self._R, self._K
         ones = np.ones(D)
         total_kv = np.maximum(n_engines * engine_blocks, 1).astype(np.float64)
-        # Scale of each raw snapshot column (order as in _observe), shape (D, 13).
+        # Scale of each raw snapshot column (order as in _observe), shape (13, D).
         self._dc_scale = np.stack(
             (
                 ones / CARBON_SCALE_G_PER_KWH, ones, 1.0 / self._queue_div, 1.0 / self._running_div, 1.0 / total_kv,
@@ -532,7 +532,7 @@ class GeoServeEnv(gym.Env):
                 ones * (PREFILL_REF_TOKENS / self._ttft_target), ones / self._tpot_target, ones / self._tpot_target,
                 ones * (TPOT_SLOPE_REF_SEQS / self._tpot_target), ones,
             ),
-            axis=1,
+            axis=0,
         )
         layout = self.layout
         self._n_slot_features = layout.n_slot_features
@@ -685,7 +685,8 @@ class GeoServeEnv(gym.Env):
             records = self._drain()
             arrived = 0
         else:
-            arrived = self._advance_and_collect(sim.now_s + self._P)
+            # decision k happens at exactly k x P (no drift from repeated additions)
+            arrived = self._advance_and_collect((self._step_index + 1) * self._P)
             records = sim.pop_completed()
         self._last_completed = records
         carbon_g, energy_j = self._totals_delta()
@@ -872,19 +873,19 @@ class GeoServeEnv(gym.Env):
         up = np.asarray(snap.up, dtype=bool)
         self._up = up
         # ---- datacenters: raw columns x fixed per-datacenter scales, estimates capped
-        raw = np.stack(
-            (snap.carbon_g_per_kwh, snap.pue, snap.queue_len, snap.running, snap.free_kv_blocks, snap.power_w,
+        raw = np.array(  # (13, D): one row per raw snapshot column
+            [snap.carbon_g_per_kwh, snap.pue, snap.queue_len, snap.running, snap.free_kv_blocks, snap.power_w,
              snap.busy_engines, snap.est_queue_wait_s, snap.est_prefill_s_per_token, snap.est_iteration_s,
-             snap.est_tpot_s, snap.tpot_slope_s_per_seq, up),
-            axis=1,
-        ).astype(np.float64, copy=False)
+             snap.est_tpot_s, snap.tpot_slope_s_per_seq, up],
+            dtype=np.float64,
+        )
         raw *= self._dc_scale
-        np.minimum(raw[:, 7:12], ESTIMATE_CAP, out=raw[:, 7:12])
+        np.minimum(raw[7:12], ESTIMATE_CAP, out=raw[7:12])
         dc = np.empty((D, 13 + H), dtype=np.float32)
-        dc[:, 0] = raw[:, 0]
+        dc[:, 0] = raw[0]
         if H:
             dc[:, 1:1 + H] = self._forecast(now)
-        dc[:, 1 + H:] = raw[:, 1:]
+        dc[:, 1 + H:] = raw[1:].T
         # ---- slots: region template rows + per-request columns
         n_pend = int(self._pending.shape[0])
         n = n_pend if n_pend < K else K

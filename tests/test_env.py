@@ -506,3 +506,21 @@ def test_rollout_returns_metrics_and_decision_times() -> None:
     assert m["completed"] == m["arrived"]
     part = rollout(env, RoundRobinPolicy(), seed=0, max_steps=3)
     assert part["steps"] == 3 and part["truncated"] is False and part["arrived"] < m["arrived"]
+
+
+def test_sub_second_polling_decides_at_exact_multiples() -> None:
+    env = gym.make(DEV, overrides={"duration_s": 3.0, "polling_period_s": 0.3})
+    base = env.unwrapped
+    assert base.max_episode_steps == 10
+    p = RoundRobinPolicy()
+    obs, info = env.reset(seed=0)
+    assert info["time_s"] == 0.3
+    times = []
+    while True:
+        obs, _, _, trunc, info = env.step(p.act(obs, info))
+        if trunc:
+            break
+        times.append(info["time_s"])
+    assert times == [(k + 1) * 0.3 for k in range(1, 10)]
+    m = info["episode_metrics"]
+    assert m["completed"] == m["arrived"] > 0
