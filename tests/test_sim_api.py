@@ -216,3 +216,62 @@ def test_datacenter_outage_aborts_its_requests_and_stops_its_power():
     idle_w = (2 * POW.idle_w + POW.host_w) * sim.topology.datacenters[0].pue
     assert t2.facility_energy_j[0] - t.facility_energy_j[0] == pytest.approx(idle_w * (t2.time_s - t.time_s - 100.0),
                                                                                rel=1e-9)
+
+
+def test_large_submit_batch_validates_with_numpy_and_matches_scalar_submits():
+    n = 40
+    rng = np.random.default_rng(1)
+    o = rng.integers(0, 2, n)
+    p = rng.integers(1, 500, n)
+    q = rng.integers(1, 50, n)
+    d = rng.integers(0, 2, n)
+    a = np.sort(rng.uniform(0, 1, n))
+    sims = [make_sim(), make_sim()]
+    for s in sims:
+        s.advance_to(1.0)
+    ids = sims[0].submit_batch(o, a, p, q, d)
+    assert ids.tolist() == list(range(n))
+    for i in range(n):
+        sims[1].submit(int(o[i]), float(a[i]), int(p[i]), int(q[i]), int(d[i]))
+    recs = []
+    for s in sims:
+        s.run_until_idle()
+        assert s.next_event_s() == math.inf
+        recs.append(s.pop_completed().sorted_by_id())
+    np.testing.assert_array_equal(recs[0].done_s, recs[1].done_s)
+    bad = p.astype(float)
+    bad[33] = np.nan
+    with pytest.raises(ConfigError) as ei:
+        sims[0].submit_batch(o, a, bad, q, d)
+    assert ei.value.field == "prompt_tokens[33]"
+    bad_d = d.copy()
+    bad_d[35] = 2
+    with pytest.raises(ConfigError) as ei:
+        sims[0].submit_batch(o, a, p, q, bad_d)
+    assert ei.value.field == "datacenters[35]"
+    late = a.copy()
+    late[20] = sims[0].now_s + 1.0
+    with pytest.raises(ConfigError) as ei:
+        sims[0].submit_batch(o, late, p, q, d)
+    assert ei.value.field == "arrival_s[20]"
+    assert sims[0].totals().submitted == n  # nothing of a rejected batch was submitted
+
+
+@pytest.mark.parametrize("interpolation", ["step", "linear"])
+def test_zone_clock_equals_the_trace_integral(interpolation):
+    from carbon_gym.sim.datacenter import ZoneClock
+
+    _, _, ct = world(2, hours=30, interpolation=interpolation)
+    clock = ZoneClock(ct, 1, 1000.0)
+    assert clock.fast
+    rng = np.random.default_rng(0)
+    for t in np.concatenate([rng.uniform(0, 3 * ct.period_s, 200), [0.0, 2600.0, ct.period_s - 1000.0]]):
+        ref = ct.integral(1, 0.0, 1000.0 + t)
+        assert clock(t) == pytest.approx(ref, rel=1e-12, abs=1e-9)
+
+    class OtherTrace:  # any object with integral() works through the slow path
+        def integral(self, zone, t0, t1):
+            return 2.0 * (t1 - t0)
+
+    slow = ZoneClock(OtherTrace(), 0, 5.0)
+    assert not slow.fast and slow(10.0) == pytest.approx(30.0)

@@ -267,10 +267,12 @@ class Engine:
     # ------------------------------------------------------------------ arrivals
     def enqueue(self, req: RequestState, t: float) -> None:
         """A request reaches this engine's waiting queue at time ``t``."""
-        was_empty = not self.waiting
-        self.waiting.append(req)
-        self.pending_tokens += req.prefill_len
-        self.waiting_blocks += self._blocks_for(req.prefill_len)
+        waiting = self.waiting
+        was_empty = not waiting
+        waiting.append(req)
+        L = req.prefill_len
+        self.pending_tokens += L
+        self.waiting_blocks += (L + self.block_tokens - 1) // self.block_tokens
         dc = self.dc
         dc.waiting += 1
         dc.scores[self.index] = dc.score_fn(self)
@@ -481,8 +483,19 @@ class Engine:
     def _complete(self, req: RequestState, t: float) -> None:
         """``req`` produced its last token at engine time ``t``: free it and record it."""
         if req.decoding:
-            self.free += self._drop_decoder(req)
-            if not self.step:
+            if self.step:
+                self.free += self._drop_decoder(req)
+            else:
+                base = req.base
+                bt = self.block_tokens
+                self.free += (base + self.dit + bt - 1) // bt
+                self.n_dec -= 1
+                self.base_sum -= base
+                self.hist[(base - 1) % bt] -= 1
+                req.energy_j += self.cum_e - req.e_mark
+                req.carbon_g += self.cum_c - req.c_mark
+                req.fseq = -1
+                req.decoding = False
                 req.gen = req.output
         else:
             self.free += req.blocks

@@ -96,8 +96,10 @@ class RequestRecords:
         """Build from tuples in :data:`RECORD_COLUMNS` order."""
         if not rows:
             return cls.empty()
-        cols = list(zip(*rows))
-        return cls(**{name: np.asarray(col, dtype=dt) for (name, dt), col in zip(RECORD_COLUMNS, cols)})
+        # one conversion to float64 (ids and counts are exact below 2**53), then columns
+        table = np.ascontiguousarray(np.array(rows, dtype=np.float64).T)
+        return cls(**{name: (table[i] if dt is np.float64 else table[i].astype(np.int64))
+                      for i, (name, dt) in enumerate(RECORD_COLUMNS)})
 
     @classmethod
     def concat(cls, parts: Iterable["RequestRecords"]) -> "RequestRecords":

@@ -17,6 +17,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from math import exp
 from dataclasses import dataclass
 from typing import Any
 
@@ -313,17 +314,21 @@ class Simulator:
             names = ("origins", "arrival_s", "prompt_tokens", "output_tokens", "datacenters")
             cols = []
             for k, x in zip(names, (origins, arrival_s, prompt_tokens, output_tokens, datacenters)):
-                c = np.asarray(x)
+                c = x if isinstance(x, np.ndarray) else np.asarray(x)
                 if c.ndim != 1 or c.shape[0] != n_small:
                     raise ConfigError(k, f"must be 1-D arrays of the same length ({n_small}), got shape {c.shape}")
                 cols.append(c.tolist())
             R, D = self.topology.n_regions, len(self.datacenters)
             rows = []
             for i, (o, a, p, q, d) in enumerate(zip(*cols)):
-                o = _as_int(f"origins[{i}]", o, 0, R - 1)
-                d = _as_int(f"datacenters[{i}]", d, 0, D - 1)
-                p = _as_int(f"prompt_tokens[{i}]", p, 1)
-                q = _as_int(f"output_tokens[{i}]", q, 1)
+                if not (type(o) is int and 0 <= o < R):
+                    o = _as_int(f"origins[{i}]", o, 0, R - 1)
+                if not (type(d) is int and 0 <= d < D):
+                    d = _as_int(f"datacenters[{i}]", d, 0, D - 1)
+                if not (type(p) is int and p >= 1):
+                    p = _as_int(f"prompt_tokens[{i}]", p, 1)
+                if not (type(q) is int and q >= 1):
+                    q = _as_int(f"output_tokens[{i}]", q, 1)
                 try:
                     a = float(a)
                 except (TypeError, ValueError):
@@ -408,18 +413,27 @@ class Simulator:
                 del in_transit[obj.rid]
                 dc = dcs[obj.dc]
                 dc.in_transit -= 1
-                dc.note_arrival(time, obj.prompt, RATE_TAU_S)
-                eng = dc.pick()
+                # prompt-token arrival rate (EWMA), for the estimates
+                dt = time - dc.tok_rate_t
+                if dt > 0.0:
+                    dc.tok_rate_sum *= exp(-dt / RATE_TAU_S)
+                    dc.tok_rate_t = time
+                dc.tok_rate_sum += obj.prompt
+                s = dc.scores
+                eng = dc.engines[s.index(min(s))] if len(s) > 1 else dc.engines[0]
                 obj.eng = eng.index
                 eng.enqueue(obj, time)
         self.events_processed += n_ev
         self.now_s = t
 
     def run_until_idle(self, max_time_s: float = math.inf) -> float:
-        """Advance until no event is left (or ``max_time_s``); return the new ``now_s``."""
-        while self._heap and self._heap[0][0] <= max_time_s:
-            self.advance_to(max(self._heap[0][0], self.now_s))
-            # advance_to processes everything at that instant; loop continues with the next one
+        """Process events until none is left (or the next is after ``max_time_s``, then advance
+        to ``max_time_s``); return the new ``now_s``."""
+        while True:
+            t = self.next_event_s()
+            if t == math.inf or t > max_time_s:
+                break
+            self.advance_to(max(t, self.now_s))
         if max_time_s < math.inf and max_time_s > self.now_s:
             self.advance_to(max_time_s)
         return self.now_s
