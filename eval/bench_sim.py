@@ -110,6 +110,7 @@ def run_case(name: str, sim: Simulator, n_requests: int, rate_per_s: float, leng
     done = 0
     ttft_sum = tpot_sum = 0.0
     t0 = time.perf_counter()
+    c0 = time.process_time()
     i = 0
     t = 0.0
     end_arrival = float(arrival[-1])
@@ -133,12 +134,16 @@ def run_case(name: str, sim: Simulator, n_requests: int, rate_per_s: float, leng
         ttft_sum += float(r.ttft_s.sum())
         tpot_sum += float(r.tpot_s.sum())
     wall = time.perf_counter() - t0
+    cpu = time.process_time() - c0
     tot = sim.totals()
+    n_eng = sum(d.n_engines for d in sim.datacenters)
+    idle_w = sim._models.idle_engine_w
+    busy = 1.0 - float(tot.idle_energy_j.sum()) / (n_eng * idle_w * t) if idle_w > 0 else float("nan")
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     return dict(
         name=name, requests=done, simulated_s=t, arrivals_span_s=end_arrival, wall_s=wall,
-        requests_per_s=done / wall, iterations=tot.iterations, iterations_per_s=tot.iterations / wall,
-        events=sim.events_processed, preemptions=tot.preemptions, mean_ttft_s=ttft_sum / max(done, 1),
+        requests_per_s=done / wall, cpu_s=cpu, requests_per_cpu_s=done / cpu, iterations=tot.iterations, iterations_per_s=tot.iterations / wall,
+        busy_frac=busy, events=sim.events_processed, preemptions=tot.preemptions, mean_ttft_s=ttft_sum / max(done, 1),
         mean_tpot_s=tpot_sum / max(done, 1), peak_rss_mb=rss_mb,
         carbon_kg=float(tot.carbon_g.sum()) / 1e3, facility_kwh=float(tot.facility_energy_j.sum()) / 3.6e6,
     )
@@ -146,8 +151,9 @@ def run_case(name: str, sim: Simulator, n_requests: int, rate_per_s: float, leng
 
 def report(res: dict) -> None:
     print(f"({res['name']}) requests={res['requests']} simulated_s={res['simulated_s']:.0f} wall_s={res['wall_s']:.2f} "
-          f"requests_per_s={res['requests_per_s']:.0f} iterations={res['iterations']} "
-          f"iterations_per_s={res['iterations_per_s']:.0f} events={res['events']} preemptions={res['preemptions']} "
+          f"requests_per_s={res['requests_per_s']:.0f} cpu_s={res['cpu_s']:.2f} "
+          f"requests_per_cpu_s={res['requests_per_cpu_s']:.0f} iterations={res['iterations']} "
+          f"iterations_per_s={res['iterations_per_s']:.0f} busy_frac={res['busy_frac']:.2f} events={res['events']} preemptions={res['preemptions']} "
           f"mean_ttft_s={res['mean_ttft_s']:.3f} mean_tpot_s={res['mean_tpot_s']:.4f} "
           f"facility_kwh={res['facility_kwh']:.1f} carbon_kg={res['carbon_kg']:.1f} "
           f"peak_rss_mb={res['peak_rss_mb']:.0f}", flush=True)
@@ -158,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests-a", type=int, default=20000, help="requests for case (a), one engine")
     ap.add_argument("--rate-a", type=float, default=5.0, help="arrival rate of case (a), req/s")
     ap.add_argument("--requests-b", type=int, default=200000, help="requests for case (b), 512 GPUs (>= 200000)")
-    ap.add_argument("--rate-per-engine-b", type=float, default=4.0, help="arrivals per engine per second in (b)")
+    ap.add_argument("--rate-per-engine-b", type=float, default=5.0, help="arrivals per engine per second in (b)")
     ap.add_argument("--tick-s", type=float, default=0.5, help="placement period, simulated seconds")
     ap.add_argument("--only", choices=["a", "b"], help="run one case only")
     ap.add_argument("--profile", action="store_true", help="print the top cProfile entries of each case")

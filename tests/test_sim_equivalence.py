@@ -93,7 +93,7 @@ def workloads(draw):
     return name, wl
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
 def test_property_every_request_completes_once_and_paths_agree(case):
     name, wl = case
