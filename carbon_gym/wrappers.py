@@ -64,8 +64,8 @@ class RoutingWeightsWrapper(gym.ActionWrapper):
        position ``(j + 0.5) / q_a`` and requests are dealt out in order of position (ties to the
        lowest datacenter index), like a smooth weighted round-robin.
 
-    The wrapped env must be built with its default slots; every visible request is placed
-    (none deferred unless nothing is allowed for it). Weights outside [0, 1] (beyond a 1e-6
+    Every visible request is placed (none is deferred unless no datacenter is allowed for it);
+    requests beyond the K slots stay pending as in the base env. Weights outside [0, 1] (beyond a 1e-6
     tolerance), NaN or a wrong shape raise :class:`~carbon_gym.errors.ActionError`.
     ``info["routing_counts"]`` (D,) gives the requests sent to each datacenter in the step.
 
