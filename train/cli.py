@@ -1,0 +1,88 @@
+"""``carbon-gym train``: config-driven training runs, resume, and checkpoint evaluation.
+
+Usage::
+
+    carbon-gym train --config train/configs/llama8b.toml [--run-dir runs/train/llama8b] [--resume]
+                     [--total-timesteps N] [--export train/checkpoints/llama8b_set.zip] [--verbose]
+    carbon-gym train --config dev_maskable --resume          # continue an interrupted run
+    carbon-gym train evaluate --checkpoint PATH --scenarios llama8b-moderate [--days 3] [--policies rr,greedy,milp]
+
+TensorBoard: ``tensorboard --logdir runs/train``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from carbon_gym.errors import CarbonGymError
+
+PROG = "carbon-gym train"
+
+
+def _train_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description="Train a learned policy from a TOML config (train/configs/*.toml).")
+    p.add_argument("--config", required=True, help="config file, or the name of one in train/configs/ (e.g. llama8b)")
+    p.add_argument("--run-dir", default=None, help="run directory (default: runs/train/<config name>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its latest checkpoint")
+    p.add_argument("--total-timesteps", type=int, default=None, help="override total_timesteps of the config")
+    p.add_argument("--export", default=None, help="also copy the final model to this path (e.g. train/checkpoints/llama8b_set.zip)")
+    p.add_argument("--verbose", action="store_true", help="print SB3's log tables")
+    return p
+
+
+def _eval_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"{PROG} evaluate", description="Evaluate a checkpoint against the schedulers on held-out days.")
+    p.add_argument("--checkpoint", default=None, help="checkpoint .zip (default: the shipped one)")
+    p.add_argument("--scenarios", default="llama8b-low,llama8b-moderate,llama8b-high")
+    p.add_argument("--policies", default="rr,greedy,ilp,milp", help="baselines to compare with (solvers names)")
+    p.add_argument("--days", type=int, default=3, help="held-out episode starts per scenario")
+    p.add_argument("--duration-s", type=float, default=60.0)
+    p.add_argument("--max-pending", type=int, default=2048)
+    p.add_argument("--out", default="train/RESULTS_TRAIN.md")
+    p.add_argument("--json", default=None, help="also write the raw results as JSON")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point (``eval.cli`` delegates ``carbon-gym train ...`` here). Returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] == "evaluate":
+            args = _eval_parser().parse_args(argv[1:])
+            from .evaluate import run_evaluation
+
+            run_evaluation(
+                checkpoint=args.checkpoint, scenarios=[s for s in args.scenarios.split(",") if s],
+                baselines=[s for s in args.policies.split(",") if s], days=args.days, duration_s=args.duration_s,
+                max_pending=args.max_pending, out_md=args.out, out_json=args.json,
+            )
+            return 0
+        args = _train_parser().parse_args(argv)
+        from .config import load_config
+        from .runner import train
+
+        over = {"total_timesteps": args.total_timesteps} if args.total_timesteps is not None else None
+        cfg = load_config(args.config, over)
+        run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / "train" / cfg.name
+        summary = train(cfg, run_dir, resume=args.resume, verbose=args.verbose)
+        if args.export:
+            dst = Path(args.export)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(summary["final"], dst)
+            print(f"exported {dst} ({dst.stat().st_size / 1024:.0f} KiB)")
+        ev = summary.get("last_eval") or {}
+        if ev:
+            print("held-out episode: reduction vs rr {:.1f}%, violation rate {:.4f}".format(
+                ev.get("eval/reduction_vs_rr_pct", float("nan")), ev.get("slo/violation_rate", float("nan"))))
+        return 0
+    except CarbonGymError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

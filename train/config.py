@@ -1,0 +1,230 @@
+"""Training-run configuration: a TOML file -> :class:`TrainConfig` (validated).
+
+Example (``train/configs/llama8b.toml``)::
+
+    name = "llama8b"
+    algorithm = "maskable_ppo"          # or "ppo" (RoutingWeightsWrapper, MultiInputPolicy)
+    scenarios = ["llama8b-low", "llama8b-moderate"]   # each training episode picks one
+    overrides = { duration_s = 60, "env.max_pending" = 2048 }
+    seed = 0
+    n_envs = 2
+    total_timesteps = 2048
+
+    [ppo]                # keyword arguments of the SB3 algorithm
+    learning_rate = 1e-4
+    n_steps = 64
+
+    [set_policy]         # maskable_ppo only
+    hidden = 64
+
+    [vec_normalize]      # reward normalisation (VecNormalize); obs are already scaled by the env
+    reward = true
+
+    [bc]                 # behaviour-cloning warm start (maskable_ppo only)
+    expert = "milp"
+    episodes = 4
+
+    [eval]               # held-out evaluation episode logged to TensorBoard
+    scenario = "llama8b-moderate"
+    every_timesteps = 512
+
+    [checkpoint]
+    every_timesteps = 512
+
+Unknown keys raise :class:`~carbon_gym.errors.ConfigError` naming the key and the allowed ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from carbon_gym.errors import ConfigError
+
+__all__ = ["TrainConfig", "BCConfig", "EvalConfig", "load_config", "config_from_dict", "ALGORITHMS", "CONFIG_DIR"]
+
+ALGORITHMS = ("ppo", "maskable_ppo")
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+
+
+@dataclass(frozen=True)
+class BCConfig:
+    """Behaviour-cloning warm start.
+
+    Attributes:
+        expert: policy name for ``solvers.make_policy`` (``"milp"``, ``"ilp-state"``, ...) or
+            ``"rr"`` (round-robin, always available).
+        episodes: expert episodes collected (each on a training scenario and day).
+        epochs: passes over the collected steps.
+        batch_steps: observations (env steps) per gradient step.
+        learning_rate: Adam step size.
+        value_weight: weight of the critic's regression on the expert's normalised returns.
+    """
+
+    expert: str = "milp"
+    episodes: int = 4
+    epochs: int = 20
+    batch_steps: int = 8
+    learning_rate: float = 1e-3
+    value_weight: float = 0.5
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Held-out evaluation during training (domain scalars in TensorBoard).
+
+    Attributes:
+        scenario: scenario of the evaluation episode (default: the first training scenario).
+        every_timesteps: evaluate when this many timesteps passed since the last evaluation
+            (0 = never during training; once at the end is always done unless ``final`` is false).
+        seed: world seed of the evaluation episode.
+        start_utc: carbon start of the evaluation episode; default: the first held-out day.
+        final: evaluate once more at the end of training.
+    """
+
+    scenario: str | None = None
+    every_timesteps: int = 0
+    seed: int = 12345
+    start_utc: str | None = None
+    final: bool = True
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run (see the module docstring)."""
+
+    name: str
+    algorithm: str
+    scenarios: tuple[str, ...]
+    overrides: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    n_envs: int = 1
+    total_timesteps: int = 1024
+    torch_threads: int = 1
+    heldout_every_days: int = 4
+    ppo: dict[str, Any] = field(default_factory=dict)
+    set_policy: dict[str, Any] = field(default_factory=dict)
+    vec_normalize: dict[str, Any] = field(default_factory=dict)
+    bc: BCConfig | None = None
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint_every_timesteps: int = 0
+    keep_checkpoints: int = 2
+    source: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form (JSON-serialisable)."""
+        d = asdict(self)
+        d["scenarios"] = list(self.scenarios)
+        return d
+
+    def digest(self) -> str:
+        """Short hash of the settings that define the run (not ``source``, not ``total_timesteps``)."""
+        d = self.to_dict()
+        d.pop("source", None)
+        d.pop("total_timesteps", None)
+        return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+_TOP = {
+    "name", "algorithm", "scenarios", "scenario", "overrides", "seed", "n_envs", "total_timesteps",
+    "torch_threads", "heldout_every_days", "ppo", "set_policy", "vec_normalize", "bc", "eval", "checkpoint",
+}
+_SET_POLICY = {"hidden", "logprob_reduction"}
+_VECNORM = {"reward", "clip_reward", "gamma"}
+_CHECKPOINT = {"every_timesteps", "keep"}
+
+
+def _check_keys(section: str, got: Mapping[str, Any], allowed: set[str], source: str) -> None:
+    extra = sorted(set(got) - allowed)
+    if extra:
+        raise ConfigError(f"{section}{extra[0]}", "unknown key", allowed=sorted(allowed), source=source)
+
+
+def _pos_int(field_name: str, v: Any, source: str, minimum: int = 1) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise ConfigError(field_name, f"must be an integer >= {minimum}, got {v!r}", source=source)
+    return int(v)
+
+
+def config_from_dict(raw: Mapping[str, Any], *, source: str = "") -> TrainConfig:
+    """Validate a parsed TOML mapping into a :class:`TrainConfig`."""
+    _check_keys("", raw, _TOP, source)
+    algo = raw.get("algorithm", "maskable_ppo")
+    if algo not in ALGORITHMS:
+        raise ConfigError("algorithm", f"unknown algorithm {algo!r}", allowed=list(ALGORITHMS), source=source)
+    if "scenarios" in raw and "scenario" in raw:
+        raise ConfigError("scenario", "give either 'scenario' or 'scenarios', not both", source=source)
+    scen = raw.get("scenarios", raw.get("scenario", "dev"))
+    scen = [scen] if isinstance(scen, str) else list(scen)
+    if not scen or not all(isinstance(s, str) and s for s in scen):
+        raise ConfigError("scenarios", f"must be a non-empty list of scenario names or paths, got {scen!r}", source=source)
+    overrides = raw.get("overrides", {})
+    if not isinstance(overrides, Mapping):
+        raise ConfigError("overrides", "must be a table of dotted-key scenario overrides", source=source)
+    set_policy = dict(raw.get("set_policy", {}))
+    _check_keys("set_policy.", set_policy, _SET_POLICY, source)
+    vecnorm = dict(raw.get("vec_normalize", {}))
+    _check_keys("vec_normalize.", vecnorm, _VECNORM, source)
+    ckpt = dict(raw.get("checkpoint", {}))
+    _check_keys("checkpoint.", ckpt, _CHECKPOINT, source)
+    bc = None
+    if "bc" in raw:
+        b = dict(raw["bc"])
+        _check_keys("bc.", b, set(BCConfig.__dataclass_fields__), source)
+        bc = BCConfig(**b)
+        _pos_int("bc.episodes", bc.episodes, source)
+        _pos_int("bc.epochs", bc.epochs, source, minimum=0)
+        _pos_int("bc.batch_steps", bc.batch_steps, source)
+        if algo != "maskable_ppo":
+            raise ConfigError("bc", "behaviour cloning warm-starts the set policy: algorithm must be 'maskable_ppo'", source=source)
+    ev = dict(raw.get("eval", {}))
+    _check_keys("eval.", ev, set(EvalConfig.__dataclass_fields__), source)
+    evc = EvalConfig(**ev)
+    _pos_int("eval.every_timesteps", evc.every_timesteps, source, minimum=0)
+    ppo = dict(raw.get("ppo", {}))
+    for bad in ("env", "policy", "tensorboard_log", "seed"):
+        if bad in ppo:
+            raise ConfigError(f"ppo.{bad}", "is set by the training workflow, not the config", source=source)
+    cfg = TrainConfig(
+        name=str(raw.get("name", Path(source).stem if source else "run")),
+        algorithm=algo,
+        scenarios=tuple(scen),
+        overrides=dict(overrides),
+        seed=_pos_int("seed", raw.get("seed", 0), source, minimum=0),
+        n_envs=_pos_int("n_envs", raw.get("n_envs", 1), source),
+        total_timesteps=_pos_int("total_timesteps", raw.get("total_timesteps", 1024), source, minimum=0),
+        torch_threads=_pos_int("torch_threads", raw.get("torch_threads", 1), source),
+        heldout_every_days=_pos_int("heldout_every_days", raw.get("heldout_every_days", 4), source, minimum=2),
+        ppo=ppo,
+        set_policy=set_policy,
+        vec_normalize=vecnorm,
+        bc=bc,
+        eval=evc,
+        checkpoint_every_timesteps=_pos_int("checkpoint.every_timesteps", ckpt.get("every_timesteps", 0), source, minimum=0),
+        keep_checkpoints=_pos_int("checkpoint.keep", ckpt.get("keep", 2), source),
+        source=source,
+    )
+    return cfg
+
+
+def load_config(path_or_name: str | Path, overrides: Mapping[str, Any] | None = None) -> TrainConfig:
+    """Load a config file (a path, or the name of a file in ``train/configs/`` without ``.toml``).
+
+    ``overrides`` replaces top-level keys (e.g. ``{"total_timesteps": 256}``).
+    """
+    from carbon_gym._toml import load_toml
+
+    p = Path(path_or_name)
+    if not p.exists():
+        cand = CONFIG_DIR / f"{path_or_name}.toml"
+        if not cand.exists():
+            shipped = sorted(x.stem for x in CONFIG_DIR.glob("*.toml"))
+            raise ConfigError("config", f"no such config file {str(path_or_name)!r}", allowed=shipped)
+        p = cand
+    raw = dict(load_toml(p))
+    if overrides:
+        raw.update(overrides)
+    return config_from_dict(raw, source=str(p))

@@ -1,0 +1,65 @@
+"""Learning-curve figure of a training run, read back from its TensorBoard events."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .tags import TAGS
+
+__all__ = ["read_scalars", "plot_run", "PANELS"]
+
+#: (title, tag) of each panel, in order; panels whose tag is absent are skipped.
+PANELS = (
+    ("reduction vs round-robin, held-out episode (%)", TAGS.reduction_vs_rr_pct),
+    ("SLO violation rate, held-out episode", TAGS.slo_violation_rate),
+    ("carbon per step, training rollouts (g)", TAGS.carbon_step_g),
+    ("episode return (normalised reward, Monitor)", "rollout/ep_rew_mean"),
+    ("value loss", "train/value_loss"),
+    ("approx. KL", "train/approx_kl"),
+    ("behaviour cloning: cross-entropy", "bc/ce"),
+    ("behaviour cloning: agreement with expert", "bc/accuracy"),
+)
+
+
+def read_scalars(logdir: str | Path) -> dict[str, list[tuple[int, float]]]:
+    """``{tag: [(step, value), ...]}`` of every scalar under ``logdir`` (all event files)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: sorted((e.step, float(e.value)) for e in acc.Scalars(tag)) for tag in acc.Tags().get("scalars", [])}
+
+
+def plot_run(run_dir: str | Path, out_png: str | Path, title: str | None = None) -> Path:
+    """Plot the run's learning curves (``run_dir/tb``) into ``out_png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scalars = read_scalars(Path(run_dir) / "tb")
+    panels = [(t, tag) for t, tag in PANELS if scalars.get(tag)]
+    if not panels:
+        panels = [(tag, tag) for tag in sorted(scalars)[:4]]
+    n = max(1, len(panels))
+    cols = 2
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(10, 2.8 * rows), squeeze=False)
+    for ax, (t, tag) in zip(axes.flat, panels):
+        pts = scalars.get(tag, [])
+        if pts:
+            xs, ys = zip(*pts)
+            ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, ms=3)
+        ax.set_title(t, fontsize=9)
+        ax.set_xlabel("epoch" if tag.startswith("bc/") else "timesteps", fontsize=8)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    fig.suptitle(title or f"training run {Path(run_dir).name}", fontsize=10)
+    fig.tight_layout()
+    out = Path(out_png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

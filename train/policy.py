@@ -1,0 +1,188 @@
+"""Trained agents as :class:`carbon_gym.policy.Policy` objects the evaluation harness can run.
+
+``LearnedPolicy.load(path)`` reads a checkpoint written by ``carbon-gym train`` (an SB3 ``.zip``):
+
+* a ``MaskablePPO`` with the set policy (:class:`train.set_policy.SetActorCriticPolicy`): the
+  shared pair network is re-bound to whatever env it is reset on, so one checkpoint runs on any
+  topology size and slot count;
+* a ``PPO`` on :class:`~carbon_gym.wrappers.RoutingWeightsWrapper` (``MultiInputPolicy``): its
+  per-datacenter weights are turned into the per-request action exactly as the wrapper does
+  (the env must have the training env's spaces).
+
+The set policy samples each request's datacenter from its scores by default (``mode="sample"``,
+seeded by ``seed`` and reset with the episode, so runs are reproducible): requests with the same
+features are then split across datacenters in proportion to their probabilities, as in training.
+``mode="argmax"`` takes the best-scored choice for every request.
+
+Names for the harness (:func:`make_learned_policy`): ``"learned"`` (the shipped checkpoint,
+``train/checkpoints/llama8b_set.zip``), ``"learned:<path>"`` or ``"ppo:<path>"``; keyword
+``path=`` overrides the path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from carbon_gym.errors import ConfigError
+
+__all__ = ["LearnedPolicy", "make_learned_policy", "is_learned_name", "SHIPPED_CHECKPOINT", "MODES"]
+
+SHIPPED_CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "llama8b_set.zip"
+MODES = ("sample", "argmax")
+_PREFIXES = ("learned:", "ppo:")
+
+
+class LearnedPolicy:
+    """A trained SB3 agent behind the ``Policy`` protocol (``act(observation, info)``).
+
+    Args:
+        model: a loaded SB3 model (``MaskablePPO`` with the set policy, or ``PPO`` on routing weights).
+        mode: ``"sample"`` (default) or ``"argmax"`` (set policy only; routing PPO is deterministic).
+        seed: seed of the sampling RNG, restarted at every :meth:`reset`.
+        threads: torch intra-op threads used by ``act`` (1 keeps decision times comparable).
+    """
+
+    def __init__(self, model: Any, *, mode: str = "sample", seed: int = 0, threads: int = 1) -> None:
+        import torch as th
+
+        from .set_policy import SetActorCriticPolicy
+
+        if mode not in MODES:
+            raise ConfigError("mode", f"unknown mode {mode!r}", allowed=list(MODES))
+        self.model = model
+        self.mode = mode
+        self.seed = int(seed)
+        self.threads = int(threads)
+        self.kind = "set" if isinstance(model.policy, SetActorCriticPolicy) else "routing"
+        if self.kind == "set":
+            self.net = model.policy.net
+            self.net.eval()
+            self._train_layout = dict(self.net.spec)
+        self._gen = th.Generator().manual_seed(self.seed)
+        self._router: Any = None
+        self._env: Any = None
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def load(cls, path: str | Path, **kwargs: Any) -> "LearnedPolicy":
+        """Load a checkpoint (``.zip`` from ``carbon-gym train``); ``kwargs`` as for the constructor."""
+        p = Path(path)
+        if not p.exists():
+            raise ConfigError("path", f"no checkpoint at {str(p)!r}")
+        import zipfile
+
+        with zipfile.ZipFile(p) as zf:
+            data = zf.read("data").decode("utf-8", errors="replace")
+        if "SetActorCriticPolicy" in data or "MaskableActorCriticPolicy" in data or "Maskable" in data:
+            from sb3_contrib import MaskablePPO
+
+            model = MaskablePPO.load(p, device="cpu")
+        else:
+            from stable_baselines3 import PPO
+
+            model = PPO.load(p, device="cpu")
+        return cls(model, **kwargs)
+
+    # ------------------------------------------------------------------ Policy protocol
+    def reset(self, env: Any = None) -> None:
+        """Bind to ``env`` (its layout; for routing PPO a fresh weights-to-requests router) and
+        restart the sampling RNG."""
+        self._gen.manual_seed(self.seed)
+        self._env = env
+        if env is None:
+            return
+        base = env.unwrapped
+        if self.kind == "set":
+            self.net.bind(base.layout)
+        else:
+            from carbon_gym.wrappers import RoutingWeightsWrapper
+
+            self._router = RoutingWeightsWrapper(base)
+
+    def act(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
+        """The per-request action (length K; D = defer) for this step."""
+        import torch as th
+
+        prev = th.get_num_threads()
+        if prev != self.threads:
+            th.set_num_threads(self.threads)
+        try:
+            if self.kind == "set":
+                return self._act_set(observation, info)
+            return self._act_routing(observation)
+        finally:
+            if prev != self.threads:
+                th.set_num_threads(prev)
+
+    def _mask(self, info: dict[str, Any]) -> np.ndarray:
+        m = info.get("action_mask") if info else None
+        if m is None:
+            if self._env is None:
+                raise ConfigError("info", "needs info['action_mask'] or a reset(env) first")
+            D1 = int(self._env.unwrapped.layout.n_datacenters) + 1
+            m = self._env.unwrapped.action_masks().reshape(-1, D1)
+        return np.asarray(m, dtype=bool)
+
+    def _act_set(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
+        import torch as th
+
+        mask = self._mask(info)
+        K, C = mask.shape
+        D = C - 1
+        net = self.net
+        if net.D != D or net.K != K:
+            raise ConfigError(
+                "observation", f"policy bound to D={net.D}, K={net.K} but the env has D={D}, K={K}: call reset(env) first"
+            )
+        valid_rows = np.asarray(observation["slots"]).reshape(K, -1)[:, net._s_valid] > 0.5
+        n = int(valid_rows.sum())
+        action = np.full(K, D, dtype=np.int64)
+        if n == 0:
+            return action
+        idx = np.flatnonzero(valid_rows)
+        contiguous = idx[-1] == n - 1
+        F_S = net.F_S
+        slots = np.asarray(observation["slots"], dtype=np.float32).reshape(K, F_S)
+        slots = slots[:n] if contiguous else slots[idx]
+        with th.inference_mode():
+            obs_t = {
+                "datacenters": th.from_numpy(np.asarray(observation["datacenters"], dtype=np.float32)).reshape(1, -1),
+                "slots": th.from_numpy(np.ascontiguousarray(slots)).reshape(1, -1),
+                "globals": th.from_numpy(np.asarray(observation["globals"], dtype=np.float32)).reshape(1, -1),
+            }
+            logits = net.scores(obs_t)[0]
+            m = th.from_numpy(mask[:n] if contiguous else mask[idx])
+            logits = logits.masked_fill(~m, -1e8)
+            if self.mode == "argmax":
+                pick = logits.argmax(dim=-1)
+            else:
+                u = th.rand(logits.shape, generator=self._gen).clamp_(1e-12, 1.0 - 1e-7)
+                pick = (logits - th.log(-th.log(u))).argmax(dim=-1)
+        action[idx] = pick.numpy()
+        return action
+
+    def _act_routing(self, observation: Any) -> np.ndarray:
+        if self._router is None:
+            raise ConfigError("env", "the routing-weights agent needs reset(env) before act()")
+        weights, _ = self.model.predict(observation, deterministic=True)
+        return self._router.action(np.clip(np.asarray(weights, dtype=np.float64), 0.0, 1.0))
+
+
+def is_learned_name(name: str) -> bool:
+    """Whether ``name`` is a learned-policy name (``learned``, ``learned:<path>``, ``ppo:<path>``)."""
+    return name == "learned" or any(str(name).startswith(p) for p in _PREFIXES)
+
+
+def make_learned_policy(name: str, env: Any = None, *, path: str | None = None, **kwargs: Any) -> LearnedPolicy:
+    """Harness factory: ``"learned"`` (shipped checkpoint), ``"learned:<path>"`` or ``"ppo:<path>"``."""
+    if not is_learned_name(name):
+        raise ConfigError("policy", f"not a learned-policy name: {name!r}", allowed=["learned", "learned:<path>", "ppo:<path>"])
+    if path is None:
+        path = str(SHIPPED_CHECKPOINT) if name == "learned" else name.split(":", 1)[1]
+    policy = LearnedPolicy.load(path, **kwargs)
+    if env is not None:
+        policy.reset(env)
+    return policy

@@ -1,0 +1,224 @@
+"""One training run from a :class:`~train.config.TrainConfig`: build, warm-start, learn, checkpoint, resume.
+
+Run directory layout (``runs/train/<name>`` by default)::
+
+    config.json            the validated config (a resumed run must match it)
+    state.json             latest checkpoint: timesteps, phase, file names
+    checkpoints/           step_<t>.zip (+ step_<t>.vecnormalize.pkl)
+    tb/                    the TensorBoard run (SB3 losses, domain scalars, bc/*); a resumed run
+                           appends to it, continuing the timestep axis
+    progress.csv           the same scalars as CSV
+    final.zip              the final model (what LearnedPolicy.load reads)
+    eval_history.json      the held-out evaluation episodes (timesteps, reduction vs rr, ...)
+    bc.json                behaviour-cloning statistics (when a warm start ran)
+    curves.png             learning curves (train.curves.plot_run)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from carbon_gym.errors import ConfigError
+
+from .config import TrainConfig
+
+__all__ = ["train", "build_model", "DEFAULT_PPO", "DEFAULT_MASKABLE_PPO"]
+
+#: Defaults for the routing-weights PPO (overridden by ``[ppo]``).
+DEFAULT_PPO: dict[str, Any] = {"n_steps": 128, "batch_size": 64, "n_epochs": 4, "learning_rate": 3e-4, "gamma": 0.95}
+#: Defaults for MaskablePPO with the set policy (overridden by ``[ppo]``).
+DEFAULT_MASKABLE_PPO: dict[str, Any] = {
+    "n_steps": 64, "batch_size": 32, "n_epochs": 4, "learning_rate": 1e-4, "gamma": 0.95,
+    "clip_range": 0.1, "ent_coef": 0.0, "target_kl": 0.05,
+}
+
+
+def _vec_env_layout(venv: Any) -> Any:
+    return venv.get_attr("layout")[0]
+
+
+def build_model(cfg: TrainConfig, venv: Any, *, verbose: int = 0) -> Any:
+    """A fresh SB3 model for ``cfg`` on ``venv`` (seeded with ``cfg.seed``)."""
+    if cfg.algorithm == "ppo":
+        from stable_baselines3 import PPO
+
+        kw = {**DEFAULT_PPO, **cfg.ppo}
+        return PPO("MultiInputPolicy", venv, seed=cfg.seed, device="cpu", verbose=verbose, **kw)
+    from sb3_contrib import MaskablePPO
+
+    from .set_policy import SetActorCriticPolicy, layout_spec
+
+    kw = {**DEFAULT_MASKABLE_PPO, **cfg.ppo}
+    pk = dict(kw.pop("policy_kwargs", {}) or {})
+    pk.update(layout=layout_spec(_vec_env_layout(venv)), **cfg.set_policy)
+    return MaskablePPO(SetActorCriticPolicy, venv, seed=cfg.seed, device="cpu", verbose=verbose, policy_kwargs=pk, **kw)
+
+
+def _algo_class(cfg: TrainConfig) -> Any:
+    if cfg.algorithm == "ppo":
+        from stable_baselines3 import PPO
+
+        return PPO
+    from sb3_contrib import MaskablePPO
+
+    return MaskablePPO
+
+
+def _gamma(cfg: TrainConfig) -> float:
+    base = DEFAULT_PPO if cfg.algorithm == "ppo" else DEFAULT_MASKABLE_PPO
+    return float(cfg.ppo.get("gamma", base["gamma"]))
+
+
+def _eval_env_factory(cfg: TrainConfig) -> Callable[[], Any]:
+    from .envs import heldout_starts, make_episode_env
+
+    scenario = cfg.eval.scenario or cfg.scenarios[0]
+    start = cfg.eval.start_utc or heldout_starts(1, cfg.heldout_every_days, seed=cfg.seed)[0]
+    overrides = dict(cfg.overrides)
+    return lambda: make_episode_env(scenario, overrides, start)
+
+
+def train(
+    cfg: TrainConfig,
+    run_dir: str | Path,
+    *,
+    resume: bool = False,
+    verbose: bool = False,
+    log: Callable[[str], None] = print,
+    stop_after_timesteps: int | None = None,
+) -> dict[str, Any]:
+    """Run (or resume) training. Returns a summary dict (timesteps, wall time, paths, last evaluation).
+
+    ``stop_after_timesteps`` ends this invocation early (as an interruption would) after the
+    given number of timesteps, leaving a checkpoint to resume from (used by tests).
+    """
+    import torch as th
+    from stable_baselines3.common.logger import configure
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    from .callbacks import CheckpointCallback, DomainMetricsCallback, latest_checkpoint, save_checkpoint
+    from .envs import make_vec_env
+
+    t_start = time.perf_counter()
+    th.set_num_threads(cfg.torch_threads)
+    run = Path(run_dir)
+    run.mkdir(parents=True, exist_ok=True)
+    cfg_path = run / "config.json"
+    state = latest_checkpoint(run) if resume else None
+    if resume and cfg_path.exists():
+        old = json.loads(cfg_path.read_text())
+        if old.get("digest") != cfg.digest():
+            raise ConfigError("config", f"--resume: {run} was trained with another config (digest {old.get('digest')} != {cfg.digest()})")
+    if not resume and (run / "state.json").exists():
+        raise ConfigError("run_dir", f"{run} already holds a run: pass --resume to continue it, or another --run-dir")
+    if resume and state is None:
+        log(f"resume: no checkpoint in {run}; starting a new run")
+    cfg_path.write_text(json.dumps({"digest": cfg.digest(), "config": cfg.to_dict()}, indent=2, default=str))
+
+    routing = cfg.algorithm == "ppo"
+    venv = make_vec_env(cfg.scenarios, cfg.overrides, n_envs=cfg.n_envs, seed=cfg.seed + (int(state["num_timesteps"]) if state else 0),
+                        routing=routing, heldout_every_days=cfg.heldout_every_days)
+    use_vn = bool(cfg.vec_normalize.get("reward", False))
+    gamma = _gamma(cfg)
+    formats = ["csv", "tensorboard"] + (["stdout"] if verbose else [])
+    logger = configure(str(run / "tb"), formats)
+    # configure() writes progress.csv inside tb/; TensorBoard ignores it.
+    algo = _algo_class(cfg)
+    bc_stats = None
+    if state is not None:
+        if use_vn:
+            if not state.get("vecnormalize_path"):
+                raise ConfigError("vec_normalize", "checkpoint has no VecNormalize statistics but the config uses them")
+            venv = VecNormalize.load(state["vecnormalize_path"], venv)
+            venv.training = True
+        model = algo.load(state["checkpoint_path"], env=venv, device="cpu")
+        model.set_logger(logger)
+        log(f"resume: {state['checkpoint']} at {model.num_timesteps} timesteps (phase {state['phase']})")
+    else:
+        if use_vn:
+            venv = VecNormalize(venv, norm_obs=False, norm_reward=True, gamma=gamma,
+                                clip_reward=float(cfg.vec_normalize.get("clip_reward", 10.0)))
+        model = build_model(cfg, venv, verbose=0)
+        model.set_logger(logger)
+        if cfg.bc is not None:
+            bc_stats = _warm_start(cfg, model, venv if use_vn else None, gamma, logger, log)
+            (run / "bc.json").write_text(json.dumps(bc_stats, indent=2, default=float))
+        save_checkpoint(run, model, phase="bc" if cfg.bc else "init", keep=cfg.keep_checkpoints)
+
+    domain = DomainMetricsCallback(_eval_env_factory(cfg), cfg.eval.every_timesteps, eval_seed=cfg.eval.seed, final=cfg.eval.final)
+    hist_path = run / "eval_history.json"
+    if hist_path.exists():
+        domain.history = json.loads(hist_path.read_text())
+    if state is None and cfg.eval.every_timesteps > 0:
+        # The starting point (after the warm start, if any) on the held-out episode, at timestep 0.
+        domain.init_callback(model)
+        domain.evaluate()
+        logger.dump(int(model.num_timesteps))
+        if cfg.bc is not None:
+            model.save(run / "bc.zip")
+        hist_path.write_text(json.dumps(domain.history, indent=2))
+        log(f"held-out episode at {model.num_timesteps} timesteps: " + _fmt_eval(domain.history[-1]))
+    ckpt = CheckpointCallback(run, cfg.checkpoint_every_timesteps, keep=cfg.keep_checkpoints)
+    target = int(cfg.total_timesteps)
+    if stop_after_timesteps is not None:
+        target = min(target, int(model.num_timesteps) + int(stop_after_timesteps))
+    remaining = target - int(model.num_timesteps)
+    if remaining > 0:
+        model.learn(total_timesteps=remaining, callback=[domain, ckpt], reset_num_timesteps=False, progress_bar=False)
+    save_checkpoint(run, model, phase="done" if model.num_timesteps >= cfg.total_timesteps else "ppo", keep=cfg.keep_checkpoints)
+    model.save(run / "final.zip")
+    hist_path.write_text(json.dumps(domain.history, indent=2))
+    venv.close()
+    last = domain.history[-1] if domain.history else {}
+    summary = {
+        "num_timesteps": int(model.num_timesteps),
+        "wall_s": time.perf_counter() - t_start,
+        "run_dir": str(run),
+        "final": str(run / "final.zip"),
+        "last_eval": last,
+        "bc": None if bc_stats is None else {k: v for k, v in bc_stats.items() if k != "history"},
+    }
+    try:
+        from .curves import plot_run
+
+        plot_run(run, run / "curves.png")
+    except ImportError:  # matplotlib is in the [eval] extra
+        pass
+    log(f"trained {summary['num_timesteps']} timesteps in {summary['wall_s']:.0f} s -> {summary['final']}")
+    return summary
+
+
+def _fmt_eval(row: dict[str, Any]) -> str:
+    return "reduction vs rr {:.1f}%, violation rate {:.4f}, decision {:.2f} ms".format(
+        row.get("eval/reduction_vs_rr_pct", float("nan")), row.get("slo/violation_rate", float("nan")),
+        1e3 * row.get("decision/time_s", float("nan")))
+
+
+def _warm_start(cfg: TrainConfig, model: Any, vecnorm: Any, gamma: float, logger: Any, log: Callable[[str], None]) -> dict[str, Any]:
+    from .bc import behaviour_clone, collect_expert, reward_scale_stats
+
+    bc = cfg.bc
+    assert bc is not None
+    t0 = time.perf_counter()
+    data = collect_expert(bc.expert, cfg.scenarios, cfg.overrides, episodes=bc.episodes, seed=cfg.seed + 7919,
+                          heldout_every_days=cfg.heldout_every_days, log=log)
+    collect_s = time.perf_counter() - t0
+    mean, var, count = reward_scale_stats(data.rewards, data.episode, gamma)
+    reward_std = 1.0
+    if vecnorm is not None:
+        vecnorm.ret_rms.mean = np.float64(mean)
+        vecnorm.ret_rms.var = np.float64(var)
+        vecnorm.ret_rms.count = float(count)
+        reward_std = float(np.sqrt(var + vecnorm.epsilon))
+    stats = behaviour_clone(
+        model.policy.net, data, epochs=bc.epochs, batch_steps=bc.batch_steps, learning_rate=bc.learning_rate,
+        value_weight=bc.value_weight, gamma=gamma, reward_std=reward_std, seed=cfg.seed, logger=logger, log=log,
+    )
+    stats.update(expert=bc.expert, collect_s=collect_s, episodes=data.meta,
+                 expert_decision_s_mean=float(data.decision_s.mean()), reward_std=reward_std)
+    return stats

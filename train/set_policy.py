@@ -1,0 +1,386 @@
+"""A set policy for the per-request action: one shared network scores every (request, datacenter) pair.
+
+The network (:class:`SetNetwork`) reads the env's flat observation through its
+:class:`~carbon_gym.env.ObservationLayout` and builds, for each pending-request slot k and
+datacenter d, features of the request (prompt, predicted output, time waited), of the datacenter
+(carbon now and forecast, PUE, queue, batch, free KV, power, the simulator's latency estimates,
+up flag, carbon relative to the other datacenters) and of the pair (network delay k -> d and the
+estimated TTFT headroom ``1 - (waited + network + queue wait + prefill) / T_ttft``). A small MLP
+scores each pair; a second one gives each slot a learned *defer* score. The logits form a
+``(K, D + 1)`` array, so the same weights serve any number of slots K and any topology size D
+(and any number of regions or forecast hours: origin one-hots are not read — the per-pair
+network delay carries the origin — and the forecast is summarised as next hour + mean).
+
+The critic pools the pair embeddings over valid pairs (mean) with the datacenter embeddings and
+the time of day. Every slot-wise operation is shared and pooling is a mean, so permuting the
+requests permutes the scores (equivariance) and leaves the value unchanged.
+
+:class:`SetActorCriticPolicy` plugs the network into sb3-contrib's ``MaskablePPO`` (a subclass of
+``MaskableActorCriticPolicy`` whose forward passes go through :class:`SetNetwork`), with
+:class:`SlotCategorical`, a vectorised masked categorical over the K slots (sb3-contrib's
+``MaskableMultiCategoricalDistribution`` builds one Python object per slot, too slow for the
+thousands of slots a paper-scale step holds).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from sb3_contrib.common.maskable.distributions import MaskableDistribution
+from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
+from torch import nn
+
+from carbon_gym.errors import ConfigError
+
+__all__ = [
+    "layout_spec",
+    "SetNetwork",
+    "SlotCategorical",
+    "SetActorCriticPolicy",
+    "N_DC_INPUTS",
+    "N_SLOT_INPUTS",
+    "N_PAIR_INPUTS",
+]
+
+#: Masked logits are set to this (probability ~0).
+MASKED_LOGIT = -1e8
+#: Forecast hours averaged into the "forecast mean" feature (at most the layout's H).
+FORECAST_MEAN_HOURS = 6
+#: Inputs of the datacenter encoder: 3 carbon (now, next hour, forecast mean) + 11 observed
+#: + 3 effective-carbon (above the cleanest, z-score, carbon x PUE) + 1 load push + 2 time of day.
+N_DC_INPUTS = 20
+#: Inputs of the slot encoder: prompt, predicted output, waited.
+N_SLOT_INPUTS = 3
+#: Per-pair inputs: network delay, network minus the slot's best, TTFT headroom, queue+prefill part.
+N_PAIR_INPUTS = 4
+
+
+def layout_spec(layout: Any) -> dict[str, Any]:
+    """The plain-data description of an observation layout that :class:`SetNetwork` needs.
+
+    Args:
+        layout: a :class:`~carbon_gym.env.ObservationLayout`, an env (wrapped or not) or a dict
+            already produced by this function.
+
+    Returns:
+        dict with ``n_datacenters`` (D), ``max_pending`` (K), ``n_regions`` (R),
+        ``forecast_hours`` (H), ``n_dc_features``, ``n_slot_features``, ``dc_columns``,
+        ``slot_columns``, ``global_columns`` (name -> index) and ``n_engines`` (list, D).
+    """
+    if isinstance(layout, Mapping):
+        return dict(layout)
+    base = getattr(layout, "unwrapped", layout)
+    lay = getattr(base, "layout", layout)
+    for attr in ("n_datacenters", "max_pending", "dc_columns", "slot_columns"):
+        if not hasattr(lay, attr):
+            raise ConfigError("layout", f"expected an ObservationLayout or a GeoServeEnv, got {type(layout).__name__}")
+    return {
+        "n_datacenters": int(lay.n_datacenters),
+        "max_pending": int(lay.max_pending),
+        "n_regions": int(lay.n_regions),
+        "forecast_hours": int(lay.forecast_hours),
+        "n_dc_features": int(lay.n_dc_features),
+        "n_slot_features": int(lay.n_slot_features),
+        "dc_columns": {str(k): int(v) for k, v in lay.dc_columns.items()},
+        "slot_columns": {str(k): int(v) for k, v in lay.slot_columns.items()},
+        "global_columns": {str(k): int(v) for k, v in lay.global_columns.items()},
+        "n_engines": [int(x) for x in np.asarray(lay.n_engines).reshape(-1)],
+    }
+
+
+def _mlp(sizes: list[int]) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class SetNetwork(nn.Module):
+    """Shared pair scorer + defer scorer + pooled critic (see the module docstring).
+
+    Args:
+        layout: :func:`layout_spec` of the env it first serves (rebind with :meth:`bind`).
+        hidden: width of the encoders and of the pair layer.
+
+    Parameters do not depend on the layout: ``state_dict`` of a network bound to one topology
+    loads into a network bound to another.
+    """
+
+    def __init__(self, layout: Any, hidden: int = 64) -> None:
+        super().__init__()
+        if int(hidden) < 1:
+            raise ConfigError("set_policy.hidden", f"must be a positive integer, got {hidden}")
+        h = int(hidden)
+        self.hidden = h
+        self.dc_encoder = _mlp([N_DC_INPUTS, h, h])
+        self.dc_context = nn.Linear(2 * h, h)  # [own embedding, mean over datacenters]
+        self.slot_encoder = _mlp([N_SLOT_INPUTS, h, h])
+        self.pair_from_dc = nn.Linear(h, h)
+        self.pair_from_slot = nn.Linear(h, h, bias=False)
+        self.pair_from_pair = nn.Linear(N_PAIR_INPUTS, h, bias=False)
+        self.pair_out = nn.Linear(h, 1)
+        self.defer_head = _mlp([2 * h, h, 1])  # [slot embedding, datacenter context]
+        self.value_head = _mlp([2 * h + 2, h, 1])  # [pooled pairs, pooled datacenters, hour]
+        self.bind(layout)
+
+    # ------------------------------------------------------------------ layout
+    def bind(self, layout: Any) -> "SetNetwork":
+        """Read observations of another layout from now on (weights unchanged)."""
+        spec = layout_spec(layout)
+        self.spec = spec
+        self.D = int(spec["n_datacenters"])
+        self.K = int(spec["max_pending"])
+        self.F_D = int(spec["n_dc_features"])
+        self.F_S = int(spec["n_slot_features"])
+        H = int(spec["forecast_hours"])
+        c = spec["dc_columns"]
+        s = spec["slot_columns"]
+        g = spec["global_columns"]
+        self._c_now = c["carbon_now"]
+        self._c_f1 = c["carbon_forecast_1h"] if H >= 1 else c["carbon_now"]
+        self._c_fmean = slice(c["carbon_now"] + 1, c["carbon_now"] + 1 + min(H, FORECAST_MEAN_HOURS)) if H >= 1 else None
+        self._c_obs = [c[n] for n in ("pue", "queue_len", "running", "free_kv", "power", "busy_engines",
+                                      "est_queue_wait", "est_prefill", "est_tpot", "tpot_slope", "up")]
+        self._c_pue, self._c_up = c["pue"], c["up"]
+        self._c_wait, self._c_prefill = c["est_queue_wait"], c["est_prefill"]
+        self._s_valid, self._s_prompt = s["valid"], s["prompt"]
+        self._s_pred, self._s_waited = s["predicted_output"], s["waited"]
+        self._s_net = s["network"]
+        self._g_sin, self._g_cos = g["hour_sin"], g["hour_cos"]
+        engines = np.maximum(np.asarray(spec["n_engines"], dtype=np.float32), 1.0)
+        self._inv_engines = th.as_tensor(1.0 / (engines * 16.0))  # not a parameter: layout-bound
+        return self
+
+    # ------------------------------------------------------------------ features
+    def features(self, obs: Mapping[str, th.Tensor]) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
+        """Per-datacenter (B, D, 20), per-slot (B, K, 3), per-pair (B, K, D, 4) inputs,
+        the valid-slot mask (B, K) and the hour (B, 2)."""
+        dc = obs["datacenters"].float().reshape(-1, self.D, self.F_D)
+        sl = obs["slots"].float().reshape(dc.shape[0], -1, self.F_S)  # K may be trimmed to the filled slots
+        gl = obs["globals"].float().reshape(dc.shape[0], -1)
+        B = dc.shape[0]
+        valid = sl[:, :, self._s_valid] > 0.5
+        up = dc[:, :, self._c_up] > 0.5
+        carbon = dc[:, :, self._c_now]
+        eff = carbon * dc[:, :, self._c_pue]
+        big = th.full_like(eff, 1e3)
+        eff_min = th.where(up, eff, big).min(dim=1, keepdim=True).values
+        n_up = up.float().sum(dim=1, keepdim=True).clamp(min=1.0)
+        eff_mean = (eff * up).sum(dim=1, keepdim=True) / n_up
+        eff_std = (((eff - eff_mean) ** 2) * up).sum(dim=1, keepdim=True).div(n_up).sqrt()
+        fmean = dc[:, :, self._c_fmean].mean(dim=2) if self._c_fmean is not None else carbon
+        n_valid = valid.float().sum(dim=1, keepdim=True)  # (B, 1)
+        hour = th.stack([gl[:, self._g_sin], gl[:, self._g_cos]], dim=1)  # (B, 2)
+        dc_in = th.cat(
+            [
+                carbon.unsqueeze(-1),
+                dc[:, :, self._c_f1].unsqueeze(-1),
+                fmean.unsqueeze(-1),
+                dc[:, :, self._c_obs],
+                (eff - eff_min).clamp(min=0.0).unsqueeze(-1),
+                ((eff - eff_mean) / (eff_std + 1e-3)).clamp(-5.0, 5.0).unsqueeze(-1),
+                eff.unsqueeze(-1),
+                (n_valid * self._inv_engines.to(dc.device)).unsqueeze(-1),
+                hour.unsqueeze(1).expand(B, self.D, 2),
+            ],
+            dim=-1,
+        )
+        prompt = sl[:, :, self._s_prompt]
+        waited = sl[:, :, self._s_waited]
+        slot_in = th.stack([prompt, sl[:, :, self._s_pred], waited], dim=-1)
+        net = sl[:, :, self._s_net:self._s_net + self.D]  # (B, K, D), / T_ttft
+        net_best = th.where(up.unsqueeze(1), net, th.full_like(net, 1e3)).min(dim=2, keepdim=True).values
+        server = dc[:, :, self._c_wait].unsqueeze(1) + dc[:, :, self._c_prefill].unsqueeze(1) * prompt.unsqueeze(-1)
+        headroom = 1.0 - (waited.unsqueeze(-1) + net + server)
+        pair_in = th.stack([net, (net - net_best).clamp(min=0.0, max=10.0), headroom.clamp(-10.0, 2.0), server.clamp(max=10.0)], dim=-1)
+        return dc_in, slot_in, pair_in, valid, hour
+
+    # ------------------------------------------------------------------ forward
+    def scores(self, obs: Mapping[str, th.Tensor]) -> th.Tensor:
+        """Logits (B, K, D + 1) only (no critic), with in-place activations: the inference path
+        of :class:`~train.policy.LearnedPolicy`. Equal to ``forward(obs)[0]``; call it under
+        ``torch.inference_mode()``."""
+        dc_in, slot_in, pair_in, _, _ = self.features(obs)
+        e = self.dc_encoder(dc_in)
+        ctx = e.mean(dim=1, keepdim=True)
+        e = th.relu(self.dc_context(th.cat([e, ctx.expand_as(e)], dim=-1)))
+        s = self.slot_encoder(slot_in)
+        pair = self.pair_from_pair(pair_in)
+        pair += self.pair_from_dc(e).unsqueeze(1)
+        pair += self.pair_from_slot(s).unsqueeze(2)
+        pair.relu_()
+        scores = self.pair_out(pair).squeeze(-1)
+        ctx_k = e.mean(dim=1, keepdim=True).expand(-1, s.shape[1], -1)
+        defer = self.defer_head(th.cat([s, ctx_k], dim=-1))
+        return th.cat([scores, defer], dim=-1)
+
+    def forward(self, obs: Mapping[str, th.Tensor]) -> tuple[th.Tensor, th.Tensor]:
+        """Return (logits (B, K, D + 1), value (B, 1)); masking is left to the distribution."""
+        dc_in, slot_in, pair_in, valid, hour = self.features(obs)
+        e = self.dc_encoder(dc_in)  # (B, D, h)
+        ctx = e.mean(dim=1, keepdim=True)
+        e = th.relu(self.dc_context(th.cat([e, ctx.expand_as(e)], dim=-1)))
+        s = self.slot_encoder(slot_in)  # (B, K, h)
+        pair = th.relu(
+            self.pair_from_dc(e).unsqueeze(1) + self.pair_from_slot(s).unsqueeze(2) + self.pair_from_pair(pair_in)
+        )  # (B, K, D, h)
+        scores = self.pair_out(pair).squeeze(-1)  # (B, K, D)
+        ctx_k = e.mean(dim=1, keepdim=True).expand(-1, s.shape[1], -1)
+        defer = self.defer_head(th.cat([s, ctx_k], dim=-1))  # (B, K, 1)
+        logits = th.cat([scores, defer], dim=-1)
+        w = valid.float()
+        n = w.sum(dim=1).clamp(min=1.0)  # (B,)
+        pooled_pairs = (pair.mean(dim=2) * w.unsqueeze(-1)).sum(dim=1) / n.unsqueeze(-1)
+        value = self.value_head(th.cat([pooled_pairs, e.mean(dim=1), hour], dim=-1))
+        return logits, value
+
+
+class SlotCategorical(MaskableDistribution):
+    """Independent masked categoricals over K slots with C choices each, vectorised.
+
+    ``log_prob`` and ``entropy`` are summed over slots (``reduction="sum"``, the exact joint
+    log-probability) or averaged over the slots that hold a request (``"mean"``: the PPO ratio
+    becomes a per-request geometric mean, which keeps the clipped objective usable when a step
+    holds a thousand requests; the gradient is scaled by 1 / pending requests).
+    """
+
+    def __init__(self, n_slots: int, n_choices: int, reduction: str = "sum") -> None:
+        super().__init__()
+        if reduction not in ("sum", "mean"):
+            raise ConfigError("set_policy.logprob_reduction", f"got {reduction!r}", allowed=["sum", "mean"])
+        self.n_slots, self.n_choices, self.reduction = int(n_slots), int(n_choices), reduction
+        self.logits: th.Tensor | None = None
+        self._raw: th.Tensor | None = None
+
+    def proba_distribution_net(self, *args: Any, **kwargs: Any) -> nn.Module:
+        """Unused: the logits come from :class:`SetNetwork`."""
+        return nn.Identity()
+
+    def proba_distribution(self, action_logits: th.Tensor) -> "SlotCategorical":
+        self._raw = action_logits.reshape(-1, self.n_slots, self.n_choices)
+        self.logits = th.log_softmax(self._raw, dim=-1)
+        self._weights = None
+        return self
+
+    def apply_masking(self, masks: Any) -> None:
+        assert self._raw is not None, "call proba_distribution first"
+        if masks is None:
+            self.logits = th.log_softmax(self._raw, dim=-1)
+            self._weights = None
+            return
+        m = th.as_tensor(masks, device=self._raw.device).reshape(-1, self.n_slots, self.n_choices).bool()
+        raw = th.where(m, self._raw, th.full_like(self._raw, MASKED_LOGIT))
+        self.logits = th.log_softmax(raw, dim=-1)
+        # A slot with a single allowed choice (padding: defer only) carries no decision.
+        self._weights = (m.sum(dim=-1) > 1).float()
+
+    def _reduce(self, per_slot: th.Tensor) -> th.Tensor:
+        if self.reduction == "sum":
+            return per_slot.sum(dim=-1)
+        w = self._weights if self._weights is not None else th.ones_like(per_slot)
+        return (per_slot * w).sum(dim=-1) / w.sum(dim=-1).clamp(min=1.0)
+
+    def log_prob(self, actions: th.Tensor) -> th.Tensor:
+        a = actions.long().reshape(-1, self.n_slots, 1)
+        return self._reduce(self.logits.gather(-1, a).squeeze(-1))
+
+    def entropy(self) -> th.Tensor:
+        p = self.logits.exp()
+        return self._reduce(-(p * self.logits).sum(dim=-1))
+
+    def sample(self) -> th.Tensor:
+        u = th.rand_like(self.logits).clamp(1e-12, 1.0 - 1e-7)
+        return th.argmax(self.logits - th.log(-th.log(u)), dim=-1)
+
+    def mode(self) -> th.Tensor:
+        return th.argmax(self.logits, dim=-1)
+
+    def actions_from_params(self, action_logits: th.Tensor, deterministic: bool = False) -> th.Tensor:
+        self.proba_distribution(action_logits)
+        return self.get_actions(deterministic=deterministic)
+
+    def log_prob_from_params(self, action_logits: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+        actions = self.actions_from_params(action_logits)
+        return actions, self.log_prob(actions)
+
+
+class SetActorCriticPolicy(MaskableActorCriticPolicy):
+    """``MaskableActorCriticPolicy`` whose actor and critic are one :class:`SetNetwork`.
+
+    Extra keyword arguments (``policy_kwargs`` of ``MaskablePPO``): ``layout`` (required,
+    :func:`layout_spec` of the training env), ``hidden`` (64), ``logprob_reduction``
+    (``"mean"`` or ``"sum"``, see :class:`SlotCategorical`). The observation goes to the network
+    unflattened; ``net_arch``/``activation_fn`` are ignored.
+    """
+
+    def __init__(
+        self,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        lr_schedule: Any,
+        *args: Any,
+        layout: Mapping[str, Any] | None = None,
+        hidden: int = 64,
+        logprob_reduction: str = "mean",
+        **kwargs: Any,
+    ) -> None:
+        if layout is None:
+            raise ConfigError("policy_kwargs.layout", "SetActorCriticPolicy needs the env's layout (train.set_policy.layout_spec(env))")
+        if not isinstance(action_space, spaces.MultiDiscrete) or len(set(action_space.nvec.tolist())) != 1:
+            raise ConfigError("action_space", "the set policy needs the per-request MultiDiscrete([D + 1] * K) action")
+        self._layout = layout_spec(layout)
+        self._hidden = int(hidden)
+        self._reduction = str(logprob_reduction)
+        kwargs.pop("net_arch", None)
+        kwargs["ortho_init"] = False
+        super().__init__(observation_space, action_space, lr_schedule, *args, net_arch=[], **kwargs)
+        K = int(len(action_space.nvec))
+        C = int(action_space.nvec[0])
+        self.action_dist = SlotCategorical(K, C, self._reduction)
+
+    def _build(self, lr_schedule: Any) -> None:
+        self.net = SetNetwork(self._layout, hidden=self._hidden)
+        self.optimizer = self.optimizer_class(self.parameters(), lr=lr_schedule(1), **self.optimizer_kwargs)
+
+    def _get_constructor_parameters(self) -> dict[str, Any]:
+        data = super()._get_constructor_parameters()
+        data.update(layout=self._layout, hidden=self._hidden, logprob_reduction=self._reduction)
+        data.pop("net_arch", None)
+        return data
+
+    def _obs(self, obs: Any) -> dict[str, th.Tensor]:
+        if not isinstance(obs, Mapping):
+            raise ConfigError("observation", "the set policy reads the env's Dict observation")
+        return {k: v.float() for k, v in obs.items()}
+
+    def _dist(self, logits: th.Tensor, action_masks: Any) -> SlotCategorical:
+        dist = self.action_dist.proba_distribution(logits)
+        if action_masks is not None:
+            dist.apply_masking(action_masks)
+        return dist
+
+    def forward(self, obs: Any, deterministic: bool = False, action_masks: Any = None) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+        logits, values = self.net(self._obs(obs))
+        dist = self._dist(logits, action_masks)
+        actions = dist.get_actions(deterministic=deterministic)
+        return actions, values, dist.log_prob(actions)
+
+    def evaluate_actions(self, obs: Any, actions: th.Tensor, action_masks: Any = None) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+        logits, values = self.net(self._obs(obs))
+        dist = self._dist(logits, action_masks)
+        return values, dist.log_prob(actions), dist.entropy()
+
+    def get_distribution(self, obs: Any, action_masks: Any = None) -> SlotCategorical:
+        logits, _ = self.net(self._obs(obs))
+        return self._dist(logits, action_masks)
+
+    def predict_values(self, obs: Any) -> th.Tensor:
+        return self.net(self._obs(obs))[1]
+
+    def _predict(self, observation: Any, deterministic: bool = False, action_masks: Any = None) -> th.Tensor:
+        return self.get_distribution(observation, action_masks).get_actions(deterministic=deterministic)
