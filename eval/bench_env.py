@@ -59,6 +59,7 @@ def bench(env_id: str, steps: int, overrides: dict[str, Any] | None = None, seed
     act_s = 0.0
     reset_s = 0.0
     t_start = time.perf_counter()
+    cpu_start = time.process_time()
     episode = 0
     while done_steps < steps:
         t0 = time.perf_counter()
@@ -78,12 +79,15 @@ def bench(env_id: str, steps: int, overrides: dict[str, Any] | None = None, seed
             if trunc:
                 break
     wall = time.perf_counter() - t_start
+    cpu = time.process_time() - cpu_start
     sim_s = sum(timer.seconds.values())
     out = {
         "steps": done_steps,
         "episodes": episode,
         "wall_s": wall,
         "steps_per_s": done_steps / wall,
+        "cpu_s": cpu,
+        "steps_per_cpu_s": done_steps / cpu,
         "requests_per_s": requests / wall,
         "requests_per_step": requests / done_steps,
         "sim_share": sim_s / wall if profile else float("nan"),
@@ -98,7 +102,8 @@ def bench(env_id: str, steps: int, overrides: dict[str, Any] | None = None, seed
 
 def _print(label: str, r: dict[str, float]) -> None:
     print(f"{label}: {r['steps']} steps ({r['episodes']} episodes) in {r['wall_s']:.2f} s -> "
-          f"{r['steps_per_s']:.0f} steps/s, {r['requests_per_s']:.0f} requests/s "
+          f"{r['steps_per_s']:.0f} steps/s ({r['steps_per_cpu_s']:.0f} per CPU second), "
+          f"{r['requests_per_s']:.0f} requests/s "
           f"({r['requests_per_step']:.1f} placed per step)")
     env_share = 1.0 - r["sim_share"] - r["policy_share"] - r["reset_share"]
     parts = ", ".join(f"{n} {r[f'{n}_us_per_step']:.0f} us" for n in SIM_METHODS)
