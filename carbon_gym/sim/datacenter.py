@@ -144,7 +144,8 @@ class Datacenter:
         self.waiting = 0
         self.running = 0
         self.iterations = 0
-        # EWMA of prompt tokens arriving per second (for decode-time estimates)
+        # EWMA of prompt tokens arriving per second (for decode-time estimates; updated by the
+        # simulator at each arrival: sum *= exp(-dt / tau); sum += prompt tokens)
         self.tok_rate_sum = 0.0
         self.tok_rate_t = 0.0
 
@@ -201,14 +202,6 @@ class Datacenter:
         if len(s) == 1:
             return self.engines[0]
         return self.engines[s.index(min(s))]
-
-    def note_arrival(self, t: float, prompt_tokens: int, tau_s: float = 60.0) -> None:
-        """Update the exponentially weighted prompt-token arrival rate (time constant ``tau_s``)."""
-        dt = t - self.tok_rate_t
-        if dt > 0.0:
-            self.tok_rate_sum *= math.exp(-dt / tau_s)
-            self.tok_rate_t = t
-        self.tok_rate_sum += prompt_tokens
 
     def token_rate(self, t: float, tau_s: float = 60.0) -> float:
         """Prompt tokens per second arriving at this datacenter (EWMA)."""

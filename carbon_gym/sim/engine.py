@@ -258,12 +258,6 @@ class Engine:
         bt = self.block_tokens
         return (tokens + bt - 1) // bt
 
-    def kv_tokens_decoding(self) -> int:
-        """Tokens held in KV by the decoding sequences right now (as of the last event)."""
-        if self.step:
-            return sum(r.ctx for r in self.running.values() if r.decoding)
-        return self.base_sum + self.n_dec * self.dit
-
     # ------------------------------------------------------------------ arrivals
     def enqueue(self, req: RequestState, t: float) -> None:
         """A request reaches this engine's waiting queue at time ``t``."""
