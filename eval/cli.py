@@ -87,12 +87,14 @@ def parse_assignments(items: Sequence[str] | None, argument: str) -> dict[str, A
 
 def parse_policy_args(items: Sequence[str] | None) -> dict[str, dict[str, Any]]:
     """``["milp.slo_weight=10"]`` -> ``{"milp": {"slo_weight": 10}}``."""
+    from eval.harness import canonical_policy
+
     out: dict[str, dict[str, Any]] = {}
     for key, value in parse_assignments(items, "--policy-arg").items():
-        pol, dot, kw = key.partition(".")
-        if not dot or not kw:
+        pol, dot, kw = key.rpartition(".") if key.count(".") > 1 else key.partition(".")
+        if not dot or not kw or not pol:
             raise UsageError("--policy-arg", f"expected POLICY.KEY=VALUE, got {key!r}")
-        out.setdefault(pol, {})[kw] = value
+        out.setdefault(canonical_policy(pol), {})[kw] = value
     return out
 
 
@@ -153,6 +155,7 @@ def resolve_policies(text: str) -> list[str]:
         if n == "all":
             out.extend(p for p in harness.default_policies() if p not in out)
             continue
+        n = harness.canonical_policy(n)
         if n not in allowed:
             raise UsageError("--policies", f"unknown policy {n!r}", allowed + ["all"])
         if n not in out:
@@ -229,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--models", default=None, help="comma list of models to include (llama8b,qwen7b,mixtral8x7b; default all)")
     ex.add_argument("--loads", default=None, help="comma list of loads (low,moderate,high; default per experiment)")
     ex.add_argument("--policies", default=None, help="override the experiment's policy list (comma list)")
+    ex.add_argument("--scenarios", default=None, help="run on these scenarios instead of models x loads (comma list of names or TOML paths)")
     ex.add_argument("--all-requests", action="store_true", help="write per-request records of every run (default: only where a figure needs them)")
 
     rp = sub.add_parser("report", help="write RESULTS.md from a finished headline run (and other experiments found next to it)")
@@ -343,7 +347,8 @@ def cmd_experiment(args: argparse.Namespace, argv: Sequence[str]) -> int:
             if ld not in experiments.LOADS:
                 raise UsageError("--loads", f"unknown load {ld!r}", experiments.LOADS)
     policies = resolve_policies(args.policies) if args.policies else None
-    check_scenarios([f"{(models or experiments.MODELS)[0]}-{(loads or ['moderate'])[0]}"], experiments.preset_overrides(args.preset or "quick", args.duration_s, parse_assignments(args.overrides, "--set")))
+    scenarios = resolve_scenarios(args.scenarios) if args.scenarios else None
+    check_scenarios(scenarios or [f"{(models or experiments.MODELS)[0]}-{(loads or ['moderate'])[0]}"], experiments.preset_overrides(args.preset or "quick", args.duration_s, parse_assignments(args.overrides, "--set")))
     for n in names:
         table = experiments.run_experiment(
             n,
@@ -353,6 +358,7 @@ def cmd_experiment(args: argparse.Namespace, argv: Sequence[str]) -> int:
             models=models,
             loads=loads,
             policies=policies,
+            scenarios=scenarios,
             duration_s=args.duration_s,
             overrides=parse_assignments(args.overrides, "--set"),
             policy_kwargs=parse_policy_args(args.policy_args),

@@ -45,11 +45,11 @@ class Preset:
     duration_s: float | None  # None: the scenario's own duration
     seeds: int
     polling_s: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
-    weights: tuple[float, ...] = (0.0, 0.1, 1.0, 10.0, 100.0)
+    weights: tuple[float, ...] = (0.0, 0.01, 0.1, 1.0, 10.0)
 
 
 PRESETS: dict[str, Preset] = {
-    "quick": Preset(duration_s=180.0, seeds=3),
+    "quick": Preset(duration_s=120.0, seeds=3),
     "full": Preset(duration_s=None, seeds=5),
 }
 
@@ -61,7 +61,7 @@ OVERRIDE_DURATION = "duration_s"
 OVERRIDE_PREDICTOR = harness.OVERRIDE_PREDICTOR
 OVERRIDE_POLLING = harness.OVERRIDE_POLLING
 ORACLE = "oracle"
-LATENCY_WEIGHT_KWARG = "slo_weight"  # facility MILP keyword for the latency (SLO slack) weight
+LATENCY_WEIGHT_KWARG = "violation_penalty_g"  # facility MILP: grams of CO2 charged per SLO violation
 
 
 def preset_overrides(preset: str | None, duration_s: float | None, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -472,8 +472,8 @@ def _variant(label: str) -> str:
 
 
 def exp_headline(ctx: "Ctx") -> str:
-    scens = _scenarios(ctx.models, ctx.loads, LOADS)
-    pols = ctx.policies or harness.default_policies()
+    scens = ctx.scenario_list(LOADS)
+    pols = ctx.policies or [p for p in harness.STUDY_POLICIES if p in harness.available_policies()]
     specs = harness.make_specs(scens, pols, ctx.seeds, overrides=ctx.overrides, policy_kwargs=ctx.policy_kwargs)
     focus = next((sc for sc in scens if sc.endswith("-moderate")), scens[0])
     ex = ctx.execute(specs, requests_for=[focus])
@@ -491,7 +491,7 @@ def exp_headline(ctx: "Ctx") -> str:
 
 
 def exp_milp_vs_ilp(ctx: "Ctx") -> str:
-    scens = _scenarios(ctx.models, ctx.loads, ("moderate", "high"))
+    scens = ctx.scenario_list(("moderate", "high"))
     pols = ctx.policies or [REFERENCE_POLICY, "ilp", "ilp-state", "milp"]
     specs = harness.make_specs(scens, pols, ctx.seeds, overrides=ctx.overrides, policy_kwargs=ctx.policy_kwargs)
     ex = ctx.execute(specs)
@@ -515,7 +515,7 @@ def exp_milp_vs_ilp(ctx: "Ctx") -> str:
 def exp_predictor(ctx: "Ctx") -> str:
     import pandas as pd
 
-    scens = _scenarios(ctx.models, ctx.loads, ("moderate",))
+    scens = ctx.scenario_list(("moderate",))
     pols = [p for p in (ctx.policies or ["milp", "ilp-state"]) if p != REFERENCE_POLICY]
     variants = [("predicted", {}), (ORACLE, {OVERRIDE_PREDICTOR: ORACLE})]
     specs = _variant_specs(scens, pols, ctx.seeds, variants, ctx.overrides, ctx.policy_kwargs)
@@ -564,7 +564,7 @@ def exp_predictor(ctx: "Ctx") -> str:
 def exp_polling(ctx: "Ctx") -> str:
     import pandas as pd
 
-    scens = _scenarios(ctx.models or ("llama8b",), ctx.loads, ("moderate",))
+    scens = ctx.scenario_list(("moderate",), ("llama8b",))
     pols = [p for p in (ctx.policies or ["milp", "greedy", "least-loaded"]) if p != REFERENCE_POLICY]
     periods = ctx.preset.polling_s
     variants = [(f"poll={p:g}s", {OVERRIDE_POLLING: float(p)}) for p in periods]
@@ -594,8 +594,8 @@ def exp_polling(ctx: "Ctx") -> str:
 def exp_tradeoff(ctx: "Ctx") -> str:
     import pandas as pd
 
-    scens = _scenarios(ctx.models or ("llama8b",), ctx.loads, ("moderate",))
-    others = [p for p in (ctx.policies or harness.default_policies()) if p not in (REFERENCE_POLICY, "milp")]
+    scens = ctx.scenario_list(("moderate",), ("llama8b",))
+    others = [p for p in (ctx.policies or harness.STUDY_POLICIES) if p not in (REFERENCE_POLICY, "milp")]
     specs: list[RunSpec] = []
     for scen in scens:
         specs += harness.make_specs([scen], [REFERENCE_POLICY] + others, ctx.seeds, overrides=ctx.overrides, policy_kwargs=ctx.policy_kwargs)
@@ -628,8 +628,8 @@ def exp_tradeoff(ctx: "Ctx") -> str:
 def exp_bound(ctx: "Ctx") -> str:
     import pandas as pd
 
-    scens = _scenarios(ctx.models, ctx.loads, ("moderate",))
-    pols = [p for p in (ctx.policies or harness.default_policies()) if p != "clairvoyant"] + ["clairvoyant"]
+    scens = ctx.scenario_list(("moderate",))
+    pols = [p for p in (ctx.policies or harness.STUDY_POLICIES) if p != "clairvoyant"] + ["clairvoyant"]
     specs = harness.make_specs(scens, pols, ctx.seeds, overrides=ctx.overrides, policy_kwargs=ctx.policy_kwargs)
     ex = ctx.execute(specs)
     s = ex.summary.copy()
@@ -687,9 +687,16 @@ class Ctx:
     overrides: dict[str, Any]
     policy_kwargs: dict[str, dict[str, Any]]
     run_kwargs: dict[str, Any]
+    scenarios: list[str] | None
     plots: bool
     carbon_start: bool
     command: str | None
+
+    def scenario_list(self, default_loads: Sequence[str], default_models: Sequence[str] = MODELS) -> list[str]:
+        """Explicit ``--scenarios``, else models x loads (the experiment's defaults where not given)."""
+        if self.scenarios:
+            return list(self.scenarios)
+        return _scenarios(self.models or default_models, self.loads, default_loads)
 
     @property
     def fig_dir(self) -> str:
@@ -731,6 +738,7 @@ def run_experiment(
     models: Sequence[str] | None = None,
     loads: Sequence[str] | None = None,
     policies: Sequence[str] | None = None,
+    scenarios: Sequence[str] | None = None,
     duration_s: float | None = None,
     overrides: Mapping[str, Any] | None = None,
     policy_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
@@ -757,6 +765,7 @@ def run_experiment(
         policies=list(policies) if policies else None,
         overrides=preset_overrides(preset, duration_s, overrides),
         policy_kwargs={k: dict(v) for k, v in (policy_kwargs or {}).items()},
+        scenarios=list(scenarios) if scenarios else None,
         run_kwargs={"workers": workers, "ray_address": ray_address, "tensorboard": tensorboard, "fmt": fmt, "requests": requests, "progress": progress},
         plots=plots,
         carbon_start=carbon_start,

@@ -202,9 +202,9 @@ def make_specs(
     policy_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[RunSpec]:
     """The full matrix, ordered scenario -> policy -> seed. ``policy_kwargs`` is per policy name."""
-    pk = policy_kwargs or {}
+    pk = {canonical_policy(k): v for k, v in (policy_kwargs or {}).items()}
     return [
-        RunSpec(scenario=s, policy=p, seed=int(k), overrides=_freeze(overrides), policy_kwargs=_freeze(pk.get(p)))
+        RunSpec(scenario=s, policy=canonical_policy(p), seed=int(k), overrides=_freeze(overrides), policy_kwargs=_freeze(pk.get(canonical_policy(p))))
         for s in scenarios
         for p in policies
         for k in seeds
@@ -215,6 +215,31 @@ def make_specs(
 # policies
 
 
+# Short names used in tables and on the command line -> names in solvers' registry. Either
+# form is accepted everywhere; tables and files use the short one.
+POLICY_ALIASES = {
+    "rr": "round-robin",
+    "greedy": "carbon-greedy",
+    "ilp": "ilp-static",
+    "milp": "facility-milp",
+    "milp-greedy": "facility-greedy",
+}
+_SHORT = {v: k for k, v in POLICY_ALIASES.items()}
+
+# the study's comparison (experiment a's default policy list)
+STUDY_POLICIES = ("rr", "greedy", "least-loaded", "planner", "ilp", "ilp-state", "milp")
+
+
+def canonical_policy(name: str) -> str:
+    """Short table name of a policy (``facility-milp`` -> ``milp``); unknown names unchanged."""
+    return _SHORT.get(name, name)
+
+
+def solver_policy_name(name: str) -> str:
+    """Name of a policy in solvers' registry (``milp`` -> ``facility-milp``)."""
+    return POLICY_ALIASES.get(name, name)
+
+
 def local_policies() -> dict[str, Callable[..., Any]]:
     """Policies defined in ``eval`` itself (not in ``solvers``): name -> factory(env, **kw)."""
     from eval.experiments import ClairvoyantPolicy
@@ -222,17 +247,20 @@ def local_policies() -> dict[str, Callable[..., Any]]:
     return {"clairvoyant": lambda env, **kw: ClairvoyantPolicy(**kw)}
 
 
-def available_policies() -> list[str]:
-    """Every policy name the harness can run (solvers' registry + eval's own + rr)."""
-    names: list[str] = []
+def _solver_registry() -> list[str] | None:
     try:
         from solvers import available_policies as solver_policies
-
-        names.extend(solver_policies())
     except ImportError:
-        pass
-    if REFERENCE_POLICY not in names:
-        names.insert(0, REFERENCE_POLICY)
+        return None
+    return list(solver_policies())
+
+
+def available_policies() -> list[str]:
+    """Every policy name the harness can run (short names: solvers' registry + eval's own)."""
+    names = [canonical_policy(n) for n in (_solver_registry() or [])]
+    if REFERENCE_POLICY in names:
+        names.remove(REFERENCE_POLICY)
+    names.insert(0, REFERENCE_POLICY)
     for n in local_policies():
         if n not in names:
             names.append(n)
@@ -240,23 +268,21 @@ def available_policies() -> list[str]:
 
 
 def default_policies() -> list[str]:
-    """What ``--policies all`` means: every registered policy except the clairvoyant bound and
-    anything that needs a checkpoint argument (learned agents are named explicitly)."""
-    names = [n for n in available_policies() if n not in local_policies()]
-    return names
+    """What ``--policies all`` means: every registered scheduler (not the clairvoyant bound;
+    learned agents are named explicitly)."""
+    return [n for n in available_policies() if n not in local_policies()]
 
 
 def make_policy(name: str, env: Any, **kwargs: Any) -> Any:
-    """Build policy ``name`` for ``env`` (solvers' factory, eval's own, or round-robin)."""
+    """Build policy ``name`` (short or solvers' name) for ``env``."""
+    name = canonical_policy(name)
     local = local_policies()
     if name in local:
         return local[name](env, **kwargs)
-    try:
+    if _solver_registry() is not None:
         from solvers import make_policy as solver_make_policy
-    except ImportError:
-        solver_make_policy = None
-    if solver_make_policy is not None:
-        return solver_make_policy(name, env, **kwargs)
+
+        return solver_make_policy(solver_policy_name(name), env, **kwargs)
     if name == REFERENCE_POLICY:
         from carbon_gym.policy import RoundRobinPolicy
 

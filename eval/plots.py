@@ -278,8 +278,15 @@ def polling_curve(table: Any, stem: str, *, title: str = "") -> list[str]:
         for ax, col in ((axes[0], "slo_violation_pct"), (axes[1], "reduction_vs_rr_pct")):
             err = sel[col + "_ci95"].to_numpy(float) if col + "_ci95" in sel else None
             ax.errorbar(sel["polling_s"], sel[col], yerr=None if err is None else np.nan_to_num(err), marker="o", color=colors[pol], label=pol, capsize=2, linewidth=1.1, markersize=4)
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    periods = sorted(set(float(v) for v in table["polling_s"]))
+    axes[0].set_ylim(bottom=0)
     for ax in axes:
         ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(FixedLocator(periods))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.set_xlabel("polling period (s)")
         ax.axvline(2.0, color="0.5", linestyle=":", linewidth=0.8)
         ax.grid(alpha=0.3)
