@@ -1,0 +1,293 @@
+"""Baseline schedulers: round-robin, carbon-greedy, least-loaded, and the "earlier studies" planner.
+
+* :class:`RoundRobin` — the reference: :class:`carbon_gym.policy.RoundRobinPolicy` (cycles over
+  the allowed datacenters, one request at a time).
+* :class:`CarbonGreedy` — every request to the allowed datacenter with the lowest grid carbon
+  intensity now (ties: lower PUE, then lower index). Blind to load.
+* :class:`LeastLoaded` — every request (oldest first) to the allowed datacenter with the lowest
+  estimated end-to-end latency ``waited + net + W_d + alpha_d p + o x TPOT_d``, updating
+  ``W_d`` and ``TPOT_d`` after each placement as the state-aware per-request ILP does. Blind to
+  carbon.
+* :class:`SharePlanner` — earlier carbon-aware schedulers (placement re-planned on 15-minute to
+  1-hour intervals, latency assumed independent of load): every ``replan_s`` seconds of
+  simulated time (default 900 s, up to 3,600 s) it solves a small LP for the share of each
+  origin's traffic each datacenter takes::
+
+      min  sum_{o,d} f_od g_d E_d          (E_d: energy of a mean request served alone at d, J)
+      s.t. sum_d f_od = rate_o             (requests/s from origin o, measured since the last plan)
+           sum_o f_od <= cap_d             (static capacity: engines x per-engine rate x utilisation)
+           f_od = 0 unless net_od + lone prefill <= TTFT target and lone TPOT <= TPOT target
+           f_od >= 0
+
+  (capacities are scaled up together if the traffic exceeds them), then routes each request by
+  a smooth weighted round-robin over its origin's shares until the next plan. The per-engine
+  rate is the measured serving capacity of the model (``carbon_gym/data/load_levels.toml``)
+  when the scenario's model is there, else ``capacity_per_engine_rps``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from carbon_gym.errors import ConfigError
+
+from .base import Scheduler, first_allowed
+from .problem import PlacementProblem
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RoundRobin", "CarbonGreedy", "LeastLoaded", "SharePlanner"]
+
+
+class RoundRobin(Scheduler):
+    """Round-robin over the allowed datacenters (wraps :class:`carbon_gym.policy.RoundRobinPolicy`
+    when acting on an env; :meth:`place` is the same rule on a problem)."""
+
+    name = "round-robin"
+
+    def __init__(self, env: Any = None, **kwargs: Any) -> None:
+        from carbon_gym.policy import RoundRobinPolicy
+
+        self._rr = RoundRobinPolicy()
+        self._cursor = 0
+        super().__init__(env, **kwargs)
+
+    def reset_state(self) -> None:
+        """Restart the cycle at datacenter 0."""
+        self._rr.reset()
+        self._cursor = 0
+
+    def act(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
+        """The reference implementation's action (timed)."""
+        import time
+
+        t0 = time.perf_counter()
+        action = self._rr.act(observation, info)
+        self.stats["decision_s"].append(time.perf_counter() - t0)
+        return action
+
+    def place(self, problem: PlacementProblem) -> np.ndarray:
+        """Cycle over the allowed datacenters in request order."""
+        d_n = problem.n_datacenters
+        allowed = first_allowed(problem)
+        out = np.full(problem.n_requests, d_n, dtype=np.int64)
+        order = np.arange(d_n)
+        for r in range(problem.n_requests):
+            cand = (self._cursor + order) % d_n
+            ok = allowed[r][cand]
+            if not ok.any():
+                continue
+            d = int(cand[np.argmax(ok)])
+            out[r] = d
+            self._cursor = (d + 1) % d_n
+        return out
+
+
+class CarbonGreedy(Scheduler):
+    """Lowest current carbon intensity among the allowed datacenters (load-blind)."""
+
+    name = "carbon-greedy"
+
+    def place(self, problem: PlacementProblem) -> np.ndarray:
+        """Each request to its greenest allowed datacenter."""
+        p = problem
+        d_n = p.n_datacenters
+        rank = np.lexsort((np.arange(d_n), p.pue, p.carbon_g_per_kwh))
+        score = np.empty(d_n)
+        score[rank] = np.arange(d_n)
+        allowed = first_allowed(p)
+        s = np.where(allowed, score[None, :], np.inf)
+        return np.where(allowed.any(axis=1), np.argmin(s, axis=1), d_n).astype(np.int64)
+
+
+class LeastLoaded(Scheduler):
+    """Lowest estimated end-to-end latency, updated after each placement (carbon-blind)."""
+
+    name = "least-loaded"
+
+    def place(self, problem: PlacementProblem) -> np.ndarray:
+        """Oldest first, each to the datacenter with the lowest latency estimate."""
+        p = problem
+        d_n = p.n_datacenters
+        out = np.full(p.n_requests, d_n, dtype=np.int64)
+        allowed = first_allowed(p)
+        wait = p.est_queue_wait_s.copy()
+        tpot = p.tpot_now_s.copy()
+        wait_inc = p.prefill_s_per_token / p.n_engines
+        tpot_inc = p.tpot_slope_s_per_seq / p.n_engines
+        for r in np.argsort(-p.waited_s, kind="stable"):
+            ok = allowed[r]
+            if not ok.any():
+                continue
+            pre = p.prefill_fixed_s + p.prompt_tokens[r] * p.prefill_s_per_token
+            e2e = p.network_s[r] + wait + pre + p.output_tokens[r] * tpot
+            d = int(np.argmin(np.where(ok, e2e, np.inf)))
+            out[r] = d
+            wait[d] += wait_inc[d] * p.prompt_tokens[r]
+            tpot[d] += tpot_inc[d]
+        return out
+
+
+def _per_engine_capacity_rps(env: Any, default: float) -> float:
+    """Measured per-engine serving capacity of the env's model, requests/s (or ``default``)."""
+    try:
+        from carbon_gym.scenario import load_load_levels
+
+        model = getattr(getattr(env, "unwrapped", env), "scenario").model
+        return float(load_load_levels().per_engine_rate_per_s[model])
+    except Exception:  # noqa: BLE001 - no env / model not measured: documented default
+        return float(default)
+
+
+class SharePlanner(Scheduler):
+    """The "earlier studies" planner (see the module docstring).
+
+    Args:
+        env: the env (optional until :meth:`reset`).
+        replan_s: planning interval, simulated seconds (900 to 3,600 in the studies; any > 0 accepted).
+        utilisation: fraction of the static capacity the plan may use.
+        capacity_per_engine_rps: per-engine capacity used when the model's measured one is unknown.
+
+    ``stats["plans"]`` counts the plans made.
+    """
+
+    name = "planner"
+
+    def __init__(self, env: Any = None, *, replan_s: float = 900.0, utilisation: float = 0.9,
+                 capacity_per_engine_rps: float = 4.0, **kwargs: Any) -> None:
+        if not replan_s > 0:
+            raise ConfigError("replan_s", f"must be > 0 seconds, got {replan_s}")
+        if not 0 < utilisation <= 1:
+            raise ConfigError("utilisation", f"must be in (0, 1], got {utilisation}")
+        self.replan_s = float(replan_s)
+        self.utilisation = float(utilisation)
+        self.capacity_per_engine_rps = float(capacity_per_engine_rps)
+        super().__init__(env, **kwargs)
+
+    def reset_stats(self) -> None:
+        """Clear the statistics."""
+        self.stats = {"decision_s": [], "plans": 0}
+
+    def reset_state(self) -> None:
+        """Forget the plan and the traffic history."""
+        self._shares: np.ndarray | None = None
+        self._credit: np.ndarray | None = None
+        self._next_plan_s = -np.inf
+        self._since_s = 0.0
+        self._counts: np.ndarray | None = None
+        self._net: np.ndarray | None = None
+
+    def _observe(self, p: PlacementProblem) -> None:
+        n_o = max(int(p.origin.max()) + 1 if p.n_requests else 1, 1 if self._counts is None else self._counts.size)
+        if self._counts is None or self._counts.size < n_o:
+            old = self._counts
+            self._counts = np.zeros(n_o)
+            if old is not None:
+                self._counts[:old.size] = old
+        if self._net is None or self._net.shape[0] < n_o:
+            old = self._net
+            self._net = np.full((n_o, p.n_datacenters), np.nan)
+            if old is not None:
+                self._net[:old.shape[0]] = old
+        new = p.waited_s < p.poll_s
+        self._counts += np.bincount(p.origin[new], minlength=self._counts.size)
+        for o in np.unique(p.origin):
+            self._net[o] = p.network_s[p.origin == o].mean(axis=0)
+
+    def plan(self, p: PlacementProblem) -> np.ndarray:
+        """Solve the share LP for the current traffic; returns shares (origins, D)."""
+        import highspy
+
+        d_n = p.n_datacenters
+        elapsed = max(p.time_s - self._since_s, p.poll_s)
+        rate = self._counts / elapsed
+        n_o = rate.size
+        per_engine = _per_engine_capacity_rps(self.env, self.capacity_per_engine_rps)
+        cap = np.where(p.up, self.utilisation * p.n_engines * per_engine, 0.0)
+        mean_p = float(p.prompt_tokens.mean()) if p.n_requests else 1000.0
+        mean_o = float(p.output_tokens.mean()) if p.n_requests else 200.0
+        lone_prefill = mean_p * p.prefill_s_per_token
+        energy = p.tp * ((p.gpu_prefill_w - p.gpu_idle_w) * lone_prefill
+                         + (float(p.decode_power_w(1.0)) - p.gpu_idle_w) * mean_o * p.tpot_idle_s)
+        cost = p.grams_per_joule * energy
+        net = np.where(np.isnan(self._net), 0.0, self._net)
+        feas = (net + lone_prefill[None, :] <= p.ttft_slo_s) & (p.tpot_idle_s <= p.tpot_slo_s)[None, :] & p.up[None, :]
+        for o in range(n_o):  # an origin with no latency-feasible datacenter may use any that is up
+            if not feas[o].any():
+                feas[o] = p.up
+        total = rate.sum()
+        if total > cap.sum() > 0:
+            cap = cap * (total / cap.sum()) * 1.000001
+        shares = np.zeros((n_o, d_n))
+        pairs = np.argwhere(feas)
+        if total <= 0 or pairs.size == 0:
+            best = np.argmin(np.where(p.up, cost, np.inf))
+            shares[:, best] = 1.0
+            return shares
+        n = pairs.shape[0]
+        rows_o = pairs[:, 0]
+        rows_d = n_o + pairs[:, 1]
+        r_idx = np.concatenate([rows_o, rows_d])
+        c_idx = np.concatenate([np.arange(n), np.arange(n)])
+        order = np.lexsort((c_idx, r_idx))
+        r_idx, c_idx = r_idx[order], c_idx[order]
+        n_rows = n_o + d_n
+        start = np.zeros(n_rows + 1, dtype=np.int32)
+        np.cumsum(np.bincount(r_idx, minlength=n_rows), out=start[1:])
+        h = highspy.Highs()
+        h.setOptionValue("output_flag", False)
+        # scale rates to O(1)
+        scale = max(total, 1e-9)
+        lo = np.concatenate([rate / scale, np.full(d_n, -np.inf)])
+        hi = np.concatenate([rate / scale, cap / scale])
+        h.passModel(n, n_rows, 2 * n, int(highspy.MatrixFormat.kRowwise), int(highspy.ObjSense.kMinimize), 0.0,
+                    cost[pairs[:, 1]] / max(cost.max(), 1e-300), np.zeros(n), np.full(n, np.inf), lo, hi, start,
+                    c_idx.astype(np.int32), np.ones(2 * n), np.zeros(n, dtype=np.int32))
+        h.run()
+        if h.getInfo().primal_solution_status != 2:
+            log.warning("planner LP failed (%s); sending everything to the greenest datacenter",
+                        h.modelStatusToString(h.getModelStatus()))
+            shares[:, np.argmin(np.where(p.up, cost, np.inf))] = 1.0
+            return shares
+        f = np.maximum(np.asarray(h.getSolution().col_value), 0.0) * scale
+        np.add.at(shares, (pairs[:, 0], pairs[:, 1]), f)
+        for o in range(n_o):
+            s = shares[o].sum()
+            if s > 0:
+                shares[o] /= s
+            else:
+                shares[o, np.argmin(np.where(feas[o], cost, np.inf))] = 1.0
+        return shares
+
+    def place(self, problem: PlacementProblem) -> np.ndarray:
+        """Route by the current plan (re-planning first when the interval has passed)."""
+        p = problem
+        d_n = p.n_datacenters
+        self._observe(p)
+        if p.time_s >= self._next_plan_s or self._shares is None or self._shares.shape[0] < self._counts.size:
+            self._shares = self.plan(p)
+            self._credit = np.zeros_like(self._shares)
+            self.stats["plans"] += 1
+            self._next_plan_s = p.time_s + self.replan_s
+            self._since_s = p.time_s
+            self._counts = np.zeros_like(self._counts)
+        out = np.full(p.n_requests, d_n, dtype=np.int64)
+        allowed = first_allowed(p)
+        greenest = np.lexsort((np.arange(d_n), p.carbon_g_per_kwh * p.pue))
+        for r in range(p.n_requests):
+            ok = allowed[r]
+            if not ok.any():
+                continue
+            o = int(p.origin[r])
+            w = self._shares[o] * ok
+            if w.sum() <= 0:  # every planned datacenter masked: greenest allowed one
+                d = int(greenest[np.argmax(ok[greenest])])
+            else:
+                self._credit[o] += w / w.sum()
+                d = int(np.argmax(np.where(ok, self._credit[o], -np.inf)))
+                self._credit[o, d] -= 1.0
+            out[r] = d
+        return out
