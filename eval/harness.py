@@ -558,8 +558,9 @@ class RunFailed(RuntimeError):
     def kind(self) -> str:
         """``"config"``, ``"carbon_gym"`` or ``"other"`` (see :class:`WorkerError`)."""
         exc = self.original
-        if isinstance(exc, WorkerError):
-            return exc.kind
+        kind = getattr(exc, "kind", None)
+        if isinstance(exc, WorkerError) and kind:
+            return kind
         return _wrap_exception(exc).kind
 
 
@@ -687,10 +688,11 @@ def _run_ray(specs: list[RunSpec], order: list[int], address: str, keep: list[bo
             i = refs[ref]
             try:
                 res = ray.get(ref)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - RayTaskError wraps the worker's WorkerError
                 for r in pending:
                     ray.cancel(r)
-                raise RunFailed(specs[i], exc) from exc
+                cause = getattr(exc, "cause", None)
+                raise RunFailed(specs[i], cause if isinstance(cause, WorkerError) else exc) from None
             done(i, res)
 
 
