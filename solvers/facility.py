@@ -121,6 +121,9 @@ class FacilityConfig:
         defer_penalty_g: grams charged per deferred request.
         engine_model: ``"spread"`` (woken engines = min(added, idle)) or ``"pack"``.
         ttft_budget_quantile: q of the added-wait budget theta_d (0..1).
+        class_budget_margin: the class form plans with token budgets ``(1 - margin) T_d``, as
+            a split class's members carry a slightly different prompt total than count x mean
+            (0 in the binary form).
         max_prefill_share: cap on the share of iteration time prefill may take at a datacenter
             (rho in Q_d), a utilisation cap that leaves room for the randomness of arrivals.
         prompt_ratio, output_ratio: geometric bin ratios of prompt / predicted output length in
@@ -133,6 +136,10 @@ class FacilityConfig:
         backend: ``"highspy"`` (direct arrays) or ``"pyomo"`` (reference model via appsi_highs).
         warm_start: hand the greedy placement to HiGHS as the starting incumbent.
         threads: HiGHS threads.
+        bb_max_columns: run HiGHS branch-and-bound only on programs with at most this many x
+            columns (pairs); larger ones return the LP-rounding incumbent with its certified gap
+            (HiGHS's root cut separation alone took 0.3-0.75 s at ~1,600 columns here and does
+            not honour the interrupt callback, so it cannot fit a 0.25 s decision).
     """
 
     violation_penalty_g: float = 1.0
@@ -140,6 +147,7 @@ class FacilityConfig:
     engine_model: str = "spread"
     ttft_budget_quantile: float = 0.02
     max_prefill_share: float = 0.5
+    class_budget_margin: float = 0.03
     prompt_ratio: float | None = None
     output_ratio: float | None = 2.0
     headroom_bin_s: float | None = 0.25
@@ -149,6 +157,7 @@ class FacilityConfig:
     backend: str = "highspy"
     warm_start: bool = True
     threads: int = 1
+    bb_max_columns: int = 600
 
     def __post_init__(self) -> None:
         if self.engine_model not in ("spread", "pack"):
@@ -161,6 +170,8 @@ class FacilityConfig:
                 raise ConfigError(f"facility.{name}", f"must be > 1 or None, got {v}")
         if self.headroom_bin_s is not None and not self.headroom_bin_s > 0:
             raise ConfigError("facility.headroom_bin_s", f"must be > 0 or None, got {self.headroom_bin_s}")
+        if not 0.0 <= self.class_budget_margin < 1.0:
+            raise ConfigError("facility.class_budget_margin", "must be in [0, 1)")
         if not 0.0 < self.max_prefill_share <= 1.0:
             raise ConfigError("facility.max_prefill_share", "must be in (0, 1]")
         if not 0.0 <= self.ttft_budget_quantile <= 1.0:
@@ -267,6 +278,7 @@ class FacilityData:
     beta: np.ndarray
     theta: np.ndarray
     prefill_cap: np.ndarray
+    budget_scale: float
     big_m: np.ndarray
     lam: float
     lam_tok: float
@@ -288,7 +300,7 @@ class FacilityData:
     @property
     def tok_cap(self) -> np.ndarray:
         """(D,) prompt-token budget: min(theta_d / beta_d, prefill_cap_d)."""
-        return np.minimum(self.theta / np.maximum(self.beta, 1e-300), self.prefill_cap)
+        return self.budget_scale * np.minimum(self.theta / np.maximum(self.beta, 1e-300), self.prefill_cap)
 
 
 def _class_keys(problem: PlacementProblem, allowed: np.ndarray, cfg: FacilityConfig) -> np.ndarray:
@@ -354,6 +366,7 @@ def compile_facility(problem: PlacementProblem, cfg: FacilityConfig = FacilityCo
         kappa=kappa_c[pc, pd], miss=miss_c[pc, pd], cap_seq=cap_seq, spe=spe, idle=idle, fixed_g=g * fixed,
         free_kv=np.maximum(p.free_kv_tokens, 0.0), beta=p.prefill_s_per_token / p.n_engines, theta=theta,
         prefill_cap=p.prefill_rate_cap_tokens(cfg.max_prefill_share),
+        budget_scale=1.0 if cfg.binary else 1.0 - cfg.class_budget_margin,
         big_m=big_m, lam=lam, lam_tok=lam / max(pbar, 1.0), lam_kv=lam / max(kvbar, 1.0),
         lam_defer=float(cfg.defer_penalty_g), engine_model=cfg.engine_model, n_datacenters=d_n,
     )
@@ -721,7 +734,9 @@ class SolveResult:
 #: beat the incumbent by more than the MIP gap (measured with eval/bench_solvers.py).
 #: The feasibility-jump heuristic is off too: it does not check HiGHS's interrupt callback and
 #: ran for 0.3-0.5 s at 1,000 requests, blowing the deadline.
-_CUTS = True
+#: Per-pair valid inequalities y_d >= min(1, I_d / N_c) x_cd (spread): tighten the LP bound by
+#: 1-2.5% but make the LP 5-10x slower at 1,000-2,000 requests; off in the hot path.
+_CUTS = False
 _HIGHS_OPTIONS: dict[str, Any] = {"mip_heuristic_run_rins": False, "mip_heuristic_run_rens": False,
                                   "mip_heuristic_run_feasibility_jump": False}
 
@@ -735,9 +750,11 @@ def solve_highspy(
     2. Rounding: the LP counts rounded down, the requests left placed by :func:`class_greedy`;
        the better of this and ``warm`` (pair counts, defer counts) is the incumbent.
     3. If the incumbent is within ``cfg.mip_gap`` of the LP bound, it is returned (the gap is
-       certified by the bound); otherwise the MILP is solved by HiGHS branch-and-bound from that
-       incumbent until the gap or the deadline (enforced by an interrupt callback, as HiGHS's own
-       time limit is only checked between root-node phases and overran it by up to 1 s here).
+       certified by the bound). Otherwise, on programs with at most ``cfg.bb_max_columns`` x
+       columns, the MILP is solved by HiGHS branch-and-bound from that incumbent until the gap
+       or the deadline (enforced by an interrupt callback too, as HiGHS's own time limit is only
+       checked between root-node phases and overran it by up to 1 s here); larger programs
+       return the incumbent and its certified gap.
 
     ``status`` says which step produced the answer; ``mip_gap`` is the certified relative gap.
     """
@@ -779,8 +796,12 @@ def solve_highspy(
     def gap_of(obj: float) -> float:
         return (obj - bound) / max(abs(obj), 1e-12) if np.isfinite(bound) else float("inf")
 
-    if best is not None and (gap_of(best[0]) <= cfg.mip_gap or time.perf_counter() >= deadline):
+    skip_bb = lay.n_x > cfg.bb_max_columns or deadline - time.perf_counter() < 0.02
+    if best is not None and (gap_of(best[0]) <= cfg.mip_gap or skip_bb):
         return SolveResult(best[1], best[2], best[3], best[0], t1 - t0, time.perf_counter() - t1, gap_of(best[0]))
+    if best is None and skip_bb:
+        return SolveResult(None, None, "no incumbent (LP relaxation unsolved in time)", float("nan"), t1 - t0,
+                           time.perf_counter() - t1)
     # branch-and-bound from the incumbent
     h.setOptionValue("presolve", "choose")
     h.setOptionValue("mip_rel_gap", float(cfg.mip_gap))
@@ -873,7 +894,9 @@ def solve_pyomo(data: FacilityData, cfg: FacilityConfig = FacilityConfig()) -> S
         m.wake_a = pyo.Constraint(m.Y, rule=lambda m, d: added(m, d) - m.y[d] - data.big_m[d] * m.s[d] <= 0)
         m.wake_b = pyo.Constraint(m.Y, rule=lambda m, d: m.y[d] - data.idle[d] * m.s[d] >= 0)
     t1 = time.perf_counter()
-    solver = pyo.SolverFactory("appsi_highs")
+    from pyomo.contrib.appsi.solvers import Highs  # the APPSI interface behind SolverFactory("appsi_highs")
+
+    solver = Highs()
     solver.config.time_limit = float(cfg.time_limit_s)
     solver.config.mip_gap = float(cfg.mip_gap)
     solver.config.load_solution = False
