@@ -156,14 +156,29 @@ def resolve_policies(text: str) -> list[str]:
             out.extend(p for p in harness.default_policies() if p not in out)
             continue
         n = harness.canonical_policy(n)
+        if harness.is_learned(n):
+            _check_checkpoint(n)
+            out.append(n)
+            continue
         if n not in allowed:
-            raise UsageError("--policies", f"unknown policy {n!r}", allowed + ["all"])
+            raise UsageError("--policies", f"unknown policy {n!r}", allowed + ["all", "learned", "learned:<checkpoint.zip>"])
         if n not in out:
             out.append(n)
     if harness.REFERENCE_POLICY not in out:
         print(f"{PROG}: note: adding '{harness.REFERENCE_POLICY}' (the reference for 'vs rr')", file=sys.stderr)
         out.insert(0, harness.REFERENCE_POLICY)
     return out
+
+
+def _check_checkpoint(name: str) -> None:
+    """A learned policy's checkpoint must exist (and train/ must be installed)."""
+    try:
+        from train.policy import SHIPPED_CHECKPOINT
+    except ImportError:
+        raise UsageError("--policies", f"{name!r} needs the training extra: pip install 'carbon-gym[train]'") from None
+    path = str(SHIPPED_CHECKPOINT) if name == "learned" else name.split(":", 1)[1]
+    if not os.path.isfile(path):
+        raise UsageError("--policies", f"{name!r}: no checkpoint at {path!r}")
 
 
 def list_scenarios() -> list[str]:
@@ -294,11 +309,11 @@ def cmd_eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
     scenarios = resolve_scenarios(args.scenarios)
     overrides = parse_assignments(args.overrides, "--set")
     policy_kwargs = parse_policy_args(args.policy_args)
-    for pol in policy_kwargs:
-        if pol not in policies:
-            raise UsageError("--policy-arg", f"policy {pol!r} is not in --policies", policies)
-    from eval import experiments
+    from eval import experiments, harness
 
+    for pol in policy_kwargs:
+        if pol not in policies and not (pol == "learned" and any(harness.is_learned(p) for p in policies)):
+            raise UsageError("--policy-arg", f"policy {pol!r} is not in --policies", policies)
     check_scenarios(scenarios, experiments.preset_overrides(args.preset, args.duration_s, overrides))
 
     summary = experiments.run_eval(

@@ -203,8 +203,13 @@ def make_specs(
 ) -> list[RunSpec]:
     """The full matrix, ordered scenario -> policy -> seed. ``policy_kwargs`` is per policy name."""
     pk = {canonical_policy(k): v for k, v in (policy_kwargs or {}).items()}
+
+    def kw(p: str) -> Any:
+        return pk.get(canonical_policy(p), pk.get("learned") if is_learned(p) else None)
+
     return [
-        RunSpec(scenario=s, policy=canonical_policy(p), seed=int(k), overrides=_freeze(overrides), policy_kwargs=_freeze(pk.get(canonical_policy(p))))
+        RunSpec(scenario=s, policy=canonical_policy(p), seed=int(k), overrides=_freeze(overrides), policy_kwargs=_freeze(kw(p)),
+                label=learned_label(p) if is_learned(p) and p != "learned" else "")
         for s in scenarios
         for p in policies
         for k in seeds
@@ -273,12 +278,32 @@ def default_policies() -> list[str]:
     return [n for n in available_policies() if n not in local_policies()]
 
 
+LEARNED_PREFIXES = ("learned:", "ppo:")
+
+
+def is_learned(name: str) -> bool:
+    """``learned`` (the shipped checkpoint), ``learned:<path>`` or ``ppo:<path>`` (train/)."""
+    return name == "learned" or str(name).startswith(LEARNED_PREFIXES)
+
+
+def learned_label(name: str) -> str:
+    """Table name of a learned policy: ``learned`` or ``learned:<checkpoint stem>``."""
+    if name == "learned":
+        return name
+    prefix, _, path = name.partition(":")
+    return f"{prefix}:{os.path.splitext(os.path.basename(path))[0]}"
+
+
 def make_policy(name: str, env: Any, **kwargs: Any) -> Any:
-    """Build policy ``name`` (short or solvers' name) for ``env``."""
+    """Build policy ``name`` (short or solvers' name, or a learned checkpoint) for ``env``."""
     name = canonical_policy(name)
     local = local_policies()
     if name in local:
         return local[name](env, **kwargs)
+    if is_learned(name):
+        from train.policy import make_learned_policy
+
+        return make_learned_policy(name, env, **kwargs)
     if _solver_registry() is not None:
         from solvers import make_policy as solver_make_policy
 

@@ -208,3 +208,20 @@ def test_errors_inside_worker_processes_are_reported(capsys, tmp_path):
     rc = cli.main(argv + [str(tmp_path), "--policy-arg", "clairvoyant.bogus=1"])
     err = capsys.readouterr().err
     assert rc == 1 and "TypeError" in err and "Traceback" in err
+
+
+@pytest.mark.slow
+def test_learned_checkpoint_runs_through_the_harness(tmp_path):
+    pytest.importorskip("sb3_contrib", reason="learned policies need the [train] extra")
+    from train.cli import main as train_main
+
+    model = tmp_path / "agent.zip"
+    assert train_main(["--config", "dev_maskable", "--run-dir", str(tmp_path / "run"), "--total-timesteps", "64", "--export", str(model)]) == 0
+    out = tmp_path / "eval"
+    rc = cli.main(["eval", "--policies", f"rr,learned:{model}", "--scenarios", "dev", "--seeds", "1", "--duration-s", "10",
+                   "--out", str(out), "--workers", "1", "--no-progress", "--no-plots"])
+    assert rc == 0
+    runs = pd.read_csv(out / "runs.csv")
+    assert list(runs["policy"]) == ["rr", "learned:agent"]
+    assert runs["requests_arrived"].iloc[1] == runs["requests_arrived"].iloc[0]  # same workload
+    assert (out / "tensorboard" / "dev" / "learned_agent" / "seed_0").is_dir()
