@@ -34,6 +34,8 @@ import numpy as np
 
 from carbon_gym.errors import ConfigError
 
+from ._highs import new_highs
+from ._highs import run as run_highs
 from .base import Scheduler, first_allowed
 from .problem import PlacementProblem
 
@@ -74,13 +76,21 @@ class RoundRobin(Scheduler):
         d_n = problem.n_datacenters
         allowed = first_allowed(problem)
         out = np.full(problem.n_requests, d_n, dtype=np.int64)
+        rows = np.flatnonzero(allowed.any(axis=1))
+        if rows.size == 0:
+            return out
+        sub = allowed[rows]
+        if (sub == sub[0]).all():  # same datacenters allowed for everyone: vectorised
+            dcs = np.flatnonzero(sub[0])
+            start = int(np.searchsorted(dcs, self._cursor) % dcs.size)
+            picks = dcs[(start + np.arange(rows.size)) % dcs.size]
+            out[rows] = picks
+            self._cursor = int((picks[-1] + 1) % d_n)
+            return out
         order = np.arange(d_n)
-        for r in range(problem.n_requests):
+        for i, r in enumerate(rows):
             cand = (self._cursor + order) % d_n
-            ok = allowed[r][cand]
-            if not ok.any():
-                continue
-            d = int(cand[np.argmax(ok)])
+            d = int(cand[np.argmax(sub[i][cand])])
             out[r] = d
             self._cursor = (d + 1) % d_n
         return out
@@ -237,8 +247,7 @@ class SharePlanner(Scheduler):
         n_rows = n_o + d_n
         start = np.zeros(n_rows + 1, dtype=np.int32)
         np.cumsum(np.bincount(r_idx, minlength=n_rows), out=start[1:])
-        h = highspy.Highs()
-        h.setOptionValue("output_flag", False)
+        h = new_highs(1)
         # scale rates to O(1)
         scale = max(total, 1e-9)
         lo = np.concatenate([rate / scale, np.full(d_n, -np.inf)])
@@ -246,7 +255,7 @@ class SharePlanner(Scheduler):
         h.passModel(n, n_rows, 2 * n, int(highspy.MatrixFormat.kRowwise), int(highspy.ObjSense.kMinimize), 0.0,
                     cost[pairs[:, 1]] / max(cost.max(), 1e-300), np.zeros(n), np.full(n, np.inf), lo, hi, start,
                     c_idx.astype(np.int32), np.ones(2 * n), np.zeros(n, dtype=np.int32))
-        h.run()
+        run_highs(h)
         if h.getInfo().primal_solution_status != 2:
             log.warning("planner LP failed (%s); sending everything to the greenest datacenter",
                         h.modelStatusToString(h.getModelStatus()))

@@ -100,6 +100,8 @@ import numpy as np
 
 from carbon_gym.errors import ConfigError
 
+from ._highs import new_highs
+from ._highs import run as run_highs
 from .base import Scheduler
 from .problem import PlacementProblem
 
@@ -764,10 +766,7 @@ def solve_highspy(
     deadline = t0 + float(cfg.time_limit_s)
     lay, arr = _build_arrays(data)
     integ = arr["integ"].copy()
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("threads", int(cfg.threads))
-    h.setOptionValue("random_seed", 0)
+    h = new_highs(cfg.threads)
     h.setOptionValue("presolve", "off")
     status = h.passModel(
         lay.n_cols, int(arr["nrow"]), int(arr["value"].size), int(highspy.MatrixFormat.kRowwise),
@@ -778,7 +777,7 @@ def solve_highspy(
         return SolveResult(None, None, "model_error", float("nan"), time.perf_counter() - t0, 0.0)
     t1 = time.perf_counter()
     h.setOptionValue("time_limit", max(deadline - t1, 1e-3))
-    h.run()
+    run_highs(h)
     lp_ok = h.getModelStatus() == highspy.HighsModelStatus.kOptimal
     bound = float(h.getInfo().objective_function_value) if lp_ok else -np.inf
     cost = arr["cost"]
@@ -821,7 +820,7 @@ def solve_highspy(
             event.interrupt()
 
     h.cbMipInterrupt.subscribe(interrupt)
-    h.run()
+    run_highs(h)
     t2 = time.perf_counter()
     info = h.getInfo()
     text = h.modelStatusToString(h.getModelStatus())

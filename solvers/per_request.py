@@ -39,6 +39,8 @@ import numpy as np
 
 from carbon_gym.errors import ConfigError
 
+from ._highs import new_highs
+from ._highs import run as run_highs
 from .base import Scheduler, first_allowed
 from .problem import PlacementProblem
 
@@ -77,8 +79,7 @@ def _solve_with_highs(cost: np.ndarray) -> int:
     import highspy
 
     ok = np.flatnonzero(np.isfinite(cost))
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
+    h = new_highs(1)
     n = ok.size
     h.passModel(
         n, 1, n, int(highspy.MatrixFormat.kRowwise), int(highspy.ObjSense.kMinimize), 0.0,
@@ -86,7 +87,7 @@ def _solve_with_highs(cost: np.ndarray) -> int:
         np.array([0, n], dtype=np.int32), np.arange(n, dtype=np.int32), np.ones(n), np.ones(n, dtype=np.int32),
     )
     h.setOptionValue("mip_rel_gap", 0.0)
-    h.run()
+    run_highs(h)
     x = np.asarray(h.getSolution().col_value)
     return int(ok[int(np.argmax(x))])
 

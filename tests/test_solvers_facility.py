@@ -219,3 +219,22 @@ def test_config_errors() -> None:
         FacilityMILP(time_limit=1)
     with pytest.raises(ConfigError, match="max_prefill_share"):
         replace(FacilityConfig(), max_prefill_share=0.0)
+
+
+def test_survives_highs_thread_pool_set_up_elsewhere() -> None:
+    """Another HiGHS user in the process sized the thread pool differently first: the MILP still
+    solves (no silent degradation to the greedy)."""
+    import highspy
+
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("threads", 2)
+    h.passModel(1, 1, 1, 2, 1, 0.0, np.ones(1), np.zeros(1), np.ones(1), np.ones(1), np.ones(1),
+                np.array([0, 1], dtype=np.int32), np.array([0], dtype=np.int32), np.ones(1), np.zeros(1, dtype=np.int32))
+    h.run()
+    rng = np.random.default_rng(9)
+    p = synthetic_problem(rng, 600, load=0.6)
+    pol = FacilityMILP()
+    pol.place(p)
+    assert pol.stats["fallbacks"] == 0
+    assert pol.stats["status"][0].startswith(("lp-rounding", "milp"))
