@@ -453,7 +453,7 @@ class Scenario:
     carbon: CarbonConfig = spec(table_of(CarbonConfig), "[carbon]", CarbonConfig())
     engine: EngineSection = spec(table_of(EngineSection), "[engine]", EngineSection())
     env: EnvConfig = spec(table_of(EnvConfig), "[env]", EnvConfig())
-    faults: tuple[dict, ...] = spec(raw_tables(), "[[faults]] (validated by the fault injector)", ())
+    faults: tuple[dict, ...] = spec(raw_tables(), "[[faults]]: outages, links, carbon-feed gaps, drains (see carbon_gym.faults)", ())
     source: str = ""
     resolved_rate_per_s: float = 0.0
 
@@ -853,6 +853,10 @@ def _resolve(s: Scenario, ctx: _Ctx, base_dir: Path | None) -> Scenario:
     n_engines = sum(d.gpus // tp for d in topo.datacenters)
     if n_engines < 1:
         raise ctx.err("topology", f"no engine fits: datacenters have fewer GPUs than tp={tp}")
+    if s.faults:  # [[faults]]: validated against the topology (carbon_gym.faults)
+        from .faults import parse_faults
+
+        parse_faults(s.faults, topo, duration_s=s.duration_s, tp=tp, source=ctx.source)
 
     # workload
     w = s.workload

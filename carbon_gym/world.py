@@ -39,6 +39,7 @@ from .workload import (
 __all__ = [
     "build_world", "build_topology", "build_network", "build_carbon", "build_workload", "build_forecaster",
     "build_predictor", "build_engine_config", "default_topology", "derive_seed", "WorldParts", "build_parts",
+    "build_fault_runtime",
 ]
 
 
@@ -194,10 +195,9 @@ def build_world(scenario: Scenario, seed: int | None = None, *, step_mode: bool 
         step_mode: pass-through to the simulator (one iteration at a time; for equivalence tests).
 
     Returns:
-        ``(Simulator, Workload)``.
+        ``(Simulator, Workload)``. The scenario's ``[[faults]]`` are not applied here: they act
+        as time passes, through :func:`build_fault_runtime` (the env does this).
     """
-    if scenario.faults:
-        raise ConfigError("faults", "fault injection is not wired into build_world yet", source=scenario.source or None)
     from .sim.simulator import Simulator  # lazy: written concurrently, heavy-ish
 
     parts = build_parts(scenario)
@@ -205,3 +205,12 @@ def build_world(scenario: Scenario, seed: int | None = None, *, step_mode: bool 
                                   dispatcher=scenario.engine.dispatcher, step_mode=step_mode)
     sim = Simulator(parts.topology, parts.model, parts.gpu, parts.latency, parts.power, parts.network, parts.carbon, **kwargs)
     return sim, build_workload(scenario, seed)
+
+
+def build_fault_runtime(scenario: Scenario, sim: Any) -> Any:
+    """A :class:`~carbon_gym.faults.FaultRuntime` applying the scenario's faults to ``sim``
+    (None when the scenario has no faults)."""
+    from .faults import FaultRuntime, scenario_faults
+
+    faults = scenario_faults(scenario)
+    return FaultRuntime(faults, sim) if faults else None

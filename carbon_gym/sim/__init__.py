@@ -7,8 +7,8 @@ Public API: :class:`Simulator`, :class:`EngineConfig`, the result types
 
 from .dispatch import available_dispatchers, get_dispatcher, register_dispatcher
 from .engine import EngineConfig
-from .records import RECORD_COLUMNS, AbortedRequests, RequestRecords
-from .simulator import ClusterSnapshot, LatencyEstimates, SimTotals, Simulator
+from .records import RECORD_COLUMNS, AbortedRequests, RecordWriter, RequestRecords, load_record_dir
+from .simulator import ClusterSnapshot, EnergyAttribution, LatencyEstimates, SimTotals, Simulator
 
 __all__ = [
     "Simulator",
@@ -18,6 +18,9 @@ __all__ = [
     "SimTotals",
     "RequestRecords",
     "AbortedRequests",
+    "EnergyAttribution",
+    "RecordWriter",
+    "load_record_dir",
     "RECORD_COLUMNS",
     "available_dispatchers",
     "get_dispatcher",

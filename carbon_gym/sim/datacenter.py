@@ -18,7 +18,7 @@ import math
 from typing import Any, Callable
 
 from ..topology import DatacenterSpec
-from .engine import Engine, EngineConfig, EngineModels, RequestState
+from .engine import IDLE, Engine, EngineConfig, EngineModels, RequestState
 
 J_PER_KWH = 3.6e6
 SECONDS_PER_HOUR = 3600.0
@@ -140,6 +140,13 @@ class Datacenter:
         self.idle_j = 0.0
         self.host_j = 0.0
         self.carbon_g = 0.0
+        # carbon of the power drawn by engines with work (the part per-request shares split)
+        self.active_carbon_g = 0.0
+        # energy / carbon of iterations cut short by an outage (attributed to no request)
+        self.aborted_active_j = 0.0
+        self.aborted_active_carbon_g = 0.0
+        self.base_score_fn = score_fn
+        self.n_draining = 0
         self.in_transit = 0
         self.waiting = 0
         self.running = 0
@@ -174,7 +181,9 @@ class Datacenter:
         self.idle_j += self.p_idle * dt
         self.host_j += host * dt
         c = self.cum(t)
-        self.carbon_g += (p_gpu + host) * self.pue * (c - self.c_last) / J_PER_KWH
+        k = self.pue * (c - self.c_last) / J_PER_KWH
+        self.carbon_g += (p_gpu + host) * k
+        self.active_carbon_g += (p_gpu - self.p_idle) * k
         self.c_last = c
         self.t_last = t
 
@@ -217,20 +226,63 @@ class Datacenter:
         aborted: list[RequestState] = []
         if not up:
             for e in self.engines:
-                aborted.extend(e.abort_all())
+                aborted.extend(e.abort_all(t))
             self.waiting = 0
             self.running = 0
             self.p_gpu = 0.0
             self.p_idle = 0.0
             self.host_w = 0.0
         else:
+            p = 0.0
             for e in self.engines:
                 e.reset()
-            self.p_gpu = self.n_engines * self.models.idle_engine_w
-            self.p_idle = self.p_gpu
+                e.power_w = e.rest_w  # drained engines stay off
+                p += e.rest_w
+            self.p_gpu = p
+            self.p_idle = p
             self.host_w = self.host_on_w
         self.n_idle = self.n_engines
         for e in self.engines:
             self.scores[e.index] = self.score_fn(e)
         self.up = up
         return aborted
+
+    def set_draining(self, t: float, n: int, power_off: bool = True) -> None:
+        """Drain the last ``n`` engines (by index) for maintenance from ``t``; the others stop draining.
+
+        A draining engine gets no new request from the dispatcher (unless every engine of the
+        datacenter drains); the requests waiting in its queue are re-dispatched to the others,
+        its running batch finishes, then it draws ``0 W`` (``power_off``) or idle power until
+        the drain ends.
+        """
+        n = max(0, min(int(n), self.n_engines))
+        first = self.n_engines - n
+        moved: list[RequestState] = []
+        for e in self.engines:
+            drain = e.index >= first
+            rest = 0.0 if (drain and power_off) else self.models.idle_engine_w
+            if drain and not e.draining:
+                e.draining = True
+                if n < self.n_engines:  # some engine still takes work: move the queue there
+                    moved.extend(e.take_waiting())
+            elif not drain and e.draining:
+                e.draining = False
+            if rest != e.rest_w:
+                e.rest_w = rest
+                if e.state == IDLE and self.up:  # idle now: switch its power
+                    e._set_power(t, rest, True)
+        self.n_draining = n
+        base = self.base_score_fn
+        if n:
+            self.score_fn = lambda e: math.inf if e.draining else base(e)
+        else:
+            self.score_fn = base
+        for e in self.engines:
+            self.scores[e.index] = self.score_fn(e)
+        for r in sorted(moved, key=lambda r: r.rid):
+            self.pick().enqueue(r, t)
+
+    @property
+    def accepting_engines(self) -> int:
+        """Engines that take new requests: 0 when down, else those not draining."""
+        return self.n_engines - self.n_draining if self.up else 0

@@ -214,6 +214,10 @@ class Engine:
         self.counter = counter
         self.rows = rows
         self.total_blocks = total_blocks
+        # faults (engine drain): a draining engine receives no new requests from the dispatcher;
+        # ``rest_w`` is what it draws when it has no work (0 W once drained with power-off)
+        self.draining = False
+        self.rest_w = models.idle_engine_w
         self.reset()
 
     def reset(self) -> None:
@@ -714,7 +718,7 @@ class Engine:
             dc.scores[self.index] = dc.score_fn(self)
         if not dec and not chunks:
             self.state = IDLE
-            self._set_power(t, self.models.idle_engine_w, True)
+            self._set_power(t, self.rest_w, True)
             self.sig = False
             return
         models = self.models
@@ -765,8 +769,17 @@ class Engine:
             self.is_idle = idle
 
     # ------------------------------------------------------------------ faults
-    def abort_all(self) -> list[RequestState]:
-        """Drop every request on this engine (datacenter outage); return them."""
+    def abort_all(self, t: float | None = None) -> list[RequestState]:
+        """Drop every request on this engine (datacenter outage); return them.
+
+        With ``t``, the energy and carbon of the iteration (or decode run) in progress, drawn
+        since it started and attributed to no request, are added to the datacenter's
+        ``aborted_active_j`` / ``aborted_active_carbon_g``.
+        """
+        if t is not None and self.state in (ITER, RUN):
+            e, c = self.in_progress_share(t)
+            self.dc.aborted_active_j += e
+            self.dc.aborted_active_carbon_g += c
         reqs = list(self.running.values()) + list(self.waiting)
         for r in reqs:
             if r.decoding and not self.step:
@@ -774,4 +787,41 @@ class Engine:
                 r.carbon_g += self.cum_c - r.c_mark
             r.alive = False
         self.reset()
+        return reqs
+
+    def in_progress_share(self, t: float) -> tuple[float, float]:
+        """Facility energy (J) and carbon (g) of the iteration or decode run in progress from its
+        start to ``t`` (not yet attributed to requests; (0, 0) when none is in progress)."""
+        if self.state not in (ITER, RUN) or t <= self.t0:
+            return 0.0, 0.0
+        dc = self.dc
+        pf = self.power_w * dc.pue
+        return pf * (t - self.t0), pf * (dc.cum(t) - self.c0) / J_PER_KWH
+
+    def request_shares(self) -> tuple[float, float, int]:
+        """(energy J, carbon g, count) already attributed to the requests on this engine
+        (running and waiting; completed iterations only)."""
+        e = c = 0.0
+        n = 0
+        for r in list(self.running.values()) + list(self.waiting):
+            e += r.energy_j
+            c += r.carbon_g
+            if r.decoding and not self.step:
+                e += self.cum_e - r.e_mark
+                c += self.cum_c - r.c_mark
+            n += 1
+        return e, c, n
+
+    def take_waiting(self) -> list[RequestState]:
+        """Remove and return the requests waiting in this engine's queue (engine drain: they are
+        re-dispatched to the other engines of the datacenter)."""
+        reqs = list(self.waiting)
+        if not reqs:
+            return reqs
+        self.waiting.clear()
+        self.pending_tokens = 0
+        self.waiting_blocks = 0
+        dc = self.dc
+        dc.waiting -= len(reqs)
+        dc.scores[self.index] = dc.score_fn(self)
         return reqs

@@ -155,7 +155,9 @@ class AbortedRequests:
 
     Attributes are arrays, one entry per aborted request: ``request_id``, ``origin``,
     ``arrival_s`` (client arrival), ``prompt_tokens``, ``output_tokens``, ``datacenter`` (where
-    they were), ``preemptions``. The caller may resubmit them elsewhere (they get new ids).
+    they were), ``preemptions``, and the wasted work: ``energy_j`` / ``carbon_g``, each request's
+    share of the iterations it had completed (facility level, as in :class:`RequestRecords`).
+    The caller may resubmit them elsewhere (they get new ids).
     """
 
     request_id: np.ndarray
@@ -165,6 +167,149 @@ class AbortedRequests:
     output_tokens: np.ndarray
     datacenter: np.ndarray
     preemptions: np.ndarray
+    energy_j: np.ndarray
+    carbon_g: np.ndarray
 
     def __len__(self) -> int:
         return int(self.request_id.shape[0])
+
+
+class RecordWriter:
+    """Streams :class:`RequestRecords` to numbered ``.npz`` chunk files in a directory, so that a
+    long run keeps at most ``chunk_rows`` completed records in memory.
+
+    Files are ``<directory>/part-00000.npz``, ``part-00001.npz``, ... (written when the buffer
+    reaches ``chunk_rows`` rows and by :meth:`flush` / :meth:`close`). :meth:`read_all` (or
+    :func:`load_record_dir`) reads them back in order; :meth:`percentiles` computes exact
+    percentiles of one column with bounded memory (two passes over the files).
+
+    Args:
+        directory: created if missing; existing ``part-*.npz`` files in it are refused.
+        chunk_rows: rows per file (>= 1).
+    """
+
+    def __init__(self, directory: str | Path, chunk_rows: int = 100_000) -> None:
+        from ..errors import ConfigError
+
+        if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, (int, np.integer)) or chunk_rows < 1:
+            raise ConfigError("record_chunk_rows", f"must be an integer >= 1, got {chunk_rows!r}")
+        d = Path(directory)
+        if d.exists() and not d.is_dir():
+            raise ConfigError("record_dir", f"{d} exists and is not a directory")
+        d.mkdir(parents=True, exist_ok=True)
+        if any(d.glob("part-*.npz")):
+            raise ConfigError("record_dir", f"{d} already holds record files (part-*.npz); use an empty directory")
+        self.directory = d
+        self.chunk_rows = int(chunk_rows)
+        self._parts: list[RequestRecords] = []
+        self._buffered = 0
+        self.files: list[Path] = []
+        self.rows_written = 0
+
+    def __len__(self) -> int:
+        """Rows appended so far (written or buffered)."""
+        return self.rows_written + self._buffered
+
+    def append(self, records: RequestRecords) -> None:
+        """Buffer ``records``; write a chunk file once ``chunk_rows`` rows are buffered."""
+        n = len(records)
+        if n == 0:
+            return
+        self._parts.append(records)
+        self._buffered += n
+        if self._buffered >= self.chunk_rows:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the buffered rows (if any) to the next chunk file."""
+        if not self._buffered:
+            return
+        recs = self._parts[0] if len(self._parts) == 1 else RequestRecords.concat(self._parts)
+        path = self.directory / f"part-{len(self.files):05d}.npz"
+        recs.save_npz(path)
+        self.files.append(path)
+        self.rows_written += self._buffered
+        self._parts = []
+        self._buffered = 0
+
+    def close(self) -> None:
+        """Flush; the writer can still be read from afterwards."""
+        self.flush()
+
+    def read_all(self) -> RequestRecords:
+        """Every row appended so far (flushes first), in order."""
+        self.flush()
+        return RequestRecords.concat([RequestRecords.load_npz(p) for p in self.files])
+
+    def column_chunks(self, column: str) -> Iterable[np.ndarray]:
+        """One column, file by file (flushes first)."""
+        self.flush()
+        for p in self.files:
+            with np.load(p) as z:
+                yield np.asarray(z[column], dtype=np.float64)
+
+    def percentiles(self, column: str, qs: Iterable[float]) -> list[float]:
+        """Exact ``numpy.percentile`` (linear) of ``column`` for each q in ``qs``, reading the
+        files twice with memory bounded by one file plus the values in a few histogram bins.
+        NaN when there are no rows."""
+        qs = [float(q) for q in qs]
+        n = 0
+        lo, hi = np.inf, -np.inf
+        for x in self.column_chunks(column):
+            if x.size:
+                n += x.size
+                lo = min(lo, float(x.min()))
+                hi = max(hi, float(x.max()))
+        if n == 0:
+            return [float("nan")] * len(qs)
+        if lo == hi:
+            return [lo] * len(qs)
+        n_bins = 4096
+        edges = np.linspace(lo, hi, n_bins + 1)
+        counts = np.zeros(n_bins, dtype=np.int64)
+        for x in self.column_chunks(column):
+            counts += np.histogram(x, bins=edges)[0]
+        cum = np.cumsum(counts)
+        # order statistics (0-based ranks) each percentile interpolates between
+        ranks: dict[float, tuple[int, int, float]] = {}
+        need: set[int] = set()
+        for q in qs:
+            pos = (n - 1) * q / 100.0
+            k0 = int(np.floor(pos))
+            k1 = min(k0 + 1, n - 1)
+            ranks[q] = (k0, k1, pos - k0)
+            need.add(k0)
+            need.add(k1)
+        bins_of = {k: int(np.searchsorted(cum, k, side="right")) for k in need}
+        wanted = sorted(set(bins_of.values()))
+        vals: dict[int, list[np.ndarray]] = {b: [] for b in wanted}
+        for x in self.column_chunks(column):
+            idx = np.clip(np.searchsorted(edges, x, side="right") - 1, 0, n_bins - 1)
+            for b in wanted:
+                sel = x[idx == b]
+                if sel.size:
+                    vals[b].append(sel)
+        sorted_vals = {b: np.sort(np.concatenate(v)) if v else np.zeros(0) for b, v in vals.items()}
+
+        def order_stat(k: int) -> float:
+            b = bins_of[k]
+            before = int(cum[b - 1]) if b > 0 else 0
+            return float(sorted_vals[b][k - before])
+
+        out = []
+        for q in qs:
+            k0, k1, frac = ranks[q]
+            a, b = order_stat(k0), order_stat(k1)
+            out.append(a + (b - a) * frac if frac else a)
+        return out
+
+
+def load_record_dir(directory: str | Path) -> RequestRecords:
+    """Read back every ``part-*.npz`` chunk written by a :class:`RecordWriter`, in order."""
+    from ..errors import DataError
+
+    d = Path(directory)
+    files = sorted(d.glob("part-*.npz"))
+    if not d.is_dir():
+        raise DataError(str(d), "record directory not found")
+    return RequestRecords.concat([RequestRecords.load_npz(p) for p in files])

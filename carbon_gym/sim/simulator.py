@@ -14,6 +14,7 @@ engine queue -> prefill -> decode -> the last token travels back (downlink delay
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import math
@@ -59,7 +60,9 @@ class ClusterSnapshot:
       prefill chunks add to each iteration; capped at 0.9).
     - ``tpot_slope_s_per_seq``: added decode iteration time per extra sequence, same scaling.
 
-    A datacenter that is down has ``up=False`` and infinite estimates.
+    A datacenter that is down has ``up=False`` and infinite estimates. ``accepting_engines``
+    (int): engines that take new requests (0 when down; engines drained for maintenance
+    excluded).
     """
 
     time_s: float
@@ -79,6 +82,7 @@ class ClusterSnapshot:
     up: np.ndarray
     est_iteration_s: np.ndarray
     est_prefill_chunk_tokens: np.ndarray
+    accepting_engines: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,24 @@ class LatencyEstimates:
     prefill_s: np.ndarray
     tpot_s: np.ndarray
     ttft_s: np.ndarray
+
+
+@dataclass(frozen=True)
+class EnergyAttribution:
+    """Split of each datacenter's active energy at ``time_s`` (arrays of length D; see
+    :meth:`Simulator.energy_attribution`). Energies in J (facility level), carbon in g.
+    ``in_engines``: requests queued or running on the engines (in transit excluded)."""
+
+    time_s: float
+    active_energy_j: np.ndarray
+    active_carbon_g: np.ndarray
+    in_flight_share_j: np.ndarray
+    in_flight_share_carbon_g: np.ndarray
+    in_progress_j: np.ndarray
+    in_progress_carbon_g: np.ndarray
+    aborted_partial_j: np.ndarray
+    aborted_partial_carbon_g: np.ndarray
+    in_engines: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -514,6 +536,73 @@ class Simulator:
             output_tokens=np.array([r.output for r in reqs], dtype=np.int64),
             datacenter=np.full(len(reqs), d, dtype=np.int64),
             preemptions=np.array([r.preemptions for r in reqs], dtype=np.int64),
+            energy_j=np.array([r.energy_j for r in reqs], dtype=np.float64),
+            carbon_g=np.array([r.carbon_g for r in reqs], dtype=np.float64),
+        )
+
+    def set_link_delay(self, origin: int, dc: int, one_way_s: float) -> None:
+        """Set the one-way network delay from region ``origin`` to datacenter ``dc`` (faults:
+        link degradation), seconds. Applies to requests submitted from now on (requests already
+        sent keep the delays they left with); the estimates use it at once."""
+        o = _as_int("origin", origin, 0, self.topology.n_regions - 1)
+        d = _as_int("dc", dc, 0, len(self.datacenters) - 1)
+        try:
+            v = float(one_way_s)
+        except (TypeError, ValueError):
+            v = math.nan
+        if not math.isfinite(v) or v < 0:
+            raise ConfigError("one_way_s", f"must be finite and >= 0 seconds, got {one_way_s!r}")
+        ow = np.array(self.network.one_way_s, dtype=np.float64)
+        ow[o, d] = v
+        self.network = dataclasses.replace(self.network, one_way_s=ow)
+        self._one_way[o][d] = v
+
+    def set_engines_draining(self, dc: int, n_engines: int, power_off: bool = True) -> None:
+        """Drain the last ``n_engines`` engines of datacenter ``dc`` for maintenance (0 = none).
+
+        Draining engines take no new requests (their queued requests move to the other engines
+        of the datacenter), finish their running batch, then draw 0 W (``power_off``) or idle
+        power. Calling it again with another count changes the set (engines leaving the set
+        return to service, idle). See :meth:`Datacenter.set_draining`.
+        """
+        d = _as_int("dc", dc, 0, len(self.datacenters) - 1)
+        center = self.datacenters[d]
+        n = _as_int("n_engines", n_engines, 0, center.n_engines)
+        center.set_draining(self.now_s, n, bool(power_off))
+
+    def energy_attribution(self) -> "EnergyAttribution":
+        """How the active energy of every datacenter splits at ``now_s`` (arrays of length D).
+
+        ``active_energy_j = (gpu - idle energy) x PUE`` equals, up to rounding, the per-request
+        shares of completed requests (popped records) + ``aborted`` requests' shares (returned
+        by :meth:`set_datacenter_up`) + ``in_flight_share_j`` + ``in_progress_j`` (iterations
+        under way, not yet split) + ``aborted_partial_j`` (iterations cut by outages); the same
+        for carbon with ``active_carbon_g``.
+        """
+        now = self.now_s
+        D = len(self.datacenters)
+        out = {k: np.zeros(D) for k in ("ae", "ac", "fe", "fc", "pe", "pc", "xe", "xc")}
+        n_in = np.zeros(D, dtype=np.int64)
+        for i, dc in enumerate(self.datacenters):
+            dc.flush(now)
+            out["ae"][i] = (dc.gpu_j - dc.idle_j) * dc.pue
+            out["ac"][i] = dc.active_carbon_g
+            out["xe"][i] = dc.aborted_active_j
+            out["xc"][i] = dc.aborted_active_carbon_g
+            if not dc.up:
+                continue
+            for e in dc.engines:
+                fe, fc, n = e.request_shares()
+                pe, pc = e.in_progress_share(now)
+                out["fe"][i] += fe
+                out["fc"][i] += fc
+                out["pe"][i] += pe
+                out["pc"][i] += pc
+                n_in[i] += n
+        return EnergyAttribution(
+            time_s=now, active_energy_j=out["ae"], active_carbon_g=out["ac"], in_flight_share_j=out["fe"],
+            in_flight_share_carbon_g=out["fc"], in_progress_j=out["pe"], in_progress_carbon_g=out["pc"],
+            aborted_partial_j=out["xe"], aborted_partial_carbon_g=out["xc"], in_engines=n_in,
         )
 
     # ------------------------------------------------------------------ snapshot / estimates
@@ -564,7 +653,7 @@ class Simulator:
         D = len(self.datacenters)
         cols: dict[str, list] = {k: [] for k in (
             "ci", "pue", "q", "run", "free", "total", "p", "busy", "ne", "wait", "ppt", "tpot", "slope", "up",
-            "iter", "chunk")}
+            "iter", "chunk", "acc")}
         for dc in self.datacenters:
             dc.flush(now)
             cols["ci"].append(dc.intensity(now))
@@ -577,6 +666,7 @@ class Simulator:
             cols["busy"].append(dc.n_engines - dc.n_idle if dc.up else 0)
             cols["ne"].append(dc.n_engines)
             cols["up"].append(dc.up)
+            cols["acc"].append(dc.accepting_engines)
             if dc.up:
                 wait, ppt, tpot, slope, f_iter, c, deficit, release, seq_wait = self._engine_estimates(dc)
                 mem = deficit / release if deficit > 0 else 0.0
@@ -598,7 +688,7 @@ class Simulator:
             free_kv_blocks=i("free"), total_kv_blocks=i("total"), power_w=f("p"), busy_engines=i("busy"),
             n_engines=i("ne"), est_queue_wait_s=f("wait"), est_prefill_s_per_token=f("ppt"), est_tpot_s=f("tpot"),
             tpot_slope_s_per_seq=f("slope"), up=np.asarray(cols["up"], dtype=bool), est_iteration_s=f("iter"),
-            est_prefill_chunk_tokens=i("chunk"),
+            est_prefill_chunk_tokens=i("chunk"), accepting_engines=i("acc"),
         )
 
     def estimate(self, prompt_tokens: Any, origins: Any) -> LatencyEstimates:

@@ -1,0 +1,453 @@
+"""Faults as part of the world: outages, degraded links, carbon-feed gaps, engine drains.
+
+A scenario lists its faults as ``[[faults]]`` tables; times are seconds of simulated time since
+the episode start, ``end_s`` is optional (default: the fault lasts to the end of the episode)::
+
+    [[faults]]
+    kind = "datacenter_outage"      # the datacenter goes down, then comes back (idle, empty)
+    datacenter = "de"
+    start_s = 20.0
+    end_s = 40.0
+
+    [[faults]]
+    kind = "region_outage"          # every datacenter located in the region goes down
+    region = "europe"
+    start_s = 20.0
+
+    [[faults]]
+    kind = "link_degradation"       # region's clients -> datacenters: RTT x factor, or cut
+    region = "europe"
+    datacenters = ["fr"]            # default: every datacenter
+    rtt_factor = 5.0                # or: cut = true (unreachable: masked for that region)
+    start_s = 10.0
+    end_s = 30.0
+
+    [[faults]]
+    kind = "carbon_feed_gap"        # schedulers see stale or missing intensity
+    mode = "stale"                  # "stale": last values before the gap; "missing": NaN + flag
+    datacenters = ["de"]            # default: every datacenter
+    start_s = 0.0
+    end_s = 30.0
+
+    [[faults]]
+    kind = "engine_drain"           # maintenance: engines stop taking work, finish, power off
+    datacenter = "fr"
+    engines = 4
+    power_off = true                # false: drained engines idle at idle power
+    start_s = 10.0
+    end_s = 50.0
+
+**Semantics.**
+
+* *Outage* (datacenter or region): at ``start_s`` every request queued, running or in transit
+  to the datacenter is aborted, its progress lost (its energy so far stays accounted as wasted
+  work); the env puts it back in the pending queue with its original arrival time (its wait
+  keeps counting in its TTFT) and the policy places it again: it is *failed over*. While down
+  the datacenter draws nothing, refuses submissions and is masked. Overlapping outages of the
+  same datacenter (e.g. its own and its region's) keep it down until the last one ends.
+* *Link degradation*: the one-way delay from the region's clients to each listed datacenter is
+  multiplied by ``rtt_factor`` (several active factors multiply) for requests sent from
+  ``start_s``; requests already sent keep their delays. A cut link masks the datacenter for
+  requests from that region (requests already sent over it complete normally).
+* *Carbon-feed gap*: the observation's carbon columns (now and forecast) for the listed
+  datacenters freeze at their values at ``start_s`` ("stale") or are unknown ("missing": 0 in
+  the raw observation, NaN from :func:`carbon_gym.env.decode_observation`); the env adds two
+  flag columns (``carbon_stale``, ``carbon_missing``) to the datacenter rows of scenarios that
+  have a gap. The simulator still accounts the real emissions.
+* *Engine drain*: the last ``engines`` engines (by index) of the datacenter take no new
+  requests (their queued ones move to the other engines), finish their running batches, then
+  draw 0 W (``power_off``) until ``end_s``. A datacenter whose engines all drain is masked
+  ("no capacity"); requests already on their way there are still served by them.
+
+**Resolution.** The env applies each fault at its exact time: it advances the simulator in
+sub-steps to the fault's time, applies it, and continues (:meth:`FaultRuntime.advance`). At
+equal times, fault ends are applied before starts. Requests a fault aborts between two
+decisions are seen by the policy at the next decision. Faults keep applying during the
+end-of-episode drain.
+
+Fail-over is implemented in the env (not the simulator) because re-placing a request is a
+scheduling decision: the simulator only aborts and reports (see
+:meth:`carbon_gym.sim.Simulator.set_datacenter_up`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .errors import ConfigError
+from .scenario import _Ctx, _parse, boolean, integer, list_of, num, spec, string
+
+__all__ = [
+    "FAULT_KINDS",
+    "DatacenterOutage",
+    "RegionOutage",
+    "LinkDegradation",
+    "CarbonFeedGap",
+    "EngineDrain",
+    "parse_faults",
+    "scenario_faults",
+    "has_carbon_feed_gap",
+    "FaultRuntime",
+    "FaultEvent",
+]
+
+_T = num(0, 366 * 86400)
+
+
+@dataclass(frozen=True)
+class DatacenterOutage:
+    """One datacenter is down from ``start_s`` to ``end_s`` (seconds; None = to the end)."""
+
+    kind: str = spec(string(("datacenter_outage",)), "fault kind")
+    datacenter: str = spec(string(), "datacenter name")
+    start_s: float = spec(_T, "start, s since the episode start")
+    end_s: float | None = spec(_T, "end, s (default: never)", None)
+
+
+@dataclass(frozen=True)
+class RegionOutage:
+    """Every datacenter located in ``region`` is down from ``start_s`` to ``end_s``."""
+
+    kind: str = spec(string(("region_outage",)), "fault kind")
+    region: str = spec(string(), "region name")
+    start_s: float = spec(_T, "start, s since the episode start")
+    end_s: float | None = spec(_T, "end, s (default: never)", None)
+
+
+@dataclass(frozen=True)
+class LinkDegradation:
+    """RTT from ``region``'s clients to ``datacenters`` multiplied by ``rtt_factor``, or cut."""
+
+    kind: str = spec(string(("link_degradation",)), "fault kind")
+    region: str = spec(string(), "origin region name")
+    start_s: float = spec(_T, "start, s since the episode start")
+    end_s: float | None = spec(_T, "end, s (default: never)", None)
+    datacenters: tuple[str, ...] | None = spec(list_of(string(), min_len=1), "datacenter names (default: all)", None)
+    rtt_factor: float | None = spec(num(1.0, 1e4), "RTT multiplier (>= 1)", None)
+    cut: bool = spec(boolean(), "true: the link is unreachable", False)
+
+
+@dataclass(frozen=True)
+class CarbonFeedGap:
+    """The carbon-intensity feed of ``datacenters`` stops from ``start_s`` to ``end_s``."""
+
+    kind: str = spec(string(("carbon_feed_gap",)), "fault kind")
+    start_s: float = spec(_T, "start, s since the episode start")
+    end_s: float | None = spec(_T, "end, s (default: never)", None)
+    mode: str = spec(string(("stale", "missing")), "stale: last values; missing: unknown (NaN + flag)", "stale")
+    datacenters: tuple[str, ...] | None = spec(list_of(string(), min_len=1), "datacenter names (default: all)", None)
+
+
+@dataclass(frozen=True)
+class EngineDrain:
+    """``engines`` engines of ``datacenter`` drained for maintenance from ``start_s`` to ``end_s``."""
+
+    kind: str = spec(string(("engine_drain",)), "fault kind")
+    datacenter: str = spec(string(), "datacenter name")
+    engines: int = spec(integer(1, 1_000_000), "number of engines drained (the last ones by index)")
+    start_s: float = spec(_T, "start, s since the episode start")
+    end_s: float | None = spec(_T, "end, s (default: never)", None)
+    power_off: bool = spec(boolean(), "drained engines draw 0 W once empty (false: idle power)", True)
+
+
+FAULT_KINDS: dict[str, type] = {
+    "datacenter_outage": DatacenterOutage,
+    "region_outage": RegionOutage,
+    "link_degradation": LinkDegradation,
+    "carbon_feed_gap": CarbonFeedGap,
+    "engine_drain": EngineDrain,
+}
+"""Fault kind (the ``kind`` field) -> its dataclass."""
+
+Fault = Any  # one of the dataclasses above
+
+
+def parse_faults(raw: Sequence[Any], topology: Any, *, duration_s: float, tp: int = 1,
+                 source: str | None = None) -> tuple[Fault, ...]:
+    """Validate ``[[faults]]`` tables against a topology; return the fault dataclasses.
+
+    Errors are :class:`~carbon_gym.errors.ConfigError` naming the field (``faults[i].name``),
+    with the allowed values (fault kinds, datacenter or region names, ranges).
+    """
+    ctx = _Ctx(source)
+    dc_names = [d.name for d in topology.datacenters]
+    regions = list(topology.regions)
+    if not isinstance(raw, (list, tuple)):
+        raise ctx.err("faults", f"expected an array of tables ([[faults]]), got {raw!r}")
+    out = []
+    for i, item in enumerate(raw):
+        path = f"faults[{i}]"
+        if not isinstance(item, dict):
+            raise ctx.err(path, f"expected a table, got {item!r}")
+        kind = item.get("kind")
+        if kind is None:
+            raise ctx.err(f"{path}.kind", "required field is missing", allowed=list(FAULT_KINDS))
+        if not isinstance(kind, str) or kind not in FAULT_KINDS:
+            raise ctx.err(f"{path}.kind", f"unknown fault kind {kind!r}", allowed=list(FAULT_KINDS))
+        f = _parse(FAULT_KINDS[kind], item, path, ctx)
+        if f.end_s is not None and f.end_s <= f.start_s:
+            raise ctx.err(f"{path}.end_s", f"must be after start_s = {f.start_s}, got {f.end_s}", allowed=f"> {f.start_s}")
+        if f.start_s >= duration_s:
+            raise ctx.err(f"{path}.start_s", f"{f.start_s} s is not within the episode (duration_s = {duration_s})",
+                          allowed=f"[0, {duration_s})")
+        if hasattr(f, "datacenter") and f.datacenter not in dc_names:
+            raise ctx.err(f"{path}.datacenter", f"unknown datacenter {f.datacenter!r}", allowed=dc_names)
+        if hasattr(f, "region") and f.region not in regions:
+            raise ctx.err(f"{path}.region", f"unknown region {f.region!r}", allowed=regions)
+        for j, name in enumerate(getattr(f, "datacenters", None) or ()):
+            if name not in dc_names:
+                raise ctx.err(f"{path}.datacenters[{j}]", f"unknown datacenter {name!r}", allowed=dc_names)
+        if isinstance(f, LinkDegradation):
+            if f.cut == (f.rtt_factor is not None):
+                raise ctx.err(f"{path}.rtt_factor", "give either rtt_factor (RTT multiplier) or cut = true, not both"
+                              if f.cut else "give rtt_factor (RTT multiplier >= 1) or cut = true")
+        if isinstance(f, EngineDrain):
+            d = topology.datacenters[dc_names.index(f.datacenter)]
+            n_eng = d.gpus // tp
+            if f.engines > n_eng:
+                raise ctx.err(f"{path}.engines", f"datacenter {f.datacenter!r} has {n_eng} engines, got {f.engines}",
+                              allowed=f"[1, {n_eng}]")
+        out.append(f)
+    return tuple(out)
+
+
+def scenario_faults(scenario: Any) -> tuple[Fault, ...]:
+    """The validated faults of a scenario (empty tuple when it has none)."""
+    if not scenario.faults:
+        return ()
+    return parse_faults(scenario.faults, scenario.topology_spec(), duration_s=scenario.duration_s, tp=scenario.tp,
+                        source=scenario.source or None)
+
+
+def has_carbon_feed_gap(scenario: Any) -> bool:
+    """Whether the scenario has a carbon-feed gap (its observation then has the two flag columns)."""
+    return any(isinstance(x, dict) and x.get("kind") == "carbon_feed_gap" for x in (scenario.faults or ()))
+
+
+@dataclass(frozen=True)
+class FaultEvent:
+    """A fault starting or ending: ``time_s``, ``index`` (into the scenario's faults), ``start``."""
+
+    time_s: float
+    index: int
+    start: bool
+    kind: str
+
+
+class FaultRuntime:
+    """Applies a scenario's faults to one simulator as simulated time passes (one per episode).
+
+    Args:
+        faults: validated faults (:func:`parse_faults`).
+        sim: the episode's :class:`~carbon_gym.sim.Simulator`.
+
+    Attributes: ``failed_over`` (requests aborted by outages so far), ``applied`` (list of
+    :class:`FaultEvent` applied so far), ``events`` (all of them, in order).
+    """
+
+    def __init__(self, faults: Sequence[Fault], sim: Any) -> None:
+        self.faults = tuple(faults)
+        self.sim = sim
+        topo = sim.topology
+        self._dc_index = {d.name: i for i, d in enumerate(topo.datacenters)}
+        self._region_index = {r: i for i, r in enumerate(topo.regions)}
+        self._dc_region = [d.region for d in topo.datacenters]
+        D, R = len(topo.datacenters), len(topo.regions)
+        self.D, self.R = D, R
+        events = []
+        for i, f in enumerate(self.faults):
+            events.append(FaultEvent(float(f.start_s), i, True, f.kind))
+            if f.end_s is not None:
+                events.append(FaultEvent(float(f.end_s), i, False, f.kind))
+        # ends before starts at equal times; then scenario order
+        self.events = sorted(events, key=lambda e: (e.time_s, e.start, e.index))
+        self._pos = 0
+        self.applied: list[FaultEvent] = []
+        self.failed_over = 0
+        self._down = np.zeros(D, dtype=np.int64)
+        self._base_one_way = np.array(sim.network.one_way_s, dtype=np.float64)
+        self._factors: dict[int, tuple[list[tuple[int, int]], float]] = {}
+        self._cut = np.zeros((R, D), dtype=np.int64)
+        self._drains: dict[int, dict[int, tuple[int, bool]]] = {}
+        self._gaps: dict[int, tuple[tuple[int, ...], str]] = {}
+        self._frozen: dict[float, np.ndarray] = {}
+
+    # ------------------------------------------------------------------ time
+    def next_time(self) -> float:
+        """Time of the next fault event (``inf`` if none)."""
+        return self.events[self._pos].time_s if self._pos < len(self.events) else math.inf
+
+    def advance(self, t_s: float) -> list[Any]:
+        """Advance the simulator to ``t_s``, applying every fault event with time <= ``t_s`` at
+        its time; return the :class:`~carbon_gym.sim.AbortedRequests` of the outages that began."""
+        sim = self.sim
+        aborted = []
+        while self._pos < len(self.events) and self.events[self._pos].time_s <= t_s:
+            ev = self.events[self._pos]
+            self._pos += 1
+            if ev.time_s > sim.now_s:
+                sim.advance_to(ev.time_s)
+            ab = self._apply(ev)
+            self.applied.append(ev)
+            if ab:
+                aborted.extend(ab)
+        sim.advance_to(t_s)
+        return aborted
+
+    # ------------------------------------------------------------------ applying
+    def _dcs(self, names: Sequence[str] | None) -> list[int]:
+        return list(range(self.D)) if names is None else [self._dc_index[n] for n in names]
+
+    def _apply(self, ev: FaultEvent) -> list[Any]:
+        f = self.faults[ev.index]
+        sim = self.sim
+        out = []
+        if isinstance(f, (DatacenterOutage, RegionOutage)):
+            if isinstance(f, DatacenterOutage):
+                dcs = [self._dc_index[f.datacenter]]
+            else:
+                dcs = [i for i, r in enumerate(self._dc_region) if r == f.region]
+            for d in dcs:
+                if ev.start:
+                    self._down[d] += 1
+                    if self._down[d] == 1:
+                        ab = sim.set_datacenter_up(d, False)
+                        self.failed_over += len(ab)
+                        if len(ab):
+                            out.append(ab)
+                else:
+                    self._down[d] -= 1
+                    if self._down[d] == 0:
+                        sim.set_datacenter_up(d, True)
+        elif isinstance(f, LinkDegradation):
+            r = self._region_index[f.region]
+            pairs = [(r, d) for d in self._dcs(f.datacenters)]
+            if f.cut:
+                for rr, d in pairs:
+                    self._cut[rr, d] += 1 if ev.start else -1
+            else:
+                if ev.start:
+                    self._factors[ev.index] = (pairs, float(f.rtt_factor))
+                else:
+                    self._factors.pop(ev.index, None)
+                for rr, d in pairs:
+                    fac = 1.0
+                    for ps, x in self._factors.values():
+                        if (rr, d) in ps:
+                            fac *= x
+                    sim.set_link_delay(rr, d, self._base_one_way[rr, d] * fac)
+        elif isinstance(f, CarbonFeedGap):
+            if ev.start:
+                self._gaps[ev.index] = (tuple(self._dcs(f.datacenters)), f.mode)
+            else:
+                self._gaps.pop(ev.index, None)
+        elif isinstance(f, EngineDrain):
+            d = self._dc_index[f.datacenter]
+            active = self._drains.setdefault(d, {})
+            if ev.start:
+                active[ev.index] = (int(f.engines), bool(f.power_off))
+            else:
+                active.pop(ev.index, None)
+            n = sum(x[0] for x in active.values())
+            power_off = all(x[1] for x in active.values()) if active else True
+            sim.set_engines_draining(d, min(n, sim.datacenters[d].n_engines), power_off)
+        return out
+
+    # ------------------------------------------------------------------ views for the env
+    @property
+    def link_cut(self) -> np.ndarray:
+        """(R, D) bool: links cut now (region's clients cannot reach the datacenter)."""
+        return self._cut > 0
+
+    def one_way_delta_s(self) -> np.ndarray:
+        """(R, D) current one-way delay minus the scenario's, seconds (link degradation)."""
+        return np.asarray(self.sim.network.one_way_s, dtype=np.float64) - self._base_one_way
+
+    def accepting(self) -> np.ndarray:
+        """(D,) bool: datacenters that take new requests now (up, with an engine not draining)."""
+        return np.array([dc.accepting_engines > 0 for dc in self.sim.datacenters], dtype=bool)
+
+    def feed_state(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(stale_since_s, missing)``: per datacenter (D,), the start of the active feed gap
+        (NaN when the feed is live) and whether any active gap there is "missing"."""
+        since = np.full(self.D, np.nan)
+        missing = np.zeros(self.D, dtype=bool)
+        for i, (dcs, mode) in self._gaps.items():
+            t0 = float(self.faults[i].start_s)
+            for d in dcs:
+                if not (since[d] <= t0):
+                    since[d] = t0
+                if mode == "missing":
+                    missing[d] = True
+        return since, missing
+
+    def masked_reason(self, origin: int, d: int) -> str | None:
+        """Why the fault state masks datacenter ``d`` for a request from ``origin`` (None if not)."""
+        dc = self.sim.datacenters[d]
+        if not dc.up:
+            return "the datacenter is down (outage)"
+        if self._cut[origin, d] > 0:
+            return f"the link from region {origin} is cut"
+        if dc.accepting_engines == 0:
+            return "all its engines are drained for maintenance"
+        return None
+
+    def adjust_observation(self, now: float, layout: Any, dc: np.ndarray, slots: np.ndarray, mask: np.ndarray,
+                           origins: np.ndarray, forecast_fn: Callable[[float], np.ndarray] | None) -> None:
+        """Apply the fault state to one observation in place.
+
+        Args:
+            now: simulated time of the observation.
+            layout: the env's :class:`~carbon_gym.env.ObservationLayout`.
+            dc: (D, F_D) datacenter rows (scaled as in the observation).
+            slots: (n, F_S) rows of the n visible pending requests.
+            mask: (n, D + 1) their action-mask rows.
+            origins: (n,) their origin regions.
+            forecast_fn: sim time -> (D, H) scaled forecast (None when H = 0).
+        """
+        from .env import CARBON_SCALE_G_PER_KWH
+
+        cols = layout.dc_columns
+        H = layout.forecast_hours
+        D = self.D
+        if "carbon_stale" in cols:
+            since, missing = self.feed_state()
+            stale = ~np.isnan(since)
+            dc[:, cols["carbon_stale"]] = stale & ~missing
+            dc[:, cols["carbon_missing"]] = missing
+            c0 = cols["carbon_now"]
+            for d in np.flatnonzero(stale):
+                if missing[d]:
+                    dc[d, c0:c0 + 1 + H] = 0.0
+                    continue
+                t0 = float(since[d])
+                frozen = self._frozen.get(t0)
+                if frozen is None:
+                    now_vals = np.array([x.intensity(t0) for x in self.sim.datacenters]) / CARBON_SCALE_G_PER_KWH
+                    fc = forecast_fn(t0) if (H and forecast_fn is not None) else np.zeros((D, 0))
+                    frozen = self._frozen[t0] = np.concatenate([now_vals[:, None], fc], axis=1)
+                dc[d, c0:c0 + 1 + H] = frozen[d]
+        n = slots.shape[0]
+        if n == 0:
+            return
+        delta = self.one_way_delta_s()
+        if np.any(delta != 0.0):
+            net = layout.slot_columns["network"]
+            slots[:, net:net + D] += (2.0 * delta[origins] / layout.ttft_target_s).astype(slots.dtype)
+        ok = self.accepting()[None, :] & ~self.link_cut[origins]
+        mask[:, :D] &= ok
+
+
+def carbon_feed_columns() -> tuple[str, str]:
+    """Names of the two flag columns a scenario with a carbon-feed gap adds to the datacenter rows."""
+    return ("carbon_stale", "carbon_missing")
+
+
+def without_faults(scenario: Any) -> Any:
+    """The same scenario with its ``[[faults]]`` removed (for paired fault / no-fault runs)."""
+    return dataclasses.replace(scenario, faults=())
