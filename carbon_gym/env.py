@@ -16,10 +16,15 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from .errors import ActionError, ConfigError, LedgerError, check_choice
+from .errors import ActionError, ConfigError, check_choice
+from .faults import has_carbon_feed_gap
 
 __all__ = [
     "GeoServeEnv",
+    "ENV_VERSION",
+    "observation_signature",
+    "env_fingerprint",
+    "check_env_compatible",
     "ObservationLayout",
     "decode_observation",
     "CARBON_SCALE_G_PER_KWH",
@@ -59,8 +64,14 @@ DRAIN_TPOT_MULTIPLE = 2.0
 INVALID_ACTION_MODES = ("raise", "defer")
 
 # Pending-request store columns (one float64 matrix; integers are exact in float64).
-_P_ORIGIN, _P_ARRIVAL, _P_PROMPT, _P_OUTPUT, _P_PRED, _P_SEQ = range(6)
-_P_COLS = 6
+# _P_FAILED: times the request was failed over (aborted by an outage and re-queued).
+_P_ORIGIN, _P_ARRIVAL, _P_PROMPT, _P_OUTPUT, _P_PRED, _P_SEQ, _P_FAILED = range(7)
+_P_COLS = 7
+
+#: Version of the env's observation / action / reward definitions. Bump it when their meaning
+#: changes; :func:`env_fingerprint` combines it with an env's layout so that checkpoints can
+#: store it and refuse to run on an incompatible env (:func:`check_env_compatible`).
+ENV_VERSION = "geoserve-0.2"
 
 
 # ------------------------------------------------------------------------------- layout
@@ -81,6 +92,8 @@ class ObservationLayout:
         block_tokens: tokens per KV block. max_num_seqs: per-engine running-sequence cap.
         nameplate_w: per-datacenter facility nameplate power = GPUs x GPU TDP x PUE (W), (D,).
         datacenter_names, region_names: names in index order.
+        carbon_feed_flags: the datacenter rows end with the ``carbon_stale`` and
+            ``carbon_missing`` flags (scenarios with a carbon-feed gap fault).
     """
 
     n_datacenters: int
@@ -98,6 +111,7 @@ class ObservationLayout:
     nameplate_w: np.ndarray
     datacenter_names: tuple[str, ...]
     region_names: tuple[str, ...]
+    carbon_feed_flags: bool = False
 
     # ---- column maps (derived)
     @property
@@ -107,13 +121,13 @@ class ObservationLayout:
         names = ["carbon_now"] + [f"carbon_forecast_{i + 1}h" for i in range(h)] + [
             "pue", "queue_len", "running", "free_kv", "power", "busy_engines",
             "est_queue_wait", "est_prefill", "est_iteration", "est_tpot", "tpot_slope", "up",
-        ]
+        ] + (["carbon_stale", "carbon_missing"] if self.carbon_feed_flags else [])
         return {n: i for i, n in enumerate(names)}
 
     @property
     def n_dc_features(self) -> int:
         """F_D: features per datacenter."""
-        return 13 + self.forecast_hours
+        return 13 + self.forecast_hours + (2 if self.carbon_feed_flags else 0)
 
     @property
     def slot_columns(self) -> dict[str, int]:
@@ -159,7 +173,8 @@ def decode_observation(obs: dict[str, np.ndarray], env_or_layout: Any) -> dict[s
         dict of numpy arrays (float64 unless noted; D datacenters, K slots, H forecast hours):
 
         per datacenter (D,): ``carbon_g_per_kwh``; ``carbon_forecast_g_per_kwh`` (D, H) for
-        now + 1..H hours; ``pue``; ``queue_len`` (int, requests); ``running`` (int, sequences);
+        now + 1..H hours (both NaN where the carbon feed is missing); ``carbon_stale`` /
+        ``carbon_missing`` (bool; all False without a carbon-feed gap fault); ``pue``; ``queue_len`` (int, requests); ``running`` (int, sequences);
         ``free_kv_fraction``; ``free_kv_blocks`` (int); ``power_w`` (facility W);
         ``busy_engines`` (int); ``est_queue_wait_s``; ``est_prefill_s_per_token``;
         ``est_iteration_s`` (fixed time of one prefill chunk's iteration); ``est_tpot_s``;
@@ -196,10 +211,20 @@ def decode_observation(obs: dict[str, np.ndarray], env_or_layout: Any) -> dict[s
     def est(col: str, scale: float) -> np.ndarray:
         return np.where(down, np.inf, dc[:, c[col]] * scale)
 
+    if L.carbon_feed_flags:
+        stale = dc[:, c["carbon_stale"]] > 0.5
+        missing = dc[:, c["carbon_missing"]] > 0.5
+    else:
+        stale = missing = np.zeros(D, dtype=bool)
+    carbon_block = dc[:, c["carbon_now"]:c["carbon_now"] + 1 + H] * CARBON_SCALE_G_PER_KWH
+    carbon_block[missing] = np.nan
+
     hour = (math.degrees(math.atan2(gl[g["hour_sin"]], gl[g["hour_cos"]])) / 15.0) % 24.0
     return {
-        "carbon_g_per_kwh": dc[:, c["carbon_now"]] * CARBON_SCALE_G_PER_KWH,
-        "carbon_forecast_g_per_kwh": dc[:, c["carbon_now"] + 1:c["carbon_now"] + 1 + H] * CARBON_SCALE_G_PER_KWH,
+        "carbon_g_per_kwh": carbon_block[:, 0].copy(),
+        "carbon_forecast_g_per_kwh": carbon_block[:, 1:].copy(),
+        "carbon_stale": stale,
+        "carbon_missing": missing,
         "pue": dc[:, c["pue"]].copy(),
         "queue_len": np.rint(dc[:, c["queue_len"]] * engines * QUEUE_PER_ENGINE_SCALE).astype(np.int64),
         "running": np.rint(dc[:, c["running"]] * engines * L.max_num_seqs).astype(np.int64),
@@ -359,6 +384,19 @@ class GeoServeEnv(gym.Env):
     ``arrived = placed + unplaced_at_end``).
     Stepping after the end raises ``RuntimeError`` (call ``reset``).
 
+    ## Faults
+
+    A scenario's ``[[faults]]`` (see :mod:`carbon_gym.faults`) apply at their exact simulated
+    times: the env advances the simulator in sub-steps to each fault's time. Outages abort the
+    datacenter's requests; they return to the pending queue with their original arrival time
+    (failed over: counted in ``failed_over``, their progress lost, their energy kept as wasted
+    work) and the policy places them again. The mask forbids datacenters that are down, whose
+    engines are all drained, or whose link from the request's region is cut; a degraded link's
+    extra delay shows in the slots' network columns. With a carbon-feed gap, the datacenter rows
+    get two more columns (``carbon_stale``, ``carbon_missing``, flags) and the carbon columns
+    hold the last values before the gap (stale) or 0 (missing; NaN after
+    :func:`decode_observation`); emissions are always accounted with the real intensity.
+
     ## Info
 
     Deterministic (no wall-clock values). Every step: ``time_s`` (simulated time of the next
@@ -367,11 +405,15 @@ class GeoServeEnv(gym.Env):
     ``overflow`` (pending beyond K at the decision), ``pending`` (requests pending now),
     ``completed``, ``violations``, ``ttft_mean_s`` / ``tpot_mean_s`` / ``ttft_max_s`` /
     ``tpot_max_s`` of the requests completed in the step (0.0 when none), ``invalid_actions``,
+    ``failed_over`` (requests aborted by outages during the step and re-queued),
     ``action_mask`` (K, D + 1) for the new observation. Per-request arrays of the step's
     completions: ``env.unwrapped.last_completed`` (a ``RequestRecords``); they are not in info
     because their length varies, which Gymnasium vector envs cannot batch. On the final step:
     ``episode_metrics`` (dict, see :meth:`episode_metrics`) — not ``"episode"``, which SB3's
-    ``Monitor`` and Gymnasium's ``RecordEpisodeStatistics`` overwrite.
+    ``Monitor`` and Gymnasium's ``RecordEpisodeStatistics`` overwrite. Its ``ledger`` entry is
+    the end-of-episode accounting of :func:`carbon_gym.ledger.check_ledger` (every request and
+    joule accounted for); a failed check raises :class:`~carbon_gym.errors.LedgerError` when
+    ``strict_ledger`` (default), else is reported with ``ledger["ok"] = False`` and a warning.
 
     ## Arguments
 
@@ -388,6 +430,12 @@ class GeoServeEnv(gym.Env):
       ``carbon.forecast_error_std_frac``, seeded from the episode's world seed); a forecast
       issued during hour h covers hours h+1..h+H of the carbon trace.
     * ``drain_limit_s``: bound on the end-of-episode drain (seconds); default see Episode End.
+    * ``strict_ledger``: raise on a failed end-of-episode ledger check (default True).
+    * ``record_dir``: stream every completed request's record to ``.npz`` chunk files under
+      ``record_dir/episode-NNNNN/`` (``carbon_gym.sim.load_record_dir`` reads them back) instead
+      of keeping per-request latencies in memory: memory stays flat on long runs, and the
+      latency percentiles are computed exactly from the files at the end.
+      ``record_chunk_rows``: rows per file (default 100,000).
 
     Read-only attributes: ``scenario``, ``simulator`` (after reset; read it, do not drive it),
     ``layout`` (:class:`ObservationLayout`), ``nominal_carbon_g_per_step``,
@@ -407,6 +455,9 @@ class GeoServeEnv(gym.Env):
         forecast_hours: int | None = None,
         drain_limit_s: float | None = None,
         render_mode: str | None = None,
+        strict_ledger: bool = True,
+        record_dir: Any = None,
+        record_chunk_rows: int = 100_000,
     ) -> None:
         if render_mode is not None:
             raise ConfigError("render_mode", f"this environment does not render, got {render_mode!r}", allowed=[None])
@@ -431,6 +482,17 @@ class GeoServeEnv(gym.Env):
         if drain_limit_s is not None and not (float(drain_limit_s) >= 0):
             raise ConfigError("drain_limit_s", f"must be >= 0 seconds, got {drain_limit_s}")
         self._drain_limit_s = None if drain_limit_s is None else float(drain_limit_s)
+        if not isinstance(strict_ledger, (bool, np.bool_)):
+            raise ConfigError("strict_ledger", f"expected true or false, got {strict_ledger!r}", allowed=[True, False])
+        self._strict_ledger = bool(strict_ledger)
+        if record_dir is not None and not isinstance(record_dir, (str, bytes)) and not hasattr(record_dir, "__fspath__"):
+            raise ConfigError("record_dir", f"expected a directory path, got {type(record_dir).__name__}")
+        if isinstance(record_chunk_rows, bool) or not isinstance(record_chunk_rows, (int, np.integer)) or record_chunk_rows < 1:
+            raise ConfigError("record_chunk_rows", f"must be an integer >= 1, got {record_chunk_rows!r}")
+        self._record_dir = record_dir
+        self._record_chunk_rows = int(record_chunk_rows)
+        self._episode_count = 0
+        self._writer = None
         if sc.workload.max_context_tokens > sc.engine.max_model_len:
             raise ConfigError(
                 "workload.max_context_tokens",
@@ -461,6 +523,9 @@ class GeoServeEnv(gym.Env):
         dc_high = np.full((D, L.n_dc_features), inf, np.float32)
         dc_high[:, L.dc_columns["up"]] = 1.0
         dc_high[:, L.dc_columns["free_kv"]] = 1.0
+        if L.carbon_feed_flags:
+            dc_high[:, L.dc_columns["carbon_stale"]] = 1.0
+            dc_high[:, L.dc_columns["carbon_missing"]] = 1.0
         sl_high = np.full((K, L.n_slot_features), inf, np.float32)
         sl_high[:, : 1 + R] = 1.0
         self.observation_space = spaces.Dict(
@@ -515,6 +580,7 @@ class GeoServeEnv(gym.Env):
             nameplate_w=nameplate,
             datacenter_names=tuple(d.name for d in topo.datacenters),
             region_names=tuple(topo.regions),
+            carbon_feed_flags=has_carbon_feed_gap(self._scenario),
         )
         self.nominal_carbon_g_per_step = float(nameplate.sum() * REFERENCE_INTENSITY_G_PER_KWH * self._P / 3.6e6)
         # Precomputed constants for observation building.
@@ -594,7 +660,9 @@ class GeoServeEnv(gym.Env):
         world_seed = int(seed) if seed is not None else int(self.np_random.integers(0, 2**31 - 1))
         self._world_seed = world_seed
         self._sim, self._workload = self._new_world(world_seed)
-        from .world import build_forecaster
+        from .world import build_fault_runtime, build_forecaster
+
+        self._faults = build_fault_runtime(self._scenario, self._sim)
 
         self._forecaster = build_forecaster(self._scenario, self._parts.carbon, seed=world_seed) if self._H else None
         self._pending = np.empty((0, _P_COLS), dtype=np.float64)
@@ -615,6 +683,28 @@ class GeoServeEnv(gym.Env):
         self._in_flight_end = 0
         self._ttft_parts: list[np.ndarray] = []
         self._tpot_parts: list[np.ndarray] = []
+        self._ttft_sum = 0.0
+        self._tpot_sum = 0.0
+        self._failover_ids: set[int] = set()
+        self._failed_over_completed = 0
+        self._step_failed_over = 0
+        self._done_energy_j = np.zeros(self._D)
+        self._done_carbon_g = np.zeros(self._D)
+        self._fo_energy_j = np.zeros(self._D)
+        self._fo_carbon_g = np.zeros(self._D)
+        self._reported_energy_j = 0.0
+        self._reported_carbon_g = 0.0
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        if self._record_dir is not None:
+            from pathlib import Path
+
+            from .sim.records import RecordWriter
+
+            self._writer = RecordWriter(Path(self._record_dir) / f"episode-{self._episode_count:05d}",
+                                        self._record_chunk_rows)
+        self._episode_count += 1
         self._dc_completed = np.zeros(self._D, dtype=np.int64)
         self._dc_placed = np.zeros(self._D, dtype=np.int64)
         self._last_completed = None
@@ -658,13 +748,17 @@ class GeoServeEnv(gym.Env):
             else:
                 rows = self._pending[:n_vis][place]
                 dcs = choice[place]
-            sim.submit_batch(
+            ids = sim.submit_batch(
                 rows[:, _P_ORIGIN].astype(np.int64),
                 rows[:, _P_ARRIVAL],
                 rows[:, _P_PROMPT].astype(np.int64),
                 rows[:, _P_OUTPUT].astype(np.int64),
                 dcs,
             )
+            if self._aborted:
+                fo = rows[:, _P_FAILED] > 0
+                if fo.any():
+                    self._failover_ids.update(ids[fo].tolist())
             self._placed += n_place
             self._dc_placed += np.bincount(dcs, minlength=D)
             mo = int(rows[:, _P_OUTPUT].max())
@@ -691,6 +785,7 @@ class GeoServeEnv(gym.Env):
         self._last_completed = records
         carbon_g, energy_j = self._totals_delta()
         n_done = len(records)
+        step_failed_over, self._step_failed_over = self._step_failed_over, 0
         violations = 0
         stats = (0.0, 0.0, 0.0, 0.0)
         if n_done:
@@ -703,9 +798,21 @@ class GeoServeEnv(gym.Env):
             self._tpot_violations += int(np.count_nonzero(v_tpot))
             self._violations += violations
             self._completed += n_done
-            self._ttft_parts.append(ttft)
-            self._tpot_parts.append(tpot)
+            if self._writer is not None:
+                self._writer.append(records)
+                self._ttft_sum += float(ttft.sum())
+                self._tpot_sum += float(tpot.sum())
+            else:
+                self._ttft_parts.append(ttft)
+                self._tpot_parts.append(tpot)
             self._dc_completed += np.bincount(records.datacenter, minlength=D)
+            self._done_energy_j += np.bincount(records.datacenter, weights=records.energy_j, minlength=D)
+            self._done_carbon_g += np.bincount(records.datacenter, weights=records.carbon_g, minlength=D)
+            if self._failover_ids:
+                hit = [i for i in records.request_id.tolist() if i in self._failover_ids]
+                if hit:
+                    self._failover_ids.difference_update(hit)
+                    self._failed_over_completed += len(hit)
             stats = (float(ttft.mean()), float(tpot.mean()), float(ttft.max()), float(tpot.max()))
         reward = -self._carbon_weight * carbon_g / self.nominal_carbon_g_per_step - self._slo_weight * violations
 
@@ -726,6 +833,7 @@ class GeoServeEnv(gym.Env):
             "ttft_max_s": stats[2],
             "tpot_max_s": stats[3],
             "invalid_actions": n_invalid,
+            "failed_over": step_failed_over,
             "action_mask": self._mask.copy(),
         }
         if last:
@@ -794,7 +902,10 @@ class GeoServeEnv(gym.Env):
         name = self.layout.datacenter_names[d]
         prompt = int(self._pending[k, _P_PROMPT])
         need = -(-(prompt + 1) // self.layout.block_tokens)
-        if not self._up[d]:
+        fault_why = self._faults.masked_reason(int(self._pending[k, _P_ORIGIN]), d) if self._faults is not None else None
+        if fault_why is not None:
+            why = fault_why
+        elif not self._up[d]:
             why = "the datacenter is down"
         else:
             why = f"the request needs {need} KV blocks, one engine there has {int(self.layout.engine_kv_blocks[d])}"
@@ -813,7 +924,7 @@ class GeoServeEnv(gym.Env):
     def _advance_and_collect(self, t_s: float) -> int:
         """Advance the simulator to ``t_s`` and append the arrivals of [now, t_s) ∩ [0, duration)."""
         t0 = self._sim.now_s
-        self._sim.advance_to(t_s)
+        self._advance_sim(t_s)
         t1 = min(t_s, self._duration)
         if t1 <= t0:
             return 0
@@ -828,10 +939,43 @@ class GeoServeEnv(gym.Env):
         rows[:, _P_OUTPUT] = batch.output_tokens
         rows[:, _P_PRED] = self._predictor.predict(batch.prompt_tokens, batch.output_tokens)
         rows[:, _P_SEQ] = np.arange(self._seq, self._seq + n)
+        rows[:, _P_FAILED] = 0.0
         self._seq += n
         self._arrived += n
         self._pending = rows if self._pending.shape[0] == 0 else np.concatenate([self._pending, rows])
         return n
+
+    def _advance_sim(self, t_s: float) -> None:
+        """Advance the simulator to ``t_s``, applying the scenario's faults at their times."""
+        if self._faults is None:
+            self._sim.advance_to(t_s)
+            return
+        for ab in self._faults.advance(t_s):
+            self._requeue(ab)
+
+    def _requeue(self, ab: Any) -> None:
+        """Put requests aborted by an outage back in the pending queue (fail-over)."""
+        n = len(ab)
+        if not n:
+            return
+        rows = np.empty((n, _P_COLS), dtype=np.float64)
+        rows[:, _P_ORIGIN] = ab.origin
+        rows[:, _P_ARRIVAL] = ab.arrival_s
+        rows[:, _P_PROMPT] = ab.prompt_tokens
+        rows[:, _P_OUTPUT] = ab.output_tokens
+        rows[:, _P_PRED] = self._predictor.predict(ab.prompt_tokens, ab.output_tokens)
+        rows[:, _P_SEQ] = np.arange(self._seq, self._seq + n)
+        rows[:, _P_FAILED] = 1.0
+        self._seq += n
+        self._aborted += n
+        self._step_failed_over += n
+        self._fo_energy_j += np.bincount(ab.datacenter, weights=ab.energy_j, minlength=self._D)
+        self._fo_carbon_g += np.bincount(ab.datacenter, weights=ab.carbon_g, minlength=self._D)
+        lost = set(ab.request_id.tolist()) & self._failover_ids
+        if lost:  # failed over again: the new submission is the one that counts
+            self._failover_ids.difference_update(lost)
+        merged = np.concatenate([self._pending, rows])
+        self._pending = merged[np.argsort(merged[:, _P_ARRIVAL], kind="stable")]
 
     def _drain(self) -> Any:
         """Advance without arrivals until every placed request completes or the drain limit passes."""
@@ -847,7 +991,7 @@ class GeoServeEnv(gym.Env):
         parts = [sim.pop_completed()]
         done = self._completed + len(parts[0])
         while done < self._placed - self._aborted and sim.now_s < t_end:
-            sim.advance_to(min(sim.now_s + chunk, t_end))
+            self._advance_sim(min(sim.now_s + chunk, t_end))
             part = sim.pop_completed()
             done += len(part)
             parts.append(part)
@@ -860,6 +1004,8 @@ class GeoServeEnv(gym.Env):
         energy = float(np.sum(totals.facility_energy_j))
         d_c, d_e = carbon - self._cum_carbon_g, energy - self._cum_energy_j
         self._cum_carbon_g, self._cum_energy_j = carbon, energy
+        self._reported_carbon_g += d_c
+        self._reported_energy_j += d_e
         self._totals = totals
         return d_c, d_e
 
@@ -881,11 +1027,11 @@ class GeoServeEnv(gym.Env):
         )
         raw *= self._dc_scale
         np.minimum(raw[7:12], ESTIMATE_CAP, out=raw[7:12])
-        dc = np.empty((D, 13 + H), dtype=np.float32)
+        dc = np.zeros((D, self.layout.n_dc_features), dtype=np.float32)
         dc[:, 0] = raw[0]
         if H:
             dc[:, 1:1 + H] = self._forecast(now)
-        dc[:, 1 + H:] = raw[1:].T
+        dc[:, 1 + H:13 + H] = raw[1:].T
         # ---- slots: region template rows + per-request columns
         n_pend = int(self._pending.shape[0])
         n = n_pend if n_pend < K else K
@@ -906,6 +1052,10 @@ class GeoServeEnv(gym.Env):
             else:  # some prompt does not fit an empty engine of some datacenter
                 need = np.ceil((prompt + 1.0) / self._block_tokens)
                 mask[:n, :D] = (need[:, None] <= self._engine_kv_blocks[None, :]) & up[None, :]
+        faults = self._faults
+        if faults is not None:
+            origins = self._pending[:n, _P_ORIGIN].astype(np.intp)
+            faults.adjust_observation(now, self.layout, dc, sl[:n], mask[:n], origins, self._forecast if H else None)
         self._mask = mask
         # ---- globals
         ang = (2.0 * math.pi / 86400.0) * ((self._clock_s_of_day + now) % 86400.0)
@@ -945,7 +1095,8 @@ class GeoServeEnv(gym.Env):
             "prompt_tokens": prompt,
             "predicted_output_tokens": p[:, _P_PRED].copy(),
             "waited_s": self._sim.now_s - p[:, _P_ARRIVAL],
-            "network_s": self._one_way_x2[origin] + (prompt * self._uplink_s_per_token)[:, None],
+            "network_s": self._one_way_x2[origin] + (prompt * self._uplink_s_per_token)[:, None]
+            + (2.0 * self._faults.one_way_delta_s()[origin] if self._faults is not None else 0.0),
         }
 
     def set_datacenter_up(self, dc: int, up: bool) -> dict[str, np.ndarray]:
@@ -958,20 +1109,7 @@ class GeoServeEnv(gym.Env):
         """
         if self._sim is None or self._done:
             raise RuntimeError("set_datacenter_up needs a running episode: call reset() first")
-        ab = self._sim.set_datacenter_up(dc, up)
-        n = len(ab)
-        if n:
-            rows = np.empty((n, _P_COLS), dtype=np.float64)
-            rows[:, _P_ORIGIN] = ab.origin
-            rows[:, _P_ARRIVAL] = ab.arrival_s
-            rows[:, _P_PROMPT] = ab.prompt_tokens
-            rows[:, _P_OUTPUT] = ab.output_tokens
-            rows[:, _P_PRED] = self._predictor.predict(ab.prompt_tokens, ab.output_tokens)
-            rows[:, _P_SEQ] = np.arange(self._seq, self._seq + n)
-            self._seq += n
-            self._aborted += n
-            merged = np.concatenate([self._pending, rows])
-            self._pending = merged[np.argsort(merged[:, _P_ARRIVAL], kind="stable")]
+        self._requeue(self._sim.set_datacenter_up(dc, up))
         return self._observe()
 
     def episode_metrics(self, check_ledger: bool = False) -> dict[str, Any]:
@@ -981,42 +1119,38 @@ class GeoServeEnv(gym.Env):
         re-submissions after an outage included), ``completed``, ``in_flight_at_truncation``
         (placed, not completed, not aborted), ``aborted`` (lost to an outage and re-queued),
         ``unplaced_at_end`` (pending),
-        ``deferred`` (slot-steps deferred), ``invalid_actions``, ``carbon_g`` (facility, all
+        ``failed_over`` (= ``aborted``), ``failed_over_completed`` (failed over, placed again and
+        completed), ``deferred`` (slot-steps deferred), ``invalid_actions``, ``carbon_g`` (facility, all
         datacenters, from t = 0 to the end of the drain), ``energy_kwh`` (facility),
         ``it_energy_kwh``, ``carbon_g_per_request`` (carbon_g / completed), TTFT / TPOT
         ``mean``, ``p50``, ``p90``, ``p99`` in seconds over completed requests (NaN when none),
         ``violations``, ``violation_rate`` (violations / completed), ``ttft_violation_rate``,
         ``tpot_violation_rate``, per-datacenter arrays (D,): ``dc_carbon_g``,
-        ``dc_energy_kwh``, ``dc_placed``, ``dc_completed``; and ``world_seed``.
+        ``dc_energy_kwh``, ``dc_placed``, ``dc_completed``; ``world_seed``; ``ledger`` (dict, see
+        :meth:`ledger`; with ``check_ledger`` a failure raises when ``strict_ledger``).
         """
         if self._sim is None:
             raise RuntimeError("call reset() first")
         totals = self._sim.totals()
-        ttft = np.concatenate(self._ttft_parts) if self._ttft_parts else np.zeros(0)
-        tpot = np.concatenate(self._tpot_parts) if self._tpot_parts else np.zeros(0)
         in_flight = self._placed - self._completed - self._aborted
         unplaced = int(self._pending.shape[0])
-        if check_ledger:
-            problems = []
-            if self._arrived != self._completed + in_flight + unplaced:
-                problems.append(
-                    f"arrived {self._arrived} != completed {self._completed} + in flight {in_flight} + unplaced {unplaced}"
-                )
-            if int(totals.submitted) != self._placed:
-                problems.append(f"simulator saw {int(totals.submitted)} submissions, env placed {self._placed}")
-            if int(totals.completed) != self._completed:
-                problems.append(f"simulator completed {int(totals.completed)}, env counted {self._completed}")
-            if int(totals.aborted) != self._aborted:
-                problems.append(f"simulator aborted {int(totals.aborted)}, env re-queued {self._aborted}")
-            if int(totals.in_flight) != in_flight:
-                problems.append(f"simulator in flight {int(totals.in_flight)}, env counts {in_flight}")
-            if problems:
-                raise LedgerError("episode ledger: " + "; ".join(problems))
-
-        def pct(x: np.ndarray, q: float) -> float:
-            return float(np.percentile(x, q)) if x.size else float("nan")
-
+        ledger = self.ledger(strict=check_ledger and self._strict_ledger)
+        if check_ledger and not ledger["ok"]:
+            warnings.warn(f"episode ledger check failed: {ledger['problems']}", RuntimeWarning, stacklevel=2)
         c = self._completed
+        if self._writer is not None:
+            tq = self._writer.percentiles("ttft_s", (50, 90, 99))
+            pq = self._writer.percentiles("tpot_s", (50, 90, 99))
+            ttft_mean = self._ttft_sum / c if c else float("nan")
+            tpot_mean = self._tpot_sum / c if c else float("nan")
+        else:
+            ttft = np.concatenate(self._ttft_parts) if self._ttft_parts else np.zeros(0)
+            tpot = np.concatenate(self._tpot_parts) if self._tpot_parts else np.zeros(0)
+            tq = [float(np.percentile(ttft, q)) if ttft.size else float("nan") for q in (50, 90, 99)]
+            pq = [float(np.percentile(tpot, q)) if tpot.size else float("nan") for q in (50, 90, 99)]
+            ttft_mean = float(ttft.mean()) if c else float("nan")
+            tpot_mean = float(tpot.mean()) if c else float("nan")
+
         dc_carbon = np.asarray(totals.carbon_g, dtype=np.float64).copy()
         dc_energy = np.asarray(totals.facility_energy_j, dtype=np.float64) / 3.6e6
         return {
@@ -1028,6 +1162,8 @@ class GeoServeEnv(gym.Env):
             "completed": c,
             "in_flight_at_truncation": in_flight,
             "aborted": self._aborted,
+            "failed_over": self._aborted,
+            "failed_over_completed": self._failed_over_completed,
             "unplaced_at_end": unplaced,
             "deferred": self._deferred_total,
             "invalid_actions": self._invalid_total,
@@ -1035,14 +1171,14 @@ class GeoServeEnv(gym.Env):
             "energy_kwh": float(dc_energy.sum()),
             "it_energy_kwh": float(np.sum(totals.it_energy_j) / 3.6e6),
             "carbon_g_per_request": float(dc_carbon.sum() / c) if c else float("nan"),
-            "ttft_mean_s": float(ttft.mean()) if c else float("nan"),
-            "ttft_p50_s": pct(ttft, 50),
-            "ttft_p90_s": pct(ttft, 90),
-            "ttft_p99_s": pct(ttft, 99),
-            "tpot_mean_s": float(tpot.mean()) if c else float("nan"),
-            "tpot_p50_s": pct(tpot, 50),
-            "tpot_p90_s": pct(tpot, 90),
-            "tpot_p99_s": pct(tpot, 99),
+            "ttft_mean_s": ttft_mean,
+            "ttft_p50_s": tq[0],
+            "ttft_p90_s": tq[1],
+            "ttft_p99_s": tq[2],
+            "tpot_mean_s": tpot_mean,
+            "tpot_p50_s": pq[0],
+            "tpot_p90_s": pq[1],
+            "tpot_p99_s": pq[2],
             "violations": self._violations,
             "violation_rate": self._violations / c if c else float("nan"),
             "ttft_violation_rate": self._ttft_violations / c if c else float("nan"),
@@ -1052,14 +1188,37 @@ class GeoServeEnv(gym.Env):
             "dc_placed": self._dc_placed.copy(),
             "dc_completed": self._dc_completed.copy(),
             "world_seed": self._world_seed,
+            "ledger": ledger,
         }
+
+    def ledger(self, strict: bool = False) -> dict[str, Any]:
+        """The accounting check of the episode so far (:func:`carbon_gym.ledger.check_ledger`):
+        request counts and the energy / carbon identities; raises
+        :class:`~carbon_gym.errors.LedgerError` on a failure when ``strict``."""
+        from .ledger import check_ledger
+
+        if self._sim is None:
+            raise RuntimeError("call reset() first")
+        sim = self._sim
+        return check_ledger(
+            arrived=self._arrived, placed=self._placed, completed=self._completed, failed_over=self._aborted,
+            failed_over_completed=self._failed_over_completed,
+            in_flight=self._placed - self._completed - self._aborted, unplaced=int(self._pending.shape[0]),
+            totals=sim.totals(), attribution=sim.energy_attribution(),
+            completed_energy_j=self._done_energy_j, completed_carbon_g=self._done_carbon_g,
+            failed_over_energy_j=self._fo_energy_j, failed_over_carbon_g=self._fo_carbon_g,
+            reported_energy_j=self._reported_energy_j, reported_carbon_g=self._reported_carbon_g,
+            pue=np.array([d.pue for d in self._parts.topology.datacenters], dtype=np.float64), strict=strict,
+        )
 
     def render(self) -> None:
         """This environment has no rendering."""
         return None
 
     def close(self) -> None:
-        """Release the simulator."""
+        """Release the simulator (and flush streamed records)."""
+        if self._writer is not None:
+            self._writer.close()
         self._sim = None
         self._workload = None
         self._done = True
@@ -1088,3 +1247,54 @@ def _suggest_max_pending(expected_per_step: float) -> int:
     """A slot count that holds a step's arrivals with margin: next power of two >= 1.25 x mean + 4 sd + 16."""
     need = 1.25 * expected_per_step + 4.0 * math.sqrt(expected_per_step) + 16
     return int(2 ** math.ceil(math.log2(need)))
+
+
+# ------------------------------------------------------------------------ compatibility
+def observation_signature(env_or_layout: Any) -> dict[str, Any]:
+    """What a trained policy depends on: ``ENV_VERSION``, the sizes (D, R, K, H), the column
+    maps and the fixed feature scales of the observation, and the action size. JSON-friendly."""
+    L = _layout_of(env_or_layout)
+    return {
+        "env_version": ENV_VERSION,
+        "n_datacenters": int(L.n_datacenters),
+        "n_regions": int(L.n_regions),
+        "max_pending": int(L.max_pending),
+        "forecast_hours": int(L.forecast_hours),
+        "dc_columns": dict(L.dc_columns),
+        "slot_columns": dict(L.slot_columns),
+        "global_columns": dict(L.global_columns),
+        "action_nvec": [int(L.n_datacenters) + 1] * int(L.max_pending),
+        "scales": {
+            "carbon_g_per_kwh": CARBON_SCALE_G_PER_KWH, "tokens": TOKENS_SCALE,
+            "queue_per_engine": QUEUE_PER_ENGINE_SCALE, "prefill_ref_tokens": PREFILL_REF_TOKENS,
+            "tpot_slope_ref_seqs": TPOT_SLOPE_REF_SEQS, "estimate_cap": ESTIMATE_CAP, "obs_high": OBS_HIGH,
+        },
+    }
+
+
+def env_fingerprint(env_or_layout: Any) -> str:
+    """Short hash of :func:`observation_signature` (store it in checkpoints)."""
+    import hashlib
+    import json
+
+    text = json.dumps(observation_signature(env_or_layout), sort_keys=True)
+    return f"{ENV_VERSION}:{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
+def check_env_compatible(stored: Any, env_or_layout: Any, what: str = "checkpoint") -> None:
+    """Raise :class:`~carbon_gym.errors.ConfigError` (field ``what``) unless ``stored`` — a
+    fingerprint string or a signature dict saved with a checkpoint — matches the env; with a
+    signature, the message names the entries that differ."""
+    current = observation_signature(env_or_layout)
+    if isinstance(stored, str):
+        mine = env_fingerprint(env_or_layout)
+        if stored != mine:
+            raise ConfigError(what, f"was made for env {stored!r}, this env is {mine!r} (different env version or "
+                              "observation layout: retrain, or store the signature to see what differs)", allowed=[mine])
+        return
+    if not isinstance(stored, dict):
+        raise ConfigError(what, f"expected a fingerprint string or a signature dict, got {type(stored).__name__}")
+    diffs = [f"{k}: stored {stored.get(k)!r}, env {v!r}" for k, v in current.items() if stored.get(k) != v]
+    diffs += [f"{k}: stored {stored[k]!r}, not in this env" for k in stored if k not in current]
+    if diffs:
+        raise ConfigError(what, "incompatible with this env: " + "; ".join(diffs[:5]) + (" ..." if len(diffs) > 5 else ""))
