@@ -27,8 +27,9 @@ that is linear in the lengths as long as the class is not split across datacente
         (p_r prompt and o_r predicted output tokens; alpha_d prefill seconds per token)
     kappa_cd = g_d mean_{r in c} e_rd             grams per request of c at d
     F_d = tp (P_dec(1) - P_idle) H_d,  H_d = mean_r (alpha_d p_r + o_r tpot_idle_d)    J per woken engine
-    h_rd = (TTFT_slo - waited_r - net_rd - W0_d - alpha_d p_r) / u_r    effective TTFT headroom, s
-        (net = uplink + downlink, W0_d = the simulator's queue-wait estimate; u_r in (0, 1] the
+    h_rd = (TTFT_slo - waited_r - net_rd - W0_d - f_d - alpha_d p_r) / u_r   effective TTFT headroom, s
+        (net = uplink + downlink, W0_d = the simulator's queue-wait estimate, f_d the fixed
+        latency of the prefill iteration a prompt joins; u_r in (0, 1] the
         share of pending requests at least as old as r: requests are sent oldest first, so r
         waits behind about u_r of the prompt tokens placed at its datacenter; h_rd is the total
         added wait beta_d Pr_d that r tolerates)
@@ -42,6 +43,8 @@ that is linear in the lengths as long as the class is not split across datacente
         stretch TPOT to t_dec_d / (1 - rho) (t_dec_d = decode iteration of the current batch);
         rho_max = ``max_prefill_share`` caps the utilisation (queueing grows as rho -> 1)
     T_d = min(theta_d / beta_d, Q_d)                             prompt-token budget of d
+        (the class form plans with (1 - ``class_budget_margin``) T_d: a split class's members
+        carry a slightly different prompt total than its count x mean)
     spe_d = TPOT-feasible sequences per engine: tpot_base_d + slope_d (spe_d - 1) <= TPOT_slo,
         capped at max_num_seqs (tpot_base_d = the simulator's TPOT estimate minus its batch term)
     L_d = running_d + queue_len_d;  E_d engines, A_d busy, I_d = E_d - A_d idle
@@ -68,7 +71,8 @@ Constraints (K_d = sum_c x_cd, added sequences; Pr_d = sum_c p_c x_cd, added pro
     TPOT           spread: K_d - o_seq_d <= max(0, E_d spe_d - L_d)
                    pack:   K_d - spe_d y_d - o_seq_d <= max(0, A_d spe_d - L_d)       all d
         (the linear form of tpot_base_d + slope_d (n - 1) <= TPOT_slo at n sequences/engine)
-    woken engines  spread: K_d - y_d - M_d s_d <= 0,  y_d - I_d s_d >= 0  (M_d = sum N_c at d)
+    woken engines  spread: K_d - y_d - M_d s_d <= 0,  y_d - I_d s_d >= 0  (M_d = sum N_c at d),
+                   plus the valid inequalities y_d >= min(1, I_d / N_c) x_cd that tighten the LP
     TTFT / prefill Pr_d - o_tok_d <= T_d                                             all d
         (within theta_d / beta_d: waited + net + W0_d + u_r beta_d Pr_d + prefill <= TTFT_slo
          for every request at d whose headroom is at least theta_d, the others being the m_cd
@@ -83,17 +87,21 @@ Class form vs per-request form: the class form charges a class's mean energy, pr
 its fraction of TTFT misses; it equals the per-request objective whenever no class is split, and
 ``tests/test_solvers_facility.py`` measures the gap on instances small enough for both.
 
-Real time: a MIP gap (default 1%) and a time limit (default 0.2 s, inside a 1 s poll); the
-state-aware greedy placement (:func:`facility_greedy`, same objective) is handed to HiGHS as the
-starting incumbent, and is the fallback when the solver fails or has no incumbent (counted in
-``stats["fallbacks"]`` and logged).
+Real time (:func:`solve_highspy`): a MIP gap (default 1%) and a time limit (default 0.2 s, inside
+a 1 s poll). The LP relaxation (a few ms) gives a bound; its counts rounded down and completed
+by :func:`class_greedy`, or :func:`class_greedy` alone, give the incumbent; when that is not
+within the gap, HiGHS branch-and-bound continues from it (warm start) on programs of at most
+``bb_max_columns`` pairs, under an interrupt-callback deadline. The certified gap of every
+decision is recorded (``stats["mip_gap"]``). When the solver fails or has no incumbent, the
+request-level state-aware greedy (:func:`facility_greedy`, same objective) decides instead:
+counted in ``stats["fallbacks"]`` and logged, never silent.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -258,7 +266,8 @@ class FacilityData:
             mean prompt + predicted output tokens.
         pc, pd: (P,) class and datacenter of each pair; cost: (P,) grams per request
             (kappa + lambda x miss fraction); kappa, miss: its two parts.
-        cap_seq, spe, idle, fixed_g, free_kv, beta, theta, big_m: (D,) per-datacenter figures.
+        cap_seq, spe, idle, fixed_g, free_kv, beta, theta, prefill_cap, big_m: (D,) per-datacenter
+            figures (module docstring); budget_scale: factor on the token budget (class form).
         lam, lam_tok, lam_kv, lam_defer: penalties (grams per violation / prompt token over
             budget / KV token over capacity / deferral).
         engine_model: ``"spread"`` or ``"pack"``.
@@ -707,14 +716,6 @@ def pair_counts(data: FacilityData, assignment: np.ndarray) -> tuple[np.ndarray,
     table = np.zeros((data.n_classes, d_n + 1))
     np.add.at(table, (data.class_of, np.asarray(assignment, dtype=np.int64)), 1.0)
     return table[data.pc, data.pd], table[:, d_n]
-
-
-def class_objective(data: FacilityData, x: np.ndarray, defer: np.ndarray) -> float:
-    """Objective of the (class-form) program at pair counts ``x`` and ``defer`` (optimal rest)."""
-    lay = _layout(data)
-    col = _complete_solution(data, lay, x, defer)
-    lay2, arr = _build_arrays(data)
-    return float(arr["cost"] @ col)
 
 
 @dataclass

@@ -18,7 +18,7 @@ All the energy/latency arithmetic the schedulers share sits here too (one place 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -107,7 +107,6 @@ class PlacementProblem:
     carbon_forecast_g_per_kwh: np.ndarray | None = None
     decode_iteration_s: np.ndarray | None = None
     prefill_fixed_s: np.ndarray | None = None
-    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("origin", "slot"):
