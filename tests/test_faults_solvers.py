@@ -1,0 +1,84 @@
+"""Every scheduler keeps working under faults: masked choices respected (the env raises on a
+masked choice), no crash when a request has no feasible datacenter, no request lost, the ledger
+balances, and the facility MILP stays feasible (no fallback)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from carbon_gym.env import GeoServeEnv
+from carbon_gym.policy import rollout
+
+solvers = pytest.importorskip("solvers")
+
+POLICIES = solvers.available_policies()
+
+
+@pytest.mark.parametrize("scenario", ["dev-fault", "dev-fault-region"])
+@pytest.mark.parametrize("name", POLICIES)
+def test_scheduler_under_outage_loses_nothing_and_the_ledger_balances(scenario, name):
+    env = GeoServeEnv(scenario, invalid_action="raise", strict_ledger=True)
+    policy = solvers.make_policy(name, env)
+    m = rollout(env, policy, seed=0)
+    assert m["truncated"]
+    assert m["arrived"] > 600
+    # nothing lost: every arrival completed (the drain is long enough on this dev scenario)
+    assert m["completed"] == m["arrived"] and m["in_flight_at_truncation"] == 0 and m["unplaced_at_end"] == 0
+    led = m["ledger"]
+    assert led["ok"] and led["problems"] == ""
+    assert led["placed"] == m["arrived"] + m["failed_over"]
+    assert led["failed_over_completed"] == m["failed_over"]
+    assert led["attributed_energy_j"] + led["unattributed_energy_j"] == pytest.approx(led["energy_j"], rel=1e-12)
+    # fr (dev-fault) / de + fr (dev-fault-region) go down at 15 s: every scheduler had work there
+    assert m["failed_over"] > 0
+    if name == "facility-milp":
+        assert policy.stats["solves"] > 0 and policy.stats["fallbacks"] == 0, policy.stats["fallback_reasons"][:3]
+
+
+def test_every_scheduler_meets_an_empty_feasible_set_with_defer():
+    # dev-fault-region cuts Europe -> North America 22-26 s while Europe is down: European
+    # requests have no datacenter; the only valid action is defer, and they wait.
+    for name in POLICIES:
+        env = GeoServeEnv("dev-fault-region", overrides={"duration_s": 30.0})
+        policy = solvers.make_policy(name, env)
+        obs, info = env.reset(seed=0)
+        policy.reset(env)
+        waited = 0
+        while True:
+            t = env.simulator.now_s
+            a = policy.act(obs, info)
+            if 22.0 <= t < 26.0:
+                o = env.pending_requests()["origin"]
+                eu = np.flatnonzero(o == 0)
+                assert np.all(np.asarray(a)[eu] == 4), name
+                waited += eu.size
+            obs, r, term, trunc, info = env.step(a)
+            if trunc:
+                break
+        assert waited > 0
+        m = info["episode_metrics"]
+        assert m["completed"] + m["in_flight_at_truncation"] + m["unplaced_at_end"] == m["arrived"]
+
+
+MISSING_FEED_REASON = (
+    "solvers.envadapter.problem_from_observation passes the NaN intensity of a missing carbon feed "
+    "(decode_observation: NaN + carbon_missing flag) to PlacementProblem, which rejects it "
+    "(ConfigError problem.carbon_g_per_kwh); carbon-aware schedulers need a stand-in (last known "
+    "value or a pessimistic one) - reported to the solvers owner"
+)
+
+
+@pytest.mark.parametrize("name", [n for n in POLICIES if n != "round-robin"])
+@pytest.mark.xfail(reason=MISSING_FEED_REASON, strict=False)
+def test_scheduler_survives_a_missing_carbon_feed(name):
+    env = GeoServeEnv("dev-fault", overrides={"faults.2.mode": "missing", "duration_s": 25.0,
+                                              "faults.2.end_s": 15.0})
+    m = rollout(env, solvers.make_policy(name, env), seed=0)
+    assert m["completed"] == m["arrived"] and m["ledger"]["ok"]
+
+
+def test_round_robin_survives_a_missing_carbon_feed():
+    env = GeoServeEnv("dev-fault", overrides={"faults.2.mode": "missing", "duration_s": 25.0, "faults.2.end_s": 15.0})
+    m = rollout(env, solvers.make_policy("round-robin", env), seed=0)
+    assert m["completed"] == m["arrived"] and m["ledger"]["ok"]
