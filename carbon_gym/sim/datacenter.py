@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+import numpy as np
+
 from ..topology import DatacenterSpec
 from .engine import IDLE, Engine, EngineConfig, EngineModels, RequestState
 
@@ -44,16 +46,18 @@ class ZoneClock:
         interp = getattr(carbon, "interpolation", None)
         values = getattr(carbon, "hourly_g_per_kwh", None)
         if interp in ("step", "linear") and values is not None:
-            v = [float(x) for x in values[:, zone]]
-            H = len(v)
-            nxt = v[1:] + v[:1]
-            per_hour = [a * SECONDS_PER_HOUR for a in v] if interp == "step" else [
-                0.5 * (a + b) * SECONDS_PER_HOUR for a, b in zip(v, nxt)]
-            cum = [0.0]
-            for x in per_hour:
-                cum.append(cum[-1] + x)
+            # numpy elementwise ops and the (sequential) cumulative sum give the same floats as
+            # the equivalent Python loops, in a fraction of the time for year-long traces
+            va = np.asarray(values[:, zone], dtype=np.float64)
+            H = int(va.shape[0])
+            nxt = np.roll(va, -1)
+            per_hour = va * SECONDS_PER_HOUR if interp == "step" else 0.5 * (va + nxt) * SECONDS_PER_HOUR
+            cum = np.zeros(H + 1)
+            np.cumsum(per_hour, out=cum[1:])
+            v = va.tolist()
+            cum = cum.tolist()
             self.v = v
-            self.slope = [(b - a) / SECONDS_PER_HOUR for a, b in zip(v, nxt)]
+            self.slope = ((nxt - va) / SECONDS_PER_HOUR).tolist()
             self.cum = cum
             self.total = cum[-1]
             self.hours = H
@@ -108,6 +112,7 @@ class Datacenter:
         heap: list,
         counter: Callable[[], int],
         rows: list,
+        clock: ZoneClock | None = None,
     ) -> None:
         self.index = index
         self.spec = spec
@@ -133,7 +138,8 @@ class Datacenter:
         self.n_idle = self.n_engines
         self._ct = -1.0
         self._cc = 0.0
-        self.clock = ZoneClock(carbon, zone, self.offset_s)
+        # a ZoneClock is immutable once built: simulators of the same world share it (see Simulator.fresh)
+        self.clock = clock if clock is not None else ZoneClock(carbon, zone, self.offset_s)
         self.t_last = 0.0
         self.c_last = self.cum(0.0)
         self.gpu_j = 0.0

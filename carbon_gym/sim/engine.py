@@ -148,6 +148,50 @@ class RequestState:
         self.alive = True
 
 
+def _table_time_fn(latency: Any) -> Callable[[int, float, int, float, int], float] | None:
+    """For a :class:`~carbon_gym.physics.latency.TableLatencyModel` (exactly that class), a
+    pure-Python ``iteration_time_s`` that performs the same floating-point operations in the same
+    order (so it returns the same floats) without numpy's per-call overhead; None otherwise."""
+    from bisect import bisect_right
+
+    from ..physics.latency import TableLatencyModel
+
+    if type(latency) is not TableLatencyModel:
+        return None
+    grid = [float(x) for x in latency.tokens_grid]
+    lin = [float(x) for x in latency.linear_s]
+    slopes = [float(x) for x in latency._slopes]
+    last = len(grid) - 2
+    dec_fixed, dec_seq, dec_ctx = latency.attn_decode_fixed_s, latency.attn_decode_per_seq_s, latency.attn_decode_per_ctx_s
+    pre_fixed, pre_tok, pre_pair = (latency.attn_prefill_fixed_s, latency.attn_prefill_per_token_s,
+                                    latency.attn_prefill_per_pair_s)
+    overhead, ar_fixed, ar_tok = latency.overhead_s, latency.allreduce_fixed_s, latency.allreduce_per_token_s
+    lm_fixed, per_sampled = latency.lm_head_fixed_s, latency.per_sampled_seq_s
+
+    def iteration_time_s(pt: int, pairs: float, nd: int, ctx_sum: float, n_sampled: int) -> float:
+        tokens = pt + nd
+        if tokens <= 0:
+            return 0.0
+        i = bisect_right(grid, tokens) - 1
+        if i < 0:
+            i = 0
+        elif i > last:
+            i = last
+        t = lin[i] + slopes[i] * (tokens - grid[i])
+        if nd > 0:
+            t += dec_fixed + dec_seq * nd
+            t += dec_ctx * ctx_sum
+        if pt > 0:
+            t += pre_fixed + pre_tok * pt
+            t += pre_pair * pairs
+        t += overhead + ar_fixed + ar_tok * tokens
+        if n_sampled > 0:
+            t += lm_fixed + per_sampled * n_sampled
+        return t
+
+    return iteration_time_s
+
+
 class EngineModels:
     """Latency and power models shared by the engines of a simulation, with small caches.
 
@@ -156,13 +200,17 @@ class EngineModels:
     ``decode_power_w(n)`` the engine's (all TP GPUs) power while decoding ``n`` sequences.
     """
 
-    __slots__ = ("latency", "power", "tp", "coeff", "idle_engine_w", "_fixed", "_pow")
+    __slots__ = ("latency", "power", "tp", "coeff", "idle_engine_w", "_fixed", "_pow", "iteration_time_s")
 
     def __init__(self, latency: Any, power: Any, tp: int) -> None:
         self.latency = latency
         self.power = power
         self.tp = tp
         self.coeff = float(latency.decode_ctx_coeff_s())
+        #: ``iteration_time_s(prefill_tokens, pairs, n_decode, ctx_sum, n_sampled) -> float``: the
+        #: latency model's (a pure-Python copy for the table model, same floats; see _table_time_fn)
+        self.iteration_time_s = _table_time_fn(latency) or (
+            lambda pt, pairs, nd, ctx, ns: float(latency.iteration_time_s(pt, pairs, nd, ctx, ns)))
         self.idle_engine_w = tp * float(power.idle_w)
         self._fixed: dict[int, float] = {}
         self._pow: dict[int, float] = {}
@@ -171,7 +219,7 @@ class EngineModels:
         """Seconds of a pure-decode iteration of ``n`` sequences with zero context."""
         v = self._fixed.get(n)
         if v is None:
-            v = self._fixed[n] = float(self.latency.iteration_time_s(0, 0.0, n, 0.0, n))
+            v = self._fixed[n] = self.iteration_time_s(0, 0.0, n, 0.0, n)
         return v
 
     def decode_power_w(self, n: int) -> float:
@@ -745,7 +793,7 @@ class Engine:
                 ctx_sum = self.base_sum + n * (self.dit + 1)
         else:
             ctx_sum = 0
-        T = float(models.latency.iteration_time_s(pt, pairs, nd, float(ctx_sum), sampled))
+        T = models.iteration_time_s(pt, pairs, nd, float(ctx_sum), sampled)
         if pt:
             p = models.tp * float(models.power.gpu_power_w(pt, nd))
         else:

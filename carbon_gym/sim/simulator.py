@@ -192,7 +192,10 @@ class Simulator:
         carbon_offset_s: float = 0.0,
         dispatcher: str = "least_work",
         step_mode: bool = False,
+        _shared: Any = None,
     ) -> None:
+        # ``_shared`` (internal, set by :meth:`fresh`): the immutable tables of a simulator built
+        # from the same arguments - (EngineModels, per-datacenter ZoneClocks) - reused as they are
         if not isinstance(engine, EngineConfig):
             raise ConfigError("engine", f"expected an EngineConfig, got {type(engine).__name__}")
         engine.validate()
@@ -248,13 +251,16 @@ class Simulator:
         self._heap: list = []
         self._counter = itertools.count().__next__
         self._rows: list[tuple] = []
-        self._models = EngineModels(latency, power, tp)
+        self._ctor = ((topology, model, gpu, latency, power, network, carbon),
+                      dict(engine=engine, carbon_offset_s=carbon_offset_s, dispatcher=dispatcher, step_mode=step_mode))
+        self._models = EngineModels(latency, power, tp) if _shared is None else _shared[0]
+        clocks = [None] * D if _shared is None else _shared[1]
         self._one_way = [[float(x) for x in row] for row in ow]
         self._bytes_per_token_s = float(network.bytes_per_token) / float(network.bandwidth_bytes_per_s)
         self.datacenters = [
             Datacenter(
                 i, d, zones[i], carbon, off, engine, total_blocks, self._models, float(power.host_w), score_fn,
-                self.step_mode, self._heap, self._counter, self._rows,
+                self.step_mode, self._heap, self._counter, self._rows, clocks[i],
             )
             for i, d in enumerate(topology.datacenters)
         ]
@@ -264,6 +270,15 @@ class Simulator:
         self._out_sum = 0
         self._out_n = 0
         self.events_processed = 0
+
+    def fresh(self) -> "Simulator":
+        """A new simulator built from the same arguments as this one, at time 0 with nothing
+        submitted (faults applied to this one - outages, link delays, drains - are not carried
+        over). It shares this simulator's immutable tables (zone carbon clocks, latency / power
+        caches), so it is much cheaper to build than a new :class:`Simulator`: use it to start
+        another episode of the same world."""
+        args, kwargs = self._ctor
+        return Simulator(*args, **kwargs, _shared=(self._models, [dc.clock for dc in self.datacenters]))
 
     # ------------------------------------------------------------------ properties
     @property
@@ -615,7 +630,6 @@ class Simulator:
         """(queue_wait_s, prefill_per_token_s, tpot_s, slope_s, iteration_s, chunk_tokens,
         deficit_blocks_without_new, release_blocks_per_s) for the engine the dispatcher picks."""
         e = dc.pick()
-        lat = self.latency
         models = self._models
         cfg = self.engine_config
         bt = cfg.block_tokens
@@ -627,9 +641,9 @@ class Simulator:
         t_dec_new = models.decode_fixed_s(n + 1) + coeff * (n + 1) * (mean_ctx + 1.0)
         t_dec_now = models.decode_fixed_s(n) + coeff * ctx_sum if n else 0.0
         c = max(cfg.max_num_batched_tokens - n, 1) if cfg.chunked_prefill else cfg.max_num_batched_tokens
-        f_iter = float(lat.iteration_time_s(1, 1.0, n, ctx_sum, n + 1))
+        f_iter = models.iteration_time_s(1, 1.0, n, ctx_sum, n + 1)
         if c > 1:
-            full = float(lat.iteration_time_s(c, c * (c + 1) / 2.0, n, ctx_sum, n + 1))
+            full = models.iteration_time_s(c, c * (c + 1) / 2.0, n, ctx_sum, n + 1)
             per_tok = max((full - f_iter) / (c - 1), 0.0)
         else:
             per_tok = f_iter
