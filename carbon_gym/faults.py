@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -168,8 +169,11 @@ Fault = Any  # one of the dataclasses above
 
 
 def parse_faults(raw: Sequence[Any], topology: Any, *, duration_s: float, tp: int = 1,
-                 source: str | None = None) -> tuple[Fault, ...]:
+                 source: str | None = None, warn: bool = True) -> tuple[Fault, ...]:
     """Validate ``[[faults]]`` tables against a topology; return the fault dataclasses.
+
+    A fault starting at or after ``duration_s`` is allowed (it can only act during the
+    end-of-episode drain) with a ``UserWarning`` when ``warn``.
 
     Errors are :class:`~carbon_gym.errors.ConfigError` naming the field (``faults[i].name``),
     with the allowed values (fault kinds, datacenter or region names, ranges).
@@ -192,9 +196,10 @@ def parse_faults(raw: Sequence[Any], topology: Any, *, duration_s: float, tp: in
         f = _parse(FAULT_KINDS[kind], item, path, ctx)
         if f.end_s is not None and f.end_s <= f.start_s:
             raise ctx.err(f"{path}.end_s", f"must be after start_s = {f.start_s}, got {f.end_s}", allowed=f"> {f.start_s}")
-        if f.start_s >= duration_s:
-            raise ctx.err(f"{path}.start_s", f"{f.start_s} s is not within the episode (duration_s = {duration_s})",
-                          allowed=f"[0, {duration_s})")
+        if f.start_s >= duration_s and warn:
+            warnings.warn(f"{source + ': ' if source else ''}{path}.start_s = {f.start_s} s is not within the episode "
+                          f"(duration_s = {duration_s}): the fault applies only during the end-of-episode drain, "
+                          "if at all", UserWarning, stacklevel=4)
         if hasattr(f, "datacenter") and f.datacenter not in dc_names:
             raise ctx.err(f"{path}.datacenter", f"unknown datacenter {f.datacenter!r}", allowed=dc_names)
         if hasattr(f, "region") and f.region not in regions:
@@ -221,7 +226,7 @@ def scenario_faults(scenario: Any) -> tuple[Fault, ...]:
     if not scenario.faults:
         return ()
     return parse_faults(scenario.faults, scenario.topology_spec(), duration_s=scenario.duration_s, tp=scenario.tp,
-                        source=scenario.source or None)
+                        source=scenario.source or None, warn=False)  # warned at load time
 
 
 def has_carbon_feed_gap(scenario: Any) -> bool:
