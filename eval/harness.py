@@ -828,7 +828,7 @@ def summary_markdown(summary, *, timing: bool = True) -> str:
     """The summary as a Markdown table (means ± 95% CI half-widths; latencies in ms)."""
     head = [
         "scenario", "policy", "seeds", "carbon (kg)", "vs rr (%)", "energy (kWh)",
-        "TTFT p50/p90/p99 (ms)", "TPOT p50/p90/p99 (ms)", "SLO viol. (%)", "MLPerf p99 pass",
+        "TTFT p50/p90/p99 (ms)", "TPOT p50/p90/p99 (ms)", "SLO viol. (%)", "unfinished (%)", "MLPerf p99 pass",
     ]
     if timing:
         head.append("decision mean/p95 (ms)")
@@ -848,6 +848,7 @@ def summary_markdown(summary, *, timing: bool = True) -> str:
             _pm(g("energy_kwh"), g("energy_kwh_ci95"), 3),
             lat("ttft"), lat("tpot"),
             _fixed(g("slo_violation_pct"), g("slo_violation_pct_ci95"), 2),
+            _fixed(g("unfinished_pct"), float("nan"), 1),
             "–" if not np.isfinite(share) else f"{int(round(share * seeds))}/{seeds}",
         ]
         if timing:
@@ -940,6 +941,16 @@ def versions() -> dict[str, str]:
     out = {"python": platform.python_version(), "platform": platform.platform()}
     from importlib import metadata
 
+    try:
+        import subprocess
+
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        rev = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5)
+        if rev.returncode == 0:
+            dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=5)
+            out["git"] = rev.stdout.strip() + ("+modified" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
     for pkg in ("carbon-gym", "numpy", "gymnasium", "pyomo", "highspy", "pandas", "pyarrow", "matplotlib", "torch", "stable-baselines3", "ray"):
         try:
             out[pkg] = metadata.version(pkg)
