@@ -546,10 +546,19 @@ class GeoServeEnv(gym.Env):
 
     # ------------------------------------------------------------------ static set-up
     def _new_world(self, seed: int) -> tuple[Any, Any]:
-        """A fresh (Simulator, Workload) for an episode with world seed ``seed``."""
-        from .world import build_world
+        """A fresh (Simulator, Workload) for an episode with world seed ``seed``.
 
-        return build_world(self._scenario, seed)
+        The first call builds them with :func:`~carbon_gym.world.build_world`; later calls get
+        the simulator from ``Simulator.fresh()`` of that first one (same arguments, shared
+        immutable tables: much cheaper) and only rebuild the seeded workload."""
+        from .world import build_workload, build_world
+
+        template = getattr(self, "_sim_template", None)
+        if template is None:
+            sim, workload = build_world(self._scenario, seed)
+            self._sim_template = sim.fresh()  # never driven: a clean source of fresh simulators
+            return sim, workload
+        return template.fresh(), build_workload(self._scenario, seed)
 
     def _static_setup(self, sim: Any) -> None:
         parts = self._parts
