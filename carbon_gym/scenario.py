@@ -761,6 +761,11 @@ def _deep_copy(x: Any) -> Any:
 def scenario_from_dict(raw: Mapping[str, Any], *, source: str | None = None, base_dir: Path | None = None,
                        overrides: Mapping[str, Any] | None = None) -> Scenario:
     """Validate a raw dict (as read from TOML) into a resolved :class:`Scenario`."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError("scenario", f"expected a table (dict), got {type(raw).__name__}", source=source)
+    if overrides is not None and not isinstance(overrides, Mapping):
+        raise ConfigError("overrides", f"expected a dict of dotted field names to values, got {type(overrides).__name__}",
+                          source=source)
     raw = _deep_copy(dict(raw))
     ctx = _Ctx(source)
     for key, value in (overrides or {}).items():

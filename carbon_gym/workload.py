@@ -100,6 +100,10 @@ class LengthTable:
     source: str
 
 
+#: Largest prompt or output length a workload file may hold, tokens.
+MAX_LENGTH_TOKENS = 2**31 - 1
+
+
 @lru_cache(maxsize=16)
 def _read_table(path: str, mtime_ns: int) -> LengthTable:
     header, rows = read_rows(path)
@@ -122,8 +126,9 @@ def _read_table(path: str, mtime_ns: int) -> LengthTable:
             raise DataError(where, f"expected {len(header)} columns, got {len(row)}")
         for col, dst, what in ((pc, prompts, "prompt length"), (oc, outputs, "output length")):
             v = parse_float(row[col], where, f"{header[col]} ({what})")
-            if v != int(v) or v < 1:
-                raise DataError(where, f"{header[col]} ({what}) must be a whole number >= 1, got {row[col].strip()!r}")
+            if v != int(v) or v < 1 or v > MAX_LENGTH_TOKENS:
+                raise DataError(where, f"{header[col]} ({what}) must be a whole number >= 1 and <= {MAX_LENGTH_TOKENS}, "
+                                f"got {row[col].strip()!r}")
             dst.append(int(v))
         if tc is not None:
             cell = row[tc]
