@@ -411,3 +411,16 @@ def test_parse_faults_is_reusable_without_a_scenario():
     m = rollout(GeoServeEnv(dev([{"kind": "region_outage", "region": "europe", "start_s": 10.0, "end_s": 12.0}])),
                 RoundRobinPolicy(), seed=0)
     assert m["completed"] == m["arrived"] and m["failed_over"] > 0 and m["ledger"]["ok"]
+
+
+def test_faults_do_not_leak_into_the_next_episode():
+    # link delays, drains and outages applied in one episode are gone after reset
+    env = GeoServeEnv("dev-fault", overrides={"duration_s": 40.0})
+    runs = [rollout(env, RoundRobinPolicy(), seed=5) for _ in range(2)]
+    for k in ("arrived", "completed", "failed_over", "carbon_g", "ttft_p99_s", "energy_kwh"):
+        assert runs[0][k] == runs[1][k], k
+    env.reset(seed=5)
+    fresh = GeoServeEnv("dev-fault", overrides={"duration_s": 40.0})
+    fresh.reset(seed=5)
+    np.testing.assert_array_equal(env.simulator.network.one_way_s, fresh.simulator.network.one_way_s)
+    assert all(dc.up and dc.n_draining == 0 for dc in env.simulator.datacenters)
