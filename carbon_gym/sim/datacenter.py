@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..physics.carbon import CarbonTrace
 from ..topology import DatacenterSpec
 from .engine import IDLE, Engine, EngineConfig, EngineModels, RequestState
 
@@ -81,6 +82,17 @@ class ZoneClock:
             return base + self.v[h] * dt + 0.5 * self.slope[h] * dt * dt
         return base + self.v[h] * dt
 
+    def intensity(self, x: float) -> float:
+        """Intensity (gCO2eq/kWh) at carbon time ``x`` (fast clocks only), computed exactly as
+        :meth:`CarbonTrace.intensity` does."""
+        h_float = (x % self.period) / SECONDS_PER_HOUR
+        h = int(h_float)
+        v = self.v
+        if not self.linear:
+            return v[h]
+        f = h_float - h
+        return v[h] + (v[(h + 1) % self.hours] - v[h]) * f
+
     def __call__(self, t: float) -> float:
         x = self.offset_s + t
         if self.fast:
@@ -93,7 +105,8 @@ class Datacenter:
 
     Attributes (ledger, all since time 0): ``gpu_j`` (all GPU energy, IT level), ``idle_j``
     (GPU energy of idle engines), ``host_j`` (non-GPU node energy), ``carbon_g`` (facility,
-    grams CO2eq). Counters: ``in_transit``, ``waiting``, ``running``, ``iterations``.
+    grams CO2eq). Counters: ``in_transit``, ``waiting``, ``running``, ``iterations`` (completed
+    iterations, decode runs in progress excluded), ``completed``, ``preemptions``.
     """
 
     def __init__(
@@ -140,6 +153,8 @@ class Datacenter:
         self._cc = 0.0
         # a ZoneClock is immutable once built: simulators of the same world share it (see Simulator.fresh)
         self.clock = clock if clock is not None else ZoneClock(carbon, zone, self.offset_s)
+        # the clock's pure-Python intensity replicates CarbonTrace.intensity (same floats)
+        self._exact_intensity = self.clock.fast and type(carbon) is CarbonTrace
         self.t_last = 0.0
         self.c_last = self.cum(0.0)
         self.gpu_j = 0.0
@@ -157,6 +172,8 @@ class Datacenter:
         self.waiting = 0
         self.running = 0
         self.iterations = 0
+        self.completed = 0  # requests completed (sum of its engines' counters)
+        self.preemptions = 0  # preemptions (sum of its engines' counters)
         # EWMA of prompt tokens arriving per second (for decode-time estimates; updated by the
         # simulator at each arrival: sum *= exp(-dt / tau); sum += prompt tokens)
         self.tok_rate_sum = 0.0
@@ -167,13 +184,16 @@ class Datacenter:
         """Integral of the zone's intensity from the trace start to ``off + t`` (g/kWh x s)."""
         if t == self._ct:
             return self._cc
-        v = self.clock(t)
+        clock = self.clock
+        v = clock._fast(clock.offset_s + t) if clock.fast else clock(t)
         self._ct = t
         self._cc = v
         return v
 
     def intensity(self, t: float) -> float:
         """Grid intensity now, gCO2eq/kWh."""
+        if self._exact_intensity:
+            return self.clock.intensity(self.offset_s + t)
         return float(self.carbon.intensity(self.zone, self.offset_s + t))
 
     def flush(self, t: float) -> None:

@@ -362,18 +362,32 @@ class Engine:
             heapq.heappush(self.heap, (self.t_end, 1, self.counter(), self, self.version))
 
     def run_iterations_done(self, t: float) -> int:
-        """Iterations of the decode run in progress that have ended by ``t`` (0 if none)."""
+        """Iterations of the decode run in progress that have ended by ``t`` (0 if none): the
+        largest k in [0, K] with run_end(k) <= t (run_end is increasing in k)."""
         if self.state != RUN:
             return 0
-        k = 0
-        lo, hi = 0, self.K  # largest k in [0, K] with run_end(k) <= t
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self._run_end(mid) <= t:
-                lo = mid
-            else:
-                hi = mid - 1
-        k = lo
+        K = self.K
+        if t >= self.t_end:  # t_end == run_end(K)
+            return K
+        t0, T0, B = self.t0, self.T0, self.B
+        if t < t0 + (T0 + 0.0):  # run_end(1)
+            return 0
+        # here run_end(1) <= t < run_end(K): estimate from the positive root, then correct exactly
+        x = t - t0
+        b = T0 - 0.5 * B
+        if B > 0.0:
+            disc = b * b + 2.0 * B * x
+            root = 2.0 * x / (b + disc ** 0.5) if b > 0.0 else (-b + disc ** 0.5) / B
+        else:
+            root = x / T0
+        k = int(root) if root < K else K - 1
+        if k < 1:
+            k = 1
+        run_end = self._run_end
+        while k < K - 1 and run_end(k + 1) <= t:
+            k += 1
+        while k > 1 and run_end(k) > t:
+            k -= 1
         return k
 
     # ------------------------------------------------------------------ events
@@ -549,6 +563,7 @@ class Engine:
         req.alive = False
         dc = self.dc
         dc.running -= 1
+        dc.completed += 1
         self.completed += 1
         down = req.down_s
         arrival = req.arrival_s
@@ -577,6 +592,7 @@ class Engine:
         victim.blocks = 0
         victim.preemptions += 1
         self.preemptions += 1
+        self.dc.preemptions += 1
         self.waiting.appendleft(victim)
         self.pending_tokens += victim.prefill_len
         self.waiting_blocks += self._blocks_for(victim.prefill_len)

@@ -18,6 +18,7 @@ import dataclasses
 import heapq
 import itertools
 import math
+import operator
 from math import exp
 from dataclasses import dataclass
 from typing import Any
@@ -27,8 +28,12 @@ import numpy as np
 from ..errors import ConfigError
 from .datacenter import Datacenter
 from .dispatch import get_dispatcher
-from .engine import EngineConfig, EngineModels, RequestState
+from .engine import RUN, EngineConfig, EngineModels, RequestState
 from .records import AbortedRequests, RequestRecords
+
+_VIEW_FREE = operator.attrgetter("view_free_blocks")
+#: Rows of the snapshot matrix that hold integers: queue, running, free, total, busy, engines, chunk, accepting.
+_SNAP_INT_ROWS = [2, 3, 4, 5, 7, 8, 15, 16]
 
 #: Time constant of the prompt-token arrival-rate average used by the estimates, seconds.
 RATE_TAU_S = 60.0
@@ -502,27 +507,37 @@ class Simulator:
     def totals(self) -> SimTotals:
         """Cumulative energy/carbon per datacenter and request counts, up to ``now_s``."""
         now = self.now_s
+        gl, hl, pl, cl, il = [], [], [], [], []
+        completed = preemptions = iterations = 0
         for dc in self.datacenters:
             dc.flush(now)
-        g = np.array([dc.gpu_j for dc in self.datacenters])
-        h = np.array([dc.host_j for dc in self.datacenters])
-        pue = np.array([dc.pue for dc in self.datacenters])
-        completed = sum(e.completed for dc in self.datacenters for e in dc.engines)
+            gl.append(dc.gpu_j)
+            hl.append(dc.host_j)
+            pl.append(dc.pue)
+            cl.append(dc.carbon_g)
+            il.append(dc.idle_j)
+            completed += dc.completed
+            preemptions += dc.preemptions
+            iterations += dc.iterations
+            for e in dc.engines:
+                if e.state == RUN:
+                    iterations += e.run_iterations_done(now)
+        g = np.array(gl)
+        h = np.array(hl)
         return SimTotals(
             time_s=now,
             it_energy_j=g + h,
-            facility_energy_j=(g + h) * pue,
-            carbon_g=np.array([dc.carbon_g for dc in self.datacenters]),
-            idle_energy_j=np.array([dc.idle_j for dc in self.datacenters]),
+            facility_energy_j=(g + h) * np.array(pl),
+            carbon_g=np.array(cl),
+            idle_energy_j=np.array(il),
             host_energy_j=h,
             gpu_energy_j=g,
             submitted=self._next_id,
             completed=completed,
             in_flight=self._next_id - completed - self._aborted,
-            preemptions=sum(e.preemptions for dc in self.datacenters for e in dc.engines),
+            preemptions=preemptions,
             aborted=self._aborted,
-            iterations=sum(dc.iterations for dc in self.datacenters)
-            + sum(e.run_iterations_done(now) for dc in self.datacenters for e in dc.engines),
+            iterations=iterations,
         )
 
     # ------------------------------------------------------------------ faults
@@ -664,45 +679,34 @@ class Simulator:
     def snapshot(self) -> ClusterSnapshot:
         """Per-datacenter state and estimates now (see :class:`ClusterSnapshot`)."""
         now = self.now_s
-        D = len(self.datacenters)
-        cols: dict[str, list] = {k: [] for k in (
-            "ci", "pue", "q", "run", "free", "total", "p", "busy", "ne", "wait", "ppt", "tpot", "slope", "up",
-            "iter", "chunk", "acc")}
+        rows = []
+        kv = self.kv_blocks_per_engine
+        inf = math.inf
         for dc in self.datacenters:
             dc.flush(now)
-            cols["ci"].append(dc.intensity(now))
-            cols["pue"].append(dc.pue)
-            cols["q"].append(dc.waiting + dc.in_transit)
-            cols["run"].append(dc.running)
-            cols["free"].append(sum(e.view_free_blocks for e in dc.engines))
-            cols["total"].append(dc.n_engines * self.kv_blocks_per_engine)
-            cols["p"].append(dc.power_w())
-            cols["busy"].append(dc.n_engines - dc.n_idle if dc.up else 0)
-            cols["ne"].append(dc.n_engines)
-            cols["up"].append(dc.up)
-            cols["acc"].append(dc.accepting_engines)
-            if dc.up:
+            up = dc.up
+            ne = dc.n_engines
+            if up:
                 wait, ppt, tpot, slope, f_iter, c, deficit, release, seq_wait = self._engine_estimates(dc)
                 mem = deficit / release if deficit > 0 else 0.0
                 wait += max(mem, seq_wait)
             else:
-                wait = ppt = tpot = slope = f_iter = math.inf
+                wait = ppt = tpot = slope = f_iter = inf
                 c = 0
-            cols["wait"].append(wait)
-            cols["ppt"].append(ppt)
-            cols["tpot"].append(tpot)
-            cols["slope"].append(slope)
-            cols["iter"].append(f_iter)
-            cols["chunk"].append(c)
-        f = lambda k: np.asarray(cols[k], dtype=np.float64)  # noqa: E731
-        i = lambda k: np.asarray(cols[k], dtype=np.int64)  # noqa: E731
-        assert D == len(cols["ci"])
+            # one float row per datacenter (the integer columns are exact in float64)
+            rows.append((
+                dc.intensity(now), dc.pue, dc.waiting + dc.in_transit, dc.running,
+                sum(map(_VIEW_FREE, dc.engines)), ne * kv, dc.power_w(), ne - dc.n_idle if up else 0, ne,
+                wait, ppt, tpot, slope, 1.0 if up else 0.0, f_iter, c, dc.accepting_engines,
+            ))
+        m = np.array(rows, dtype=np.float64).T.copy()  # (17, D), each row contiguous
+        ints = m[_SNAP_INT_ROWS].astype(np.int64)
         return ClusterSnapshot(
-            time_s=now, carbon_g_per_kwh=f("ci"), pue=f("pue"), queue_len=i("q"), running=i("run"),
-            free_kv_blocks=i("free"), total_kv_blocks=i("total"), power_w=f("p"), busy_engines=i("busy"),
-            n_engines=i("ne"), est_queue_wait_s=f("wait"), est_prefill_s_per_token=f("ppt"), est_tpot_s=f("tpot"),
-            tpot_slope_s_per_seq=f("slope"), up=np.asarray(cols["up"], dtype=bool), est_iteration_s=f("iter"),
-            est_prefill_chunk_tokens=i("chunk"), accepting_engines=i("acc"),
+            time_s=now, carbon_g_per_kwh=m[0], pue=m[1], queue_len=ints[0], running=ints[1],
+            free_kv_blocks=ints[2], total_kv_blocks=ints[3], power_w=m[6], busy_engines=ints[4],
+            n_engines=ints[5], est_queue_wait_s=m[9], est_prefill_s_per_token=m[10], est_tpot_s=m[11],
+            tpot_slope_s_per_seq=m[12], up=m[13] > 0.5, est_iteration_s=m[14],
+            est_prefill_chunk_tokens=ints[6], accepting_engines=ints[7],
         )
 
     def estimate(self, prompt_tokens: Any, origins: Any) -> LatencyEstimates:
