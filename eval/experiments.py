@@ -882,6 +882,8 @@ def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", f
     add(f"- seeds: {', '.join(map(str, seeds))}; simulated seconds per episode: {', '.join(f'{d:g}' for d in durations)} (preset `{cfg.get('preset', '?')}`; arrivals stop there, then placed requests drain)")
     if "elapsed_s" in cfg:
         add(f"- wall time: {cfg['elapsed_s'] / 60:.1f} min on {cfg.get('workers')} worker process(es), {cfg.get('cpu_count')} CPU cores ({cfg.get('backend')})")
+    if runs is not None and "cpu_s" in runs:
+        add(f"- CPU time of the runs: {runs['cpu_s'].sum() / 60:.1f} min in total ({runs['cpu_s'].sum() / 120:.1f} min of wall time on 2 dedicated cores)")
     add("- versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if k != "platform"))
     add(f"- platform: {v.get('platform', '?')}\n")
     add("## Headline: carbon reduction vs round-robin (SLO violation %)\n")
@@ -906,6 +908,12 @@ def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", f
         p = fig("headline", stem)
         if p:
             add(f"![{caption}]({p})\n\n*{caption}*\n")
+    if not os.path.isfile(os.path.join(results_dir, "milp-vs-ilp", "milp-vs-ilp.md")) and runs is not None and "milp" in set(runs["policy"]):
+        ilps = [p for p in ("ilp", "ilp-state") if p in set(runs["policy"])]
+        if ilps:
+            add("## Facility MILP vs per-request ILPs (from the headline runs)\n")
+            add("Reduction vs rr, % (SLO violation %), and the paired gap MILP - ILP in percentage points (mean ± 95% CI over seeds).\n")
+            add(milp_vs_ilp_markdown(milp_vs_ilp_table(runs, ilps=ilps), ilps))
     for exp, title in (("milp-vs-ilp", "Facility MILP vs per-request ILPs"), ("predictor", "Predictor vs oracle"), ("polling", "Polling period"), ("tradeoff", "Carbon vs SLO trade-off"), ("bound", "Share of the clairvoyant bound")):
         md_path = os.path.join(results_dir, exp, f"{exp}.md")
         if not os.path.isfile(md_path):
