@@ -240,12 +240,14 @@ def execute(
     import time
 
     writer = harness.OutputWriter(out, requests=bool(requests), fmt=fmt)
+    versions = harness.versions()  # at the start: the code that runs (git revision included)
     t0 = time.perf_counter()
     results = harness.run_matrix(specs, workers=workers, ray_address=ray_address, progress=progress, keep_requests=requests, on_result=writer)
     elapsed = time.perf_counter() - t0
     harness.report_warnings(results)
     cfg = dict(extra_config or {})
     cfg.update({
+        "versions": versions,
         "elapsed_s": elapsed,
         "backend": f"ray:{ray_address}" if ray_address else "local",
         "workers": workers if workers is not None else harness.default_workers(),
