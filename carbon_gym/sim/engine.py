@@ -330,6 +330,21 @@ class Engine:
         elif state == RUN and was_empty:
             self._truncate(t)
 
+    def enqueue_and_plan(self, req: RequestState, t: float) -> None:
+        """A request reaches this IDLE engine at ``t`` and the engine plans at once: the same as
+        :meth:`enqueue` followed by its wake-up event, for a caller that knows that wake-up
+        event would be the next event processed (no other event at time ``t`` or earlier)."""
+        self.waiting.append(req)
+        L = req.prefill_len
+        self.pending_tokens += L
+        self.waiting_blocks += (L + self.block_tokens - 1) // self.block_tokens
+        dc = self.dc
+        dc.waiting += 1
+        dc.scores[self.index] = dc.score_fn(self)
+        self.state = WAKE
+        self.version += 1
+        self._plan(t)
+
     def _run_end(self, k: int) -> float:
         return self.t0 + (k * self.T0 + 0.5 * self.B * k * (k - 1))
 
@@ -657,6 +672,13 @@ class Engine:
 
     def _plan(self, t: float) -> None:
         """Schedule the next iteration (or run of decode iterations) starting at ``t``."""
+        if not self.running and not self.waiting:
+            # nothing to run: go idle (what _plan_general concludes, without its set-up)
+            self.last_prefill_only = False
+            self.state = IDLE
+            self._set_power(t, self.rest_w, True)
+            self.sig = False
+            return
         n = self.n_dec
         if n and not self.step and self.chunked and not self.prefilling:
             # common case first: a pure decode run (no partial prefill, the head cannot be admitted)

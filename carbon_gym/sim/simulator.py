@@ -28,7 +28,7 @@ import numpy as np
 from ..errors import ConfigError
 from .datacenter import Datacenter
 from .dispatch import get_dispatcher
-from .engine import RUN, EngineConfig, EngineModels, RequestState
+from .engine import IDLE, RUN, EngineConfig, EngineModels, RequestState
 from .records import AbortedRequests, RequestRecords
 
 _VIEW_FREE = operator.attrgetter("view_free_blocks")
@@ -464,7 +464,12 @@ class Simulator:
                 s = dc.scores
                 eng = dc.engines[s.index(min(s))] if len(s) > 1 else dc.engines[0]
                 obj.eng = eng.index
-                eng.enqueue(obj, time)
+                if eng.state == IDLE and (not heap or heap[0][0] > time):
+                    # its wake-up event would be the next one popped: run it now (counted as one)
+                    n_ev += 1
+                    eng.enqueue_and_plan(obj, time)
+                else:
+                    eng.enqueue(obj, time)
         self.events_processed += n_ev
         self.now_s = t
 
