@@ -812,8 +812,9 @@ class GeoServeEnv(gym.Env):
                 self._ttft_sum += float(ttft.sum())
                 self._tpot_sum += float(tpot.sum())
             else:
-                self._ttft_parts.append(ttft)
-                self._tpot_parts.append(tpot)
+                # copies: the record columns are views of one table holding every column
+                self._ttft_parts.append(ttft.copy())
+                self._tpot_parts.append(tpot.copy())
             self._dc_completed += np.bincount(records.datacenter, minlength=D)
             self._done_energy_j += np.bincount(records.datacenter, weights=records.energy_j, minlength=D)
             self._done_carbon_g += np.bincount(records.datacenter, weights=records.carbon_g, minlength=D)
@@ -1008,14 +1009,11 @@ class GeoServeEnv(gym.Env):
         return parts[0] if len(parts) == 1 else RequestRecords.concat(parts)
 
     def _totals_delta(self) -> tuple[float, float]:
-        totals = self._sim.totals()
-        carbon = float(np.sum(totals.carbon_g))
-        energy = float(np.sum(totals.facility_energy_j))
+        carbon, energy = self._sim.carbon_energy_totals()
         d_c, d_e = carbon - self._cum_carbon_g, energy - self._cum_energy_j
         self._cum_carbon_g, self._cum_energy_j = carbon, energy
         self._reported_carbon_g += d_c
         self._reported_energy_j += d_e
-        self._totals = totals
         return d_c, d_e
 
     # ------------------------------------------------------------------ observation
