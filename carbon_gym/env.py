@@ -435,7 +435,7 @@ class GeoServeEnv(gym.Env):
       ``record_dir/episode-NNNNN/`` (``carbon_gym.sim.load_record_dir`` reads them back) instead
       of keeping per-request latencies in memory: memory stays flat on long runs, and the
       latency percentiles are computed exactly from the files at the end.
-      ``record_chunk_rows``: rows per file (default 100,000).
+      ``record_chunk_rows``: rows per file (default 50,000, about 8 MB buffered).
 
     Read-only attributes: ``scenario``, ``simulator`` (after reset; read it, do not drive it),
     ``layout`` (:class:`ObservationLayout`), ``nominal_carbon_g_per_step``,
@@ -457,7 +457,7 @@ class GeoServeEnv(gym.Env):
         render_mode: str | None = None,
         strict_ledger: bool = True,
         record_dir: Any = None,
-        record_chunk_rows: int = 100_000,
+        record_chunk_rows: int = 50_000,
     ) -> None:
         if render_mode is not None:
             raise ConfigError("render_mode", f"this environment does not render, got {render_mode!r}", allowed=[None])
