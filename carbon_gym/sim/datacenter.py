@@ -37,13 +37,19 @@ class ZoneClock:
     otherwise falls back to ``trace.integral(zone, 0, offset + t)``.
     """
 
-    __slots__ = ("carbon", "zone", "offset_s", "fast", "period", "total", "cum", "v", "slope", "linear", "hours")
+    __slots__ = ("carbon", "zone", "offset_s", "fast", "period", "total", "cum", "v", "slope", "linear", "hours",
+                 "seg_lo", "seg_hi", "seg_start", "seg_cum", "seg_v", "seg_slope")
 
     def __init__(self, carbon: Any, zone: int, offset_s: float) -> None:
         self.carbon = carbon
         self.zone = zone
         self.offset_s = float(offset_s)
         self.fast = False
+        # memo of the last hour evaluated in the first trace period: for seg_lo < x < seg_hi
+        # (strictly inside hour h, so divmod gives (0, x) and int(x / 3600) == h) the value is
+        # seg_cum + seg_v * (x - seg_start) (+ 0.5 * seg_slope * dt * dt), the same floats
+        self.seg_lo = self.seg_hi = 0.0
+        self.seg_start = self.seg_cum = self.seg_v = self.seg_slope = 0.0
         interp = getattr(carbon, "interpolation", None)
         values = getattr(carbon, "hourly_g_per_kwh", None)
         if interp in ("step", "linear") and values is not None:
@@ -72,12 +78,25 @@ class ZoneClock:
                     break
 
     def _fast(self, x: float) -> float:
+        if self.seg_lo < x < self.seg_hi:
+            dt = x - self.seg_start
+            if self.linear:
+                return self.seg_cum + self.seg_v * dt + 0.5 * self.seg_slope * dt * dt
+            return self.seg_cum + self.seg_v * dt
         periods, rem = divmod(x, self.period)
         h = int(rem / SECONDS_PER_HOUR)
         if h >= self.hours:
             h = self.hours - 1
-        dt = rem - h * SECONDS_PER_HOUR
+        start = h * SECONDS_PER_HOUR
+        dt = rem - start
         base = periods * self.total + self.cum[h]
+        if periods == 0.0:
+            self.seg_lo = start + 1e-3
+            self.seg_hi = start + (SECONDS_PER_HOUR - 1e-3)
+            self.seg_start = start
+            self.seg_cum = base
+            self.seg_v = self.v[h]
+            self.seg_slope = self.slope[h]
         if self.linear:
             return base + self.v[h] * dt + 0.5 * self.slope[h] * dt * dt
         return base + self.v[h] * dt
@@ -185,7 +204,14 @@ class Datacenter:
         if t == self._ct:
             return self._cc
         clock = self.clock
-        v = clock._fast(clock.offset_s + t) if clock.fast else clock(t)
+        if clock.fast:
+            x = clock.offset_s + t
+            if clock.seg_lo < x < clock.seg_hi and not clock.linear:  # ZoneClock._fast, inlined
+                v = clock.seg_cum + clock.seg_v * (x - clock.seg_start)
+            else:
+                v = clock._fast(x)
+        else:
+            v = clock(t)
         self._ct = t
         self._cc = v
         return v

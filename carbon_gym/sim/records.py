@@ -39,6 +39,9 @@ RECORD_COLUMNS: tuple[tuple[str, type], ...] = (
     ("carbon_g", np.float64),
 )
 
+_INT_COLUMNS = [i for i, (_, dt) in enumerate(RECORD_COLUMNS) if dt is np.int64]
+_INT_POS = {c: k for k, c in enumerate(_INT_COLUMNS)}
+
 
 @dataclass(frozen=True)
 class RequestRecords:
@@ -89,7 +92,7 @@ class RequestRecords:
     @classmethod
     def empty(cls) -> "RequestRecords":
         """Records with zero rows."""
-        return cls(**{name: np.zeros(0, dtype=dt) for name, dt in RECORD_COLUMNS})
+        return cls._from_table(np.zeros((len(RECORD_COLUMNS), 0)))
 
     @classmethod
     def from_rows(cls, rows: list[tuple]) -> "RequestRecords":
@@ -97,9 +100,15 @@ class RequestRecords:
         if not rows:
             return cls.empty()
         # one conversion to float64 (ids and counts are exact below 2**53), then columns
-        table = np.ascontiguousarray(np.array(rows, dtype=np.float64).T)
-        return cls(**{name: (table[i] if dt is np.float64 else table[i].astype(np.int64))
-                      for i, (name, dt) in enumerate(RECORD_COLUMNS)})
+        return cls._from_table(np.array(rows, dtype=np.float64).T.copy())
+
+    @classmethod
+    def _from_table(cls, table: np.ndarray) -> "RequestRecords":
+        """From a contiguous float64 (columns, rows) table: float columns are its rows (views),
+        integer columns rows of one int64 conversion."""
+        ints = table[_INT_COLUMNS].astype(np.int64)
+        cols = [ints[_INT_POS[i]] if i in _INT_POS else table[i] for i in range(len(RECORD_COLUMNS))]
+        return cls(*cols)
 
     @classmethod
     def concat(cls, parts: Iterable["RequestRecords"]) -> "RequestRecords":

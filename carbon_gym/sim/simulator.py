@@ -28,10 +28,11 @@ import numpy as np
 from ..errors import ConfigError
 from .datacenter import Datacenter
 from .dispatch import get_dispatcher
-from .engine import IDLE, RUN, EngineConfig, EngineModels, RequestState
+from .engine import IDLE, ITER, RUN, EngineConfig, EngineModels, RequestState
 from .records import AbortedRequests, RequestRecords
 
 _VIEW_FREE = operator.attrgetter("view_free_blocks")
+_OUTPUT_TOKENS = operator.itemgetter(11)  # output_tokens in a completed-request row
 #: Rows of the snapshot matrix that hold integers: queue, running, free, total, busy, engines, chunk, accepting.
 _SNAP_INT_ROWS = [2, 3, 4, 5, 7, 8, 15, 16]
 
@@ -447,8 +448,13 @@ class Simulator:
             time, prio, _, obj, ver = pop(heap)
             n_ev += 1
             if prio:
-                if ver == obj.version:
-                    obj.on_event(time)
+                if ver == obj.version:  # Engine.on_event, inlined
+                    state = obj.state
+                    if state == RUN:
+                        obj._finish_run(time)
+                    elif state == ITER:
+                        obj._finish_iter(time)
+                    obj._plan(time)
             else:
                 if not obj.alive:
                     continue
@@ -502,10 +508,7 @@ class Simulator:
         rows = self._rows[:]
         self._rows.clear()
         if rows:
-            out = 0
-            for r in rows:
-                out += r[11]
-            self._out_sum += out
+            self._out_sum += sum(map(_OUTPUT_TOKENS, rows))
             self._out_n += len(rows)
         return RequestRecords.from_rows(rows)
 
@@ -544,6 +547,18 @@ class Simulator:
             aborted=self._aborted,
             iterations=iterations,
         )
+
+    def carbon_energy_totals(self) -> tuple[float, float]:
+        """(carbon g, facility energy J) of all datacenters from time 0 to ``now_s``: the same
+        floats as ``np.sum(totals().carbon_g)`` and ``np.sum(totals().facility_energy_j)``,
+        without the rest of :meth:`totals` (cheap enough to call every step)."""
+        now = self.now_s
+        cl, fl = [], []
+        for dc in self.datacenters:
+            dc.flush(now)
+            cl.append(dc.carbon_g)
+            fl.append((dc.gpu_j + dc.host_j) * dc.pue)
+        return float(np.sum(np.array(cl))), float(np.sum(np.array(fl)))
 
     # ------------------------------------------------------------------ faults
     def set_datacenter_up(self, dc: int, up: bool) -> AbortedRequests:
