@@ -160,6 +160,13 @@ def test_learned_policy_runs_in_rollout_and_is_seeded(maskable_run):
     assert a["invalid_actions"] == 0 and a["placed"] > 0
     assert a["decision_s_mean"] < 0.05
     assert is_learned_name("learned") and is_learned_name("ppo:x.zip") and not is_learned_name("facility-milp")
+    # The exported (shipped-style) checkpoint is smaller and acts the same.
+    from train.policy import export_checkpoint
+
+    small = export_checkpoint(path, Path(maskable_run["run"]) / "export.zip")
+    assert small.stat().st_size < path.stat().st_size
+    c = rollout(env, LearnedPolicy.load(small, seed=1), seed=2)
+    assert c["carbon_g"] == a["carbon_g"]
 
 
 def test_ppo_routing_weights_logs_domain_tags(tmp_path):

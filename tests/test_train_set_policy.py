@@ -132,3 +132,17 @@ def test_maskable_ppo_uses_the_set_policy_with_masks():
     assert m[np.arange(len(act)), act].all()
     n_params = sum(p.numel() for p in model.policy.parameters())
     assert n_params < 10_000  # independent of K and D
+
+
+def test_shipped_checkpoint_is_small_and_runs_on_any_topology():
+    from carbon_gym.policy import rollout
+    from train.policy import SHIPPED_CHECKPOINT, LearnedPolicy
+
+    if not SHIPPED_CHECKPOINT.exists():
+        pytest.skip("no shipped checkpoint in train/checkpoints/")
+    assert SHIPPED_CHECKPOINT.stat().st_size < 2 * 1024 * 1024
+    policy = LearnedPolicy.load(SHIPPED_CHECKPOINT)
+    assert policy.kind == "set" and policy.net.D == 16
+    # Trained on the 16-datacenter topology, it runs unchanged on the 2-datacenter dev scenario.
+    m = rollout(make_episode_env("dev", {"duration_s": 8}, None), policy, seed=0)
+    assert m["invalid_actions"] == 0 and m["placed"] > 0

@@ -179,7 +179,8 @@ class CheckpointCallback(BaseCallback):
 
     Checked when a rollout starts, i.e. right after a policy update: the saved parameters are
     those trained on every timestep counted in ``num_timesteps`` (nothing collected-but-unused
-    is lost on resume), and the scalars recorded so far are flushed to TensorBoard first.
+    is lost on resume). Scalars reach TensorBoard at SB3's dumps (after every rollout); only the
+    losses of the update just before an interruption are not written.
     """
 
     def __init__(self, run_dir: Path, every: int, keep: int = 2, extra: Callable[[], dict[str, Any]] | None = None):
@@ -198,6 +199,5 @@ class CheckpointCallback(BaseCallback):
 
     def _on_rollout_start(self) -> None:
         if self._every > 0 and self.num_timesteps - self._last >= self._every:
-            self.logger.dump(self.num_timesteps)  # flush the scalars recorded so far into TensorBoard
             save_checkpoint(self._dir, self.model, phase="ppo", keep=self._keep, extra=self._extra() if self._extra else None)
             self._last = int(self.num_timesteps)

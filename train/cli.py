@@ -13,7 +13,6 @@ TensorBoard: ``tensorboard --logdir runs/train``.
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -41,9 +40,10 @@ def _eval_parser() -> argparse.ArgumentParser:
     p.add_argument("--policies", default="rr,greedy,ilp,milp", help="baselines to compare with (solvers names)")
     p.add_argument("--days", type=int, default=3, help="held-out episode starts per scenario")
     p.add_argument("--duration-s", type=float, default=60.0)
-    p.add_argument("--max-pending", type=int, default=2048)
+    p.add_argument("--max-pending", type=int, default=0, help="env.max_pending override (0: the scenario's own)")
     p.add_argument("--out", default="train/RESULTS_TRAIN.md")
     p.add_argument("--json", default=None, help="also write the raw results as JSON")
+    p.add_argument("--baselines-only", action="store_true", help="run (and cache) the baselines only")
     return p
 
 
@@ -58,7 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             run_evaluation(
                 checkpoint=args.checkpoint, scenarios=[s for s in args.scenarios.split(",") if s],
                 baselines=[s for s in args.policies.split(",") if s], days=args.days, duration_s=args.duration_s,
-                max_pending=args.max_pending, out_md=args.out, out_json=args.json,
+                max_pending=args.max_pending, out_md=None if args.baselines_only else args.out, out_json=args.json,
+                learned=not args.baselines_only,
             )
             return 0
         args = _train_parser().parse_args(argv)
@@ -70,9 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / "train" / cfg.name
         summary = train(cfg, run_dir, resume=args.resume, verbose=args.verbose)
         if args.export:
-            dst = Path(args.export)
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(summary["final"], dst)
+            from .policy import export_checkpoint
+
+            dst = export_checkpoint(summary["final"], args.export)
             print(f"exported {dst} ({dst.stat().st_size / 1024:.0f} KiB)")
         ev = summary.get("last_eval") or {}
         if ev:

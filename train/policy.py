@@ -28,7 +28,7 @@ import numpy as np
 
 from carbon_gym.errors import ConfigError
 
-__all__ = ["LearnedPolicy", "make_learned_policy", "is_learned_name", "SHIPPED_CHECKPOINT", "MODES"]
+__all__ = ["LearnedPolicy", "make_learned_policy", "is_learned_name", "export_checkpoint", "SHIPPED_CHECKPOINT", "MODES"]
 
 SHIPPED_CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "llama8b_set.zip"
 MODES = ("sample", "argmax")
@@ -169,6 +169,21 @@ class LearnedPolicy:
             raise ConfigError("env", "the routing-weights agent needs reset(env) before act()")
         weights, _ = self.model.predict(observation, deterministic=True)
         return self._router.action(np.clip(np.asarray(weights, dtype=np.float64), 0.0, 1.0))
+
+
+#: Training-time state that a shipped checkpoint does not need (the last observations alone are
+#: n_envs x K x F_S floats).
+_EXPORT_EXCLUDE = ["_last_obs", "_last_original_obs", "_last_episode_starts", "ep_info_buffer", "ep_success_buffer"]
+
+
+def export_checkpoint(src: str | Path, dst: str | Path) -> Path:
+    """Copy a training checkpoint to ``dst`` without its training-time state (smaller; loads
+    with :meth:`LearnedPolicy.load` and SB3's ``load`` alike). Returns ``dst``."""
+    model = LearnedPolicy.load(src).model
+    out = Path(dst)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    model.save(out, exclude=list(_EXPORT_EXCLUDE))
+    return out
 
 
 def is_learned_name(name: str) -> bool:

@@ -78,7 +78,9 @@ def _eval_env_factory(cfg: TrainConfig) -> Callable[[], Any]:
     from .envs import heldout_starts, make_episode_env
 
     scenario = cfg.eval.scenario or cfg.scenarios[0]
-    start = cfg.eval.start_utc or heldout_starts(1, cfg.heldout_every_days, seed=cfg.seed)[0]
+    # A held-out start outside the first ones that `carbon-gym train evaluate` uses for its table
+    # (heldout_starts(n) from index 0), so the training-time curve does not peek at the test days.
+    start = cfg.eval.start_utc or heldout_starts(1, cfg.heldout_every_days, seed=cfg.seed + 97)[0]
     overrides = dict(cfg.overrides)
     return lambda: make_episode_env(scenario, overrides, start)
 

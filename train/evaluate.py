@@ -1,0 +1,173 @@
+"""Compare a trained checkpoint with the schedulers on held-out days; write the Markdown table.
+
+Every policy runs the same episodes (common random numbers): for each scenario, ``days`` episode
+starts on held-out days of the carbon year (:func:`train.envs.heldout_starts`, never used in
+training), world seed ``1000 + i`` for the i-th start, through ``env.step`` via
+:func:`carbon_gym.policy.rollout` (decision time measured outside the env, one torch thread).
+Per episode: carbon reduction vs round-robin (%), SLO violation rate, mean decision time per
+step. Results of the baselines are cached in ``cache_json`` so re-evaluating a new checkpoint
+reruns only the learned policy.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from .envs import heldout_starts, make_episode_env
+
+__all__ = ["run_evaluation", "evaluate_episode", "summarise", "markdown_table"]
+
+REFERENCE = "round-robin"
+LABELS = {
+    "round-robin": "round-robin",
+    "carbon-greedy": "carbon-greedy",
+    "ilp-state": "per-request ILP (state-aware)",
+    "ilp-static": "per-request ILP (load-independent)",
+    "facility-milp": "facility MILP",
+    "learned": "learned (set policy, shipped)",
+}
+_ALIASES = {"rr": "round-robin", "greedy": "carbon-greedy", "ilp": "ilp-state", "milp": "facility-milp"}
+
+
+def _policy(name: str, env: Any, checkpoint: str | None) -> Any:
+    if name == "learned":
+        from .policy import SHIPPED_CHECKPOINT, LearnedPolicy
+
+        return LearnedPolicy.load(checkpoint or SHIPPED_CHECKPOINT, seed=0)
+    if name == REFERENCE:
+        from carbon_gym.policy import RoundRobinPolicy
+
+        return RoundRobinPolicy()
+    from solvers import make_policy
+
+    return make_policy(name, env)
+
+
+def evaluate_episode(name: str, scenario: str, start_utc: str, seed: int, overrides: dict[str, Any],
+                     checkpoint: str | None = None) -> dict[str, Any]:
+    """One episode of policy ``name``; returns the scalar metrics that the table uses."""
+    import torch as th
+
+    from carbon_gym.policy import rollout
+
+    th.set_num_threads(1)
+    env = make_episode_env(scenario, overrides, start_utc)
+    try:
+        pol = _policy(name, env, checkpoint)
+        t0 = time.perf_counter()
+        m = rollout(env, pol, seed=seed)
+        wall = time.perf_counter() - t0
+    finally:
+        env.close()
+    keys = ("carbon_g", "energy_kwh", "violation_rate", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
+            "completed", "arrived", "unplaced_at_end", "decision_s_mean", "decision_s_p95")
+    out = {k: float(m[k]) for k in keys}
+    out["wall_s"] = wall
+    return out
+
+
+def summarise(results: dict[str, dict[str, dict[str, Any]]], policies: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per-scenario means over episodes: ``{scenario: {policy: {...}}}`` with reduction vs rr (%)
+    per episode averaged (and its min/max), violation rate, decision time."""
+    out: dict[str, dict[str, Any]] = {}
+    for scen, eps in results.items():
+        rows: dict[str, Any] = {}
+        for p in policies:
+            red, viol, dec, p95 = [], [], [], []
+            for key, per in eps.items():
+                if p not in per or REFERENCE not in per:
+                    continue
+                rr = per[REFERENCE]["carbon_g"]
+                red.append(100.0 * (1.0 - per[p]["carbon_g"] / rr))
+                viol.append(per[p]["violation_rate"])
+                dec.append(per[p]["decision_s_mean"])
+                p95.append(per[p]["decision_s_p95"])
+            if red:
+                rows[p] = {"reduction_pct": float(np.mean(red)), "reduction_min": float(np.min(red)),
+                           "reduction_max": float(np.max(red)), "violation_rate": float(np.mean(viol)),
+                           "decision_s_mean": float(np.mean(dec)), "decision_s_p95": float(np.mean(p95)), "episodes": len(red)}
+        out[scen] = rows
+    return out
+
+
+def markdown_table(summary: dict[str, dict[str, Any]], policies: Sequence[str]) -> str:
+    """The results table (one block of rows per scenario) plus the learned-vs-MILP ratios."""
+    lines = [
+        "| scenario | policy | carbon reduction vs rr (%) mean [min, max] | SLO violation rate | decision time per step (ms) mean / p95 |",
+        "|---|---|---|---|---|",
+    ]
+    for scen, rows in summary.items():
+        for p in policies:
+            r = rows.get(p)
+            if r is None:
+                continue
+            lines.append(
+                f"| {scen} | {LABELS.get(p, p)} | {r['reduction_pct']:.1f} [{r['reduction_min']:.1f}, {r['reduction_max']:.1f}] "
+                f"| {100 * r['violation_rate']:.2f}% | {1e3 * r['decision_s_mean']:.2f} / {1e3 * r['decision_s_p95']:.2f} |"
+            )
+    lines += ["", "| scenario | learned reduction / MILP reduction | learned violation - MILP violation (pp) | MILP decision time / learned |",
+              "|---|---|---|---|"]
+    for scen, rows in summary.items():
+        a, b = rows.get("learned"), rows.get("facility-milp")
+        if not a or not b:
+            continue
+        share = a["reduction_pct"] / b["reduction_pct"] if abs(b["reduction_pct"]) > 1e-9 else float("nan")
+        lines.append(f"| {scen} | {100 * share:.0f}% | {100 * (a['violation_rate'] - b['violation_rate']):+.2f} | "
+                     f"{b['decision_s_mean'] / a['decision_s_mean']:.0f}x |")
+    return "\n".join(lines)
+
+
+def run_evaluation(*, checkpoint: str | None, scenarios: Sequence[str], baselines: Sequence[str], days: int,
+                   duration_s: float, max_pending: int | None, out_md: str | None, out_json: str | None,
+                   cache_json: str | None = "runs/train/eval_cache.json", learned: bool = True,
+                   log: Any = print) -> dict[str, Any]:
+    """Run the comparison and write the Markdown table (``out_md``) and raw JSON (``out_json``)."""
+    warnings.simplefilter("ignore", UserWarning)
+    base = [_ALIASES.get(b, b) for b in baselines]
+    if REFERENCE not in base:
+        base.insert(0, REFERENCE)
+    policies = base + (["learned"] if learned else [])
+    starts = heldout_starts(days)
+    cache: dict[str, Any] = {}
+    if cache_json and Path(cache_json).exists():
+        cache = json.loads(Path(cache_json).read_text())
+    results: dict[str, dict[str, dict[str, Any]]] = {}
+    for scen in scenarios:
+        overrides: dict[str, Any] = {"duration_s": float(duration_s)}
+        if max_pending:
+            overrides["env.max_pending"] = int(max_pending)
+        results[scen] = {}
+        for i, start in enumerate(starts):
+            key = f"{start}|seed={1000 + i}"
+            per = results[scen].setdefault(key, {})
+            for p in policies:
+                ck = f"{scen}|{key}|{p}|{duration_s}|{max_pending}"
+                if p != "learned" and ck in cache:
+                    per[p] = cache[ck]
+                    continue
+                per[p] = evaluate_episode(p, scen, start, 1000 + i, overrides, checkpoint)
+                log(f"{scen} {start} {p}: carbon {per[p]['carbon_g']:.1f} g, violations {per[p]['violation_rate']:.4f}, "
+                    f"decision {1e3 * per[p]['decision_s_mean']:.2f} ms ({per[p]['wall_s']:.0f} s)")
+                if p != "learned":
+                    cache[ck] = per[p]
+                    if cache_json:
+                        Path(cache_json).parent.mkdir(parents=True, exist_ok=True)
+                        Path(cache_json).write_text(json.dumps(cache, indent=1))
+    summary = summarise(results, policies)
+    table = markdown_table(summary, policies)
+    meta = {"checkpoint": str(checkpoint) if checkpoint else "shipped", "scenarios": list(scenarios), "starts": starts,
+            "duration_s": duration_s, "max_pending": max_pending, "python": platform.python_version()}
+    if out_md:
+        Path(out_md).parent.mkdir(parents=True, exist_ok=True)
+        Path(out_md).write_text(table + "\n")
+    if out_json:
+        Path(out_json).write_text(json.dumps({"meta": meta, "results": results, "summary": summary}, indent=1))
+    log(table)
+    return {"summary": summary, "results": results, "table": table, "meta": meta}
