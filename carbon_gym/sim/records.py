@@ -292,7 +292,7 @@ class RecordWriter:
         ranks: dict[float, tuple[int, int, float]] = {}
         need: set[int] = set()
         for q in qs:
-            pos = (n - 1) * q / 100.0
+            pos = (n - 1) * (q / 100.0)  # numpy's "linear" method, same floats
             k0 = int(np.floor(pos))
             k1 = min(k0 + 1, n - 1)
             ranks[q] = (k0, k1, pos - k0)
@@ -318,7 +318,8 @@ class RecordWriter:
         for q in qs:
             k0, k1, frac = ranks[q]
             a, b = order_stat(k0), order_stat(k1)
-            out.append(a + (b - a) * frac if frac else a)
+            diff = b - a  # numpy's _lerp
+            out.append(float(b - diff * (1.0 - frac)) if frac >= 0.5 else float(a + diff * frac))
         return out
 
 
