@@ -158,7 +158,8 @@ def main(argv: list[str] | None = None) -> float:
     first = rows[marks[0]]["peak_rss_mb"]
     last = rows[marks[-1]]["peak_rss_mb"]
     ratio = last / first
-    print(f"peak RSS: {first:.1f} MB at {marks[0]:g} h -> {last:.1f} MB at {marks[-1]:g} h")
+    print(f"peak RSS: {first:.1f} MB at {marks[0]:g} h -> {last:.1f} MB at {marks[-1]:g} h; "
+          f"CPU time {time.process_time():.0f} s")
     print(f"memory_growth_ratio={ratio:.3f}")
     return ratio
 
