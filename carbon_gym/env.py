@@ -823,7 +823,8 @@ class GeoServeEnv(gym.Env):
                 if hit:
                     self._failover_ids.difference_update(hit)
                     self._failed_over_completed += len(hit)
-            stats = (float(ttft.mean()), float(tpot.mean()), float(ttft.max()), float(tpot.max()))
+            # sum / n is what ndarray.mean computes (same floats) without its Python-level wrapper
+            stats = (float(ttft.sum()) / n_done, float(tpot.sum()) / n_done, float(ttft.max()), float(tpot.max()))
         reward = -self._carbon_weight * carbon_g / self.nominal_carbon_g_per_step - self._slo_weight * violations
 
         obs = self._observe()

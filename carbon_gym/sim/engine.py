@@ -192,6 +192,29 @@ def _table_time_fn(latency: Any) -> Callable[[int, float, int, float, int], floa
     return iteration_time_s
 
 
+def _phase_prefill_power_fn(power: Any, tp: int) -> Callable[[int, int], float] | None:
+    """For a :class:`~carbon_gym.physics.power.PhasePowerModel` (exactly that class), the engine
+    watts of an iteration with ``prefill_tokens > 0`` - ``tp * gpu_power_w(pt, nd)`` - with the
+    same floating-point operations, the per-GPU decode power cached per ``nd``; None otherwise."""
+    from ..physics.power import PhasePowerModel
+
+    if type(power) is not PhasePowerModel:
+        return None
+    base_of: dict[int, float] = {}
+    prefill_w = power.prefill_w
+    sat = power.prefill_sat_tokens
+    decode_power_w = power.decode_power_w
+
+    def prefill_engine_w(pt: int, nd: int) -> float:
+        base = base_of.get(nd)
+        if base is None:
+            base = base_of[nd] = decode_power_w(nd)
+        frac = min(1.0, pt / sat)
+        return tp * float(base + (prefill_w - base) * frac)
+
+    return prefill_engine_w
+
+
 class EngineModels:
     """Latency and power models shared by the engines of a simulation, with small caches.
 
@@ -200,7 +223,8 @@ class EngineModels:
     ``decode_power_w(n)`` the engine's (all TP GPUs) power while decoding ``n`` sequences.
     """
 
-    __slots__ = ("latency", "power", "tp", "coeff", "idle_engine_w", "_fixed", "_pow", "iteration_time_s")
+    __slots__ = ("latency", "power", "tp", "coeff", "idle_engine_w", "_fixed", "_pow", "iteration_time_s",
+                 "prefill_engine_w")
 
     def __init__(self, latency: Any, power: Any, tp: int) -> None:
         self.latency = latency
@@ -211,6 +235,9 @@ class EngineModels:
         #: latency model's (a pure-Python copy for the table model, same floats; see _table_time_fn)
         self.iteration_time_s = _table_time_fn(latency) or (
             lambda pt, pairs, nd, ctx, ns: float(latency.iteration_time_s(pt, pairs, nd, ctx, ns)))
+        #: ``prefill_engine_w(prefill_tokens > 0, n_decode) -> float``: engine watts of that iteration
+        self.prefill_engine_w = _phase_prefill_power_fn(power, tp) or (
+            lambda pt, nd: tp * float(power.gpu_power_w(pt, nd)))
         self.idle_engine_w = tp * float(power.idle_w)
         self._fixed: dict[int, float] = {}
         self._pow: dict[int, float] = {}
@@ -833,7 +860,7 @@ class Engine:
             ctx_sum = 0
         T = models.iteration_time_s(pt, pairs, nd, float(ctx_sum), sampled)
         if pt:
-            p = models.tp * float(models.power.gpu_power_w(pt, nd))
+            p = models.prefill_engine_w(pt, nd)
         else:
             p = models.decode_power_w(nd) if not self.step else models.tp * float(models.power.gpu_power_w(0, nd))
         self.chunks = chunks

@@ -362,6 +362,9 @@ class Simulator:
                     raise ConfigError(k, f"must be 1-D arrays of the same length ({n_small}), got shape {c.shape}")
                 cols.append(c.tolist())
             R, D = self.topology.n_regions, len(self.datacenters)
+            now = self.now_s
+            mml = self.engine_config.max_model_len
+            dcs = self.datacenters
             rows = []
             for i, (o, a, p, q, d) in enumerate(zip(*cols)):
                 if not (type(o) is int and 0 <= o < R):
@@ -372,13 +375,17 @@ class Simulator:
                     p = _as_int(f"prompt_tokens[{i}]", p, 1)
                 if not (type(q) is int and q >= 1):
                     q = _as_int(f"output_tokens[{i}]", q, 1)
-                try:
-                    a = float(a)
-                except (TypeError, ValueError):
-                    a = math.nan
-                if not math.isfinite(a) or a < 0:
-                    raise ConfigError(f"arrival_s[{i}]", f"must be finite, >= 0 and <= now_s={self.now_s}, got {a!r}")
-                self._check_request(a, p, q, d, f"[{i}]")
+                if type(a) is not float:
+                    try:
+                        a = float(a)
+                    except (TypeError, ValueError):
+                        a = math.nan
+                if not (0.0 <= a <= now):  # NaN, infinite, negative or after now: say which
+                    if not math.isfinite(a) or a < 0:
+                        raise ConfigError(f"arrival_s[{i}]", f"must be finite, >= 0 and <= now_s={now}, got {a!r}")
+                    self._check_request(a, p, q, d, f"[{i}]")
+                if p + q > mml or not dcs[d].up:
+                    self._check_request(a, p, q, d, f"[{i}]")
                 rows.append((o, a, p, q, d))
             sub = self._submit
             return np.asarray([sub(*r) for r in rows], dtype=np.int64)
