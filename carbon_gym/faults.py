@@ -80,7 +80,6 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .errors import ConfigError
 from .scenario import _Ctx, _parse, boolean, integer, list_of, num, spec, string
 
 __all__ = [

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import warnings
 
 import gymnasium as gym
 import numpy as np
