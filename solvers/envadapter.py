@@ -36,6 +36,8 @@ from .problem import PlacementProblem
 
 #: Finite stand-in for the infinite estimates of a datacenter that is down, seconds.
 DOWN_ESTIMATE_S = 1.0e6
+#: Intensity (gCO2eq/kWh) assumed for every datacenter when no carbon data has ever been seen.
+FALLBACK_CARBON_G_PER_KWH = 400.0
 #: Context length at which the lone-sequence decode time is evaluated, tokens.
 LONE_CONTEXT_TOKENS = 1000.0
 
@@ -73,6 +75,28 @@ class EnvFacts:
                                     - float(latency.iteration_time_s(0, 0.0, n, c * n, n)))
         self.poll_s = float(self.layout.polling_period_s)
         self.predictor = str(getattr(getattr(sc, "env", None), "predictor", "unknown"))
+        #: last intensity seen per datacenter (gCO2eq/kWh), the stand-in while a feed is missing
+        self.last_carbon_g_per_kwh = np.full(self.layout.n_datacenters, np.nan)
+
+    def carbon_stand_in(self, observed_g_per_kwh: np.ndarray, forecast_g_per_kwh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Replace missing (NaN) intensities by a stand-in and remember the observed ones.
+
+        A missing value (carbon-feed gap fault) becomes the datacenter's last observed
+        intensity; a datacenter never observed gets the highest intensity visible this step
+        (pessimistic, so an unknown grid is not preferred), or ``FALLBACK_CARBON_G_PER_KWH`` if
+        no datacenter has data. A missing forecast hour takes the stand-in current value.
+        """
+        now = np.asarray(observed_g_per_kwh, dtype=np.float64).copy()
+        seen = np.isfinite(now)
+        self.last_carbon_g_per_kwh[seen] = now[seen]
+        if not seen.all():
+            pessimistic = float(now[seen].max()) if seen.any() else FALLBACK_CARBON_G_PER_KWH
+            last = self.last_carbon_g_per_kwh
+            now = np.where(seen, now, np.where(np.isfinite(last), last, pessimistic))
+        fc = np.asarray(forecast_g_per_kwh, dtype=np.float64)
+        if fc.size and not np.all(np.isfinite(fc)):
+            fc = np.where(np.isfinite(fc), fc, now.reshape((-1,) + (1,) * (fc.ndim - 1)))
+        return now, fc
 
 
 def problem_from_observation(observation: Any, env: Any, info: dict | None = None, facts: EnvFacts | None = None) -> PlacementProblem:
@@ -109,6 +133,7 @@ def problem_from_observation(observation: Any, env: Any, info: dict | None = Non
     tpot_now = finite(obs["est_tpot_s"])
     t_dec = np.minimum(facts.tpot_idle_s + facts.raw_slope_s_per_seq * np.maximum(per_engine - 1.0, 0.0), tpot_now)
     pw = facts.power
+    carbon_now, carbon_forecast = facts.carbon_stand_in(obs["carbon_g_per_kwh"], obs["carbon_forecast_g_per_kwh"])
     return PlacementProblem(
         origin=np.asarray(obs["slot_origin"])[slots],
         prompt_tokens=np.maximum(np.asarray(obs["slot_prompt_tokens"], dtype=np.float64)[slots], 1.0),
@@ -116,7 +141,7 @@ def problem_from_observation(observation: Any, env: Any, info: dict | None = Non
         waited_s=np.maximum(np.asarray(obs["slot_waited_s"], dtype=np.float64)[slots], 0.0),
         network_s=np.maximum(np.asarray(obs["slot_network_s"], dtype=np.float64)[slots], 0.0),
         allowed=mask[slots, :d_n],
-        carbon_g_per_kwh=np.maximum(np.asarray(obs["carbon_g_per_kwh"], dtype=np.float64), 0.0),
+        carbon_g_per_kwh=np.maximum(carbon_now, 0.0),
         pue=np.maximum(np.asarray(obs["pue"], dtype=np.float64), 1.0),
         up=up,
         n_engines=n_eng,
@@ -143,7 +168,7 @@ def problem_from_observation(observation: Any, env: Any, info: dict | None = Non
         poll_s=facts.poll_s,
         time_s=float(obs["elapsed_s"]),
         slot=slots,
-        carbon_forecast_g_per_kwh=np.asarray(obs["carbon_forecast_g_per_kwh"], dtype=np.float64),
+        carbon_forecast_g_per_kwh=carbon_forecast,
     )
 
 

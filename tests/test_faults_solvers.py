@@ -61,16 +61,7 @@ def test_every_scheduler_meets_an_empty_feasible_set_with_defer():
         assert m["completed"] + m["in_flight_at_truncation"] + m["unplaced_at_end"] == m["arrived"]
 
 
-MISSING_FEED_REASON = (
-    "solvers.envadapter.problem_from_observation passes the NaN intensity of a missing carbon feed "
-    "(decode_observation: NaN + carbon_missing flag) to PlacementProblem, which rejects it "
-    "(ConfigError problem.carbon_g_per_kwh); carbon-aware schedulers need a stand-in (last known "
-    "value or a pessimistic one) - reported to the solvers owner"
-)
-
-
 @pytest.mark.parametrize("name", [n for n in POLICIES if n != "round-robin"])
-@pytest.mark.xfail(reason=MISSING_FEED_REASON, strict=False)
 def test_scheduler_survives_a_missing_carbon_feed(name):
     env = GeoServeEnv("dev-fault", overrides={"faults.2.mode": "missing", "duration_s": 25.0,
                                               "faults.2.end_s": 15.0})
@@ -82,3 +73,30 @@ def test_round_robin_survives_a_missing_carbon_feed():
     env = GeoServeEnv("dev-fault", overrides={"faults.2.mode": "missing", "duration_s": 25.0, "faults.2.end_s": 15.0})
     m = rollout(env, solvers.make_policy("round-robin", env), seed=0)
     assert m["completed"] == m["arrived"] and m["ledger"]["ok"]
+
+
+def test_missing_carbon_uses_last_known_then_pessimistic_stand_in():
+    from solvers.envadapter import FALLBACK_CARBON_G_PER_KWH, EnvFacts
+
+    env = GeoServeEnv("dev-fault", overrides={"duration_s": 25.0})
+    env.reset(seed=0)
+    facts = EnvFacts(env)
+    d = env.unwrapped.layout.n_datacenters
+    nan = np.full(d, np.nan)
+    no_fc = np.zeros((d, 0))
+    # nothing seen yet: all missing -> the fixed fallback; missing forecast hours take the stand-in
+    fc_in = np.full((d, 2), np.nan)
+    fc_in[0, 1] = 5.0
+    now, fc = facts.carbon_stand_in(nan, fc_in)
+    assert now.tolist() == [FALLBACK_CARBON_G_PER_KWH] * d
+    assert fc[0].tolist() == [FALLBACK_CARBON_G_PER_KWH, 5.0] and np.all(fc[1:] == FALLBACK_CARBON_G_PER_KWH)
+    # one datacenter observed: the others (never seen) get the highest visible value
+    first = nan.copy()
+    first[0] = 120.0
+    now, _ = facts.carbon_stand_in(first, no_fc)
+    assert now.tolist() == [120.0] * d
+    observed = np.arange(1.0, d + 1.0) * 100.0
+    facts.carbon_stand_in(observed, no_fc)
+    # all missing now: each keeps its own last observed value
+    now, _ = facts.carbon_stand_in(nan, no_fc)
+    assert now.tolist() == observed.tolist()
