@@ -18,6 +18,7 @@ from gymnasium import spaces
 
 from .errors import ActionError, ConfigError, check_choice
 from .faults import has_carbon_feed_gap
+from .sim.simulator import SNAPSHOT_ARRAY_ROWS
 
 __all__ = [
     "GeoServeEnv",
@@ -72,6 +73,14 @@ _P_COLS = 7
 #: changes; :func:`env_fingerprint` combines it with an env's layout so that checkpoints can
 #: store it and refuse to run on an incompatible env (:func:`check_env_compatible`).
 ENV_VERSION = "geoserve-0.2"
+
+
+# Rows of Simulator.snapshot_array() that the datacenter block uses, in its column order (after
+# the forecast): carbon now, PUE, queue, running, free KV, power, busy, the five estimates, up.
+_SNAP_OBS_ROWS = [SNAPSHOT_ARRAY_ROWS.index(k) for k in (
+    "carbon_g_per_kwh", "pue", "queue_len", "running", "free_kv_blocks", "power_w", "busy_engines",
+    "est_queue_wait_s", "est_prefill_s_per_token", "est_iteration_s", "est_tpot_s", "tpot_slope_s_per_seq", "up")]
+_SNAP_UP = SNAPSHOT_ARRAY_ROWS.index("up")
 
 
 # ------------------------------------------------------------------------------- layout
@@ -1023,16 +1032,11 @@ class GeoServeEnv(gym.Env):
         sim = self._sim
         D, K, H = self._D, self._K, self._H
         now = float(sim.now_s)
-        snap = sim.snapshot()
-        up = np.asarray(snap.up, dtype=bool)
+        snap = sim.snapshot_array()  # (fields, D) float64, rows named by SNAPSHOT_ARRAY_ROWS
+        up = snap[_SNAP_UP] > 0.5
         self._up = up
         # ---- datacenters: raw columns x fixed per-datacenter scales, estimates capped
-        raw = np.array(  # (13, D): one row per raw snapshot column
-            [snap.carbon_g_per_kwh, snap.pue, snap.queue_len, snap.running, snap.free_kv_blocks, snap.power_w,
-             snap.busy_engines, snap.est_queue_wait_s, snap.est_prefill_s_per_token, snap.est_iteration_s,
-             snap.est_tpot_s, snap.tpot_slope_s_per_seq, up],
-            dtype=np.float64,
-        )
+        raw = snap[_SNAP_OBS_ROWS]  # (13, D): carbon, pue, queue, running, free KV, power, busy, estimates, up
         raw *= self._dc_scale
         np.minimum(raw[7:12], ESTIMATE_CAP, out=raw[7:12])
         dc = np.zeros((D, self.layout.n_dc_features), dtype=np.float32)

@@ -8,7 +8,9 @@ Public API: :class:`Simulator`, :class:`EngineConfig`, the result types
 from .dispatch import available_dispatchers, get_dispatcher, register_dispatcher
 from .engine import EngineConfig
 from .records import RECORD_COLUMNS, AbortedRequests, RecordWriter, RequestRecords, load_record_dir
-from .simulator import ClusterSnapshot, EnergyAttribution, LatencyEstimates, SimTotals, Simulator
+from .simulator import (
+    SNAPSHOT_ARRAY_ROWS, ClusterSnapshot, EnergyAttribution, LatencyEstimates, SimTotals, Simulator,
+)
 
 __all__ = [
     "Simulator",
@@ -22,6 +24,7 @@ __all__ = [
     "RecordWriter",
     "load_record_dir",
     "RECORD_COLUMNS",
+    "SNAPSHOT_ARRAY_ROWS",
     "available_dispatchers",
     "get_dispatcher",
     "register_dispatcher",

@@ -128,6 +128,15 @@ class Datacenter:
     iterations, decode runs in progress excluded), ``completed``, ``preemptions``.
     """
 
+    # Slots, not a __dict__ (see Engine.__slots__): a new attribute needs its name here.
+    __slots__ = (
+        "index", "spec", "name", "zone", "carbon", "offset_s", "pue", "score_fn", "n_engines", "scores", "engines",
+        "models", "host_on_w", "up", "host_w", "p_gpu", "p_idle", "n_idle", "_ct", "_cc", "clock",
+        "_exact_intensity", "t_last", "c_last", "gpu_j", "idle_j", "host_j", "carbon_g", "active_carbon_g",
+        "aborted_active_j", "aborted_active_carbon_g", "base_score_fn", "n_draining", "in_transit", "waiting",
+        "running", "iterations", "completed", "preemptions", "tok_rate_sum", "tok_rate_t", "est_key", "est_val",
+    )
+
     def __init__(
         self,
         index: int,
@@ -197,6 +206,9 @@ class Datacenter:
         # simulator at each arrival: sum *= exp(-dt / tau); sum += prompt tokens)
         self.tok_rate_sum = 0.0
         self.tok_rate_t = 0.0
+        # memo of the simulator's latency estimates for the last (running, used blocks) seen here
+        self.est_key: tuple = ()
+        self.est_val: tuple = ()
 
     # ------------------------------------------------------------------ carbon / ledger
     def cum(self, t: float) -> float:

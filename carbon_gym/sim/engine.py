@@ -265,6 +265,18 @@ class Engine:
     of iterations ends, or an idle engine wakes up).
     """
 
+    # Slots, not a __dict__: CPython's specialised attribute access works for slots whatever
+    # their number (an instance dict with more than 30 keys falls back to slower lookups), and
+    # the hot path is mostly attribute access. A new attribute needs its name here.
+    __slots__ = (
+        "dc", "index", "block_tokens", "max_seqs", "budget", "chunked", "step", "models", "heap", "counter",
+        "rows", "total_blocks", "draining", "rest_w", "waiting", "running", "prefilling", "n_dec", "base_sum",
+        "hist", "fin_heap", "free", "pending_tokens", "waiting_blocks", "cum_e", "cum_c", "state", "version",
+        "t0", "c0", "t_end", "K", "T0", "B", "power_w", "is_idle", "chunks", "n_iter_dec", "prefill_tokens",
+        "sig", "last_prefill_only", "view_free_blocks", "view_used_blocks", "it", "dit", "preemptions",
+        "completed",
+    )
+
     def __init__(
         self,
         dc: "Datacenter",

@@ -33,7 +33,13 @@ from .records import AbortedRequests, RequestRecords
 
 _VIEW_FREE = operator.attrgetter("view_free_blocks")
 _OUTPUT_TOKENS = operator.itemgetter(11)  # output_tokens in a completed-request row
-#: Rows of the snapshot matrix that hold integers: queue, running, free, total, busy, engines, chunk, accepting.
+#: Row names of :meth:`Simulator.snapshot_array` (:class:`ClusterSnapshot` fields, in this order).
+SNAPSHOT_ARRAY_ROWS = (
+    "carbon_g_per_kwh", "pue", "queue_len", "running", "free_kv_blocks", "total_kv_blocks", "power_w",
+    "busy_engines", "n_engines", "est_queue_wait_s", "est_prefill_s_per_token", "est_tpot_s",
+    "tpot_slope_s_per_seq", "up", "est_iteration_s", "est_prefill_chunk_tokens", "accepting_engines",
+)
+#: Rows of the snapshot array that hold integers: queue, running, free, total, busy, engines, chunk, accepting.
 _SNAP_INT_ROWS = [2, 3, 4, 5, 7, 8, 15, 16]
 
 #: Time constant of the prompt-token arrival-rate average used by the estimates, seconds.
@@ -672,26 +678,35 @@ class Simulator:
         """(queue_wait_s, prefill_per_token_s, tpot_s, slope_s, iteration_s, chunk_tokens,
         deficit_blocks_without_new, release_blocks_per_s) for the engine the dispatcher picks."""
         e = dc.pick()
-        models = self._models
         cfg = self.engine_config
-        bt = cfg.block_tokens
         n = len(e.running)
         used = e.view_used_blocks
-        mean_ctx = used * bt / n if n else 0.0
-        ctx_sum = n * mean_ctx
-        coeff = models.coeff
-        t_dec_new = models.decode_fixed_s(n + 1) + coeff * (n + 1) * (mean_ctx + 1.0)
-        t_dec_now = models.decode_fixed_s(n) + coeff * ctx_sum if n else 0.0
-        c = max(cfg.max_num_batched_tokens - n, 1) if cfg.chunked_prefill else cfg.max_num_batched_tokens
-        f_iter = models.iteration_time_s(1, 1.0, n, ctx_sum, n + 1)
-        if c > 1:
-            full = models.iteration_time_s(c, c * (c + 1) / 2.0, n, ctx_sum, n + 1)
-            per_tok = max((full - f_iter) / (c - 1), 0.0)
+        key = (n, used)
+        if key == dc.est_key:  # the latency-model part depends on (n, used) only
+            mean_ctx, t_dec_new, t_dec_now, c, f_iter, per_tok, slope_num = dc.est_val
         else:
-            per_tok = f_iter
-        queued = e.pending_tokens + sum(r.prefill_len - r.prefilled for r in e.prefilling)
+            models = self._models
+            bt = cfg.block_tokens
+            mean_ctx = used * bt / n if n else 0.0
+            ctx_sum = n * mean_ctx
+            coeff = models.coeff
+            t_dec_new = models.decode_fixed_s(n + 1) + coeff * (n + 1) * (mean_ctx + 1.0)
+            t_dec_now = models.decode_fixed_s(n) + coeff * ctx_sum if n else 0.0
+            c = max(cfg.max_num_batched_tokens - n, 1) if cfg.chunked_prefill else cfg.max_num_batched_tokens
+            f_iter = models.iteration_time_s(1, 1.0, n, ctx_sum, n + 1)
+            if c > 1:
+                full = models.iteration_time_s(c, c * (c + 1) / 2.0, n, ctx_sum, n + 1)
+                per_tok = max((full - f_iter) / (c - 1), 0.0)
+            else:
+                per_tok = f_iter
+            slope_num = models.decode_fixed_s(n + 2) - models.decode_fixed_s(n + 1) + coeff * (mean_ctx + 1.0)
+            dc.est_key = key
+            dc.est_val = (mean_ctx, t_dec_new, t_dec_now, c, f_iter, per_tok, slope_num)
+        queued = e.pending_tokens
+        if e.prefilling:
+            queued += sum(r.prefill_len - r.prefilled for r in e.prefilling)
         wait = queued * per_tok + math.ceil(queued / c) * f_iter
-        mean_out = self._mean_output()
+        mean_out = self._out_sum / self._out_n if self._out_n else DEFAULT_MEAN_OUTPUT_TOKENS
         t_dec_ref = t_dec_now if n else t_dec_new
         release = max(used, 1) / (mean_out * t_dec_ref)
         deficit = e.waiting_blocks - e.view_free_blocks
@@ -700,11 +715,13 @@ class Simulator:
         rate = dc.token_rate(self.now_s, RATE_TAU_S) / dc.n_engines
         rho = min(rate * per_tok, 0.9)
         tpot = t_dec_new / (1.0 - rho)
-        slope = (models.decode_fixed_s(n + 2) - models.decode_fixed_s(n + 1) + coeff * (mean_ctx + 1.0)) / (1.0 - rho)
+        slope = slope_num / (1.0 - rho)
         return wait, per_tok, tpot, slope, f_iter, c, deficit, release, seq_wait
 
-    def snapshot(self) -> ClusterSnapshot:
-        """Per-datacenter state and estimates now (see :class:`ClusterSnapshot`)."""
+    def snapshot_array(self) -> np.ndarray:
+        """The snapshot as one float64 array of shape (len(SNAPSHOT_ARRAY_ROWS), D): row i holds
+        the :class:`ClusterSnapshot` field ``SNAPSHOT_ARRAY_ROWS[i]`` (counts are exact; ``up``
+        is 1.0 / 0.0). Cheaper than :meth:`snapshot` when a caller wants the numbers as a block."""
         now = self.now_s
         rows = []
         kv = self.kv_blocks_per_engine
@@ -726,10 +743,14 @@ class Simulator:
                 sum(map(_VIEW_FREE, dc.engines)), ne * kv, dc.power_w(), ne - dc.n_idle if up else 0, ne,
                 wait, ppt, tpot, slope, 1.0 if up else 0.0, f_iter, c, dc.accepting_engines,
             ))
-        m = np.array(rows, dtype=np.float64).T.copy()  # (17, D), each row contiguous
+        return np.array(rows, dtype=np.float64).T.copy()  # (17, D), each row contiguous
+
+    def snapshot(self) -> ClusterSnapshot:
+        """Per-datacenter state and estimates now (see :class:`ClusterSnapshot`)."""
+        m = self.snapshot_array()
         ints = m[_SNAP_INT_ROWS].astype(np.int64)
         return ClusterSnapshot(
-            time_s=now, carbon_g_per_kwh=m[0], pue=m[1], queue_len=ints[0], running=ints[1],
+            time_s=self.now_s, carbon_g_per_kwh=m[0], pue=m[1], queue_len=ints[0], running=ints[1],
             free_kv_blocks=ints[2], total_kv_blocks=ints[3], power_w=m[6], busy_engines=ints[4],
             n_engines=ints[5], est_queue_wait_s=m[9], est_prefill_s_per_token=m[10], est_tpot_s=m[11],
             tpot_slope_s_per_seq=m[12], up=m[13] > 0.5, est_iteration_s=m[14],
