@@ -77,9 +77,10 @@ ENV_VERSION = "geoserve-0.2"
 
 # Rows of Simulator.snapshot_array() that the datacenter block uses, in its column order (after
 # the forecast): carbon now, PUE, queue, running, free KV, power, busy, the five estimates, up.
-_SNAP_OBS_ROWS = [SNAPSHOT_ARRAY_ROWS.index(k) for k in (
+_SNAP_OBS_ROWS = np.array([SNAPSHOT_ARRAY_ROWS.index(k) for k in (
     "carbon_g_per_kwh", "pue", "queue_len", "running", "free_kv_blocks", "power_w", "busy_engines",
-    "est_queue_wait_s", "est_prefill_s_per_token", "est_iteration_s", "est_tpot_s", "tpot_slope_s_per_seq", "up")]
+    "est_queue_wait_s", "est_prefill_s_per_token", "est_iteration_s", "est_tpot_s", "tpot_slope_s_per_seq", "up")],
+    dtype=np.intp)
 _SNAP_UP = SNAPSHOT_ARRAY_ROWS.index("up")
 
 
@@ -618,7 +619,11 @@ class GeoServeEnv(gym.Env):
             ),
             axis=0,
         )
+        cap = np.full((13, 1), np.inf)
+        cap[7:12] = ESTIMATE_CAP  # the five estimate rows
+        self._dc_cap = cap
         layout = self.layout
+        self._n_dc_features = layout.n_dc_features
         self._n_slot_features = layout.n_slot_features
         sc_ = layout.slot_columns
         self._slot_cols = (sc_["prompt"], sc_["predicted_output"], sc_["waited"], sc_["network"])
@@ -730,6 +735,7 @@ class GeoServeEnv(gym.Env):
         self._cum_energy_j = 0.0
         self._forecast_cache_key = None
         self._forecast_cache = None
+        self._dc_template = None
 
         arrived = self._advance_and_collect(self._P)
         records = self._sim.pop_completed()  # nothing can complete: nothing was placed
@@ -1038,11 +1044,17 @@ class GeoServeEnv(gym.Env):
         # ---- datacenters: raw columns x fixed per-datacenter scales, estimates capped
         raw = snap[_SNAP_OBS_ROWS]  # (13, D): carbon, pue, queue, running, free KV, power, busy, estimates, up
         raw *= self._dc_scale
-        np.minimum(raw[7:12], ESTIMATE_CAP, out=raw[7:12])
-        dc = np.zeros((D, self.layout.n_dc_features), dtype=np.float32)
-        dc[:, 0] = raw[0]
+        np.minimum(raw, self._dc_cap, out=raw)  # the five estimates capped at ESTIMATE_CAP
         if H:
-            dc[:, 1:1 + H] = self._forecast(now)
+            fc = self._forecast(now)  # (a new hour clears the template)
+            tmpl = self._dc_template
+            if tmpl is None:  # zeros with this hour's forecast columns
+                tmpl = self._dc_template = np.zeros((D, self._n_dc_features), dtype=np.float32)
+                tmpl[:, 1:1 + H] = fc
+            dc = tmpl.copy()
+        else:
+            dc = np.zeros((D, self._n_dc_features), dtype=np.float32)
+        dc[:, 0] = raw[0]
         dc[:, 1 + H:13 + H] = raw[1:].T
         # ---- slots: region template rows + per-request columns
         n_pend = int(self._pending.shape[0])
@@ -1083,6 +1095,7 @@ class GeoServeEnv(gym.Env):
             fc = self._forecaster.forecast(t)[: self._H]  # (H, zones)
             self._forecast_cache = np.ascontiguousarray(fc[:, self._zone_cols].T) * (1.0 / CARBON_SCALE_G_PER_KWH)
             self._forecast_cache_key = key
+            self._dc_template = None  # _observe's float32 datacenter block for this hour
         return self._forecast_cache
 
     # ------------------------------------------------------------------ public helpers

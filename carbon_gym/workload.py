@@ -40,6 +40,7 @@ Output lengths travel with the requests for the simulator only; schedulers must 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
@@ -533,6 +534,7 @@ class Workload:
             peak = 1.0 + (self.diurnal.amplitude if self.diurnal else 0.0)
             self.rate_per_s = arrivals.rate_per_s / peak
         self._cache: dict[int, RequestBatch] = {}
+        self._times: dict[int, list[float]] = {}  # arrival times of the cached blocks, as lists
 
     @property
     def mean_rate_per_s(self) -> float:
@@ -592,8 +594,11 @@ class Workload:
         order = np.argsort(t, kind="stable")
         batch = RequestBatch(origin[order], t[order].astype(np.float64), p[order].astype(np.int64), o[order].astype(np.int64))
         if len(self._cache) >= 2:
-            self._cache.pop(next(iter(self._cache)))
+            oldest = next(iter(self._cache))
+            del self._cache[oldest]
+            del self._times[oldest]
         self._cache[b] = batch
+        self._times[b] = batch.arrival_s.tolist()
         return batch
 
     def arrivals_between(self, t0_s: float, t1_s: float) -> RequestBatch:
@@ -607,8 +612,9 @@ class Workload:
         out = []
         for b in range(b0, b1):
             blk = self._block(b)
-            lo = np.searchsorted(blk.arrival_s, t0_s, side="left")
-            hi = np.searchsorted(blk.arrival_s, t1_s, side="left")
+            times = self._times[b]  # the block's arrival times as a list: bisect == searchsorted "left"
+            lo = bisect_left(times, t0_s)
+            hi = bisect_left(times, t1_s)
             if hi > lo:
                 out.append(blk.take(slice(lo, hi)))
         return RequestBatch.concat(out)
