@@ -560,15 +560,17 @@ class GeoServeEnv(gym.Env):
 
         The first call builds them with :func:`~carbon_gym.world.build_world`; later calls get
         the simulator from ``Simulator.fresh()`` of that first one (same arguments, shared
-        immutable tables: much cheaper) and only rebuild the seeded workload."""
-        from .world import build_workload, build_world
+        immutable tables) and the workload by reseeding the first one
+        (:func:`~carbon_gym.world.reseed_workload`): the same objects, much cheaper."""
+        from .world import build_world, reseed_workload
 
         template = getattr(self, "_sim_template", None)
         if template is None:
             sim, workload = build_world(self._scenario, seed)
             self._sim_template = sim.fresh()  # never driven: a clean source of fresh simulators
+            self._workload_template = workload.with_seed(workload.seed)  # never used: nothing cached
             return sim, workload
-        return template.fresh(), build_workload(self._scenario, seed)
+        return template.fresh(), reseed_workload(self._workload_template, seed)
 
     def _static_setup(self, sim: Any) -> None:
         parts = self._parts

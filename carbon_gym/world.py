@@ -39,6 +39,7 @@ from .workload import (
 __all__ = [
     "build_world", "build_topology", "build_network", "build_carbon", "build_workload", "build_forecaster",
     "build_predictor", "build_engine_config", "default_topology", "derive_seed", "WorldParts", "build_parts",
+    "reseed_workload",
     "build_fault_runtime",
 ]
 
@@ -120,6 +121,12 @@ def build_workload(scenario: Scenario, seed: int | None = None) -> Workload:
         max_context_tokens=w.max_context_tokens, cap_policy=w.cap_policy,
         replay_table=load_length_table(w.trace, "workload.trace") if replay_lengths else None,
     )
+
+
+def reseed_workload(workload: Workload, seed: int) -> Workload:
+    """What ``build_workload(scenario, seed)`` returns, from a ``workload`` built for the same
+    scenario with another seed (no data reloaded: for episode resets)."""
+    return workload.with_seed(derive_seed(seed, "workload"))
 
 
 def build_predictor(scenario: Scenario) -> OutputLengthPredictor:

@@ -502,7 +502,7 @@ class Engine:
 
     def _finish_iter(self, t: float) -> None:
         dc = self.dc
-        c1 = dc.cum(t)
+        c1 = dc._cc if t == dc._ct else dc.cum(t)
         pf = self.power_w * dc.pue
         e = pf * (t - self.t0)
         c = pf * (c1 - self.c0) / J_PER_KWH
@@ -510,20 +510,13 @@ class Engine:
         tot = nd + self.prefill_tokens
         self.it += 1
         dc.iterations += 1
-        step = self.step
+        if self.step:
+            self._finish_iter_step(t, e, c, nd, tot)
+            return
         if nd:
             self.dit += 1
-            if step:
-                ei, ci = e / tot, c / tot
-                for r in self.running.values():
-                    if r.decoding:
-                        r.energy_j += ei
-                        r.carbon_g += ci
-                        r.ctx += 1
-                        r.gen += 1
-            else:
-                self.cum_e += e / tot
-                self.cum_c += c / tot
+            self.cum_e += e / tot
+            self.cum_c += c / tot
         for req, ch in self.chunks:
             f = ch / tot
             req.energy_j += e * f
@@ -532,20 +525,41 @@ class Engine:
             if req.prefilled == req.prefill_len:
                 self._prompt_done(req, t)
         self.chunks = []
-        if step:
-            if nd:
-                done = [r for r in self.running.values() if r.decoding and r.gen >= r.output]
-                for r in done:
-                    self._complete(r, t)
-                    self.sig = True
-        else:
-            fh = self.fin_heap
+        fh = self.fin_heap
+        if fh:
             dit = self.dit
             while fh and fh[0][0] <= dit:
                 fin, seq, req = heapq.heappop(fh)
                 if req.fseq != seq:
                     continue
                 self._complete(req, t)
+                self.sig = True
+        if self.sig:
+            self._publish()
+
+    def _finish_iter_step(self, t: float, e: float, c: float, nd: int, tot: int) -> None:
+        """:meth:`_finish_iter` in step mode (explicit per-sequence bookkeeping)."""
+        if nd:
+            self.dit += 1
+            ei, ci = e / tot, c / tot
+            for r in self.running.values():
+                if r.decoding:
+                    r.energy_j += ei
+                    r.carbon_g += ci
+                    r.ctx += 1
+                    r.gen += 1
+        for req, ch in self.chunks:
+            f = ch / tot
+            req.energy_j += e * f
+            req.carbon_g += c * f
+            req.prefilled += ch
+            if req.prefilled == req.prefill_len:
+                self._prompt_done(req, t)
+        self.chunks = []
+        if nd:
+            done = [r for r in self.running.values() if r.decoding and r.gen >= r.output]
+            for r in done:
+                self._complete(r, t)
                 self.sig = True
         if self.sig:
             self._publish()
@@ -827,14 +841,29 @@ class Engine:
                 budget -= ch
             if not preempted or (not dec and not chunks):
                 max_seqs = self.max_seqs
-                while waiting and budget > 0 and len(self.running) < max_seqs:
+                running = self.running
+                bt = self.block_tokens
+                dc = self.dc
+                while waiting and budget > 0 and len(running) < max_seqs:
                     head = waiting[0]
-                    b = self._blocks_for(head.prefill_len)
+                    L = head.prefill_len
+                    b = (L + bt - 1) // bt
                     if b > free_after:
                         break
-                    self._admit(t)
+                    # self._admit(t), inlined
+                    waiting.popleft()
+                    running[head.rid] = head
+                    self.prefilling.append(head)
+                    head.blocks = b
+                    self.free -= b
+                    self.pending_tokens -= L
+                    self.waiting_blocks -= b
+                    if head.first_sched_s < 0.0:
+                        head.first_sched_s = t
+                    dc.waiting -= 1
+                    dc.running += 1
                     free_after -= b
-                    ch = head.prefill_len if head.prefill_len < budget else budget
+                    ch = L if L < budget else budget
                     chunks.append((head, ch))
                     budget -= ch
         self.last_prefill_only = prefill_only
@@ -880,12 +909,15 @@ class Engine:
         self.prefill_tokens = pt
         self.sig = bool(chunks) or preempted
         self.t0 = t
-        self.t_end = t + T
+        self.t_end = t_end = t + T
         self.state = ITER
-        self._set_power(t, p, False)
-        self.c0 = dc.cum(t)
-        self.version += 1
-        heapq.heappush(self.heap, (self.t_end, 1, self.counter(), self, self.version))
+        if p != self.power_w or self.is_idle:  # self._set_power(t, p, False), inlined
+            dc.engine_power_changed(t, self.power_w, p, self.is_idle, False)
+            self.power_w = p
+            self.is_idle = False
+        self.c0 = dc._cc if t == dc._ct else dc.cum(t)
+        self.version = v = self.version + 1
+        heapq.heappush(self.heap, (t_end, 1, self.counter(), self, v))
 
     def _set_power(self, t: float, watts: float, idle: bool) -> None:
         if watts != self.power_w or idle != self.is_idle:
