@@ -480,7 +480,7 @@ class Engine:
         n = self.n_dec
         K = self.K
         dc = self.dc
-        c1 = dc.cum(t)
+        c1 = dc._cc if t == dc._ct else dc.cum(t)
         pf = self.power_w * dc.pue
         self.cum_e += pf * (t - self.t0) / n
         self.cum_c += pf * (c1 - self.c0) / (J_PER_KWH * n)
@@ -725,26 +725,111 @@ class Engine:
 
     def _plan(self, t: float) -> None:
         """Schedule the next iteration (or run of decode iterations) starting at ``t``."""
-        if not self.running and not self.waiting:
-            # nothing to run: go idle (what _plan_general concludes, without its set-up)
-            self.last_prefill_only = False
-            self.state = IDLE
-            self._set_power(t, self.rest_w, True)
-            self.sig = False
-            return
+        if not self.running:
+            if not self.waiting:
+                # nothing to run: go idle (what _plan_general concludes, without its set-up)
+                self.last_prefill_only = False
+                self.state = IDLE
+                self._set_power(t, self.rest_w, True)
+                self.sig = False
+                return
+            if self.chunked and not self.step:
+                self._plan_chunks(t, 0, 0)
+                return
         n = self.n_dec
         if n and not self.step and self.chunked and not self.prefilling:
             # common case first: a pure decode run (no partial prefill, the head cannot be admitted)
             bt = self.block_tokens
-            dit = self.dit
             free = self.free
-            if self.hist[(-(dit + 1)) % bt] <= free:
+            need = self.hist[(-(self.dit + 1)) % bt]
+            if need <= free:
                 waiting = self.waiting
                 if not waiting or len(self.running) >= self.max_seqs or self.budget <= n or (
-                        (waiting[0].prefill_len + bt - 1) // bt > free - self.hist[(-(dit + 1)) % bt]):
+                        (waiting[0].prefill_len + bt - 1) // bt > free - need):
                     self._plan_run(t, n)
-                    return
+                else:  # the head joins the running decodes
+                    self._plan_chunks(t, n, need)
+                return
         self._plan_general(t)
+
+    def _admit_chunks(self, t: float, budget: int, free_after: int, chunks: list) -> None:
+        """Chunked prefill admission: admit requests from the head of the queue (FCFS) while
+        sequences, ``free_after`` blocks and the ``budget`` of tokens allow, appending each one's
+        first chunk ``(request, tokens)`` to ``chunks``."""
+        waiting = self.waiting
+        running = self.running
+        max_seqs = self.max_seqs
+        bt = self.block_tokens
+        dc = self.dc
+        while waiting and budget > 0 and len(running) < max_seqs:
+            head = waiting[0]
+            L = head.prefill_len
+            b = (L + bt - 1) // bt
+            if b > free_after:
+                break
+            # self._admit(t), inlined
+            waiting.popleft()
+            running[head.rid] = head
+            self.prefilling.append(head)
+            head.blocks = b
+            self.free -= b
+            self.pending_tokens -= L
+            self.waiting_blocks -= b
+            if head.first_sched_s < 0.0:
+                head.first_sched_s = t
+            dc.waiting -= 1
+            dc.running += 1
+            free_after -= b
+            ch = L if L < budget else budget
+            chunks.append((head, ch))
+            budget -= ch
+
+    def _plan_chunks(self, t: float, n: int, need: int) -> None:
+        """:meth:`_plan_general` in fast-path mode with chunked prefill when nothing is partially
+        prefilled and no preemption is needed: ``n`` decoding sequences (possibly 0) that need
+        ``need`` new blocks in the next iteration (``need <= free``); admit from the queue and
+        plan one iteration with their first chunks, or a decode run (or idle) if none fits.
+        The same steps as the general case, without its set-up."""
+        chunks: list[tuple[RequestState, int]] = []
+        self._admit_chunks(t, self.budget - n, self.free - need, chunks)
+        self.last_prefill_only = False
+        if not chunks:
+            if n:
+                self._plan_run(t, n)
+            else:
+                self.state = IDLE
+                self._set_power(t, self.rest_w, True)
+                self.sig = False
+            return
+        dc = self.dc
+        dc.scores[self.index] = dc.score_fn(self)
+        self.free -= need
+        pt = 0
+        pairs = 0.0
+        sampled = n
+        for req, ch in chunks:
+            pt += ch
+            pairs += ch * (req.prefilled + 0.5 * (ch + 1))
+            if req.prefilled + ch == req.prefill_len:
+                sampled += 1
+        ctx_sum = self.base_sum + n * (self.dit + 1) if n else 0
+        models = self.models
+        T = models.iteration_time_s(pt, pairs, n, float(ctx_sum), sampled)
+        p = models.prefill_engine_w(pt, n)
+        self.chunks = chunks
+        self.n_iter_dec = n
+        self.prefill_tokens = pt
+        self.sig = True
+        self.t0 = t
+        self.t_end = t_end = t + T
+        self.state = ITER
+        if p != self.power_w or self.is_idle:  # self._set_power(t, p, False), inlined
+            dc.engine_power_changed(t, self.power_w, p, self.is_idle, False)
+            self.power_w = p
+            self.is_idle = False
+        self.c0 = dc._cc if t == dc._ct else dc.cum(t)
+        self.version = v = self.version + 1
+        heapq.heappush(self.heap, (t_end, 1, self.counter(), self, v))
 
     def _plan_run(self, t: float, n: int) -> None:
         """Plan a closed-form run of pure decode iterations of the ``n`` decoding sequences."""
@@ -793,7 +878,7 @@ class Engine:
             dc.engine_power_changed(t, self.power_w, watts, self.is_idle, False)
             self.power_w = watts
             self.is_idle = False
-        self.c0 = dc.cum(t)
+        self.c0 = dc._cc if t == dc._ct else dc.cum(t)
         self.version = v = self.version + 1
         heapq.heappush(self.heap, (t_end, 1, self.counter(), self, v))
 
@@ -840,32 +925,7 @@ class Engine:
                 chunks.append((req, ch))
                 budget -= ch
             if not preempted or (not dec and not chunks):
-                max_seqs = self.max_seqs
-                running = self.running
-                bt = self.block_tokens
-                dc = self.dc
-                while waiting and budget > 0 and len(running) < max_seqs:
-                    head = waiting[0]
-                    L = head.prefill_len
-                    b = (L + bt - 1) // bt
-                    if b > free_after:
-                        break
-                    # self._admit(t), inlined
-                    waiting.popleft()
-                    running[head.rid] = head
-                    self.prefilling.append(head)
-                    head.blocks = b
-                    self.free -= b
-                    self.pending_tokens -= L
-                    self.waiting_blocks -= b
-                    if head.first_sched_s < 0.0:
-                        head.first_sched_s = t
-                    dc.waiting -= 1
-                    dc.running += 1
-                    free_after -= b
-                    ch = L if L < budget else budget
-                    chunks.append((head, ch))
-                    budget -= ch
+                self._admit_chunks(t, budget, free_after, chunks)
         self.last_prefill_only = prefill_only
         dc = self.dc
         if chunks or preempted:
