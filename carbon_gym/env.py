@@ -82,6 +82,12 @@ _SNAP_OBS_ROWS = np.array([SNAPSHOT_ARRAY_ROWS.index(k) for k in (
     "est_queue_wait_s", "est_prefill_s_per_token", "est_iteration_s", "est_tpot_s", "tpot_slope_s_per_seq", "up")],
     dtype=np.intp)
 _SNAP_UP = SNAPSHOT_ARRAY_ROWS.index("up")
+# Up to this many visible requests, _observe fills the slot rows in Python (same floats).
+_SLOTS_IN_PYTHON = 16
+# Integer columns of the pending store handed to submit_batch: origin, prompt, output.
+_P_INT_COLS = np.array([_P_ORIGIN, _P_PROMPT, _P_OUTPUT], dtype=np.intp)
+# The ufunc reductions behind ndarray.sum/max/min/all (same results, without the Python wrapper).
+_SUM, _MAX, _MIN, _ALL = np.add.reduce, np.maximum.reduce, np.minimum.reduce, np.logical_and.reduce
 
 
 # ------------------------------------------------------------------------------- layout
@@ -637,6 +643,7 @@ class GeoServeEnv(gym.Env):
         rows[:, 1:1 + R] = np.eye(R)
         rows[:, sc_["network"]:] = 2.0 * np.asarray(net.one_way_s, dtype=np.float64) / self._ttft_target
         self._region_rows = rows
+        self._region_rows_py = rows.astype(np.float64).tolist()  # the same float32 values, as Python floats
         self._uplink_per_token_scaled = float(net.bytes_per_token) / float(net.bandwidth_bytes_per_s) / self._ttft_target
         mask = np.zeros((K, D + 1), dtype=bool)
         mask[:, D] = True
@@ -774,20 +781,15 @@ class GeoServeEnv(gym.Env):
             else:
                 rows = self._pending[:n_vis][place]
                 dcs = choice[place]
-            ids = sim.submit_batch(
-                rows[:, _P_ORIGIN].astype(np.int64),
-                rows[:, _P_ARRIVAL],
-                rows[:, _P_PROMPT].astype(np.int64),
-                rows[:, _P_OUTPUT].astype(np.int64),
-                dcs,
-            )
+            ints = rows[:, _P_INT_COLS].astype(np.int64)  # origin, prompt, output
+            ids = sim.submit_batch(ints[:, 0], rows[:, _P_ARRIVAL], ints[:, 1], ints[:, 2], dcs)
             if self._aborted:
                 fo = rows[:, _P_FAILED] > 0
                 if fo.any():
                     self._failover_ids.update(ids[fo].tolist())
             self._placed += n_place
             self._dc_placed += np.bincount(dcs, minlength=D)
-            mo = int(rows[:, _P_OUTPUT].max())
+            mo = int(_MAX(ints[:, 2]))
             if mo > self._max_output_placed:
                 self._max_output_placed = mo
             if n_place == n_vis:
@@ -817,17 +819,29 @@ class GeoServeEnv(gym.Env):
         if n_done:
             ttft = records.ttft_s
             tpot = records.tpot_s
-            v_ttft = ttft > self._ttft_target
-            v_tpot = tpot > self._tpot_target
-            violations = int(np.count_nonzero(v_ttft | v_tpot))
-            self._ttft_violations += int(np.count_nonzero(v_ttft))
-            self._tpot_violations += int(np.count_nonzero(v_tpot))
+            if n_done <= 64:  # few: count in Python (same counts, fewer numpy calls)
+                t_ttft, t_tpot = self._ttft_target, self._tpot_target
+                n_ttft = n_tpot = 0
+                for a, b in zip(ttft.tolist(), tpot.tolist()):
+                    a = a > t_ttft
+                    b = b > t_tpot
+                    n_ttft += a
+                    n_tpot += b
+                    violations += a or b
+            else:
+                v_ttft = ttft > self._ttft_target
+                v_tpot = tpot > self._tpot_target
+                violations = int(np.count_nonzero(v_ttft | v_tpot))
+                n_ttft = int(np.count_nonzero(v_ttft))
+                n_tpot = int(np.count_nonzero(v_tpot))
+            self._ttft_violations += n_ttft
+            self._tpot_violations += n_tpot
             self._violations += violations
             self._completed += n_done
             if self._writer is not None:
                 self._writer.append(records)
-                self._ttft_sum += float(ttft.sum())
-                self._tpot_sum += float(tpot.sum())
+                self._ttft_sum += float(_SUM(ttft))
+                self._tpot_sum += float(_SUM(tpot))
             else:
                 # copies: the record columns are views of one table holding every column
                 self._ttft_parts.append(ttft.copy())
@@ -841,7 +855,7 @@ class GeoServeEnv(gym.Env):
                     self._failover_ids.difference_update(hit)
                     self._failed_over_completed += len(hit)
             # sum / n is what ndarray.mean computes (same floats) without its Python-level wrapper
-            stats = (float(ttft.sum()) / n_done, float(tpot.sum()) / n_done, float(ttft.max()), float(tpot.max()))
+            stats = (float(_SUM(ttft)) / n_done, float(_SUM(tpot)) / n_done, float(_MAX(ttft)), float(_MAX(tpot)))
         reward = -self._carbon_weight * carbon_g / self.nominal_carbon_g_per_step - self._slo_weight * violations
 
         obs = self._observe()
@@ -888,7 +902,8 @@ class GeoServeEnv(gym.Env):
             if n == 0:
                 return v, 0
             # fast path: every entry in range and allowed by the mask
-            if v.min() >= 0 and v.max() <= D and self._mask[self._arange_k[:n], v].all():
+            # (ufunc reductions called directly: ndarray.min/max/all add a Python-level wrapper)
+            if _MIN(v) >= 0 and _MAX(v) <= D and _ALL(self._mask[self._arange_k[:n], v]):
                 return v, 0
             nonint = None
         elif kind == "f":
@@ -960,17 +975,14 @@ class GeoServeEnv(gym.Env):
         n = len(batch)
         if n == 0:
             return 0
-        rows = np.empty((n, _P_COLS), dtype=np.float64)
-        rows[:, _P_ORIGIN] = batch.origin
-        rows[:, _P_ARRIVAL] = batch.arrival_s
-        rows[:, _P_PROMPT] = batch.prompt_tokens
-        rows[:, _P_OUTPUT] = batch.output_tokens
-        rows[:, _P_PRED] = self._predictor.predict(batch.prompt_tokens, batch.output_tokens)
-        rows[:, _P_SEQ] = np.arange(self._seq, self._seq + n)
-        rows[:, _P_FAILED] = 0.0
+        # columns in _P_* order (origin, arrival, prompt, output, predicted, seq, failed-over), as
+        # one (7, n) float64 block (exact conversions), stored transposed
+        cols = np.array((batch.origin, batch.arrival_s, batch.prompt_tokens, batch.output_tokens,
+                         self._predictor.predict(batch.prompt_tokens, batch.output_tokens),
+                         np.arange(self._seq, self._seq + n), np.zeros(n)), dtype=np.float64)
         self._seq += n
         self._arrived += n
-        self._pending = rows if self._pending.shape[0] == 0 else np.concatenate([self._pending, rows])
+        self._pending = cols.T.copy() if self._pending.shape[0] == 0 else np.concatenate([self._pending, cols.T])
         return n
 
     def _advance_sim(self, t_s: float) -> None:
@@ -1064,7 +1076,37 @@ class GeoServeEnv(gym.Env):
         self._n_visible = n
         sl = np.zeros((K, self._n_slot_features), dtype=np.float32)
         mask = self._mask_template.copy()
-        if n:
+        if 0 < n <= _SLOTS_IN_PYTHON:
+            # a few requests: the same float64 arithmetic per value in Python, one float32 conversion
+            # (numpy's per-call overhead dominates the vectorised version at this size)
+            c0, c1, c2, c3 = self._slot_cols
+            region_rows = self._region_rows_py
+            inv_ttft = self._inv_ttft
+            upk = self._uplink_per_token_scaled
+            n_cols = self._n_slot_features
+            out = []
+            prompt_max = 0.0
+            for r in self._pending[:n].tolist():
+                row = region_rows[int(r[_P_ORIGIN])][:]
+                prompt = r[_P_PROMPT]
+                row[c0] = prompt * (1.0 / TOKENS_SCALE)
+                row[c1] = r[_P_PRED] * (1.0 / TOKENS_SCALE)
+                w = (now - r[_P_ARRIVAL]) * inv_ttft
+                row[c2] = OBS_HIGH if w > OBS_HIGH else w  # np.minimum(w, OBS_HIGH)
+                x = prompt * upk
+                for j in range(c3, n_cols):
+                    row[j] += x
+                out.append(row)
+                if prompt > prompt_max:
+                    prompt_max = prompt
+            sl[:n] = out
+            if prompt_max < self._min_engine_kv_tokens:
+                mask[:n, :D] = up
+            else:  # some prompt does not fit an empty engine of some datacenter
+                prompt = self._pending[:n, _P_PROMPT]
+                need = np.ceil((prompt + 1.0) / self._block_tokens)
+                mask[:n, :D] = (need[:, None] <= self._engine_kv_blocks[None, :]) & up[None, :]
+        elif n:
             p = self._pending[:n]
             prompt = p[:, _P_PROMPT]
             sl[:n] = self._region_rows[p[:, _P_ORIGIN].astype(np.intp)]
