@@ -255,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", default="RESULTS.md", help="Markdown file to write (default RESULTS.md)")
     rp.add_argument("--figures", default=os.path.join("docs", "results"), help="where to copy the figures RESULTS.md shows")
     rp.add_argument("--command", dest="run_command", default=None, help="the command that produced the run (default: from its config.json)")
+    rp.add_argument("--replot", action="store_true", help="redraw the headline figures from its files first")
 
     sub.add_parser("scenarios", help="list the shipped scenarios")
     sub.add_parser("policies", help="list the policy names the harness accepts")
@@ -398,6 +399,8 @@ def cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     if not os.path.isdir(os.path.join(args.results_dir, "headline")):
         raise UsageError("results_dir", f"{os.path.join(args.results_dir, 'headline')!r} not found; run `carbon-gym experiment headline --out {args.results_dir}` first")
+    if args.replot:
+        experiments.replot_headline(os.path.join(args.results_dir, "headline"))
     path = experiments.write_results_md(args.results_dir, out=args.out, figures_dir=args.figures, command=args.run_command)
     print(f"wrote {path}")
     return 0

@@ -311,8 +311,14 @@ def _load(ex: Executed, spec: RunSpec, kind: str):
     return harness.read_table(path)
 
 
+TIME_PLOT_POLICIES = ("rr", "greedy", "planner", "ilp-state", "milp", "clairvoyant")
+
+
 def standard_figures(ex: Executed, scenario: str, fig_dir: str, *, tag: str, policies: Sequence[str] | None = None, seed: int | None = None) -> dict[str, list[str]]:
-    """Latency CDFs, load by hour of day and carbon over time (one seed) for one scenario."""
+    """Latency CDFs, load by hour of day and carbon over time (one seed) for one scenario.
+
+    The carbon-over-time panels show at most the policies in :data:`TIME_PLOT_POLICIES` (when
+    more than four ran) to stay readable."""
     from eval import plots
 
     meta = _meta(ex, scenario)
@@ -342,9 +348,60 @@ def standard_figures(ex: Executed, scenario: str, fig_dir: str, *, tag: str, pol
         figs["load_by_hour"] = plots.load_by_hour(by_pol_req, dc_names, os.path.join(fig_dir, f"{tag}_load_by_hour"), title=f"{scenario}: share of requests per datacenter by hour of day")
     seed = min(r.spec.seed for r in results) if seed is None else seed
     steps = {r.spec.policy_name: r.steps for r in results if r.spec.seed == seed and r.steps}
+    if len(steps) > 4:
+        steps = {k: v for k, v in steps.items() if k in TIME_PLOT_POLICIES} or steps
     if steps and dc_names:
-        figs["carbon_over_time"] = plots.carbon_over_time(steps, dc_names, os.path.join(fig_dir, f"{tag}_carbon_over_time_seed{seed}"), title=f"{scenario}, seed {seed}: carbon per datacenter (lines) and grid intensity (shaded)")
+        figs["carbon_over_time"] = plots.carbon_over_time(
+            steps, dc_names, os.path.join(fig_dir, f"{tag}_carbon_over_time_seed{seed}"),
+            title=f"{scenario}, seed {seed}: carbon per datacenter (lines) and grid intensity (shaded)",
+            arrivals_end_s=meta.get("duration_s"),
+        )
     return figs
+
+
+def load_executed(out: str) -> Executed:
+    """Rebuild an :class:`Executed` from a finished matrix on disk (runs.csv, config.json, steps/,
+    requests/), e.g. to redraw its figures without re-running it."""
+    import pandas as pd
+
+    runs = pd.read_csv(os.path.join(out, "runs.csv"))
+    summary = pd.read_csv(os.path.join(out, "summary.csv"))
+    with open(os.path.join(out, "config.json"), encoding="utf-8") as f:
+        cfg = json.load(f)
+    spec_fields = set(RunSpec.__dataclass_fields__)
+    results, paths = [], {}
+    for entry, (_, row) in zip(cfg["runs"], runs.iterrows()):
+        kw = {k: v for k, v in entry.items() if k in spec_fields}
+        kw["overrides"] = harness._freeze(kw.get("overrides"))
+        kw["policy_kwargs"] = harness._freeze(kw.get("policy_kwargs"))
+        spec = RunSpec(**kw)
+        meta = {k: v for k, v in entry.items() if k not in spec_fields}
+        p: dict[str, str] = {}
+        for kind in ("steps", "requests"):
+            for ext in (".parquet", ".csv"):
+                path = os.path.join(out, kind, spec.run_id + ext)
+                if os.path.isfile(path):
+                    p[kind] = path
+                    break
+        steps = {c: harness.read_table(p["steps"])[c].to_numpy() for c in harness.read_table(p["steps"]).columns} if "steps" in p else {}
+        results.append(harness.RunResult(spec=spec, metrics=row.to_dict(), steps=steps, requests={}, meta=meta))
+        paths[spec.run_id] = p
+    return Executed(results, runs, summary, out, paths)
+
+
+def replot_headline(out: str) -> None:
+    """Redraw the headline experiment's figures from its files."""
+    from eval import plots
+
+    ex = load_executed(out)
+    fig_dir = os.path.join(out, "figures")
+    pol_order = list(dict.fromkeys(ex.summary["policy"]))
+    nonref = ex.summary[ex.summary["policy"] != REFERENCE_POLICY]
+    plots.bars(nonref, x="scenario", hue="policy", y="reduction_vs_rr_pct", yerr="reduction_vs_rr_pct_ci95", stem=os.path.join(fig_dir, "headline_reduction"), ylabel="carbon reduction vs rr (%)", title="Carbon reduction vs round-robin (mean ± 95% CI)", hue_order=[p for p in pol_order if p != REFERENCE_POLICY])
+    plots.bars(ex.summary, x="scenario", hue="policy", y="slo_violation_pct", yerr="slo_violation_pct_ci95", stem=os.path.join(fig_dir, "headline_violations"), ylabel="SLO violations (% of requests)", title="SLO violation rate (mean ± 95% CI)", hue_order=pol_order)
+    scens = list(dict.fromkeys(ex.summary["scenario"]))
+    focus = next((sc for sc in scens if sc.endswith("-moderate")), scens[0])
+    standard_figures(ex, focus, fig_dir, tag=focus)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -52,8 +52,13 @@ def carbon_over_time(
     stem: str,
     *,
     title: str = "",
+    arrivals_end_s: float | None = None,
 ) -> list[str]:
     """Carbon emission rate per datacenter over the episode, grid intensity shaded behind.
+
+    The last step of an episode is its drain (no new arrivals, until placed work completes or
+    the drain limit passes) and can be much longer than a polling period; ``arrivals_end_s``
+    limits the x axis to 1.15 x the arrival window so the drain does not squash the episode.
 
     Args:
         steps: ``{policy: steps DataFrame}`` of one (scenario, seed); each frame has ``time_s``,
@@ -101,6 +106,10 @@ def carbon_over_time(
             ax.set_ylabel("carbon (g/s)", fontsize=7)
         if (d % cols) == cols - 1:
             ax2.set_ylabel("grid gCO2/kWh", fontsize=7, color="0.45")
+    if arrivals_end_s:
+        for row in axes:
+            for ax in row:
+                ax.set_xlim(0, 1.15 * float(arrivals_end_s) / 60.0)
     for d in range(n, rows * cols):
         axes[d // cols][d % cols].axis("off")
     for ax in axes[-1]:
@@ -240,7 +249,7 @@ def bars(
     hs = list(hue_order) if hue_order is not None else list(dict.fromkeys(table[hue]))
     colors = _colors(hs)
     width = 0.8 / max(len(hs), 1)
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(xs) * max(1, len(hs)) * 0.35 + 2), 3.4))
+    fig, ax = plt.subplots(figsize=(min(14.0, max(5.0, 1.1 * len(xs) * max(1, len(hs)) * 0.35 + 2)), 3.6))
     for j, h in enumerate(hs):
         vals, errs = [], []
         for xv in xs:
@@ -251,7 +260,7 @@ def bars(
         e = np.nan_to_num(np.asarray(errs, dtype=float)) if yerr else None
         ax.bar(pos, vals, width=width, color=colors[h], label=h, yerr=e, capsize=2, error_kw={"linewidth": 0.7})
     ax.set_xticks(np.arange(len(xs)))
-    ax.set_xticklabels(xs, rotation=20, ha="right", fontsize=8)
+    ax.set_xticklabels([str(v) for v in xs], rotation=20, ha="right", fontsize=8)
     ax.axhline(0, color="k", linewidth=0.6)
     ax.set_ylabel(ylabel or y)
     ax.grid(axis="y", alpha=0.3)

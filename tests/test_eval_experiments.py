@@ -107,3 +107,15 @@ def test_results_md_from_the_runs(results, tmp_path):
     out.write_text(text)
     assert cli.main(["report", str(results), "--out", str(out), "--figures", str(figs)]) == 0
     assert "OUR NOTES" in out.read_text()
+
+
+def test_replot_from_files(results):
+    import os
+
+    fig = results / "headline" / "figures" / "headline_reduction.png"
+    before = fig.stat().st_mtime_ns
+    ex = experiments.load_executed(str(results / "headline"))
+    assert [r.spec.run_id for r in ex.results] == [f"dev__{p}__seed{s}" for p in ("rr", "greedy", "ilp", "milp") for s in (0, 1)]
+    assert ex.results[0].steps["cumulative_carbon_g"][-1] == pytest.approx(ex.runs["carbon_g"].iloc[0])
+    experiments.replot_headline(str(results / "headline"))
+    assert fig.stat().st_mtime_ns >= before and os.path.getsize(fig) > 1000
