@@ -84,6 +84,9 @@ _SNAP_OBS_ROWS = np.array([SNAPSHOT_ARRAY_ROWS.index(k) for k in (
 _SNAP_UP = SNAPSHOT_ARRAY_ROWS.index("up")
 # Up to this many visible requests, _observe fills the slot rows in Python (same floats).
 _SLOTS_IN_PYTHON = 16
+# Up to this many datacenters, _observe builds the datacenter block in Python (same floats).
+_DC_IN_PYTHON = 4
+_SNAP_OBS_ROWS_LIST = _SNAP_OBS_ROWS.tolist()
 # Integer columns of the pending store handed to submit_batch: origin, prompt, output.
 _P_INT_COLS = np.array([_P_ORIGIN, _P_PROMPT, _P_OUTPUT], dtype=np.intp)
 # The ufunc reductions behind ndarray.sum/max/min/all (same results, without the Python wrapper).
@@ -630,6 +633,8 @@ class GeoServeEnv(gym.Env):
         cap = np.full((13, 1), np.inf)
         cap[7:12] = ESTIMATE_CAP  # the five estimate rows
         self._dc_cap = cap
+        self._dc_scale_rows = self._dc_scale.T.tolist()  # (D, 13) as lists, for the Python path
+        self._dc_extra = [0.0] * (self.layout.n_dc_features - 13 - self._H)  # trailing flag columns
         layout = self.layout
         self._n_dc_features = layout.n_dc_features
         self._n_slot_features = layout.n_slot_features
@@ -1052,24 +1057,49 @@ class GeoServeEnv(gym.Env):
         sim = self._sim
         D, K, H = self._D, self._K, self._H
         now = float(sim.now_s)
-        snap = sim.snapshot_array()  # (fields, D) float64, rows named by SNAPSHOT_ARRAY_ROWS
-        up = snap[_SNAP_UP] > 0.5
-        self._up = up
         # ---- datacenters: raw columns x fixed per-datacenter scales, estimates capped
-        raw = snap[_SNAP_OBS_ROWS]  # (13, D): carbon, pue, queue, running, free KV, power, busy, estimates, up
-        raw *= self._dc_scale
-        np.minimum(raw, self._dc_cap, out=raw)  # the five estimates capped at ESTIMATE_CAP
-        if H:
-            fc = self._forecast(now)  # (a new hour clears the template)
-            tmpl = self._dc_template
-            if tmpl is None:  # zeros with this hour's forecast columns
-                tmpl = self._dc_template = np.zeros((D, self._n_dc_features), dtype=np.float32)
-                tmpl[:, 1:1 + H] = fc
-            dc = tmpl.copy()
+        if D <= _DC_IN_PYTHON:
+            # a few datacenters: the same float64 products / caps in Python, one float32 conversion
+            snap_rows = sim.snapshot_rows()  # one tuple per datacenter, SNAPSHOT_ARRAY_ROWS order
+            if H:
+                self._forecast(now)  # (a new hour clears the template)
+                tmpl = self._dc_template
+                if tmpl is None:  # this hour's forecast, as lists
+                    tmpl = self._dc_template = self._forecast_cache.tolist()
+            flat: list[float] = []
+            up_list = []
+            for d in range(D):
+                r = snap_rows[d]
+                v = [r[i] * f for i, f in zip(_SNAP_OBS_ROWS_LIST, self._dc_scale_rows[d])]
+                for k in range(7, 12):  # the five estimates: np.minimum(v, ESTIMATE_CAP)
+                    if v[k] > ESTIMATE_CAP:
+                        v[k] = ESTIMATE_CAP
+                flat.append(v[0])
+                if H:
+                    flat.extend(tmpl[d])
+                flat.extend(v[1:])
+                flat.extend(self._dc_extra)
+                up_list.append(r[_SNAP_UP] > 0.5)
+            dc = np.array(flat, dtype=np.float32).reshape(D, self._n_dc_features)
+            up = np.array(up_list, dtype=bool)
         else:
-            dc = np.zeros((D, self._n_dc_features), dtype=np.float32)
-        dc[:, 0] = raw[0]
-        dc[:, 1 + H:13 + H] = raw[1:].T
+            snap = sim.snapshot_array()  # (fields, D) float64, rows named by SNAPSHOT_ARRAY_ROWS
+            up = snap[_SNAP_UP] > 0.5
+            raw = snap[_SNAP_OBS_ROWS]  # (13, D): carbon, pue, queue, running, free KV, power, busy, estimates, up
+            raw *= self._dc_scale
+            np.minimum(raw, self._dc_cap, out=raw)  # the five estimates capped at ESTIMATE_CAP
+            if H:
+                fc = self._forecast(now)  # (a new hour clears the template)
+                tmpl = self._dc_template
+                if tmpl is None:  # zeros with this hour's forecast columns
+                    tmpl = self._dc_template = np.zeros((D, self._n_dc_features), dtype=np.float32)
+                    tmpl[:, 1:1 + H] = fc
+                dc = tmpl.copy()
+            else:
+                dc = np.zeros((D, self._n_dc_features), dtype=np.float32)
+            dc[:, 0] = raw[0]
+            dc[:, 1 + H:13 + H] = raw[1:].T
+        self._up = up
         # ---- slots: region template rows + per-request columns
         n_pend = int(self._pending.shape[0])
         n = n_pend if n_pend < K else K

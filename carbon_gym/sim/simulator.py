@@ -723,6 +723,12 @@ class Simulator:
         """The snapshot as one float64 array of shape (len(SNAPSHOT_ARRAY_ROWS), D): row i holds
         the :class:`ClusterSnapshot` field ``SNAPSHOT_ARRAY_ROWS[i]`` (counts are exact; ``up``
         is 1.0 / 0.0). Cheaper than :meth:`snapshot` when a caller wants the numbers as a block."""
+        return np.array(self.snapshot_rows(), dtype=np.float64).T.copy()  # each row contiguous
+
+    def snapshot_rows(self) -> list[tuple]:
+        """The snapshot as Python numbers: one tuple per datacenter, in ``SNAPSHOT_ARRAY_ROWS``
+        order (counts are ints; ``up`` is 1.0 / 0.0); the rows of :meth:`snapshot_array`
+        transposed. For callers that handle a few datacenters without numpy."""
         now = self.now_s
         rows = []
         kv = self.kv_blocks_per_engine
@@ -744,7 +750,7 @@ class Simulator:
                 sum(map(_VIEW_FREE, dc.engines)), ne * kv, dc.power_w(), ne - dc.n_idle if up else 0, ne,
                 wait, ppt, tpot, slope, 1.0 if up else 0.0, f_iter, c, dc.accepting_engines,
             ))
-        return np.array(rows, dtype=np.float64).T.copy()  # (17, D), each row contiguous
+        return rows
 
     def snapshot(self) -> ClusterSnapshot:
         """Per-datacenter state and estimates now (see :class:`ClusterSnapshot`)."""
