@@ -21,7 +21,10 @@ Mapping (observation -> problem):
   ``tpot_idle_s`` is the latency model's decode iteration of one sequence with a 1,000-token
   context; ``decode_iteration_s`` is the model's decode iteration at the current batch per busy
   engine (no prefill interference), at most the TPOT estimate; ``free_kv_tokens =
-  free_kv_blocks x block_tokens``. Estimates of a datacenter that is
+  free_kv_blocks x block_tokens``; ``backlog_prompt_tokens = queue_len x`` the mean pending
+  prompt, and ``est_queue_wait_s`` is the larger of the simulator's estimate (the queue of the
+  single engine its dispatcher would pick) and that backlog spread over the engines,
+  ``backlog x prefill_s_per_token / n_engines``. Estimates of a datacenter that is
   down (infinite in the observation) are replaced by a large finite number (``up`` is False and
   the mask forbids it anyway).
 """
@@ -132,11 +135,18 @@ def problem_from_observation(observation: Any, env: Any, info: dict | None = Non
     ppt = np.where(up, ppt, DOWN_ESTIMATE_S)
     tpot_now = finite(obs["est_tpot_s"])
     t_dec = np.minimum(facts.tpot_idle_s + facts.raw_slope_s_per_seq * np.maximum(per_engine - 1.0, 0.0), tpot_now)
+    prompts = np.maximum(np.asarray(obs["slot_prompt_tokens"], dtype=np.float64)[slots], 1.0)
+    queue_len = np.asarray(obs["queue_len"], dtype=np.float64)
+    backlog = queue_len * (float(prompts.mean()) if prompts.size else 0.0)
+    # the simulator's queue-wait estimate is that of the one engine its dispatcher picks next
+    # (often idle even when the datacenter holds a backlog); a batch of placements waits behind
+    # the whole backlog spread over the engines
+    wait = np.maximum(finite(obs["est_queue_wait_s"]), np.where(up, backlog * ppt / n_eng, 0.0))
     pw = facts.power
     carbon_now, carbon_forecast = facts.carbon_stand_in(obs["carbon_g_per_kwh"], obs["carbon_forecast_g_per_kwh"])
     return PlacementProblem(
         origin=np.asarray(obs["slot_origin"])[slots],
-        prompt_tokens=np.maximum(np.asarray(obs["slot_prompt_tokens"], dtype=np.float64)[slots], 1.0),
+        prompt_tokens=prompts,
         output_tokens=np.maximum(np.asarray(obs["slot_predicted_output_tokens"], dtype=np.float64)[slots], 1.0),
         waited_s=np.maximum(np.asarray(obs["slot_waited_s"], dtype=np.float64)[slots], 0.0),
         network_s=np.maximum(np.asarray(obs["slot_network_s"], dtype=np.float64)[slots], 0.0),
@@ -147,9 +157,10 @@ def problem_from_observation(observation: Any, env: Any, info: dict | None = Non
         n_engines=n_eng,
         busy_engines=np.asarray(obs["busy_engines"], dtype=np.int64),
         running=running,
-        queue_len=np.asarray(obs["queue_len"], dtype=np.float64),
+        queue_len=queue_len,
+        backlog_prompt_tokens=np.where(up, backlog, 0.0),
         free_kv_tokens=np.asarray(obs["free_kv_blocks"], dtype=np.float64) * float(obs["block_tokens"]),
-        est_queue_wait_s=finite(obs["est_queue_wait_s"]),
+        est_queue_wait_s=wait,
         prefill_s_per_token=ppt,
         prefill_fixed_s=np.where(up, finite(obs["est_iteration_s"]), 0.0),
         tpot_now_s=tpot_now,

@@ -61,6 +61,9 @@ class PlacementProblem:
         tpot_slope_s_per_seq: added decode iteration time per extra sequence on one engine, s.
 
     Scalars:
+        backlog_prompt_tokens: optional (D,) prompt tokens already waiting at each datacenter
+        (queued or in transit, not yet prefilled), tokens; default ``queue_len`` x the mean prompt
+        of the pending requests (the queued prompts are not observed one by one).
         prefill_fixed_s: optional (D,) fixed latency of the prefill iteration a new prompt joins
         (the decodes of the batch run in it), seconds, added to every request's prefill time
         (default 0).
@@ -107,6 +110,7 @@ class PlacementProblem:
     carbon_forecast_g_per_kwh: np.ndarray | None = None
     decode_iteration_s: np.ndarray | None = None
     prefill_fixed_s: np.ndarray | None = None
+    backlog_prompt_tokens: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         for name in ("origin", "slot"):
@@ -128,6 +132,13 @@ class PlacementProblem:
         self.prefill_fixed_s = _arr(self.prefill_fixed_s, np.float64)
         if self.prefill_fixed_s.shape != (d,) or np.any(~np.isfinite(self.prefill_fixed_s)) or np.any(self.prefill_fixed_s < 0):
             raise ConfigError("problem.prefill_fixed_s", f"must be ({d},) finite seconds >= 0")
+        if self.backlog_prompt_tokens is None:
+            mean_prompt = float(np.mean(self.prompt_tokens)) if r else 0.0
+            self.backlog_prompt_tokens = self.queue_len * mean_prompt
+        self.backlog_prompt_tokens = _arr(self.backlog_prompt_tokens, np.float64)
+        if self.backlog_prompt_tokens.shape != (d,) or np.any(~np.isfinite(self.backlog_prompt_tokens)) \
+                or np.any(self.backlog_prompt_tokens < 0):
+            raise ConfigError("problem.backlog_prompt_tokens", f"must be ({d},) finite tokens >= 0")
         if self.decode_iteration_s is not None:
             self.decode_iteration_s = _arr(self.decode_iteration_s, np.float64)
             if self.decode_iteration_s.shape != (d,) or np.any(~np.isfinite(self.decode_iteration_s)):
@@ -253,6 +264,12 @@ class PlacementProblem:
         so ``rho <= min(1 - t_dec / TPOT_slo, max_share)`` and tokens <= rho E poll_s / prefill_s_per_token."""
         rho_max = np.clip(np.minimum(1.0 - self.decode_iter_s / self.tpot_slo_s, max_share), 0.0, 1.0)
         return rho_max * self.n_engines * self.poll_s / np.maximum(self.prefill_s_per_token, 1e-12)
+
+    @property
+    def backlog_wait_s(self) -> np.ndarray:
+        """(D,) wait a new prompt sees behind the datacenter's backlog spread over its engines:
+        ``backlog_prompt_tokens x prefill_s_per_token / n_engines``, seconds."""
+        return self.backlog_prompt_tokens * self.prefill_s_per_token / self.n_engines
 
     def lone_energy_j(self, tpot_s: np.ndarray | None = None) -> np.ndarray:
         """(R, D) energy above idle of serving each request alone on an engine, joules.

@@ -238,3 +238,59 @@ def test_survives_highs_thread_pool_set_up_elsewhere() -> None:
     pol.place(p)
     assert pol.stats["fallbacks"] == 0
     assert pol.stats["status"][0].startswith(("lp-rounding", "milp"))
+
+
+def overloaded_problem(seed: int) -> PlacementProblem:
+    """A paper-sized step (1,500 requests, 16 datacenters of 12 engines) whose pending prompts
+    need more than the fleet's prompt-token budget at the prefill-share cap, on grids of very
+    different carbon intensity."""
+    rng = np.random.default_rng(seed)
+    p = synthetic_problem(rng, 1500, load=0.6, waited_max_s=0.3, engines_per_dc=12)
+    p.queue_len = np.zeros(p.n_datacenters)
+    p.backlog_prompt_tokens = np.zeros(p.n_datacenters)
+    p.est_queue_wait_s = np.zeros(p.n_datacenters)
+    p.carbon_g_per_kwh = np.geomspace(20.0, 800.0, p.n_datacenters)
+    return p
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_fleet_overload_is_spread_in_proportion_to_capacity(seed: int) -> None:
+    """Regression (high load): when the whole fleet is over its prompt-token budget, the MILP
+    places everything (no deferral) and no datacenter gets more than its capacity share of the
+    prompts x (1 + slack) (plus one request), instead of piling the overflow on clean grids."""
+    p = overloaded_problem(seed)
+    cfg = FacilityConfig()
+    cap = p.prefill_rate_cap_tokens(cfg.max_prefill_share)
+    assert p.prompt_tokens.sum() > 1.1 * cap.sum()  # the fleet really is overloaded
+    share = cap / cap.sum() * p.prompt_tokens.sum() * (1.0 + cfg.overload_slack)
+    for pol in (FacilityMILP(config=cfg), FacilityGreedyPolicy(cfg)):
+        a = pol.place(p)
+        assert (a < p.defer).all()
+        tokens = np.bincount(a, weights=p.prompt_tokens, minlength=p.n_datacenters)
+        assert np.all(tokens <= share + p.prompt_tokens.max() + 1e-6), (tokens / share).round(2)
+    # without the spreading, the same step piles far more than its share on some datacenter
+    a = FacilityMILP(overload_spread=False).place(p)
+    tokens = np.bincount(a, weights=p.prompt_tokens, minlength=p.n_datacenters)
+    assert np.max(tokens / share) > 1.3
+
+
+def FacilityGreedyPolicy(cfg: FacilityConfig):  # noqa: N802 - the greedy fallback as a placer
+    from solvers.facility import FacilityGreedy
+
+    return FacilityGreedy(config=cfg)
+
+
+def test_backlog_shrinks_budget_and_adds_wait() -> None:
+    """A datacenter's queued prompts use up its prefill budget for this poll and delay a new
+    prompt by backlog x prefill s/token / engines."""
+    rng = np.random.default_rng(4)
+    p = synthetic_problem(rng, 200, n_datacenters=4, load=0.3)
+    p.queue_len = np.array([0.0, 100.0, 0.0, 0.0])
+    p.backlog_prompt_tokens = p.queue_len * 1000.0
+    assert p.backlog_wait_s[1] == pytest.approx(1e5 * p.prefill_s_per_token[1] / p.n_engines[1])
+    data = compile_facility(p, FacilityConfig())
+    q0 = p.prefill_rate_cap_tokens(FacilityConfig().max_prefill_share)
+    np.testing.assert_allclose(data.prefill_cap, np.maximum(q0 - p.backlog_prompt_tokens, 0.0))
+    # default backlog: queue_len x the mean pending prompt
+    q = replace(p, backlog_prompt_tokens=None)
+    np.testing.assert_allclose(q.backlog_prompt_tokens, p.queue_len * p.prompt_tokens.mean())
