@@ -1,0 +1,201 @@
+"""The performance shortcuts give exactly the results of the straightforward code they replace:
+pure-Python copies of the latency / power / carbon models, Simulator.fresh(), the snapshot
+variants, the cheap totals, Workload.with_seed, and the env's small-size Python paths."""
+
+from __future__ import annotations
+
+import warnings
+from datetime import datetime
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import carbon_gym  # noqa: F401  (registers the envs)
+import carbon_gym.env as env_mod
+from carbon_gym.physics.carbon import CarbonTrace
+from carbon_gym.physics.latency import TableLatencyModel, latency_params_path
+from carbon_gym.physics.power import load_power_model
+from carbon_gym.policy import RoundRobinPolicy
+from carbon_gym.scenario import load_scenario
+from carbon_gym.sim import RECORD_COLUMNS, SNAPSHOT_ARRAY_ROWS
+from carbon_gym.sim.datacenter import ZoneClock
+from carbon_gym.sim.engine import RUN, _phase_prefill_power_fn, _table_time_fn
+from carbon_gym.sim.records import RequestRecords
+from carbon_gym.world import build_workload, build_world, reseed_workload
+from test_sim_fixtures import drive, make_sim, random_workload
+
+
+def test_table_latency_copy_returns_the_models_floats():
+    rng = np.random.default_rng(0)
+    for spec in (("a100-80gb", "llama-3.1-8b", 1), ("a100-80gb", "mixtral-8x7b", 4)):
+        model = TableLatencyModel.from_file(latency_params_path(*spec))
+        fast = _table_time_fn(model)
+        for _ in range(5000):
+            pt = int(rng.choice([0, 1, rng.integers(0, 5000), rng.integers(0, 40000)]))
+            nd = int(rng.choice([0, 1, rng.integers(0, 300)]))
+            pairs = float(rng.uniform(0, 1e8))
+            ctx = float(rng.uniform(0, 1e6))
+            ns = int(rng.integers(0, 300))
+            assert fast(pt, pairs, nd, ctx, ns) == float(model.iteration_time_s(pt, pairs, nd, ctx, ns))
+
+
+def test_phase_power_copy_returns_the_models_floats():
+    rng = np.random.default_rng(1)
+    power = load_power_model("a100-80gb")
+    for tp in (1, 4):
+        fast = _phase_prefill_power_fn(power, tp)
+        for _ in range(3000):
+            pt, nd = int(rng.integers(1, 9000)), int(rng.integers(0, 300))
+            assert fast(pt, nd) == tp * float(power.gpu_power_w(pt, nd))
+
+
+@pytest.mark.parametrize("interp", ["step", "linear"])
+def test_zone_clock_matches_the_trace(interp):
+    rng = np.random.default_rng(2)
+    trace = CarbonTrace(("a", "b"), datetime(2023, 1, 1), rng.uniform(0, 900, (30, 2)), interp)
+    clock = ZoneClock(trace, 1, 1234.5)
+    assert clock.fast
+    # increasing times (the hour memo is used) and hour boundaries, over several periods
+    times = np.concatenate([np.cumsum(rng.exponential(20.0, 3000)),
+                            [k * 3600.0 - 1234.5 + d for k in range(1, 30) for d in (-1e-3, 0.0, 1e-3)]])
+    for t in times.tolist():
+        ref = trace.integral(1, 0.0, 1234.5 + t)
+        assert clock(t) == pytest.approx(ref, rel=1e-12, abs=1e-9)
+        assert clock.intensity(1234.5 + t) == float(trace.intensity(1, 1234.5 + t))
+    # the memo gives the value the full evaluation gives
+    clock2 = ZoneClock(trace, 1, 1234.5)
+    for t in times.tolist():
+        clock2.seg_lo = clock2.seg_hi = 0.0  # forget the memo
+        assert clock(t) == clock2(t)
+
+
+def _run(sim, wl):
+    drive(sim, wl)
+    return sim.pop_completed().sorted_by_id(), sim.totals()
+
+
+def test_fresh_simulator_gives_the_same_results_as_a_new_one():
+    rng = np.random.default_rng(3)
+    wl = random_workload(rng, 120, 2, rate_per_s=20.0, max_prompt=2000, max_output=300)
+    first = make_sim(n_dc=2, gpus_per_node=2)
+    a, ta = _run(first, wl)
+    b, tb = _run(first.fresh(), wl)  # fresh() of a used simulator starts from time 0
+    c, tc = _run(make_sim(n_dc=2, gpus_per_node=2), wl)
+    for name, _ in RECORD_COLUMNS:
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+        np.testing.assert_array_equal(getattr(a, name), getattr(c, name), err_msg=name)
+    for t in (tb, tc):
+        np.testing.assert_array_equal(ta.carbon_g, t.carbon_g)
+        np.testing.assert_array_equal(ta.facility_energy_j, t.facility_energy_j)
+        assert (ta.completed, ta.iterations) == (t.completed, t.iterations)
+
+
+def test_snapshot_variants_and_cheap_totals_agree():
+    rng = np.random.default_rng(4)
+    wl = random_workload(rng, 200, 2, rate_per_s=40.0, max_prompt=2000, max_output=400)
+    sim = make_sim(n_dc=2, gpus_per_node=2)
+    checked = 0
+
+    def check(s):
+        nonlocal checked
+        snap = s.snapshot()
+        arr = s.snapshot_array()
+        rows = s.snapshot_rows()
+        assert arr.shape == (len(SNAPSHOT_ARRAY_ROWS), s.n_datacenters)
+        for i, name in enumerate(SNAPSHOT_ARRAY_ROWS):
+            field = np.asarray(getattr(snap, name), dtype=np.float64)
+            np.testing.assert_array_equal(arr[i], field, err_msg=name)
+            np.testing.assert_array_equal(np.array([r[i] for r in rows], dtype=np.float64), field, err_msg=name)
+        tot = s.totals()
+        assert s.carbon_energy_totals() == (float(np.sum(tot.carbon_g)), float(np.sum(tot.facility_energy_j)))
+        checked += 1
+
+    drive(sim, wl, check=check)
+    assert checked > 10
+
+
+def test_run_iterations_done_is_the_largest_finished_iteration():
+    rng = np.random.default_rng(5)
+    wl = random_workload(rng, 300, 2, rate_per_s=60.0, max_prompt=1500, max_output=600)
+    sim = make_sim(n_dc=2, gpus_per_node=2)
+    seen = 0
+
+    def check(s):
+        nonlocal seen
+        for dc in s.datacenters:
+            for e in dc.engines:
+                if e.state != RUN:
+                    continue
+                ts = [e.t0, e.t_end, np.nextafter(e.t_end, 0.0), e.t0 + e.T0] + list(rng.uniform(e.t0, e.t_end, 10))
+                ts += [e._run_end(k) for k in range(0, e.K + 1, max(1, e.K // 10))]
+                for t in ts:
+                    t = float(t)
+                    lo, hi = 0, e.K  # reference: binary search for the largest k with run_end(k) <= t
+                    while lo < hi:
+                        mid = (lo + hi + 1) // 2
+                        if e._run_end(mid) <= t:
+                            lo = mid
+                        else:
+                            hi = mid - 1
+                    assert e.run_iterations_done(t) == lo
+                    seen += 1
+
+    drive(sim, wl, check=check)
+    assert seen > 100
+
+
+def test_records_from_rows_has_the_column_dtypes_and_values():
+    rows = [tuple(float(i * 100 + j) + (0.25 if dt is np.float64 else 0.0) for j, (_, dt) in enumerate(RECORD_COLUMNS))
+            for i in range(5)]
+    rec = RequestRecords.from_rows(rows)
+    for j, (name, dt) in enumerate(RECORD_COLUMNS):
+        col = getattr(rec, name)
+        assert col.dtype == dt
+        np.testing.assert_array_equal(col, np.array([r[j] for r in rows], dtype=dt))
+    empty = RequestRecords.empty()
+    assert len(empty) == 0 and all(getattr(empty, n).dtype == dt for n, dt in RECORD_COLUMNS)
+
+
+def test_reseeded_workload_equals_a_new_one():
+    sc = load_scenario("dev")
+    _, w = build_world(sc, 0)
+    w.arrivals_between(0.0, 90.0)  # fill its cache: nothing of it may carry over
+    for seed in (1, 7):
+        a = reseed_workload(w, seed)
+        b = build_workload(sc, seed)
+        for t0, t1 in ((0.0, 0.5), (0.5, 61.0), (61.0, 200.0)):
+            x, y = a.arrivals_between(t0, t1), b.arrivals_between(t0, t1)
+            for f in ("origin", "arrival_s", "prompt_tokens", "output_tokens"):
+                np.testing.assert_array_equal(getattr(x, f), getattr(y, f))
+
+
+def _trajectory(scenario: str, seed: int, steps: int) -> list:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        env = gym.make(carbon_gym.env_id_for_scenario(scenario), disable_env_checker=True)
+    pol = RoundRobinPolicy()
+    obs, info = env.reset(seed=seed)
+    pol.reset(env)
+    out = [obs, info["action_mask"]]
+    for _ in range(steps):
+        obs, reward, _, trunc, info = env.step(pol.act(obs, info))
+        out += [obs, reward, info["action_mask"], info["violations"], info["ttft_mean_s"], info["carbon_g"]]
+        if trunc:
+            break
+    return out
+
+
+@pytest.mark.parametrize("scenario", ["dev", "dev-fault"])
+def test_env_small_python_paths_equal_the_vectorised_paths(scenario, monkeypatch):
+    fast = _trajectory(scenario, 3, 40)
+    monkeypatch.setattr(env_mod, "_SLOTS_IN_PYTHON", 0)
+    monkeypatch.setattr(env_mod, "_DC_IN_PYTHON", 0)
+    slow = _trajectory(scenario, 3, 40)
+    assert len(fast) == len(slow)
+    for a, b in zip(fast, slow):
+        if isinstance(a, dict):
+            for k in a:
+                np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+        else:
+            np.testing.assert_array_equal(a, b)
