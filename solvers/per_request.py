@@ -22,7 +22,8 @@ Variants (``state_aware``):
 
 * load-independent: ``W_d = 0``, ``TPOT_d = tpot_idle_d`` (the lone-request latency); nothing
   changes between requests.
-* state-aware: ``W_d`` starts at the simulator's queue-wait estimate and ``TPOT_d`` at its TPOT
+* state-aware: ``W_d`` starts at the queue-wait estimate (from an env: the larger of the
+  simulator's and the backlog's, see :mod:`solvers.envadapter`) and ``TPOT_d`` at its TPOT
   estimate; after each placement at d, ``W_d += alpha_d p_r / E_d`` (the prompt spread over the
   engines), the decode iteration grows by ``slope_d / E_d`` (one more sequence in the batch) and
   the prefill share of iteration time becomes ``rho_d = max(rho_now_d, alpha_d P_d / (E_d poll_s))``
