@@ -9,6 +9,7 @@ and written to / read from ``.npz`` files by the caller (the simulator itself do
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from itertools import chain
 from pathlib import Path
 from typing import Iterable
 
@@ -39,8 +40,11 @@ RECORD_COLUMNS: tuple[tuple[str, type], ...] = (
     ("carbon_g", np.float64),
 )
 
-_INT_COLUMNS = [i for i, (_, dt) in enumerate(RECORD_COLUMNS) if dt is np.int64]
-_INT_POS = {c: k for k, c in enumerate(_INT_COLUMNS)}
+_N_COLUMNS = len(RECORD_COLUMNS)
+_INT_COLUMNS = np.array([i for i, (_, dt) in enumerate(RECORD_COLUMNS) if dt is np.int64], dtype=np.intp)
+# for each column: its row in the int64 block, or -1 for a float64 column
+_INT_POS_LIST = [int(np.flatnonzero(_INT_COLUMNS == i)[0]) if dt is np.int64 else -1
+                 for i, (_, dt) in enumerate(RECORD_COLUMNS)]
 
 
 @dataclass(frozen=True)
@@ -100,15 +104,17 @@ class RequestRecords:
         if not rows:
             return cls.empty()
         # one conversion to float64 (ids and counts are exact below 2**53), then columns
-        return cls._from_table(np.array(rows, dtype=np.float64).T.copy())
+        n = len(rows)
+        flat = np.fromiter(chain.from_iterable(rows), np.float64, n * _N_COLUMNS)
+        return cls._from_table(flat.reshape(n, _N_COLUMNS).T.copy())
 
     @classmethod
     def _from_table(cls, table: np.ndarray) -> "RequestRecords":
         """From a contiguous float64 (columns, rows) table: float columns are its rows (views),
         integer columns rows of one int64 conversion."""
-        ints = table[_INT_COLUMNS].astype(np.int64)
-        cols = [ints[_INT_POS[i]] if i in _INT_POS else table[i] for i in range(len(RECORD_COLUMNS))]
-        return cls(*cols)
+        ints = list(table[_INT_COLUMNS].astype(np.int64))
+        floats = list(table)
+        return cls(*[floats[i] if k < 0 else ints[k] for i, k in enumerate(_INT_POS_LIST)])
 
     @classmethod
     def concat(cls, parts: Iterable["RequestRecords"]) -> "RequestRecords":
