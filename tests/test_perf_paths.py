@@ -155,6 +155,19 @@ def test_records_from_rows_has_the_column_dtypes_and_values():
         np.testing.assert_array_equal(col, np.array([r[j] for r in rows], dtype=dt))
     empty = RequestRecords.empty()
     assert len(empty) == 0 and all(getattr(empty, n).dtype == dt for n, dt in RECORD_COLUMNS)
+    # columns are made when first read: copies, pickles and replace() see the same values
+    import copy
+    import dataclasses
+    import pickle
+
+    for other in (pickle.loads(pickle.dumps(RequestRecords.from_rows(rows))), copy.copy(RequestRecords.from_rows(rows)),
+                  dataclasses.replace(RequestRecords.from_rows(rows)), RequestRecords.concat([rec])):
+        assert isinstance(other, RequestRecords) and len(other) == 5
+        for name, dt in RECORD_COLUMNS:
+            np.testing.assert_array_equal(getattr(other, name), getattr(rec, name), err_msg=name)
+            assert getattr(other, name).dtype == dt
+    with pytest.raises(AttributeError):
+        RequestRecords.from_rows(rows).no_such_column
 
 
 def test_reseeded_workload_equals_a_new_one():

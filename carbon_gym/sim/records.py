@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from itertools import chain
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -41,6 +41,7 @@ RECORD_COLUMNS: tuple[tuple[str, type], ...] = (
 )
 
 _N_COLUMNS = len(RECORD_COLUMNS)
+_COLUMN_INDEX = {name: i for i, (name, _) in enumerate(RECORD_COLUMNS)}
 _INT_COLUMNS = np.array([i for i, (_, dt) in enumerate(RECORD_COLUMNS) if dt is np.int64], dtype=np.intp)
 # for each column: its row in the int64 block, or -1 for a float64 column
 _INT_POS_LIST = [int(np.flatnonzero(_INT_COLUMNS == i)[0]) if dt is np.int64 else -1
@@ -111,10 +112,10 @@ class RequestRecords:
     @classmethod
     def _from_table(cls, table: np.ndarray) -> "RequestRecords":
         """From a contiguous float64 (columns, rows) table: float columns are its rows (views),
-        integer columns rows of one int64 conversion."""
-        ints = list(table[_INT_COLUMNS].astype(np.int64))
-        floats = list(table)
-        return cls(*[floats[i] if k < 0 else ints[k] for i, k in enumerate(_INT_POS_LIST)])
+        integer columns their int64 conversion - made when first read (see _TableRecords)."""
+        rec = object.__new__(_TableRecords)
+        rec.__dict__["_table"] = table
+        return rec
 
     @classmethod
     def concat(cls, parts: Iterable["RequestRecords"]) -> "RequestRecords":
@@ -145,6 +146,27 @@ class RequestRecords:
         """Read records written by :meth:`save_npz`."""
         with np.load(path) as z:
             return cls(**{name: np.asarray(z[name], dtype=dt) for name, dt in RECORD_COLUMNS})
+
+
+class _TableRecords(RequestRecords):
+    """:class:`RequestRecords` over a float64 (columns, rows) table whose columns become arrays
+    when first read (callers of :meth:`Simulator.pop_completed` typically read a few of the 21):
+    a float column is a row of the table (a view), an integer column its int64 conversion. Read
+    one way or another, the values are those of a fully built RequestRecords."""
+
+    def __getattr__(self, name: str) -> Any:  # only called for attributes not set yet
+        d = self.__dict__
+        j = _COLUMN_INDEX.get(name)
+        if j is None or "_table" not in d:
+            raise AttributeError(name)
+        row = d["_table"][j]
+        col = row.astype(np.int64) if _INT_POS_LIST[j] >= 0 else row
+        d[name] = col
+        return col
+
+    def __len__(self) -> int:
+        d = self.__dict__
+        return int(d["_table"].shape[1]) if "_table" in d else int(self.request_id.shape[0])
 
 
 class RecordBuffer:
