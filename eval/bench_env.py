@@ -5,8 +5,8 @@ scenario (default ``llama8b-moderate``, 512 GPUs, about a thousand requests per 
 steps, and prints for each: steps/s (wall and per CPU second; the CPU figure is the one to trust
 on a shared machine), simulated requests/s, and - from a second, instrumented run, so that the
 timers do not slow the headline figures - the share of the step time spent in the simulator's
-methods (``advance_to`` / ``submit_batch`` / ``snapshot_array`` / ``carbon_energy_totals`` /
-``pop_completed`` / ...) versus the env's own work (observation, masks, bookkeeping) and the policy.
+methods (``advance_to`` / ``submit_batch`` / ``snapshot_rows`` / ``carbon_energy_totals`` /
+``pop_completed`` / ``totals``) versus the env's own work (observation, masks, bookkeeping) and the policy.
 
 Usage::
 
@@ -27,8 +27,9 @@ import gymnasium as gym
 import carbon_gym  # noqa: F401  (registers the envs)
 from carbon_gym.policy import RoundRobinPolicy
 
-# (not "snapshot": it calls snapshot_array, which would be counted twice; the env uses the latter)
-SIM_METHODS = ("advance_to", "submit_batch", "snapshot_array", "carbon_energy_totals", "pop_completed", "totals")
+# (snapshot / snapshot_array call snapshot_rows, which holds the simulator's part of them: timing
+# them too would count it twice)
+SIM_METHODS = ("advance_to", "submit_batch", "snapshot_rows", "carbon_energy_totals", "pop_completed", "totals")
 
 
 class _SimTimer:
