@@ -133,6 +133,8 @@ def test_checkpoint_resume_restores_the_same_state(maskable_run):
     steps = [s for s, _ in scalars["train/value_loss"]]
     assert min(steps) <= 128 < max(steps) and max(steps) == 256
     assert json.loads((Path(r["run"]) / "state.json").read_text())["phase"] == "done"
+    # The CSV rows written before each resume are kept, not truncated.
+    assert len(list(tb.glob("progress.before_*.csv"))) == 2
 
 
 def test_resume_refuses_another_config(maskable_run):

@@ -6,6 +6,8 @@ Usage::
                      [--total-timesteps N] [--export train/checkpoints/llama8b_set.zip] [--verbose]
     carbon-gym train --config dev_maskable --resume          # continue an interrupted run
     carbon-gym train evaluate --checkpoint PATH --scenarios llama8b-moderate [--days 3] [--policies rr,greedy,milp]
+    carbon-gym train export --checkpoint runs/train/llama8b/bc.zip --out train/checkpoints/llama8b_set.zip
+    carbon-gym train decision-time --scenario llama8b-moderate [--checkpoint PATH] [--steps 30]
 
 TensorBoard: ``tensorboard --logdir runs/train``.
 """
@@ -51,6 +53,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point (``eval.cli`` delegates ``carbon-gym train ...`` here). Returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        if argv and argv[0] == "export":
+            ap = argparse.ArgumentParser(prog=f"{PROG} export", description="Write a compact copy of a checkpoint (no training-time state).")
+            ap.add_argument("--checkpoint", required=True, help="e.g. runs/train/llama8b/bc.zip or .../final.zip")
+            ap.add_argument("--out", required=True, help="e.g. train/checkpoints/llama8b_set.zip")
+            a = ap.parse_args(argv[1:])
+            from .policy import export_checkpoint
+
+            dst = export_checkpoint(a.checkpoint, a.out)
+            print(f"exported {dst} ({dst.stat().st_size / 1024:.0f} KiB)")
+            return 0
+        if argv and argv[0] == "decision-time":
+            ap = argparse.ArgumentParser(prog=f"{PROG} decision-time", description="Paired decision-time benchmark: learned vs a scheduler on the same observations.")
+            ap.add_argument("--checkpoint", default=None)
+            ap.add_argument("--scenario", default="llama8b-moderate")
+            ap.add_argument("--other", default="facility-milp")
+            ap.add_argument("--steps", type=int, default=30)
+            a = ap.parse_args(argv[1:])
+            from .evaluate import paired_decision_times
+
+            r = paired_decision_times(a.scenario, checkpoint=a.checkpoint, other=a.other, steps=a.steps)
+            print(f"{a.scenario}: learned mean {1e3 * r['learned']['mean_s']:.2f} ms (p50 {1e3 * r['learned']['p50_s']:.2f}), "
+                  f"{a.other} mean {1e3 * r[a.other]['mean_s']:.1f} ms (p50 {1e3 * r[a.other]['p50_s']:.1f}); "
+                  f"ratio of means {r['ratio_mean']:.0f}x, of medians {r['ratio_p50']:.0f}x over {r['steps']} steps")
+            return 0
         if argv and argv[0] == "evaluate":
             args = _eval_parser().parse_args(argv[1:])
             from .evaluate import run_evaluation

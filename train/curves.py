@@ -63,3 +63,43 @@ def plot_run(run_dir: str | Path, out_png: str | Path, title: str | None = None)
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def plot_compare(
+    runs: dict[str, str | Path],
+    out_png: str | Path,
+    *,
+    tags: tuple[str, ...] = (TAGS.reduction_vs_rr_pct, TAGS.slo_violation_rate),
+    reference: dict[str, dict[str, float]] | None = None,
+    title: str = "",
+) -> Path:
+    """Overlay several runs (``{label: run_dir}``): one panel per tag, x = timesteps.
+    ``reference`` adds horizontal lines, ``{label: {tag: value}}`` (e.g. the facility MILP)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(tags), figsize=(5.2 * len(tags), 3.4), squeeze=False)
+    data = {label: read_scalars(Path(d) / "tb") for label, d in runs.items()}
+    for ax, tag in zip(axes[0], tags):
+        for label, sc in data.items():
+            pts = sc.get(tag, [])
+            if pts:
+                xs, ys = zip(*pts)
+                ax.plot(xs, ys, marker="o", ms=3, label=label)
+        for i, (label, vals) in enumerate((reference or {}).items()):
+            if tag in vals:
+                ax.axhline(vals[tag], ls="--", lw=1, color=f"C{len(data) + i}", label=label)
+        ax.set_title(tag, fontsize=9)
+        ax.set_xlabel("timesteps", fontsize=8)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    out = Path(out_png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

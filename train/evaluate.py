@@ -171,3 +171,47 @@ def run_evaluation(*, checkpoint: str | None, scenarios: Sequence[str], baseline
         Path(out_json).write_text(json.dumps({"meta": meta, "results": results, "summary": summary}, indent=1))
     log(table)
     return {"summary": summary, "results": results, "table": table, "meta": meta}
+
+
+def paired_decision_times(scenario: str, *, checkpoint: str | None = None, other: str = "facility-milp",
+                          steps: int = 30, start_utc: str | None = None, seed: int = 1000,
+                          duration_s: float = 60.0) -> dict[str, Any]:
+    """Decision wall time of the learned policy and of ``other`` on the *same* observations,
+    timed alternately in one process (so machine load affects both alike). The learned policy
+    drives the episode; ``other`` is only asked for its action. Returns per-policy mean / p50 /
+    p95 seconds and the ratio of means."""
+    import torch as th
+
+    from .policy import SHIPPED_CHECKPOINT, LearnedPolicy
+
+    th.set_num_threads(1)
+    warnings.simplefilter("ignore", UserWarning)
+    env = make_episode_env(scenario, {"duration_s": float(duration_s)}, start_utc or heldout_starts(1)[0])
+    learned = LearnedPolicy.load(checkpoint or SHIPPED_CHECKPOINT, seed=0)
+    obs, info = env.reset(seed=seed)
+    learned.reset(env)
+    ref = _policy(other, env, None)
+    reset_fn = getattr(ref, "reset", None)
+    if callable(reset_fn):
+        reset_fn(env)
+    t_l, t_o = [], []
+    for _ in range(int(steps)):
+        t0 = time.perf_counter()
+        ref.act(obs, info)
+        t_o.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        action = learned.act(obs, info)
+        t_l.append(time.perf_counter() - t0)
+        obs, _, term, trunc, info = env.step(action)
+        if term or trunc:
+            break
+    env.close()
+
+    def stats(x: list[float]) -> dict[str, float]:
+        a = np.asarray(x)
+        return {"mean_s": float(a.mean()), "p50_s": float(np.median(a)), "p95_s": float(np.percentile(a, 95))}
+
+    out = {"learned": stats(t_l), other: stats(t_o), "steps": len(t_l), "scenario": scenario}
+    out["ratio_mean"] = out[other]["mean_s"] / out["learned"]["mean_s"]
+    out["ratio_p50"] = out[other]["p50_s"] / out["learned"]["p50_s"]
+    return out

@@ -7,7 +7,7 @@ Run directory layout (``runs/train/<name>`` by default)::
     checkpoints/           step_<t>.zip (+ step_<t>.vecnormalize.pkl)
     tb/                    the TensorBoard run (SB3 losses, domain scalars, bc/*); a resumed run
                            appends to it, continuing the timestep axis
-    progress.csv           the same scalars as CSV
+    tb/progress.csv        the same scalars as CSV (rows from before a resume: progress.before_<t>_<k>.csv)
     final.zip              the final model (what LearnedPolicy.load reads)
     eval_history.json      the held-out evaluation episodes (timesteps, reduction vs rr, ...)
     bc.json                behaviour-cloning statistics (when a warm start ran)
@@ -128,6 +128,13 @@ def train(
     use_vn = bool(cfg.vec_normalize.get("reward", False))
     gamma = _gamma(cfg)
     formats = ["csv", "tensorboard"] + (["stdout"] if verbose else [])
+    csv_path = run / "tb" / "progress.csv"
+    if state is not None and csv_path.exists():
+        # SB3's CSV writer truncates progress.csv; keep the rows written before the interruption.
+        k = 0
+        while (kept := run / "tb" / f"progress.before_{int(state['num_timesteps']):09d}_{k}.csv").exists():
+            k += 1
+        csv_path.rename(kept)
     logger = configure(str(run / "tb"), formats)
     # configure() writes progress.csv inside tb/; TensorBoard ignores it.
     algo = _algo_class(cfg)
