@@ -351,6 +351,28 @@ class Simulator:
         heapq.heappush(self._heap, (req.dc_arrival_s, 0, self._counter(), req, 0))
         return rid
 
+    def _submit_rows(self, rows: Any) -> np.ndarray:
+        """:meth:`_submit` of each validated (origin, arrival_s, prompt, output, datacenter) row,
+        inlined; returns the ids (consecutive) as int64."""
+        first = rid = self._next_id
+        one_way = self._one_way
+        per_token = self._bytes_per_token_s
+        now = self.now_s
+        dcs = self.datacenters
+        in_transit = self._in_transit
+        heap = self._heap
+        counter = self._counter
+        push = heapq.heappush
+        for o, a, p, q, d in rows:
+            down = one_way[o][d]
+            req = RequestState(rid, o, d, a, now, down + p * per_token, down, p, q)
+            dcs[d].in_transit += 1
+            in_transit[rid] = req
+            push(heap, (req.dc_arrival_s, 0, counter(), req, 0))
+            rid += 1
+        self._next_id = rid
+        return np.arange(first, rid, dtype=np.int64)
+
     def submit_batch(self, origins: Any, arrival_s: Any, prompt_tokens: Any, output_tokens: Any,
                      datacenters: Any) -> np.ndarray:
         """Submit several requests now (arrays of equal length); return their ids (int64)."""
@@ -393,8 +415,7 @@ class Simulator:
                 if p + q > mml or not dcs[d].up:
                     self._check_request(a, p, q, d, f"[{i}]")
                 rows.append((o, a, p, q, d))
-            sub = self._submit
-            return np.asarray([sub(*r) for r in rows], dtype=np.int64)
+            return self._submit_rows(rows)
         arrs = {
             "origins": np.asarray(origins), "arrival_s": np.asarray(arrival_s, dtype=np.float64),
             "prompt_tokens": np.asarray(prompt_tokens), "output_tokens": np.asarray(output_tokens),
@@ -440,11 +461,8 @@ class Simulator:
             if not self.datacenters[int(d)].up:
                 raise ConfigError("datacenters", f"datacenter {int(d)} ({self.datacenters[int(d)].name}) is down",
                                   allowed=[i for i, x in enumerate(self.datacenters) if x.up])
-        sub = self._submit
-        ids = [sub(o, t, p, q, d) for o, t, p, q, d in zip(ints["origins"].tolist(), a.tolist(),
-                                                             ints["prompt_tokens"].tolist(),
-                                                             ints["output_tokens"].tolist(), dcs.tolist())]
-        return np.asarray(ids, dtype=np.int64)
+        return self._submit_rows(zip(ints["origins"].tolist(), a.tolist(), ints["prompt_tokens"].tolist(),
+                                     ints["output_tokens"].tolist(), dcs.tolist()))
 
     # ------------------------------------------------------------------ time
     def advance_to(self, t_s: float) -> None:
