@@ -84,6 +84,8 @@ _SNAP_OBS_ROWS = np.array([SNAPSHOT_ARRAY_ROWS.index(k) for k in (
 _SNAP_UP = SNAPSHOT_ARRAY_ROWS.index("up")
 # Up to this many visible requests, _observe fills the slot rows in Python (same floats).
 _SLOTS_IN_PYTHON = 16
+# Up to this many completions in a step, step() tallies them in Python (same numbers).
+_STATS_IN_PYTHON = 64
 # Up to this many datacenters, _observe builds the datacenter block in Python (same floats).
 _DC_IN_PYTHON = 4
 _SNAP_OBS_ROWS_LIST = _SNAP_OBS_ROWS.tolist()
@@ -824,21 +826,40 @@ class GeoServeEnv(gym.Env):
         if n_done:
             ttft = records.ttft_s
             tpot = records.tpot_s
-            if n_done <= 64:  # few: count in Python (same counts, fewer numpy calls)
+            if n_done <= _STATS_IN_PYTHON:  # few: in Python (same counts and sums, fewer numpy calls)
                 t_ttft, t_tpot = self._ttft_target, self._tpot_target
                 n_ttft = n_tpot = 0
-                for a, b in zip(ttft.tolist(), tpot.tolist()):
+                ttft_l = ttft.tolist()
+                tpot_l = tpot.tolist()
+                for a, b in zip(ttft_l, tpot_l):
                     a = a > t_ttft
                     b = b > t_tpot
                     n_ttft += a
                     n_tpot += b
                     violations += a or b
+                ttft_max, tpot_max = max(ttft_l), max(tpot_l)  # (finite values)
+                # per datacenter: completions, energy, carbon - added in row order from 0.0, as
+                # np.bincount(..., weights=...) does
+                cnt, e_dc, c_dc = [0] * D, [0.0] * D, [0.0] * D
+                for d, e, c in zip(records.datacenter.tolist(), records.energy_j.tolist(), records.carbon_g.tolist()):
+                    cnt[d] += 1
+                    e_dc[d] += e
+                    c_dc[d] += c
+                for d in range(D):
+                    if cnt[d]:
+                        self._dc_completed[d] += cnt[d]
+                        self._done_energy_j[d] += e_dc[d]
+                        self._done_carbon_g[d] += c_dc[d]
             else:
                 v_ttft = ttft > self._ttft_target
                 v_tpot = tpot > self._tpot_target
                 violations = int(np.count_nonzero(v_ttft | v_tpot))
                 n_ttft = int(np.count_nonzero(v_ttft))
                 n_tpot = int(np.count_nonzero(v_tpot))
+                ttft_max, tpot_max = float(_MAX(ttft)), float(_MAX(tpot))
+                self._dc_completed += np.bincount(records.datacenter, minlength=D)
+                self._done_energy_j += np.bincount(records.datacenter, weights=records.energy_j, minlength=D)
+                self._done_carbon_g += np.bincount(records.datacenter, weights=records.carbon_g, minlength=D)
             self._ttft_violations += n_ttft
             self._tpot_violations += n_tpot
             self._violations += violations
@@ -851,16 +872,13 @@ class GeoServeEnv(gym.Env):
                 # copies: the record columns are views of one table holding every column
                 self._ttft_parts.append(ttft.copy())
                 self._tpot_parts.append(tpot.copy())
-            self._dc_completed += np.bincount(records.datacenter, minlength=D)
-            self._done_energy_j += np.bincount(records.datacenter, weights=records.energy_j, minlength=D)
-            self._done_carbon_g += np.bincount(records.datacenter, weights=records.carbon_g, minlength=D)
             if self._failover_ids:
                 hit = [i for i in records.request_id.tolist() if i in self._failover_ids]
                 if hit:
                     self._failover_ids.difference_update(hit)
                     self._failed_over_completed += len(hit)
             # sum / n is what ndarray.mean computes (same floats) without its Python-level wrapper
-            stats = (float(_SUM(ttft)) / n_done, float(_SUM(tpot)) / n_done, float(_MAX(ttft)), float(_MAX(tpot)))
+            stats = (float(_SUM(ttft)) / n_done, float(_SUM(tpot)) / n_done, float(ttft_max), float(tpot_max))
         reward = -self._carbon_weight * carbon_g / self.nominal_carbon_g_per_step - self._slo_weight * violations
 
         obs = self._observe()

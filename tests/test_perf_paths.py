@@ -193,18 +193,22 @@ def _trajectory(scenario: str, seed: int, steps: int) -> list:
     out = [obs, info["action_mask"]]
     for _ in range(steps):
         obs, reward, _, trunc, info = env.step(pol.act(obs, info))
-        out += [obs, reward, info["action_mask"], info["violations"], info["ttft_mean_s"], info["carbon_g"]]
+        out += [obs, reward, info["action_mask"], info["violations"], info["ttft_mean_s"], info["ttft_max_s"],
+                info["tpot_max_s"], info["carbon_g"]]
         if trunc:
+            m = info["episode_metrics"]
+            out += [{k: np.asarray(m[k]) for k in ("dc_completed", "dc_carbon_g", "violations", "ttft_p99_s")}]
             break
     return out
 
 
 @pytest.mark.parametrize("scenario", ["dev", "dev-fault"])
 def test_env_small_python_paths_equal_the_vectorised_paths(scenario, monkeypatch):
-    fast = _trajectory(scenario, 3, 40)
+    fast = _trajectory(scenario, 3, 100)
     monkeypatch.setattr(env_mod, "_SLOTS_IN_PYTHON", 0)
     monkeypatch.setattr(env_mod, "_DC_IN_PYTHON", 0)
-    slow = _trajectory(scenario, 3, 40)
+    monkeypatch.setattr(env_mod, "_STATS_IN_PYTHON", 0)
+    slow = _trajectory(scenario, 3, 100)
     assert len(fast) == len(slow)
     for a, b in zip(fast, slow):
         if isinstance(a, dict):
