@@ -651,6 +651,8 @@ class GeoServeEnv(gym.Env):
         rows[:, sc_["network"]:] = 2.0 * np.asarray(net.one_way_s, dtype=np.float64) / self._ttft_target
         self._region_rows = rows
         self._region_rows_py = rows.astype(np.float64).tolist()  # the same float32 values, as Python floats
+        c = self._slot_cols  # _observe's Python path writes prompt, predicted output, waited in a row
+        assert c[1] == c[0] + 1 and c[2] == c[0] + 2 and c[3] == c[0] + 3, c
         self._uplink_per_token_scaled = float(net.bytes_per_token) / float(net.bandwidth_bytes_per_s) / self._ttft_target
         mask = np.zeros((K, D + 1), dtype=bool)
         mask[:, D] = True
@@ -1122,32 +1124,33 @@ class GeoServeEnv(gym.Env):
         n_pend = int(self._pending.shape[0])
         n = n_pend if n_pend < K else K
         self._n_visible = n
-        sl = np.zeros((K, self._n_slot_features), dtype=np.float32)
+        slots = np.zeros(K * self._n_slot_features, dtype=np.float32)
+        sl = slots.reshape(K, self._n_slot_features)  # (a view)
         mask = self._mask_template.copy()
         if 0 < n <= _SLOTS_IN_PYTHON:
             # a few requests: the same float64 arithmetic per value in Python, one float32 conversion
-            # (numpy's per-call overhead dominates the vectorised version at this size)
-            c0, c1, c2, c3 = self._slot_cols
+            # (numpy's per-call overhead dominates the vectorised version at this size); the slot
+            # columns are: valid + one-hot origin (< c0), prompt (c0), predicted output, waited,
+            # network (>= c3 = c0 + 3)
+            c0, _, _, c3 = self._slot_cols
             region_rows = self._region_rows_py
             inv_ttft = self._inv_ttft
             upk = self._uplink_per_token_scaled
-            n_cols = self._n_slot_features
-            out = []
+            flat: list[float] = []
             prompt_max = 0.0
             for r in self._pending[:n].tolist():
-                row = region_rows[int(r[_P_ORIGIN])][:]
+                base = region_rows[int(r[_P_ORIGIN])]
                 prompt = r[_P_PROMPT]
-                row[c0] = prompt * (1.0 / TOKENS_SCALE)
-                row[c1] = r[_P_PRED] * (1.0 / TOKENS_SCALE)
                 w = (now - r[_P_ARRIVAL]) * inv_ttft
-                row[c2] = OBS_HIGH if w > OBS_HIGH else w  # np.minimum(w, OBS_HIGH)
                 x = prompt * upk
-                for j in range(c3, n_cols):
-                    row[j] += x
-                out.append(row)
+                flat.extend(base[:c0])
+                flat.append(prompt * (1.0 / TOKENS_SCALE))
+                flat.append(r[_P_PRED] * (1.0 / TOKENS_SCALE))
+                flat.append(OBS_HIGH if w > OBS_HIGH else w)  # np.minimum(w, OBS_HIGH)
+                flat.extend([v + x for v in base[c3:]])
                 if prompt > prompt_max:
                     prompt_max = prompt
-            sl[:n] = out
+            slots[:len(flat)] = flat
             if prompt_max < self._min_engine_kv_tokens:
                 mask[:n, :D] = up
             else:  # some prompt does not fit an empty engine of some datacenter
@@ -1177,7 +1180,7 @@ class GeoServeEnv(gym.Env):
         ang = (2.0 * math.pi / 86400.0) * ((self._clock_s_of_day + now) % 86400.0)
         gl = np.array([math.sin(ang), math.cos(ang), min(n_pend / K, OBS_HIGH), min(now / self._duration, OBS_HIGH)],
                       dtype=np.float32)
-        return {"datacenters": dc.reshape(-1), "slots": sl.reshape(-1), "globals": gl}
+        return {"datacenters": dc.reshape(-1), "slots": slots, "globals": gl}
 
     def _forecast(self, now: float) -> np.ndarray:
         """(D, H) forecast intensity of the H hours after the current hour / 1000 (cached per hour)."""
