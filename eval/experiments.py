@@ -87,29 +87,31 @@ class ClairvoyantPolicy:
     actual carbon trace ahead. It acts through ``env.step`` like every policy, so the simulator
     charges it the same physics, idle and host power included (power no routing can avoid).
 
-    Capacity model (from the simulator's own latency model): an engine runs at a saturated decode
-    batch ``B = min(max_num_seqs, KV tokens x kv_fill / mean(prompt + output))`` at the episode's
-    mean context; a request costs ``w = prompt x t_prefill_per_token + output x t_iter(B) / B``
-    engine-seconds. Each datacenter has ``n_engines x utilisation`` engine-seconds per second.
+    Capacity (from the simulator's throughput): each engine serves the per-engine rate measured
+    with the simulator in ``carbon_gym/data/load_levels.toml`` (requests/s at the scenario's
+    lengths) times ``utilisation``; a request costs ``w / mean(w)`` of a mean request, with
+    ``w = prompt x t_prefill_per_token + output x t_iter(B) / B`` from the latency model at a
+    saturated batch ``B = min(max_num_seqs, KV tokens x kv_fill / mean(prompt + output))``. When
+    no measured rate exists, the capacity is the latency model's ``1 / mean(w)`` alone.
     Every step, requests (longest first) go to the datacenter with the lowest
     ``intensity x PUE`` over the next polling period whose backlog still fits in
-    ``horizon_steps`` polling periods of capacity; when every datacenter is full, to the
+    ``horizon_steps`` polling periods of its capacity; when every datacenter is full, to the
     least-backlogged one. Backlogs drain at capacity between steps (a fluid model).
 
     It is a *bound* in spirit, not a proof: a latency-ignorant packing of the cleanest capacity
     with perfect information. Reductions are reported as a share of its reduction; a share above
-    100% means a policy found savings this greedy packing misses.
+    100% means a policy found savings this packing misses.
 
     Args:
-        utilisation: share of each engine's throughput the packing may use (0..1].
+        utilisation: multiple of the measured per-engine capacity the packing may use (> 0).
         kv_fill: share of an engine's KV cache the saturated batch may occupy.
         horizon_steps: backlog allowed per datacenter, in polling periods of its capacity.
     """
 
-    def __init__(self, utilisation: float = 0.9, kv_fill: float = 0.9, horizon_steps: float = 2.0):
+    def __init__(self, utilisation: float = 1.0, kv_fill: float = 0.9, horizon_steps: float = 2.0):
         from carbon_gym.errors import ConfigError
 
-        for name, v, hi in (("utilisation", utilisation, 1.0), ("kv_fill", kv_fill, 1.0), ("horizon_steps", horizon_steps, 1e6)):
+        for name, v, hi in (("utilisation", utilisation, 10.0), ("kv_fill", kv_fill, 1.0), ("horizon_steps", horizon_steps, 1e6)):
             if not (0 < float(v) <= hi):
                 raise ConfigError(f"clairvoyant.{name}", f"must be in (0, {hi:g}], got {v!r}")
         self.utilisation = float(utilisation)
@@ -144,6 +146,19 @@ class ClairvoyantPolicy:
         self.batch = batch
         self.t_decode_per_token_s = t_iter / batch
         self.t_prefill_per_token_s = t_prefill
+        w = self._work_s(self._prompt.astype(np.float64), self._output.astype(np.float64))
+        mean_w = float(w.mean()) if w.size else 1.0
+        rate = None
+        try:
+            from carbon_gym.scenario import load_load_levels
+
+            rate = load_load_levels().per_engine_rate_per_s.get(sc.model)
+        except Exception:  # noqa: BLE001 - no measured capacity: fall back to the latency model
+            rate = None
+        # engine capacity in "mean requests" per second; a request costs w / mean(w) of them
+        self.engine_rate_per_s = float(rate) if rate else 1.0 / mean_w
+        self.capacity_source = "measured (load_levels.toml)" if rate else "latency model"
+        self._work_scale = 1.0 / (mean_w * self.engine_rate_per_s)  # engine-seconds per work-second
         snap = sim.snapshot()
         self._n_engines = np.asarray(snap.n_engines, dtype=np.float64)
         self._pue = np.asarray(snap.pue, dtype=np.float64)
@@ -156,6 +171,7 @@ class ClairvoyantPolicy:
         self._last_t = float(sim.now_s)
 
     def _work_s(self, prompt: np.ndarray, output: np.ndarray) -> np.ndarray:
+        """Latency-model engine-seconds of each request at the saturated batch."""
         return prompt * self.t_prefill_per_token_s + output * self.t_decode_per_token_s
 
     def act(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
@@ -181,7 +197,7 @@ class ClairvoyantPolicy:
         ok[ok] &= self._prompt[seq[ok]] == prompt[ok]
         self.mismatches += int(n - np.count_nonzero(ok))
         output = np.where(ok, self._output[np.minimum(seq, max(self._prompt.size - 1, 0))] if self._prompt.size else 0, np.rint(pend["predicted_output_tokens"])).astype(np.float64)
-        work = self._work_s(prompt.astype(np.float64), output)
+        work = self._work_s(prompt.astype(np.float64), output) * self._work_scale
         t0 = self._offset + now
         ci = np.array([self._trace.mean_intensity(int(z), t0, t0 + self._P) for z in self._zones]) * self._pue
         order = np.argsort(ci, kind="stable")
