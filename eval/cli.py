@@ -253,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="write RESULTS.md from a finished headline run (and other experiments found next to it)")
     rp.add_argument("results_dir", nargs="?", default="results", help="directory holding headline/ (and the other experiments), default results")
     rp.add_argument("--out", default="RESULTS.md", help="Markdown file to write (default RESULTS.md)")
-    rp.add_argument("--figures", default=os.path.join("docs", "results"), help="where to copy the figures RESULTS.md shows")
+    rp.add_argument("--figures", default=os.path.join("docs", "figures"), help="where to copy the figures RESULTS.md shows")
     rp.add_argument("--command", dest="run_command", default=None, help="the command that produced the run (default: from its config.json)")
     rp.add_argument("--replot", action="store_true", help="redraw the headline figures from its files first")
 
