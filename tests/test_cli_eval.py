@@ -200,10 +200,10 @@ def test_errors_inside_worker_processes_are_reported(capsys, tmp_path):
     # a ConfigError raised by a policy inside a pool worker: one line naming the run, exit 2
     argv = ["eval", "--policies", "rr,clairvoyant", "--scenarios", "dev", "--seeds", "1", "--duration-s", "5",
             "--workers", "2", "--no-progress", "--no-plots", "--no-tensorboard", "--no-requests", "--out"]
-    rc = cli.main(argv + [str(tmp_path), "--policy-arg", "clairvoyant.utilisation=5"])
+    rc = cli.main(argv + [str(tmp_path), "--policy-arg", "clairvoyant.utilisation=50"])
     err = capsys.readouterr().err
     assert rc == 2 and "Traceback" not in err
-    assert "dev__clairvoyant__seed0: clairvoyant.utilisation: must be in (0, 1]" in err
+    assert "dev__clairvoyant__seed0: clairvoyant.utilisation: must be in (0, 10]" in err
     # an unexpected error (a bug, here an unknown keyword): exit 1 with the worker's traceback
     rc = cli.main(argv + [str(tmp_path), "--policy-arg", "clairvoyant.bogus=1"])
     err = capsys.readouterr().err
