@@ -35,6 +35,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from carbon_gym._toml import toml_value
 from carbon_gym.errors import DataError
 
 SHAPE_COLUMNS = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size", "use_gated_mlp")
@@ -534,21 +535,7 @@ def write_power_samples(path: str | Path, states: PowerStates) -> None:
 
 
 def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            raise DataError("params", f"cannot write non-finite number {v}")
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)  # a JSON string is a valid TOML basic string
-    if isinstance(v, (list, tuple, np.ndarray)):
-        return "[" + ", ".join(_toml_value(x.item() if isinstance(x, np.generic) else x) for x in v) + "]"
-    if isinstance(v, np.generic):
-        return _toml_value(v.item())
-    raise DataError("params", f"cannot write value of type {type(v).__name__}")
+    return toml_value(v, allow_nonfinite=False, source="params")
 
 
 def dumps_params_toml(tables: Mapping[str, Mapping[str, Any]], header: Iterable[str] = ()) -> str:

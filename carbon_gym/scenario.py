@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ._csv import parse_float, read_rows
-from ._toml import data_path, load_toml, loads_toml
+from ._toml import data_path, load_toml, loads_toml, toml_value
 from .errors import ConfigError, DataError
 from .topology import DatacenterSpec, Topology
 
@@ -528,22 +528,6 @@ def _to_plain(obj: Any) -> Any:
     return obj
 
 
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        return repr(v) if math.isfinite(v) else ("nan" if v != v else ("inf" if v > 0 else "-inf"))
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + "}"
-    raise TypeError(f"cannot write {v!r} to TOML")
-
-
 def dumps_toml(data: Mapping[str, Any]) -> str:
     """Write a nested dict (tables, arrays of tables, scalars, arrays) as TOML text."""
     lines: list[str] = []
@@ -554,7 +538,7 @@ def dumps_toml(data: Mapping[str, Any]) -> str:
     def emit(table: Mapping[str, Any], prefix: str) -> None:
         for k, v in table.items():
             if not isinstance(v, dict) and not is_table_array(v):
-                lines.append(f"{k} = {_toml_value(v)}")
+                lines.append(f"{k} = {toml_value(v)}")
         for k, v in table.items():
             name = f"{prefix}.{k}" if prefix else k
             if isinstance(v, dict):
