@@ -9,7 +9,7 @@ Subcommands (each imports what it needs only when it runs, so ``carbon-gym --hel
     carbon-gym policies                            # policy names the harness accepts
     carbon-gym calibrate ...                       # calibration.cli
     carbon-gym train ...                           # train.cli
-    carbon-gym bench env|solvers|soak ...          # eval/bench_<name>.py
+    carbon-gym bench env|solvers|soak|sim|faults|compare|capacity ...   # eval/bench_*.py, fault_report, ...
 
 Bad arguments (unknown policy or scenario, bad seeds, malformed ``--set``) print one line naming
 the argument and the allowed values and exit with status 2; no traceback.
@@ -36,7 +36,16 @@ EXPERIMENT_ALIASES = {
     "f": "bound",
 }
 EXPERIMENTS = tuple(EXPERIMENT_ALIASES.values())
-BENCHES = ("env", "solvers", "soak", "sim")
+# `carbon-gym bench NAME ...` -> the module whose main(argv) runs it
+BENCHES = {
+    "env": "eval.bench_env",
+    "solvers": "eval.bench_solvers",
+    "soak": "eval.bench_soak",
+    "sim": "eval.bench_sim",
+    "faults": "eval.fault_report",
+    "compare": "eval.compare",
+    "capacity": "eval.measure_capacity",
+}
 
 
 class UsageError(Exception):
@@ -261,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("policies", help="list the policy names the harness accepts")
     sub.add_parser("calibrate", help="fit latency/power parameters and write the validation report (calibration.cli)", add_help=False)
     sub.add_parser("train", help="train learned policies (train.cli)", add_help=False)
-    bp = sub.add_parser("bench", help="benchmarks: env, solvers, soak, sim (eval/bench_<name>.py)", add_help=False)
+    bp = sub.add_parser("bench", help="benchmarks and reports: " + ", ".join(BENCHES) + " (e.g. bench faults = fault report)", add_help=False)
     bp.add_argument("name", nargs="?")
     return p
 
@@ -446,7 +455,7 @@ def _delegate(module: str, argv: Sequence[str], what: str) -> int:
         print(f"{PROG}: error: {module} has no main()", file=sys.stderr)
         return EXIT_USAGE
     rc = main_fn(list(argv))
-    return int(rc or 0)
+    return rc if isinstance(rc, int) else 0
 
 
 def _command_line(argv: Sequence[str]) -> str:
@@ -465,7 +474,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             got = argv[1] if len(argv) > 1 else None
             print(f"{PROG}: error: bench: {'missing benchmark name' if got is None else f'unknown benchmark {got!r}'} (allowed: {', '.join(BENCHES)})", file=sys.stderr)
             return EXIT_USAGE
-        return _delegate(f"eval.bench_{argv[1]}", argv[2:], f"benchmark {argv[1]!r}")
+        return _delegate(BENCHES[argv[1]], argv[2:], f"benchmark {argv[1]!r}")
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
