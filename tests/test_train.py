@@ -245,3 +245,28 @@ def test_behaviour_cloning_fits_the_expert():
     h = out["history"]
     assert h[-1]["ce"] < 0.8 * h[0]["ce"]
     assert out["val_steps"] == 16 and out["train_steps"] == 16
+
+
+def test_checkpoint_records_env_and_rejects_another_env_version(tmp_path):
+    import json
+    import zipfile
+
+    from carbon_gym.errors import ConfigError
+    from train.policy import ENV_META_NAME, SHIPPED_CHECKPOINT, LearnedPolicy, checkpoint_env_meta
+
+    with zipfile.ZipFile(SHIPPED_CHECKPOINT) as zf:  # the shipped agent records its env
+        assert json.loads(zf.read(ENV_META_NAME)) == checkpoint_env_meta()
+    bad = tmp_path / "old.zip"
+    with zipfile.ZipFile(SHIPPED_CHECKPOINT) as src, zipfile.ZipFile(bad, "w") as dst:
+        for item in src.namelist():
+            if item != ENV_META_NAME:
+                dst.writestr(item, src.read(item))
+        meta = checkpoint_env_meta()
+        meta["env_version"] = "geoserve-0.0"
+        dst.writestr(ENV_META_NAME, json.dumps(meta))
+    with pytest.raises(ConfigError, match="env_version.*geoserve-0.0"):
+        LearnedPolicy.load(bad)
+    junk = tmp_path / "junk.zip"
+    junk.write_text("not a zip")
+    with pytest.raises(ConfigError, match="not a carbon-gym training checkpoint"):
+        LearnedPolicy.load(junk)

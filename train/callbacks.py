@@ -139,6 +139,9 @@ def save_checkpoint(run_dir: Path, model: Any, *, phase: str, keep: int = 2, ext
     t = int(model.num_timesteps)
     path = ck / f"step_{t:09d}.zip"
     model.save(path)
+    from .policy import write_checkpoint_env
+
+    write_checkpoint_env(path)
     env = model.get_env()
     vn = None
     if isinstance(env, VecNormalize):

@@ -21,6 +21,8 @@ Names for the harness (:func:`make_learned_policy`): ``"learned"`` (the shipped 
 
 from __future__ import annotations
 
+import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -74,8 +76,13 @@ class LearnedPolicy:
             raise ConfigError("path", f"no checkpoint at {str(p)!r}")
         import zipfile
 
-        with zipfile.ZipFile(p) as zf:
-            data = zf.read("data").decode("utf-8", errors="replace")
+        try:
+            with zipfile.ZipFile(p) as zf:
+                data = zf.read("data").decode("utf-8", errors="replace")
+                stored = json.loads(zf.read(ENV_META_NAME)) if ENV_META_NAME in zf.namelist() else None
+        except (zipfile.BadZipFile, KeyError, ValueError) as exc:
+            raise ConfigError("path", f"{str(p)!r} is not a carbon-gym training checkpoint (an SB3 .zip): {exc}") from None
+        check_checkpoint_env(stored, str(p))
         if "SetActorCriticPolicy" in data or "MaskableActorCriticPolicy" in data or "Maskable" in data:
             from sb3_contrib import MaskablePPO
 
@@ -183,7 +190,48 @@ def export_checkpoint(src: str | Path, dst: str | Path) -> Path:
     out = Path(dst)
     out.parent.mkdir(parents=True, exist_ok=True)
     model.save(out, exclude=list(_EXPORT_EXCLUDE))
+    write_checkpoint_env(out)
     return out
+
+
+#: Name of the file inside a checkpoint .zip that records the env it was trained for.
+ENV_META_NAME = "carbon_gym_env.json"
+
+
+def checkpoint_env_meta() -> dict[str, Any]:
+    """What a set-policy checkpoint depends on in the env, independent of topology size: the env
+    version and the fixed observation scales (the policy binds to column names, not indices)."""
+    from carbon_gym import env as cg_env
+
+    return {
+        "env_version": cg_env.ENV_VERSION,
+        "scales": {
+            "carbon_g_per_kwh": cg_env.CARBON_SCALE_G_PER_KWH, "tokens": cg_env.TOKENS_SCALE,
+            "queue_per_engine": cg_env.QUEUE_PER_ENGINE_SCALE, "prefill_ref_tokens": cg_env.PREFILL_REF_TOKENS,
+            "tpot_slope_ref_seqs": cg_env.TPOT_SLOPE_REF_SEQS,
+        },
+    }
+
+
+def write_checkpoint_env(path: str | Path) -> None:
+    """Record :func:`checkpoint_env_meta` inside the checkpoint .zip at ``path``."""
+    import zipfile
+
+    with zipfile.ZipFile(path, "a") as zf:
+        if ENV_META_NAME not in zf.namelist():
+            zf.writestr(ENV_META_NAME, json.dumps(checkpoint_env_meta(), sort_keys=True))
+
+
+def check_checkpoint_env(stored: dict[str, Any] | None, source: str) -> None:
+    """Raise :class:`ConfigError` naming what differs if a checkpoint was made for another env
+    version or other observation scales; warn if the checkpoint records no env at all."""
+    if stored is None:
+        warnings.warn(f"{source}: checkpoint records no carbon_gym env version; assuming it matches", stacklevel=3)
+        return
+    current = checkpoint_env_meta()
+    diffs = [f"{k}: checkpoint {stored.get(k)!r}, this env {v!r}" for k, v in current.items() if stored.get(k) != v]
+    if diffs:
+        raise ConfigError("checkpoint", f"{source} was trained for another env: " + "; ".join(diffs) + " (retrain or use a matching carbon_gym)")
 
 
 def is_learned_name(name: str) -> bool:

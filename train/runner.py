@@ -26,6 +26,7 @@ import numpy as np
 from carbon_gym.errors import ConfigError
 
 from .config import TrainConfig
+from .policy import write_checkpoint_env
 
 __all__ = ["train", "build_model", "DEFAULT_PPO", "DEFAULT_MASKABLE_PPO"]
 
@@ -170,6 +171,7 @@ def train(
         logger.dump(int(model.num_timesteps))
         if cfg.bc is not None:
             model.save(run / "bc.zip")
+            write_checkpoint_env(run / "bc.zip")
         hist_path.write_text(json.dumps(domain.history, indent=2))
         log(f"held-out episode at {model.num_timesteps} timesteps: " + _fmt_eval(domain.history[-1]))
     ckpt = CheckpointCallback(run, cfg.checkpoint_every_timesteps, keep=cfg.keep_checkpoints)
@@ -181,6 +183,7 @@ def train(
         model.learn(total_timesteps=remaining, callback=[domain, ckpt], reset_num_timesteps=False, progress_bar=False)
     save_checkpoint(run, model, phase="done" if model.num_timesteps >= cfg.total_timesteps else "ppo", keep=cfg.keep_checkpoints)
     model.save(run / "final.zip")
+    write_checkpoint_env(run / "final.zip")
     hist_path.write_text(json.dumps(domain.history, indent=2))
     venv.close()
     last = domain.history[-1] if domain.history else {}
