@@ -80,14 +80,19 @@ def _num(text: str, source: str, column: str) -> float:
     return v
 
 
+def _open_text(path: Path):
+    """Open a CSV for reading, or raise :class:`DataError` naming it if it does not exist."""
+    try:
+        return open(path, newline="")
+    except FileNotFoundError:
+        raise DataError(str(path), "file not found") from None
+
+
 def load_operator_profile(path: str | Path) -> dict[int, OperatorProfile]:
     """Read a Vidur-format operator CSV; returns one :class:`OperatorProfile` per TP degree."""
     path = Path(path)
     src = str(path)
-    try:
-        fh = open(path, newline="")
-    except FileNotFoundError:
-        raise DataError(src, "file not found") from None
+    fh = _open_text(path)
     with fh:
         reader = csv.DictReader(fh)
         cols = reader.fieldnames or []
@@ -470,10 +475,7 @@ def _time_value(text: str, where: str, column: str) -> float:
 def _load_states(path: str | Path, cols: tuple[str, ...]) -> dict[str, list]:
     path = Path(path)
     src = str(path)
-    try:
-        fh = open(path, newline="")
-    except FileNotFoundError:
-        raise DataError(src, "file not found") from None
+    fh = _open_text(path)
     out: dict[str, list] = {c: [] for c in cols}
     with fh:
         reader = csv.DictReader(fh)
