@@ -1000,14 +1000,24 @@ class GeoServeEnv(gym.Env):
         n = len(batch)
         if n == 0:
             return 0
-        # columns in _P_* order (origin, arrival, prompt, output, predicted, seq, failed-over), as
-        # one (7, n) float64 block (exact conversions), stored transposed
-        cols = np.array((batch.origin, batch.arrival_s, batch.prompt_tokens, batch.output_tokens,
-                         self._predictor.predict(batch.prompt_tokens, batch.output_tokens),
-                         np.arange(self._seq, self._seq + n), np.zeros(n)), dtype=np.float64)
+        # new rows appended to the pending table, columns in _P_* order (origin, arrival, prompt,
+        # output, predicted, seq, failed-over) as float64 (exact conversions)
+        old = self._pending
+        m = old.shape[0]
+        table = np.empty((m + n, _P_COLS), dtype=np.float64)
+        if m:
+            table[:m] = old
+        new = table[m:]
+        new[:, _P_ORIGIN] = batch.origin
+        new[:, _P_ARRIVAL] = batch.arrival_s
+        new[:, _P_PROMPT] = batch.prompt_tokens
+        new[:, _P_OUTPUT] = batch.output_tokens
+        new[:, _P_PRED] = self._predictor.predict(batch.prompt_tokens, batch.output_tokens)
+        new[:, _P_SEQ] = np.arange(self._seq, self._seq + n)
+        new[:, _P_FAILED] = 0.0
         self._seq += n
         self._arrived += n
-        self._pending = cols.T.copy() if self._pending.shape[0] == 0 else np.concatenate([self._pending, cols.T])
+        self._pending = table
         return n
 
     def _advance_sim(self, t_s: float) -> None:
@@ -1266,8 +1276,9 @@ class GeoServeEnv(gym.Env):
         else:
             ttft = np.concatenate(self._ttft_parts) if self._ttft_parts else np.zeros(0)
             tpot = np.concatenate(self._tpot_parts) if self._tpot_parts else np.zeros(0)
-            tq = [float(np.percentile(ttft, q)) if ttft.size else float("nan") for q in (50, 90, 99)]
-            pq = [float(np.percentile(tpot, q)) if tpot.size else float("nan") for q in (50, 90, 99)]
+            # (one call per array: the same values as one call per percentile)
+            tq = np.percentile(ttft, (50, 90, 99)).tolist() if ttft.size else [float("nan")] * 3
+            pq = np.percentile(tpot, (50, 90, 99)).tolist() if tpot.size else [float("nan")] * 3
             ttft_mean = float(ttft.mean()) if c else float("nan")
             tpot_mean = float(tpot.mean()) if c else float("nan")
 

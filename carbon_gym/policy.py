@@ -57,6 +57,9 @@ class RoundRobinPolicy:
 
     def __init__(self) -> None:
         self._cursor = 0
+        self._shape: tuple[int, int] = (0, 0)
+        self._defer = np.empty(0, dtype=np.int64)  # template action: every slot deferred
+        self._arange = np.empty(0, dtype=np.int64)
 
     def reset(self, env: Any = None) -> None:
         """Restart the cycle at datacenter 0."""
@@ -64,14 +67,31 @@ class RoundRobinPolicy:
 
     def act(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
         """Return the MultiDiscrete action (length K, value D = defer)."""
-        mask = np.asarray(info["action_mask"], dtype=bool)
-        k, choices = mask.shape
+        mask = info["action_mask"]
+        if type(mask) is not np.ndarray or mask.dtype != np.bool_:
+            mask = np.asarray(mask, dtype=bool)
+        if mask.shape != self._shape:  # templates for this (K, D + 1)
+            k, choices = mask.shape
+            self._shape = mask.shape
+            self._defer = np.full(k, choices - 1, dtype=np.int64)
+            self._arange = np.arange(k, dtype=np.int64)
+        k, choices = self._shape
         d = choices - 1
-        action = np.full(k, d, dtype=np.int64)
+        action = self._defer.copy()
+        if d == 0:
+            return action
         allowed = mask[:, :d]
-        rows = np.flatnonzero(allowed.any(axis=1))
+        # (ufunc reductions called directly: ndarray.any adds a Python-level wrapper; this runs
+        # once per env step)
+        rows = np.logical_or.reduce(allowed, axis=1).nonzero()[0]
         n = rows.size
-        if n == 0 or d == 0:
+        if n == 0:
+            return action
+        if np.count_nonzero(allowed) == n * d:
+            # Fastest path: every datacenter allowed for every pending request
+            picks = (self._arange[:n] + self._cursor) % d
+            action[rows] = picks
+            self._cursor = (self._cursor + n) % d
             return action
         sub = allowed[rows]
         if (sub == sub[0]).all():

@@ -56,6 +56,11 @@ class OraclePredictor:
         return np.asarray(true_output_tokens, dtype=np.float64).copy()
 
 
+# prompt lengths below this are predicted by table lookup (BinnedPredictor.predict's fast path)
+_LOOKUP_TOKENS = 1 << 16
+_MIN, _MAX = np.minimum.reduce, np.maximum.reduce  # (ndarray.min/max without their Python wrapper)
+
+
 class BinnedPredictor:
     """Median (or mean) output length per log2(prompt length) bin.
 
@@ -77,6 +82,7 @@ class BinnedPredictor:
         self.edges_log2: np.ndarray | None = None
         self.table: np.ndarray | None = None
         self.global_value: float = float("nan")
+        self._by_prompt = np.empty(0)
 
     def _bin(self, prompt_tokens: np.ndarray) -> np.ndarray:
         x = np.log2(np.maximum(np.asarray(prompt_tokens, dtype=np.float64), 1.0))
@@ -99,12 +105,17 @@ class BinnedPredictor:
             if m.sum() >= self.min_count:
                 table[k] = float(stat(o[m]))
         self.table = table
+        # the same values looked up by prompt length (one indexing call per step in the env)
+        self._by_prompt = table[self._bin(np.arange(_LOOKUP_TOKENS, dtype=np.float64))]
         return self
 
     def predict(self, prompt_tokens: np.ndarray, true_output_tokens: np.ndarray | None = None) -> np.ndarray:
         """Predicted output tokens; ``true_output_tokens`` is ignored."""
         if self.table is None:
             raise ConfigError("predictor", "BinnedPredictor used before fit()")
+        p = prompt_tokens
+        if type(p) is np.ndarray and p.dtype.kind in "iu" and p.size and _MIN(p) >= 0 and _MAX(p) < _LOOKUP_TOKENS:
+            return self._by_prompt[p]  # fast path: integer lengths (the same values as below)
         return self.table[self._bin(prompt_tokens)]
 
 

@@ -216,3 +216,37 @@ def test_env_small_python_paths_equal_the_vectorised_paths(scenario, monkeypatch
                 np.testing.assert_array_equal(a[k], b[k], err_msg=k)
         else:
             np.testing.assert_array_equal(a, b)
+
+
+def test_records_concat_of_tables_equals_the_column_wise_concat():
+    rng = np.random.default_rng(5)
+    parts = []
+    for n in (3, 0, 4, 1):
+        rows = [tuple(float(rng.integers(0, 1000)) if dt is np.int64 else float(rng.random())
+                      for _, dt in RECORD_COLUMNS) for _ in range(n)]
+        parts.append(RequestRecords.from_rows(rows))
+    fast = RequestRecords.concat(parts)  # every part a table: one concatenation
+    built = [RequestRecords(**p.to_dict()) for p in parts]  # plain dataclasses: the column-wise path
+    slow = RequestRecords.concat(built)
+    mixed = RequestRecords.concat([parts[0], built[2]])
+    assert type(fast) is not RequestRecords and type(slow) is RequestRecords and len(fast) == len(slow) == 8
+    for name, dt in RECORD_COLUMNS:
+        assert getattr(fast, name).dtype == dt
+        np.testing.assert_array_equal(getattr(fast, name), getattr(slow, name), err_msg=name)
+        np.testing.assert_array_equal(getattr(mixed, name), np.concatenate([getattr(parts[0], name), getattr(parts[2], name)]))
+
+
+def test_binned_predictor_lookup_equals_binning():
+    from carbon_gym.predict import _LOOKUP_TOKENS, BinnedPredictor
+
+    rng = np.random.default_rng(2)
+    p = rng.integers(1, 20000, 5000)
+    pred = BinnedPredictor().fit(p, (p * rng.uniform(0.1, 2.0, p.size)).astype(np.int64) + 1)
+    q = np.concatenate([np.arange(0, 3000), rng.integers(0, _LOOKUP_TOKENS, 3000), [_LOOKUP_TOKENS - 1]])
+    for dtype in (np.int64, np.int32, np.uint16):
+        np.testing.assert_array_equal(pred.predict(q.astype(dtype)), pred.table[pred._bin(q)])
+    # outside the table, floats, empty input: the binning path, same values
+    big = np.array([_LOOKUP_TOKENS, 10 * _LOOKUP_TOKENS], dtype=np.int64)
+    np.testing.assert_array_equal(pred.predict(big), pred.table[pred._bin(big)])
+    np.testing.assert_array_equal(pred.predict(q.astype(np.float64)), pred.table[pred._bin(q)])
+    assert pred.predict(np.zeros(0, dtype=np.int64)).shape == (0,)

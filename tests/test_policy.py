@@ -74,3 +74,18 @@ def test_round_robin_defers_when_nothing_allowed() -> None:
     mask = np.zeros((3, 3), dtype=bool)
     mask[:, 2] = True
     np.testing.assert_array_equal(RoundRobinPolicy().act(None, {"action_mask": mask}), [2, 2, 2])
+
+
+def test_round_robin_follows_a_change_of_mask_shape() -> None:
+    rng = np.random.default_rng(8)
+    masks = random_masks(rng, 10, 16, 5, "all") + random_masks(rng, 10, 7, 3, "all") + random_masks(rng, 10, 16, 5, "mixed")
+    p = RoundRobinPolicy()
+    got = []
+    for m in masks:  # the reference keeps one cursor too; restart both at each shape change
+        if got and m.shape != masks[len(got) - 1].shape:
+            p.reset()
+        got.append(p.act(None, {"action_mask": m}))
+    want = reference_round_robin(masks[:10]) + reference_round_robin(masks[10:20]) + reference_round_robin(masks[20:])
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+        assert g.shape == w.shape
