@@ -3,6 +3,7 @@
 Subcommands (each imports what it needs only when it runs, so ``carbon-gym --help`` is fast)::
 
     carbon-gym eval --policies rr,greedy,milp --scenarios dev --seeds 3 [--preset quick]
+    carbon-gym eval --policies rr,milp --scenarios dev-fault   # + fault report vs the same runs without faults
     carbon-gym experiment headline|milp-vs-ilp|predictor|polling|tradeoff|bound|all  (or a..f)
     carbon-gym report results/headline            # regenerate RESULTS.md from a headline run
     carbon-gym scenarios                           # shipped scenarios
@@ -249,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_args(ev, out_default=os.path.join("results", "eval"))
     ev.add_argument("--policies", default="all", help="comma list of policy names, or 'all' (default); rr is always added as the reference")
     ev.add_argument("--scenarios", default="dev", help="comma list of shipped scenario names or TOML paths (default: dev)")
+    ev.add_argument("--no-fault-baseline", action="store_true", help="do not also run scenarios with [[faults]] without them (no fault report)")
 
     ex = sub.add_parser("experiment", help="run one of the study's experiments (a-f) and write its table and figure")
     ex.add_argument("name", help="headline|milp-vs-ilp|predictor|polling|tradeoff|bound|all, or a..f")
@@ -326,7 +328,7 @@ def cmd_eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
             raise UsageError("--policy-arg", f"policy {pol!r} is not in --policies", policies)
     check_scenarios(scenarios, experiments.preset_overrides(args.preset, args.duration_s, overrides))
 
-    summary = experiments.run_eval(
+    res = experiments.eval_matrix(
         scenarios=scenarios,
         policies=policies,
         seeds=seeds,
@@ -343,12 +345,19 @@ def cmd_eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
         plots=not args.no_plots,
         progress=not args.no_progress,
         carbon_start=not args.no_carbon_start,
+        fault_baseline=not args.no_fault_baseline,
         command=_command_line(argv),
     )
-    from eval.harness import summary_markdown
+    from eval.harness import fault_markdown, summary_markdown
 
-    print(summary_markdown(summary), end="")
+    print(summary_markdown(res.summary), end="")
     print(f"wrote {os.path.join(args.out, 'summary.md')}")
+    if res.fault_report is not None:
+        pairs = ", ".join(f"{k} vs {v}" for k, v in res.twins.items())
+        print(f"\nfault report ({pairs}: the same policies, seeds and episode starts without the faults; "
+              "w/o = without; means over seeds):\n")
+        print(fault_markdown(res.fault_report), end="")
+        print(f"wrote {os.path.join(args.out, 'fault_report.md')}")
     return 0
 
 

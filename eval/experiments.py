@@ -26,6 +26,7 @@ import json
 import math
 import os
 import shutil
+import sys
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
@@ -278,7 +279,34 @@ def with_carbon_start(specs: Sequence[RunSpec], carbon_start: bool) -> list[RunS
     return [replace(s, carbon_start=carbon_start) for s in specs]
 
 
-def run_eval(
+@dataclass
+class EvalResult:
+    """What ``carbon-gym eval`` produced: the summary, the fault report (None when no evaluated
+    scenario has faults or the fault-free twins were skipped), the twin scenarios that were
+    added (fault scenario -> twin label) and the finished matrix."""
+
+    summary: Any
+    fault_report: Any
+    twins: dict[str, str]
+    executed: Executed
+
+
+def fault_scenarios(scenarios: Sequence[str], overrides: Mapping[str, Any] | None) -> list[str]:
+    """The scenarios (names or paths) that have ``[[faults]]`` once ``overrides`` are applied."""
+    import warnings
+
+    from carbon_gym.scenario import load_scenario
+
+    out = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        for scen in scenarios:
+            if load_scenario(scen, dict(overrides or {})).faults:
+                out.append(scen)
+    return out
+
+
+def eval_matrix(
     *,
     scenarios: Sequence[str],
     policies: Sequence[str],
@@ -296,17 +324,58 @@ def run_eval(
     plots: bool = True,
     progress: bool = True,
     carbon_start: bool = True,
+    fault_baseline: bool = True,
     command: str | None = None,
-):
-    """``carbon-gym eval``: the matrix, its tables and (optionally) its figures; returns the summary."""
+    notes: Any = None,
+) -> EvalResult:
+    """``carbon-gym eval``: the matrix, its tables, the fault report and (optionally) figures.
+
+    With ``fault_baseline`` (default), every scenario with ``[[faults]]`` is also run without
+    them (:func:`harness.fault_twin`: same policies, seeds and episode starts, labelled
+    ``<scenario>+no-faults``) in the same matrix; the fault runs themselves are the matrix's own.
+    The twins' runs appear in runs.csv / summary.csv like any scenario, and
+    :func:`harness.write_fault_report` writes fault_report.csv/.md and fault_runs.csv. A line
+    saying which twins were added goes to ``notes`` (a text stream; default stderr). Figures are
+    drawn for the requested scenarios only.
+    """
     ov = preset_overrides(preset, duration_s, overrides)
     specs = harness.make_specs(scenarios, policies, seeds, overrides=ov, policy_kwargs=policy_kwargs)
     specs = with_carbon_start(specs, carbon_start)
-    ex = execute(specs, out, workers=workers, ray_address=ray_address, tensorboard=tensorboard, fmt=fmt, requests=requests, progress=progress, command=command)
+    shown = {s.scenario_name for s in specs}
+    twins: dict[str, str] = {}
+    if fault_baseline:
+        faulty = set(fault_scenarios(list(dict.fromkeys(scenarios)), ov))
+        have = {s.run_id for s in specs}
+        extra = []
+        for s in specs:
+            if s.scenario in faulty:
+                t = harness.fault_twin(s)
+                if t.run_id not in have:  # a run already in the matrix is shared, not run twice
+                    have.add(t.run_id)
+                    extra.append(t)
+                twins[s.scenario_name] = t.scenario_name
+        specs = specs + extra
+        if twins:
+            print(f"carbon-gym: note: fault scenario(s) {', '.join(twins)}: also running the same episodes without their faults "
+                  f"({', '.join(twins.values())}; {len(extra)} more runs, same policies, seeds and episode starts) for the "
+                  "fault report; --no-fault-baseline skips this", file=notes or sys.stderr)
+    for old in ("fault_report.csv", "fault_report.md", "fault_runs.csv"):  # never leave a stale report next to new tables
+        path = os.path.join(out, old)
+        if os.path.exists(path):
+            os.remove(path)
+    ex = execute(specs, out, workers=workers, ray_address=ray_address, tensorboard=tensorboard, fmt=fmt, requests=requests,
+                 progress=progress, command=command, extra_config={"fault_twins": twins} if twins else None)
+    report = harness.write_fault_report(ex.results, out) if twins else None
     if plots:
         for scen in dict.fromkeys(ex.runs["scenario"]):
-            standard_figures(ex, scen, os.path.join(out, "figures"), tag=scen)
-    return ex.summary
+            if scen in shown:
+                standard_figures(ex, scen, os.path.join(out, "figures"), tag=scen)
+    return EvalResult(ex.summary, report, twins, ex)
+
+
+def run_eval(**kwargs: Any):
+    """:func:`eval_matrix` returning only the summary DataFrame (same keyword arguments)."""
+    return eval_matrix(**kwargs).summary
 
 
 # ----------------------------------------------------------------------------------------------

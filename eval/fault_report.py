@@ -1,21 +1,28 @@
-"""Fault report: what each scheduler does when the world breaks.
+"""Fault report: what each scheduler does when the world breaks (standalone wrapper).
 
 For every scheduler, runs the fault scenario and the same scenario without its ``[[faults]]``
-(same seed, so the same arrivals) and reports: requests failed over (aborted by an outage and
-placed again) and how many of them completed, SLO violations with and without the faults, the
-extra carbon the faults cost (g and % of the fault-free run), the energy wasted on aborted work,
-p99 TTFT with and without, and requests left unfinished at the end. Extra carbon can be
-negative: a datacenter that is down draws nothing, not even its idle and host power.
+(same seed, so the same arrivals, and the same episode start) and reports: requests failed over
+(aborted by an outage and placed again) and how many of them completed, the energy wasted on
+aborted work, SLO violations with and without the faults (and the difference in percentage
+points), the extra carbon the faults cost (g and % of the fault-free run), p99 TTFT with and
+without, requests left unfinished at the end, and whether both runs' ledgers balanced. Extra
+carbon can be negative: a datacenter that is down draws nothing, not even idle and host power.
+
+``carbon-gym eval --scenarios <fault scenario>`` produces the same report (fault_report.md /
+.csv next to its summary) for a whole policy x seed matrix; this script is the one-seed form,
+built on the same harness code (:func:`eval.harness.fault_twin`,
+:func:`eval.harness.fault_pairs`, :func:`eval.harness.fault_markdown`). Unlike ``eval`` it keeps
+the scenario's own carbon start (``carbon.start_utc``) instead of sampling one.
 
 Usage::
 
     python eval/fault_report.py [--scenario dev-fault] [--policies all | name,name] [--seed 0]
                                 [--override key=value ...] [--json out.json]
 
-Library use (e.g. from ``carbon-gym eval``)::
+Library use::
 
     from eval.fault_report import fault_report, format_fault_report
-    rows = fault_report("dev-fault", policies=["round-robin", "facility-milp"], seed=0)
+    rows = fault_report("dev-fault", policies=["rr", "milp"], seed=0)
     print(format_fault_report(rows))
 
 The default ``dev-fault`` scenario (2 regions x 2 datacenters, 60 s) runs every scheduler in
@@ -26,109 +33,67 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
+import os
 import sys
 import time
-import warnings
+from dataclasses import replace
 from typing import Any, Sequence
 
-#: Columns of the report, in order: (key, header, format).
-COLUMNS: tuple[tuple[str, str, str], ...] = (
-    ("policy", "policy", "{:<16}"),
-    ("failed_over", "failed over", "{:>11d}"),
-    ("failed_over_completed", "fo done", "{:>7d}"),
-    ("violations", "SLO viol", "{:>8d}"),
-    ("violations_base", "viol w/o", "{:>8d}"),
-    ("violation_rate", "viol %", "{:>6.1%}"),
-    ("violation_rate_base", "w/o %", "{:>6.1%}"),
-    ("carbon_g", "carbon g", "{:>9.2f}"),
-    ("carbon_g_base", "w/o g", "{:>9.2f}"),
-    ("extra_carbon_g", "extra g", "{:>8.2f}"),
-    ("extra_carbon_pct", "extra %", "{:>7.1f}"),
-    ("wasted_energy_kj", "wasted kJ", "{:>9.1f}"),
-    ("ttft_p99_s", "p99 TTFT", "{:>8.2f}"),
-    ("ttft_p99_s_base", "w/o", "{:>5.2f}"),
-    ("unfinished", "unfinished", "{:>10d}"),
-)
+if __package__ in (None, ""):  # `python eval/fault_report.py`: make `eval` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _run(scenario: Any, name: str, seed: int) -> dict[str, Any]:
-    from carbon_gym.env import GeoServeEnv
-    from carbon_gym.policy import rollout
-    from solvers import make_policy
-
-    env = GeoServeEnv(scenario)
-    try:
-        return rollout(env, make_policy(name, env), seed=seed)
-    finally:
-        env.close()
-
-
-def fault_report(scenario: Any = "dev-fault", policies: Sequence[str] | None = None, seed: int = 0,
+def fault_report(scenario: str = "dev-fault", policies: Sequence[str] | None = None, seed: int = 0,
                  overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Run each scheduler with and without the scenario's faults; one row (dict) per scheduler.
 
     Args:
-        scenario: a scenario name, path or :class:`~carbon_gym.scenario.Scenario` with ``[[faults]]``.
-        policies: scheduler names (default: every one in :func:`solvers.available_policies`).
+        scenario: a scenario name or TOML path with ``[[faults]]``.
+        policies: scheduler names, short or solvers' (default: :func:`eval.harness.default_policies`).
         seed: episode seed of both runs.
         overrides: scenario overrides (dotted keys) applied to both runs.
 
     Returns:
-        rows with the keys of :data:`COLUMNS` plus ``completed``, ``arrived`` and the wall time
-        ``wall_s`` of the pair of runs.
-    """
-    from carbon_gym.env import _resolve_scenario
-    from carbon_gym.errors import ConfigError
-    from carbon_gym.faults import without_faults
-    from solvers import available_policies
+        the rows of :func:`eval.harness.fault_pairs` (``policy`` is the harness's short name),
+        plus the wall time ``wall_s`` of the pair of runs.
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        faulty = _resolve_scenario(scenario, overrides)
-    if not faulty.faults:
-        raise ConfigError("scenario", f"{faulty.name!r} has no [[faults]]: nothing to report",
+    Raises:
+        ConfigError: the scenario has no faults (or an unknown scenario / policy / override).
+    """
+    from carbon_gym.errors import ConfigError
+    from eval import harness
+    from eval.experiments import fault_scenarios
+
+    if not fault_scenarios([scenario], overrides):
+        raise ConfigError("scenario", f"{scenario!r} has no [[faults]]: nothing to report",
                           allowed="a scenario with faults, e.g. dev-fault, dev-fault-region")
-    clean = without_faults(faulty)
-    names = list(policies) if policies else available_policies()
-    rows = []
-    for name in names:
-        t0 = time.perf_counter()
-        m = _run(faulty, name, seed)
-        b = _run(clean, name, seed)
-        extra = m["carbon_g"] - b["carbon_g"]
-        rows.append({
-            "policy": name,
-            "failed_over": int(m["failed_over"]),
-            "failed_over_completed": int(m["failed_over_completed"]),
-            "violations": int(m["violations"]),
-            "violations_base": int(b["violations"]),
-            "violation_rate": float(m["violation_rate"]),
-            "violation_rate_base": float(b["violation_rate"]),
-            "carbon_g": float(m["carbon_g"]),
-            "carbon_g_base": float(b["carbon_g"]),
-            "extra_carbon_g": float(extra),
-            "extra_carbon_pct": float(100.0 * extra / b["carbon_g"]) if b["carbon_g"] else math.nan,
-            "wasted_energy_kj": float(m["ledger"]["wasted_energy_j"] / 1e3),
-            "ttft_p99_s": float(m["ttft_p99_s"]),
-            "ttft_p99_s_base": float(b["ttft_p99_s"]),
-            "unfinished": int(m["in_flight_at_truncation"] + m["unplaced_at_end"]),
-            "completed": int(m["completed"]),
-            "arrived": int(m["arrived"]),
-            "wall_s": time.perf_counter() - t0,
-        })
+    names = list(policies) if policies else harness.default_policies()
+    allowed = harness.available_policies()
+    for n in names:
+        if harness.canonical_policy(n) not in allowed and not harness.is_learned(n):
+            raise ConfigError("policies", f"unknown policy {n!r}", allowed=allowed)
+    specs = harness.make_specs([scenario], names, [seed], overrides=overrides)
+    specs = [replace(s, carbon_start=False) for s in specs]
+    results = []
+    wall: dict[str, float] = {}
+    for s in specs:
+        pair = harness.run_matrix([s, harness.fault_twin(s)], workers=1, progress=False, keep_requests=False)
+        wall[s.policy_name] = sum(r.metrics["wall_s"] for r in pair)
+        results.extend(pair)
+    rows = harness.fault_pairs(results).to_dict("records")
+    for r in rows:
+        r["wall_s"] = wall[r["policy"]]
     return rows
 
 
 def format_fault_report(rows: Sequence[dict[str, Any]], title: str = "") -> str:
-    """The rows as a fixed-width text table (one line per scheduler)."""
-    widths = [len(f.format(0 if "d}" in f else (0.0 if "f}" in f or "%}" in f else ""))) for _, _, f in COLUMNS]
-    head = " ".join(h.rjust(w) if i else h.ljust(w) for i, ((_, h, _), w) in enumerate(zip(COLUMNS, widths)))
-    lines = [title] if title else []
-    lines += [head, "-" * len(head)]
-    for r in rows:
-        lines.append(" ".join(f.format(r[k]) for k, _, f in COLUMNS))
-    return "\n".join(lines)
+    """The rows as a Markdown table (one line per scheduler), optionally under a title line."""
+    import pandas as pd
+
+    from eval.harness import fault_markdown
+
+    text = fault_markdown(pd.DataFrame(list(rows)))
+    return (title + "\n\n" + text if title else text).rstrip("\n")
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
@@ -144,12 +109,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     from carbon_gym.errors import CarbonGymError
     from carbon_gym.scenario import parse_overrides
 
+    from eval.harness import RunFailed
+
     try:
         overrides = parse_overrides(args.override)
         policies = None if args.policies == "all" else [p.strip() for p in args.policies.split(",") if p.strip()]
         t0 = time.perf_counter()
         rows = fault_report(args.scenario, policies, args.seed, overrides)
-    except CarbonGymError as e:
+    except (CarbonGymError, RunFailed) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     arrived = rows[0]["arrived"] if rows else 0

@@ -23,6 +23,13 @@ Outputs of :func:`run_matrix` + :func:`write_outputs` (under ``out``):
     per-datacenter carbon and grid intensity.
 ``config.json``
     the command, the run specs, episode starts, package versions.
+``fault_report.csv`` / ``fault_report.md`` / ``fault_runs.csv`` (:func:`write_fault_report`)
+    for scenarios with ``[[faults]]`` run together with their fault-free twins
+    (:func:`fault_twin`): per (scenario, policy), requests failed over, SLO violations, carbon and
+    p99 TTFT with and without the faults, the differences, ledger balanced; per seed in
+    ``fault_runs.csv``. Runs of fault scenarios also carry the fault counters (``failed_over``,
+    ``failed_over_completed``, ``wasted_energy_kj``, ``wasted_carbon_g``, ``ledger_ok``) in
+    ``runs.csv``, their means in ``summary.csv``/``.md``, and ``failed_over`` per step.
 
 Everything except the decision (wall-clock) times is a deterministic function of the specs, so
 re-running reproduces ``summary.csv`` bit for bit in every column not starting with
@@ -153,6 +160,8 @@ class RunSpec:
         start_key: key hashed for the episode start (default: ``scenario``); variants of one
             scenario (a sweep) share it so they also share their episode starts.
         carbon_start: whether to override the scenario's carbon start with the sampled one.
+        faults: False runs the scenario's fault-free twin (its ``[[faults]]`` removed with
+            :func:`carbon_gym.faults.without_faults`); see :func:`fault_twin`.
     """
 
     scenario: str
@@ -164,6 +173,7 @@ class RunSpec:
     scenario_label: str = ""
     start_key: str = ""
     carbon_start: bool = True
+    faults: bool = True
 
     @property
     def policy_name(self) -> str:
@@ -180,6 +190,18 @@ class RunSpec:
 
     def start_offset_s(self) -> float:
         return episode_start_offset_s(self.start_key or self.scenario_name, self.seed)
+
+
+#: Table name of a fault scenario's fault-free twin: ``<scenario>`` + this suffix.
+FAULT_TWIN_SUFFIX = "+no-faults"
+
+
+def fault_twin(spec: RunSpec) -> RunSpec:
+    """The same run without the scenario's faults: same scenario file, overrides, policy, seed
+    and episode start (``start_key`` stays the fault scenario's), labelled
+    ``<scenario>+no-faults`` in tables and file names."""
+    return replace(spec, faults=False, scenario_label=spec.scenario_name + FAULT_TWIN_SUFFIX,
+                   start_key=spec.start_key or spec.scenario_name)
 
 
 def _scenario_stem(scenario: str) -> str:
@@ -351,15 +373,21 @@ def make_env(scenario: Any) -> Any:
 
 def resolve_run_scenario(spec: RunSpec) -> tuple[Any, dict[str, Any]]:
     """Load the spec's scenario with its overrides and, unless ``carbon_start`` is off, the
-    sampled episode start written into ``carbon.start_utc``. Returns (scenario, overrides used)."""
+    sampled episode start written into ``carbon.start_utc``; without its faults when
+    ``spec.faults`` is False. Returns (scenario, overrides used)."""
     import warnings
 
+    from carbon_gym.faults import without_faults
     from carbon_gym.scenario import load_scenario
+
+    def load(ov: dict[str, Any]) -> Any:
+        sc = load_scenario(spec.scenario, ov)
+        return sc if spec.faults else without_faults(sc)
 
     overrides = dict(spec.overrides)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # e.g. provisional load levels: reported once by the CLI
-        scenario = load_scenario(spec.scenario, overrides)
+        scenario = load(overrides)
         if spec.carbon_start and OVERRIDE_CARBON_START not in overrides:
             from datetime import timedelta
 
@@ -369,7 +397,7 @@ def resolve_run_scenario(spec: RunSpec) -> tuple[Any, dict[str, Any]]:
             offset = episode_start_offset_s(spec.start_key or spec.scenario_name, spec.seed, period_s=trace.period_s)
             start = trace.start_utc + timedelta(seconds=offset)
             overrides[OVERRIDE_CARBON_START] = start.strftime("%Y-%m-%dT%H:%M:%SZ")
-            scenario = load_scenario(spec.scenario, overrides)
+            scenario = load(overrides)
     return scenario, overrides
 
 
@@ -410,7 +438,7 @@ def run_one(spec: RunSpec, *, keep_requests: bool = True) -> RunResult:
         cols: dict[str, list] = {k: [] for k in (
             "step", "time_s", "carbon_g", "cumulative_carbon_g", "energy_j", "arrived", "placed", "deferred",
             "overflow", "pending", "completed", "violations", "violation_rate", "ttft_p50_s", "ttft_p99_s",
-            "tpot_p50_s", "tpot_p99_s", "decision_s", "reward")}
+            "tpot_p50_s", "tpot_p99_s", "decision_s", "reward", "failed_over")}
         dc_carbon_rows: list[np.ndarray] = []
         intensity_rows: list[np.ndarray] = []
         req_parts: list[dict[str, np.ndarray]] = []
@@ -454,7 +482,7 @@ def run_one(spec: RunSpec, *, keep_requests: bool = True) -> RunResult:
                 ("violation_rate", violations_total / completed_total if completed_total else float("nan")),
                 ("ttft_p50_s", percentile(ttft, 50)), ("ttft_p99_s", percentile(ttft, 99)),
                 ("tpot_p50_s", percentile(tpot, 50)), ("tpot_p99_s", percentile(tpot, 99)),
-                ("decision_s", dt), ("reward", float(reward)),
+                ("decision_s", dt), ("reward", float(reward)), ("failed_over", int(info.get("failed_over", 0))),
             ):
                 cols[k].append(v)
             step += 1
@@ -482,6 +510,7 @@ def run_one(spec: RunSpec, *, keep_requests: bool = True) -> RunResult:
         requests = RequestRecords.empty().to_dict()
 
     dec = steps["decision_s"].astype(np.float64)
+    ledger = dict(em.get("ledger") or {})
     arrived = int(em.get("arrived", 0))
     unfinished = int(em.get("in_flight_at_truncation", 0)) + int(em.get("unplaced_at_end", 0))
     vr = em.get("violation_rate", float("nan"))
@@ -500,7 +529,16 @@ def run_one(spec: RunSpec, *, keep_requests: bool = True) -> RunResult:
         "requests_in_flight": int(em.get("in_flight_at_truncation", 0)),
         "requests_unplaced": int(em.get("unplaced_at_end", 0)),
         "unfinished_pct": 100.0 * unfinished / arrived if arrived else 0.0,
+        "slo_violations": int(em.get("violations", 0)),
         "deferred_slot_steps": int(em.get("deferred", 0)),
+        "invalid_actions": int(em.get("invalid_actions", 0)),
+        # faults (carbon_gym.faults): counts and wasted work of requests aborted by outages
+        "scenario_faults": len(getattr(scenario, "faults", ()) or ()),
+        "failed_over": int(em.get("failed_over", 0)),
+        "failed_over_completed": int(em.get("failed_over_completed", 0)),
+        "wasted_energy_kj": float(ledger.get("wasted_energy_j", float("nan"))) / 1e3,
+        "wasted_carbon_g": float(ledger.get("wasted_carbon_g", float("nan"))),
+        "ledger_ok": bool(ledger.get("ok", False)),  # no ledger reported: not shown as balanced
         "steps": int(em.get("steps", step)),
         "decision_mean_s": float(dec.mean()) if dec.size else 0.0,
         "decision_p95_s": float(np.percentile(dec, 95)) if dec.size else 0.0,
@@ -741,6 +779,8 @@ SUMMARY_METRICS = (
     "unfinished_pct",
 )
 TIMING_COLUMNS = ("decision_mean_s", "decision_p95_s")
+# per-run fault counters averaged over seeds in the summary (only when a scenario has faults)
+FAULT_SUMMARY_COLUMNS = ("failed_over", "failed_over_completed", "wasted_carbon_g")
 NONDETERMINISTIC_PREFIXES = ("decision_", "wall_", "cpu_")  # wall-clock columns, excluded from reproducibility checks
 
 
@@ -771,12 +811,16 @@ def runs_table(results: Sequence[RunResult], reference: str = REFERENCE_POLICY):
 def summarise(runs, *, reference: str = REFERENCE_POLICY):
     """Summary DataFrame: one row per (scenario, policy), in first-appearance order.
 
-    ``runs`` is the output of :func:`runs_table` (or a list of :class:`RunResult`).
+    ``runs`` is the output of :func:`runs_table` (or a list of :class:`RunResult`). When any
+    run's scenario has faults, every row also gets the mean fault counters
+    (:data:`FAULT_SUMMARY_COLUMNS`) and ``ledger_ok_share`` (share of seeds whose end-of-episode
+    ledger balanced).
     """
     import pandas as pd
 
     if not hasattr(runs, "columns"):
         runs = runs_table(runs, reference)
+    faults = "scenario_faults" in runs and bool((runs["scenario_faults"].fillna(0) > 0).any())
     out = []
     for (scen, pol), g in runs.groupby(["scenario", "policy"], sort=False):
         row: dict[str, Any] = {"scenario": scen, "policy": pol, "seeds": int(len(g))}
@@ -791,6 +835,12 @@ def summarise(runs, *, reference: str = REFERENCE_POLICY):
         for c in ("requests_completed", "requests_in_flight", "requests_failed"):
             if c in g:
                 row[c] = float(g[c].mean())
+        if faults:
+            for c in FAULT_SUMMARY_COLUMNS:
+                if c in g:
+                    row[c] = float(g[c].mean())
+            if "ledger_ok" in g:
+                row["ledger_ok_share"] = float(np.mean(g["ledger_ok"].astype(float)))
         for c in TIMING_COLUMNS:
             if c in g:
                 row[c] = float(g[c].mean())
@@ -827,11 +877,15 @@ def _fixed(mean: float, ci: float, decimals: int = 1) -> str:
 
 
 def summary_markdown(summary, *, timing: bool = True) -> str:
-    """The summary as a Markdown table (means ± 95% CI half-widths; latencies in ms)."""
+    """The summary as a Markdown table (means ± 95% CI half-widths; latencies in ms); with a
+    ``failed over`` column (mean requests failed over per episode) when the summary has one."""
+    faults = "failed_over" in getattr(summary, "columns", ())
     head = [
         "scenario", "policy", "seeds", "carbon (kg)", "vs rr (%)", "energy (kWh)",
         "TTFT p50/p90/p99 (ms)", "TPOT p50/p90/p99 (ms)", "SLO viol. (%)", "unfinished (%)", "MLPerf p99 pass",
     ]
+    if faults:
+        head.append("failed over")
     if timing:
         head.append("decision mean/p95 (ms)")
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
@@ -853,10 +907,156 @@ def summary_markdown(summary, *, timing: bool = True) -> str:
             _fixed(g("unfinished_pct"), float("nan"), 1),
             "–" if not np.isfinite(share) else f"{int(round(share * seeds))}/{seeds}",
         ]
+        if faults:
+            cells.append(_sig(g("failed_over"), 3))
         if timing:
             cells.append(f"{_sig(g('decision_mean_s') * 1e3, 2)}/{_sig(g('decision_p95_s') * 1e3, 2)}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------------------------
+# fault report: each run of a fault scenario against the same run without its faults
+
+
+def fault_pairs(results: Sequence[RunResult]):
+    """One row per run of a scenario with faults whose fault-free twin (:func:`fault_twin`) is
+    also in ``results`` (pandas DataFrame, in the order of ``results``).
+
+    Columns: ``scenario``, ``policy``, ``seed``, ``arrived``; the fault counters of the fault
+    run: ``failed_over`` (requests aborted by an outage and placed again; a request in transit
+    to, queued at or running in a datacenter that goes down counts once per abort),
+    ``failed_over_completed``, ``wasted_energy_kj`` / ``wasted_carbon_g`` (work lost to
+    aborts), ``invalid_actions``; then each metric with and without the faults (``*_base``):
+    ``slo_violations``, ``slo_violation_pct`` (per completed request), ``carbon_g``,
+    ``ttft_p99_s``, ``unfinished`` (in flight at truncation + never placed); the differences
+    ``slo_violation_pp`` (percentage points), ``extra_carbon_g`` (= ``carbon_g - carbon_g_base``
+    exactly) and ``extra_carbon_pct`` (of the fault-free run); ``ledger_ok`` (both runs'
+    end-of-episode ledgers balanced).
+    """
+    import pandas as pd
+
+    by_id = {r.spec.run_id: r for r in results}
+    rows = []
+    for r in results:
+        if not r.spec.faults or not r.metrics.get("scenario_faults"):
+            continue
+        twin = by_id.get(fault_twin(r.spec).run_id)
+        if twin is None:
+            continue
+        m, b = r.metrics, twin.metrics
+
+        def unfinished(x: Mapping[str, Any]) -> int:
+            return int(x.get("requests_in_flight", 0)) + int(x.get("requests_unplaced", 0))
+
+        extra = float(m["carbon_g"]) - float(b["carbon_g"])
+        rows.append({
+            "scenario": r.spec.scenario_name,
+            "policy": r.spec.policy_name,
+            "seed": int(r.spec.seed),
+            "arrived": int(m["requests_arrived"]),
+            "failed_over": int(m["failed_over"]),
+            "failed_over_completed": int(m["failed_over_completed"]),
+            "failed_over_base": int(b["failed_over"]),
+            "wasted_energy_kj": float(m["wasted_energy_kj"]),
+            "wasted_carbon_g": float(m["wasted_carbon_g"]),
+            "invalid_actions": int(m.get("invalid_actions", 0)),
+            "slo_violations": int(m["slo_violations"]),
+            "slo_violations_base": int(b["slo_violations"]),
+            "slo_violation_pct": float(m["slo_violation_pct"]),
+            "slo_violation_pct_base": float(b["slo_violation_pct"]),
+            "slo_violation_pp": float(m["slo_violation_pct"]) - float(b["slo_violation_pct"]),
+            "carbon_g": float(m["carbon_g"]),
+            "carbon_g_base": float(b["carbon_g"]),
+            "extra_carbon_g": extra,
+            "extra_carbon_pct": 100.0 * extra / float(b["carbon_g"]) if b["carbon_g"] else float("nan"),
+            "ttft_p99_s": float(m["ttft_p99_s"]),
+            "ttft_p99_s_base": float(b["ttft_p99_s"]),
+            "unfinished": unfinished(m),
+            "unfinished_base": unfinished(b),
+            "ledger_ok": bool(m["ledger_ok"]) and bool(b["ledger_ok"]),
+        })
+    return pd.DataFrame(rows)
+
+
+# fault_pairs columns averaged over seeds by fault_summary (the differences are recomputed from
+# the means, so extra_carbon_g = carbon_g - carbon_g_base holds in the summary too)
+_FAULT_MEANS = (
+    "arrived", "failed_over", "failed_over_completed", "failed_over_base", "wasted_energy_kj", "wasted_carbon_g",
+    "invalid_actions", "slo_violations", "slo_violations_base", "slo_violation_pct", "slo_violation_pct_base",
+    "carbon_g", "carbon_g_base", "ttft_p99_s", "ttft_p99_s_base", "unfinished", "unfinished_base",
+)
+
+
+def fault_summary(pairs):
+    """Per (scenario, policy) of :func:`fault_pairs`: ``seeds``, the mean of each column over
+    seeds, ``slo_violation_pp`` = ``slo_violation_pct - slo_violation_pct_base``,
+    ``extra_carbon_g`` = ``carbon_g - carbon_g_base`` and ``extra_carbon_pct`` (of
+    ``carbon_g_base``) from those means, 95% t-interval half-widths ``*_ci95`` of the two
+    differences over the per-seed pairs, and ``ledger_ok`` (every run balanced)."""
+    import pandas as pd
+
+    out = []
+    if len(pairs) == 0:
+        return pd.DataFrame(out)
+    for (scen, pol), g in pairs.groupby(["scenario", "policy"], sort=False):
+        row: dict[str, Any] = {"scenario": scen, "policy": pol, "seeds": int(len(g))}
+        for c in _FAULT_MEANS:
+            row[c] = mean_ci95(g[c].to_numpy(np.float64))[0]
+        row["slo_violation_pp"] = row["slo_violation_pct"] - row["slo_violation_pct_base"]
+        row["slo_violation_pp_ci95"] = mean_ci95(g["slo_violation_pp"].to_numpy(np.float64))[1]
+        row["extra_carbon_g"] = row["carbon_g"] - row["carbon_g_base"]
+        row["extra_carbon_g_ci95"] = mean_ci95(g["extra_carbon_g"].to_numpy(np.float64))[1]
+        row["extra_carbon_pct"] = 100.0 * row["extra_carbon_g"] / row["carbon_g_base"] if row["carbon_g_base"] else float("nan")
+        row["ledger_ok"] = bool(g["ledger_ok"].astype(bool).all())
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def fault_markdown(table) -> str:
+    """:func:`fault_summary` (or :func:`fault_pairs`) as a Markdown table: means over seeds;
+    ``w/o`` = the same run without the faults; ± = 95% CI half-width over seeds."""
+    head = ["scenario", "policy", "seeds", "failed over", "f.o. completed", "wasted (kJ)", "SLO viol. (%)", "w/o (%)",
+            "Δ (pp)", "carbon (g)", "w/o (g)", "extra (g)", "extra (%)", "TTFT p99 (ms)", "w/o (ms)", "unfinished",
+            "ledger balanced"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for _, r in table.iterrows():
+        def g(k: str) -> float:
+            v = r.get(k, float("nan"))
+            return float(v) if v is not None else float("nan")
+
+        def num(k: str) -> str:  # counts: integers when they are
+            v = g(k)
+            return str(int(v)) if np.isfinite(v) and v == int(v) else _sig(v, 3)
+
+        cells = [
+            str(r["scenario"]), str(r["policy"]), str(int(r.get("seeds", 1))),
+            num("failed_over"), num("failed_over_completed"), f"{g('wasted_energy_kj'):.2f}",
+            f"{g('slo_violation_pct'):.2f}", f"{g('slo_violation_pct_base'):.2f}",
+            _fixed(g("slo_violation_pp"), g("slo_violation_pp_ci95"), 2),
+            f"{g('carbon_g'):.3f}", f"{g('carbon_g_base'):.3f}",
+            _fixed(g("extra_carbon_g"), g("extra_carbon_g_ci95"), 3), f"{g('extra_carbon_pct'):+.1f}",
+            _sig(g("ttft_p99_s") * 1e3, 3), _sig(g("ttft_p99_s_base") * 1e3, 3), num("unfinished"),
+            "yes" if bool(r["ledger_ok"]) else "NO",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_fault_report(results: Sequence[RunResult], out: str):
+    """Write ``fault_report.csv`` / ``fault_report.md`` (:func:`fault_summary`) and
+    ``fault_runs.csv`` (:func:`fault_pairs`) under ``out``; returns the summary, or None (and
+    writes nothing) when no run of ``results`` has both faults and its fault-free twin."""
+    pairs = fault_pairs(results)
+    if pairs.empty:
+        return None
+    table = fault_summary(pairs)
+    os.makedirs(out, exist_ok=True)
+    pairs.to_csv(os.path.join(out, "fault_runs.csv"), index=False)
+    table.to_csv(os.path.join(out, "fault_report.csv"), index=False)
+    with open(os.path.join(out, "fault_report.md"), "w", encoding="utf-8") as f:
+        f.write(fault_markdown(table))
+    return table
 
 
 # ----------------------------------------------------------------------------------------------
