@@ -48,7 +48,9 @@ the episode start, ``end_s`` is optional (default: the fault lasts to the end of
 * *Link degradation*: the one-way delay from the region's clients to each listed datacenter is
   multiplied by ``rtt_factor`` (several active factors multiply) for requests sent from
   ``start_s``; requests already sent keep their delays. A cut link masks the datacenter for
-  requests from that region (requests already sent over it complete normally).
+  requests from that region; requests still travelling over it when it is cut are lost and
+  failed over like an outage's (they had done no work, so none is wasted); requests already at
+  the datacenter complete normally.
 * *Carbon-feed gap*: the observation's carbon columns (now and forecast) for the listed
   datacenters freeze at their values at ``start_s`` ("stale") or are unknown ("missing": 0 in
   the raw observation, NaN from :func:`carbon_gym.env.decode_observation`); the env adds two
@@ -334,6 +336,12 @@ class FaultRuntime:
             if f.cut:
                 for rr, d in pairs:
                     self._cut[rr, d] += 1 if ev.start else -1
+                    if ev.start and self._cut[rr, d] == 1 and self._down[d] == 0:
+                        # requests on their way over the link are lost: fail-over
+                        ab = sim.abort_in_transit(rr, d)
+                        self.failed_over += len(ab)
+                        if len(ab):
+                            out.append(ab)
             else:
                 if ev.start:
                     self._factors[ev.index] = (pairs, float(f.rtt_factor))

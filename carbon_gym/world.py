@@ -15,6 +15,8 @@ noise uses an independent stream derived from it (:func:`derive_seed`).
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -44,6 +46,7 @@ __all__ = [
 ]
 
 
+@functools.lru_cache(maxsize=4096)  # (a pure function of its arguments, called at every env reset)
 def derive_seed(seed: int, stream: str) -> int:
     """An independent 63-bit seed for a named random stream (``"workload"``, ``"forecast"``, ...)."""
     tag = [ord(c) for c in stream]

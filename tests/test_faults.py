@@ -263,6 +263,39 @@ def test_cut_link_masks_only_that_region_and_names_the_reason():
         env.step(a)
 
 
+def test_cutting_a_link_fails_over_the_requests_travelling_over_it():
+    # north_america's clients -> de: ~70 ms one way; cut 10 ms after the decision at t = 5
+    na, de = 1, DE
+    sc = two_region([{"kind": "link_degradation", "region": "north_america", "datacenters": ["de"], "cut": True,
+                      "start_s": 5.01, "end_s": 8.0}])
+    env = GeoServeEnv(sc)
+    obs, info = env.reset(seed=0)
+    K, D = env.layout.max_pending, env.layout.n_datacenters
+    for _ in range(4):
+        obs, *_, info = env.step(np.full(K, D))  # defer everything
+    pend = env.pending_requests()
+    n = len(pend["origin"])
+    from_na = int((pend["origin"][:K] == na).sum())
+    assert from_na >= 5 and n <= K
+    assert env.simulator.network.one_way_s[na, de] > 0.02
+    obs, *_, info = env.step(np.where(info["action_mask"][:, de], de, D))  # everything -> de
+    # the ones from north_america were still on the wire at 5.01 s: failed over, nothing else
+    assert info["failed_over"] == from_na and env.simulator.totals().aborted == from_na
+    back = env.pending_requests()
+    sent = pend["arrival_s"][pend["origin"] == na]
+    again = np.isin(back["arrival_s"], sent)  # back with their arrival times (the rest are new arrivals)
+    assert again.sum() == from_na and (back["origin"][again] == na).all()
+    assert not info["action_mask"][np.flatnonzero(back["origin"] == na), de].any()  # masked while cut
+    # placed elsewhere, they complete; the episode's ledger balances and nothing is lost
+    while True:
+        obs, _, _, trunc, info = env.step(RoundRobinPolicy().act(obs, info))
+        if trunc:
+            break
+    m = info["episode_metrics"]
+    assert m["ledger"]["ok"] and m["failed_over"] == from_na
+    assert m["failed_over_completed"] == from_na
+    assert m["completed"] + m["in_flight_at_truncation"] + m["failed_over"] == m["placed"]
+
 # ----------------------------------------------------------------------------- carbon feed
 @pytest.mark.parametrize("mode", ["stale", "missing"])
 def test_carbon_feed_gap_hides_intensity_but_emissions_stay_real(mode):

@@ -608,6 +608,27 @@ class Simulator:
                     del self._in_transit[rid]
                     reqs.append(r)
             center.in_transit = 0
+        return self._abort(reqs, d)
+
+    def abort_in_transit(self, origin: int, dc: int) -> AbortedRequests:
+        """A cut link: the requests from region ``origin`` still travelling to datacenter ``dc``
+        (sent, not yet arrived) are lost and returned so the caller can resubmit them (they get
+        new ids when it does). They did no work, so their energy and carbon are 0. Requests
+        already at the datacenter are unaffected (their responses are assumed to find another
+        route: the downlink delay is part of their record)."""
+        o = _as_int("origin", origin, 0, self.topology.n_regions - 1)
+        d = _as_int("dc", dc, 0, len(self.datacenters) - 1)
+        reqs = []
+        for rid, r in list(self._in_transit.items()):
+            if r.dc == d and r.origin == o:
+                r.alive = False
+                del self._in_transit[rid]
+                reqs.append(r)
+        self.datacenters[d].in_transit -= len(reqs)
+        return self._abort(reqs, d)
+
+    def _abort(self, reqs: list[RequestState], d: int) -> AbortedRequests:
+        """Count ``reqs`` (taken from datacenter ``d``) as aborted; return them by request id."""
         reqs.sort(key=lambda r: r.rid)
         self._aborted += len(reqs)
         return AbortedRequests(
