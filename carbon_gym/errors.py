@@ -11,7 +11,14 @@ from typing import Any, Iterable
 
 
 class CarbonGymError(ValueError):
-    """Base class of every documented carbon_gym error."""
+    """Base class of every documented carbon_gym error.
+
+    Errors pickle with their message and attributes (``field``, ``allowed``, ``source``), so
+    an error raised in a worker process (vector envs, parallel evaluation) arrives intact.
+    """
+
+    def __reduce__(self) -> tuple:
+        return _rebuild_error, (type(self), self.args, dict(self.__dict__))
 
 
 class ConfigError(CarbonGymError):
@@ -25,6 +32,8 @@ class ConfigError(CarbonGymError):
     """
 
     def __init__(self, field: str, message: str, allowed: Any = None, source: str | None = None):
+        if isinstance(allowed, Iterable) and not isinstance(allowed, (str, list, tuple, set, frozenset)):
+            allowed = list(allowed)  # (a generator or a view: kept as a list, readable and picklable)
         self.field = field
         self.allowed = allowed
         self.source = source
@@ -82,3 +91,12 @@ def check_choice(field: str, value: Any, allowed: Iterable[Any]) -> Any:
     if value not in allowed:
         raise ConfigError(field, f"unknown value {value!r}", allowed=allowed)
     return value
+
+
+def _rebuild_error(cls: type, args: tuple, state: dict) -> CarbonGymError:
+    """Unpickle a :class:`CarbonGymError` without calling its ``__init__`` (whose arguments
+    differ between the subclasses)."""
+    err = cls.__new__(cls)
+    err.args = args
+    err.__dict__.update(state)
+    return err
