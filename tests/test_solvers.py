@@ -231,3 +231,18 @@ def test_milp_at_high_load_is_no_worse_than_round_robin() -> None:
     assert rr["violation_rate"] > 0.01  # the load really is high
     assert milp["violation_rate"] <= rr["violation_rate"] + 0.01
     assert milp["carbon_g"] < rr["carbon_g"]
+
+
+def test_solvers_print_nothing_not_even_the_highs_banner():
+    import subprocess
+    import sys
+
+    code = ("import gymnasium as gym, carbon_gym\n"
+            "from solvers import make_policy\n"
+            "from carbon_gym.policy import rollout\n"
+            "env = gym.make('carbon_gym/GeoServe-v0', scenario='dev', overrides={'duration_s': 3})\n"
+            "m = rollout(env, make_policy('facility-milp'), seed=0)\n"
+            "print('carbon_g', m['carbon_g'])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("carbon_g ") and out.stdout.count("\n") == 1, out.stdout
