@@ -8,6 +8,7 @@ Usage::
     carbon-gym train evaluate --checkpoint PATH --scenarios llama8b-moderate [--days 3] [--policies rr,greedy,milp]
     carbon-gym train export --checkpoint runs/train/llama8b/bc.zip --out train/checkpoints/llama8b_set.zip
     carbon-gym train decision-time --scenario llama8b-moderate [--checkpoint PATH] [--steps 30]
+    carbon-gym train imitate --config llama8b_dagger [--run-dir runs/train/llama8b_dagger] [--export PATH]
 
 TensorBoard: ``tensorboard --logdir runs/train``.
 """
@@ -46,6 +47,8 @@ def _eval_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="train/RESULTS_TRAIN.md")
     p.add_argument("--json", default=None, help="also write the raw results as JSON")
     p.add_argument("--baselines-only", action="store_true", help="run (and cache) the baselines only")
+    p.add_argument("--cache", default="runs/train/eval_cache.json", help="JSON cache of the baselines' episodes ('' = none)")
+    p.add_argument("--mode", default=None, choices=["sample", "systematic", "argmax"], help="learned policy's choice mode (default: the checkpoint's)")
     return p
 
 
@@ -77,6 +80,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{a.other} mean {1e3 * r[a.other]['mean_s']:.1f} ms (p50 {1e3 * r[a.other]['p50_s']:.1f}); "
                   f"ratio of means {r['ratio_mean']:.0f}x, of medians {r['ratio_p50']:.0f}x over {r['steps']} steps")
             return 0
+        if argv and argv[0] == "imitate":
+            ap = argparse.ArgumentParser(prog=f"{PROG} imitate", description="Class-level imitation of the facility MILP with DAgger (config with [dagger]).")
+            ap.add_argument("--config", required=True)
+            ap.add_argument("--run-dir", default=None, help="default: runs/train/<config name>")
+            ap.add_argument("--export", default=None, help="also export the best round's checkpoint to this path")
+            a = ap.parse_args(argv[1:])
+            from .config import load_config
+            from .imitate import run_dagger
+
+            cfg = load_config(a.config)
+            out = run_dagger(cfg, Path(a.run_dir) if a.run_dir else Path("runs") / "train" / cfg.name)
+            if a.export:
+                from .policy import export_checkpoint
+
+                dst = export_checkpoint(out["best"], a.export)
+                print(f"exported {dst} ({dst.stat().st_size / 1024:.0f} KiB)")
+            return 0
         if argv and argv[0] == "evaluate":
             args = _eval_parser().parse_args(argv[1:])
             from .evaluate import run_evaluation
@@ -85,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 checkpoint=args.checkpoint, scenarios=[s for s in args.scenarios.split(",") if s],
                 baselines=[s for s in args.policies.split(",") if s], days=args.days, duration_s=args.duration_s,
                 max_pending=args.max_pending, out_md=None if args.baselines_only else args.out, out_json=args.json,
-                learned=not args.baselines_only,
+                learned=not args.baselines_only, cache_json=args.cache or None, mode=args.mode,
             )
             return 0
         args = _train_parser().parse_args(argv)

@@ -44,7 +44,7 @@ from typing import Any, Mapping
 
 from carbon_gym.errors import ConfigError
 
-__all__ = ["TrainConfig", "BCConfig", "EvalConfig", "load_config", "config_from_dict", "ALGORITHMS", "CONFIG_DIR"]
+__all__ = ["TrainConfig", "BCConfig", "DaggerConfig", "EvalConfig", "load_config", "config_from_dict", "ALGORITHMS", "CONFIG_DIR"]
 
 ALGORITHMS = ("ppo", "maskable_ppo")
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -70,6 +70,49 @@ class BCConfig:
     batch_steps: int = 8
     learning_rate: float = 1e-3
     value_weight: float = 0.5
+
+
+@dataclass(frozen=True)
+class DaggerConfig:
+    """Class-level imitation of an expert with DAgger (:func:`train.imitate.run_dagger`; needs
+    ``set_policy.classes``). Run with ``carbon-gym train imitate --config ...``.
+
+    Attributes:
+        expert: expert policy name (``solvers.make_policy``).
+        scenarios: imitation scenarios (each with its own ``env.max_pending``; default: the
+            config's ``scenarios``).
+        overrides: scenario overrides of the imitation and validation episodes.
+        expert_episodes: round-0 episodes where the expert acts (the last one validates the fit).
+        rounds: DAgger rounds after round 0 (the learner acts, the expert labels).
+        episodes_per_round: episodes per DAgger round.
+        epochs: passes over the aggregated data after each round.
+        batch_steps: env steps per gradient step.
+        learning_rate: Adam step size of round 0, times ``lr_decay`` per round.
+        lr_decay: learning-rate factor per round.
+        rollout_mode: how the learner acts in DAgger rounds (``sample`` / ``systematic`` / ``argmax``).
+        eval_mode: how it acts on the validation episodes.
+        val_scenarios: validation scenarios (default: ``scenarios``).
+        val_start_utc: validation start (default: the training-time evaluation day, held out).
+        val_seed: world seed of the validation episodes.
+        violation_weight: pp of reduction charged per pp of violations above the expert's.
+    """
+
+    expert: str = "facility-milp"
+    scenarios: tuple[str, ...] = ()
+    overrides: dict[str, Any] = field(default_factory=lambda: {"duration_s": 60})
+    expert_episodes: int = 6
+    rounds: int = 4
+    episodes_per_round: int = 3
+    epochs: int = 20
+    batch_steps: int = 16
+    learning_rate: float = 2e-3
+    lr_decay: float = 0.8
+    rollout_mode: str = "sample"
+    eval_mode: str = "sample"
+    val_scenarios: tuple[str, ...] = ()
+    val_start_utc: str | None = None
+    val_seed: int = 12345
+    violation_weight: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -109,6 +152,7 @@ class TrainConfig:
     set_policy: dict[str, Any] = field(default_factory=dict)
     vec_normalize: dict[str, Any] = field(default_factory=dict)
     bc: BCConfig | None = None
+    dagger: DaggerConfig | None = None
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint_every_timesteps: int = 0
     keep_checkpoints: int = 2
@@ -130,9 +174,9 @@ class TrainConfig:
 
 _TOP = {
     "name", "algorithm", "scenarios", "scenario", "overrides", "seed", "n_envs", "total_timesteps",
-    "torch_threads", "heldout_every_days", "ppo", "set_policy", "vec_normalize", "bc", "eval", "checkpoint",
+    "torch_threads", "heldout_every_days", "ppo", "set_policy", "vec_normalize", "bc", "dagger", "eval", "checkpoint",
 }
-_SET_POLICY = {"hidden", "logprob_reduction"}
+_SET_POLICY = {"hidden", "logprob_reduction", "classes", "demand_features"}
 _VECNORM = {"reward", "clip_reward", "gamma"}
 _CHECKPOINT = {"every_timesteps", "keep"}
 
@@ -180,6 +224,24 @@ def config_from_dict(raw: Mapping[str, Any], *, source: str = "") -> TrainConfig
         _pos_int("bc.batch_steps", bc.batch_steps, source)
         if algo != "maskable_ppo":
             raise ConfigError("bc", "behaviour cloning warm-starts the set policy: algorithm must be 'maskable_ppo'", source=source)
+    dagger = None
+    if "dagger" in raw:
+        dg = dict(raw["dagger"])
+        _check_keys("dagger.", dg, set(DaggerConfig.__dataclass_fields__), source)
+        for k in ("scenarios", "val_scenarios"):
+            if k in dg:
+                dg[k] = tuple([dg[k]] if isinstance(dg[k], str) else dg[k])
+        dagger = DaggerConfig(**dg)
+        _pos_int("dagger.expert_episodes", dagger.expert_episodes, source)
+        _pos_int("dagger.rounds", dagger.rounds, source, minimum=0)
+        _pos_int("dagger.episodes_per_round", dagger.episodes_per_round, source)
+        _pos_int("dagger.epochs", dagger.epochs, source, minimum=0)
+        _pos_int("dagger.batch_steps", dagger.batch_steps, source)
+        for k in ("rollout_mode", "eval_mode"):
+            if getattr(dagger, k) not in ("sample", "systematic", "argmax"):
+                raise ConfigError(f"dagger.{k}", f"unknown mode {getattr(dagger, k)!r}", allowed=["sample", "systematic", "argmax"], source=source)
+        if not set_policy.get("classes"):
+            raise ConfigError("dagger", "class-level imitation needs set_policy.classes = true (or a table of bins)", source=source)
     ev = dict(raw.get("eval", {}))
     _check_keys("eval.", ev, set(EvalConfig.__dataclass_fields__), source)
     evc = EvalConfig(**ev)
@@ -202,6 +264,7 @@ def config_from_dict(raw: Mapping[str, Any], *, source: str = "") -> TrainConfig
         set_policy=set_policy,
         vec_normalize=vecnorm,
         bc=bc,
+        dagger=dagger,
         eval=evc,
         checkpoint_every_timesteps=_pos_int("checkpoint.every_timesteps", ckpt.get("every_timesteps", 0), source, minimum=0),
         keep_checkpoints=_pos_int("checkpoint.keep", ckpt.get("keep", 2), source),

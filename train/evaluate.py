@@ -33,14 +33,31 @@ LABELS = {
     "facility-milp": "facility MILP",
     "learned": "learned (set policy, shipped)",
 }
-_ALIASES = {"rr": "round-robin", "greedy": "carbon-greedy", "ilp": "ilp-state", "milp": "facility-milp"}
 
 
-def _policy(name: str, env: Any, checkpoint: str | None) -> Any:
+def _solver_aliases() -> dict[str, str]:
+    """Short policy names -> ``solvers`` registry names, as the evaluation harness resolves them
+    (``ilp`` = ``ilp-static``). ``solvers.POLICY_ALIASES`` when the solvers package defines one;
+    otherwise this copy of ``eval.harness.POLICY_ALIASES`` (``train`` may not import ``eval``;
+    ``tests/test_train.py`` checks the two are equal)."""
+    try:
+        from solvers import POLICY_ALIASES  # type: ignore[attr-defined]
+
+        return dict(POLICY_ALIASES)
+    except ImportError:
+        return dict(_HARNESS_ALIASES)
+
+
+_HARNESS_ALIASES = {"rr": "round-robin", "greedy": "carbon-greedy", "ilp": "ilp-static", "milp": "facility-milp",
+                    "milp-greedy": "facility-greedy"}
+
+
+def _policy(name: str, env: Any, checkpoint: str | None, mode: str | None = None) -> Any:
     if name == "learned":
         from .policy import SHIPPED_CHECKPOINT, LearnedPolicy
 
-        return LearnedPolicy.load(checkpoint or SHIPPED_CHECKPOINT, seed=0)
+        kw = {"mode": mode} if mode else {}
+        return LearnedPolicy.load(checkpoint or SHIPPED_CHECKPOINT, seed=0, **kw)
     if name == REFERENCE:
         from carbon_gym.policy import RoundRobinPolicy
 
@@ -51,7 +68,7 @@ def _policy(name: str, env: Any, checkpoint: str | None) -> Any:
 
 
 def evaluate_episode(name: str, scenario: str, start_utc: str, seed: int, overrides: dict[str, Any],
-                     checkpoint: str | None = None) -> dict[str, Any]:
+                     checkpoint: str | None = None, mode: str | None = None) -> dict[str, Any]:
     """One episode of policy ``name``; returns the scalar metrics that the table uses."""
     import torch as th
 
@@ -60,7 +77,7 @@ def evaluate_episode(name: str, scenario: str, start_utc: str, seed: int, overri
     th.set_num_threads(1)
     env = make_episode_env(scenario, overrides, start_utc)
     try:
-        pol = _policy(name, env, checkpoint)
+        pol = _policy(name, env, checkpoint, mode)
         t0 = time.perf_counter()
         m = rollout(env, pol, seed=seed)
         wall = time.perf_counter() - t0
@@ -127,10 +144,12 @@ def markdown_table(summary: dict[str, dict[str, Any]], policies: Sequence[str]) 
 def run_evaluation(*, checkpoint: str | None, scenarios: Sequence[str], baselines: Sequence[str], days: int,
                    duration_s: float, max_pending: int | None, out_md: str | None, out_json: str | None,
                    cache_json: str | None = "runs/train/eval_cache.json", learned: bool = True,
+                   mode: str | None = None,
                    log: Any = print) -> dict[str, Any]:
     """Run the comparison and write the Markdown table (``out_md``) and raw JSON (``out_json``)."""
     warnings.simplefilter("ignore", UserWarning)
-    base = [_ALIASES.get(b, b) for b in baselines]
+    aliases = _solver_aliases()
+    base = [aliases.get(b, b) for b in baselines]
     if REFERENCE not in base:
         base.insert(0, REFERENCE)
     policies = base + (["learned"] if learned else [])
@@ -152,7 +171,7 @@ def run_evaluation(*, checkpoint: str | None, scenarios: Sequence[str], baseline
                 if p != "learned" and ck in cache:
                     per[p] = cache[ck]
                     continue
-                per[p] = evaluate_episode(p, scen, start, 1000 + i, overrides, checkpoint)
+                per[p] = evaluate_episode(p, scen, start, 1000 + i, overrides, checkpoint, mode)
                 log(f"{scen} {start} {p}: carbon {per[p]['carbon_g']:.1f} g, violations {per[p]['violation_rate']:.4f}, "
                     f"decision {1e3 * per[p]['decision_s_mean']:.2f} ms ({per[p]['wall_s']:.0f} s)")
                 if p != "learned":
@@ -162,7 +181,7 @@ def run_evaluation(*, checkpoint: str | None, scenarios: Sequence[str], baseline
                         Path(cache_json).write_text(json.dumps(cache, indent=1))
     summary = summarise(results, policies)
     table = markdown_table(summary, policies)
-    meta = {"checkpoint": str(checkpoint) if checkpoint else "shipped", "scenarios": list(scenarios), "starts": starts,
+    meta = {"checkpoint": str(checkpoint) if checkpoint else "shipped", "mode": mode, "scenarios": list(scenarios), "starts": starts,
             "duration_s": duration_s, "max_pending": max_pending, "python": platform.python_version()}
     if out_md:
         Path(out_md).parent.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,13 @@
 The set policy samples each request's datacenter from its scores by default (``mode="sample"``,
 seeded by ``seed`` and reset with the episode, so runs are reproducible): requests with the same
 features are then split across datacenters in proportion to their probabilities, as in training.
-``mode="argmax"`` takes the best-scored choice for every request.
+``mode="argmax"`` takes the best-scored choice for every request; ``mode="systematic"`` splits
+each request class over the datacenters in proportion to its probabilities with one random
+offset per class (floor or ceiling of every expected count; see :mod:`train.fast`).
+
+Decisions run in numpy by default (``backend="numpy"``, :class:`train.fast.NumpySetScorer`: the
+network's weights as numpy arrays, no torch call per step; a class network scores each request
+class once). ``backend="torch"`` runs the torch network (the reference; same logits).
 
 Names for the harness (:func:`make_learned_policy`): ``"learned"`` (the shipped checkpoint,
 ``train/checkpoints/llama8b_set.zip``), ``"learned:<path>"`` or ``"ppo:<path>"``; keyword
@@ -33,7 +39,8 @@ from carbon_gym.errors import ConfigError
 __all__ = ["LearnedPolicy", "make_learned_policy", "is_learned_name", "export_checkpoint", "SHIPPED_CHECKPOINT", "MODES"]
 
 SHIPPED_CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "llama8b_set.zip"
-MODES = ("sample", "argmax")
+MODES = ("sample", "argmax", "systematic")
+BACKENDS = ("numpy", "torch")
 _PREFIXES = ("learned:", "ppo:")
 
 
@@ -42,18 +49,25 @@ class LearnedPolicy:
 
     Args:
         model: a loaded SB3 model (``MaskablePPO`` with the set policy, or ``PPO`` on routing weights).
-        mode: ``"sample"`` (default) or ``"argmax"`` (set policy only; routing PPO is deterministic).
+        mode: ``"sample"`` (default), ``"argmax"`` or ``"systematic"`` (set policy only; routing
+            PPO is deterministic; ``"systematic"`` needs the numpy backend).
         seed: seed of the sampling RNG, restarted at every :meth:`reset`.
         threads: torch intra-op threads used by ``act`` (1 keeps decision times comparable).
+        backend: ``"numpy"`` (default) or ``"torch"`` for the set policy's decisions.
     """
 
-    def __init__(self, model: Any, *, mode: str = "sample", seed: int = 0, threads: int = 1) -> None:
+    def __init__(self, model: Any, *, mode: str = "sample", seed: int = 0, threads: int = 1, backend: str = "numpy") -> None:
         import torch as th
 
         from .set_policy import SetActorCriticPolicy
 
         if mode not in MODES:
             raise ConfigError("mode", f"unknown mode {mode!r}", allowed=list(MODES))
+        if backend not in BACKENDS:
+            raise ConfigError("backend", f"unknown backend {backend!r}", allowed=list(BACKENDS))
+        if backend == "torch" and mode == "systematic":
+            raise ConfigError("mode", "mode 'systematic' needs backend='numpy'", allowed=["sample", "argmax"])
+        self.backend = backend
         self.model = model
         self.mode = mode
         self.seed = int(seed)
@@ -63,7 +77,12 @@ class LearnedPolicy:
             self.net = model.policy.net
             self.net.eval()
             self._train_layout = dict(self.net.spec)
+            if backend == "numpy":
+                from .fast import NumpySetScorer
+
+                self.scorer = NumpySetScorer(self.net)
         self._gen = th.Generator().manual_seed(self.seed)
+        self._rng = np.random.default_rng(self.seed)
         self._router: Any = None
         self._env: Any = None
 
@@ -98,12 +117,15 @@ class LearnedPolicy:
         """Bind to ``env`` (its layout; for routing PPO a fresh weights-to-requests router) and
         restart the sampling RNG."""
         self._gen.manual_seed(self.seed)
+        self._rng = np.random.default_rng(self.seed)
         self._env = env
         if env is None:
             return
         base = env.unwrapped
         if self.kind == "set":
             self.net.bind(base.layout)
+            if self.backend == "numpy":
+                self.scorer.bind(self.net.spec)
         else:
             from carbon_gym.wrappers import RoutingWeightsWrapper
 
@@ -111,6 +133,8 @@ class LearnedPolicy:
 
     def act(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
         """The per-request action (length K; D = defer) for this step."""
+        if self.kind == "set" and self.backend == "numpy":
+            return self._act_numpy(observation, info)
         import torch as th
 
         prev = th.get_num_threads()
@@ -132,6 +156,32 @@ class LearnedPolicy:
             D1 = int(self._env.unwrapped.layout.n_datacenters) + 1
             m = self._env.unwrapped.action_masks().reshape(-1, D1)
         return np.asarray(m, dtype=bool)
+
+    def _act_numpy(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
+        from .fast import choose
+
+        mask = self._mask(info)
+        K, C = mask.shape
+        D = C - 1
+        sc = self.scorer
+        if sc.D != D or sc.K != K:
+            raise ConfigError(
+                "observation", f"policy bound to D={sc.D}, K={sc.K} but the env has D={D}, K={K}: call reset(env) first"
+            )
+        slots = np.asarray(observation["slots"]).reshape(K, sc.F_S)
+        valid = slots[:, sc._s_valid] > 0.5
+        n = int(np.count_nonzero(valid))
+        action = np.full(K, D, dtype=np.int64)
+        if n == 0:
+            return action
+        if valid[:n].all():  # the env fills slots from the front
+            rows, m, idx = slots[:n], mask[:n], slice(0, n)
+        else:
+            idx = np.flatnonzero(valid)
+            rows, m = slots[idx], mask[idx]
+        logits, inv, _, _ = sc.class_logits(observation["datacenters"], rows, observation["globals"])
+        action[idx] = choose(logits, m, inv, self.mode, self._rng)
+        return action
 
     def _act_set(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
         import torch as th

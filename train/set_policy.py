@@ -43,6 +43,9 @@ __all__ = [
     "N_DC_INPUTS",
     "N_SLOT_INPUTS",
     "N_PAIR_INPUTS",
+    "N_DEMAND_INPUTS",
+    "DEFAULT_CLASS_BINS",
+    "class_bin_edges",
 ]
 
 #: Masked logits are set to this (probability ~0).
@@ -56,6 +59,49 @@ N_DC_INPUTS = 20
 N_SLOT_INPUTS = 3
 #: Per-pair inputs: network delay, network minus the slot's best, TTFT headroom, queue+prefill part.
 N_PAIR_INPUTS = 4
+#: Extra datacenter inputs with ``demand_features``: pending prompt and predicted-output tokens
+#: (of all valid slots) per engine of the datacenter.
+N_DEMAND_INPUTS = 2
+
+#: Default request classes (``classes=True``), the facility MILP's own binning: origin x bins of
+#: predicted output length (geometric, ratio 2) x bins of the TTFT time already used,
+#: ``waited + prompt x mean prefill s/token`` (0.125 T_ttft = 0.25 s at T_ttft = 2 s).
+DEFAULT_CLASS_BINS: dict[str, float] = {"output_ratio": 2.0, "used_bin": 0.125}
+#: Output-length bin edges span ratio^-20 .. ratio^11 (observation units: tokens / 1024);
+#: used-time bins 0 .. 63 x used_bin (the last bin is open-ended).
+_OUT_EXP = (-20, 12)
+_USED_BINS = 64
+
+
+def class_bin_edges(bins: Mapping[str, float]) -> tuple[np.ndarray, np.ndarray]:
+    """(output edges, used-time edges), float64, in observation units, for ``bins``
+    (``output_ratio`` > 1, ``used_bin`` > 0): bin i of a value x is the number of edges <= x
+    (``numpy.searchsorted(edges, x, "right")`` == ``torch.bucketize(x, edges, right=True)``: a
+    value on an edge goes to the upper bin, as floor(log) in the facility MILP)."""
+    ratio = float(bins.get("output_ratio", DEFAULT_CLASS_BINS["output_ratio"]))
+    width = float(bins.get("used_bin", DEFAULT_CLASS_BINS["used_bin"]))
+    if not ratio > 1.0:
+        raise ConfigError("set_policy.classes.output_ratio", f"must be > 1, got {ratio}")
+    if not width > 0.0:
+        raise ConfigError("set_policy.classes.used_bin", f"must be > 0, got {width}")
+    out_edges = ratio ** np.arange(_OUT_EXP[0], _OUT_EXP[1], dtype=np.float64)
+    used_edges = width * np.arange(1, _USED_BINS, dtype=np.float64)
+    return out_edges, used_edges
+
+
+def _class_spec(classes: Any) -> dict[str, float] | None:
+    if classes is None or classes is False:
+        return None
+    if classes is True:
+        return dict(DEFAULT_CLASS_BINS)
+    if isinstance(classes, Mapping):
+        unknown = set(classes) - set(DEFAULT_CLASS_BINS)
+        if unknown:
+            raise ConfigError("set_policy.classes", f"unknown keys {sorted(unknown)}", allowed=sorted(DEFAULT_CLASS_BINS))
+        out = {**DEFAULT_CLASS_BINS, **{k: float(v) for k, v in classes.items()}}
+        class_bin_edges(out)
+        return out
+    raise ConfigError("set_policy.classes", f"expected true/false or a table of bins, got {classes!r}")
 
 
 def layout_spec(layout: Any) -> dict[str, Any]:
@@ -106,18 +152,31 @@ class SetNetwork(nn.Module):
     Args:
         layout: :func:`layout_spec` of the env it first serves (rebind with :meth:`bind`).
         hidden: width of the encoders and of the pair layer.
+        classes: score request *classes*, not single requests: ``True`` (the facility MILP's
+            bins, :data:`DEFAULT_CLASS_BINS`) or a dict of bins. Requests of one class (same
+            origin, output-length bin and used-TTFT bin) are scored on the class's mean slot
+            features, so they share their scores exactly; inference then scores each class once
+            (:class:`train.fast.NumpySetScorer`). ``None``/``False``: every request on its own.
+        demand_features: add :data:`N_DEMAND_INPUTS` datacenter inputs (pending prompt and
+            predicted-output tokens per engine) to the datacenter encoder.
 
     Parameters do not depend on the layout: ``state_dict`` of a network bound to one topology
     loads into a network bound to another.
     """
 
-    def __init__(self, layout: Any, hidden: int = 64) -> None:
+    def __init__(self, layout: Any, hidden: int = 64, classes: Any = None, demand_features: bool = False) -> None:
         super().__init__()
         if int(hidden) < 1:
             raise ConfigError("set_policy.hidden", f"must be a positive integer, got {hidden}")
         h = int(hidden)
         self.hidden = h
-        self.dc_encoder = _mlp([N_DC_INPUTS, h, h])
+        self.classes = _class_spec(classes)
+        self.demand_features = bool(demand_features)
+        self.n_dc_inputs = N_DC_INPUTS + (N_DEMAND_INPUTS if self.demand_features else 0)
+        if self.classes is not None:
+            oe, ue = class_bin_edges(self.classes)
+            self._out_edges, self._used_edges = th.as_tensor(oe), th.as_tensor(ue)
+        self.dc_encoder = _mlp([self.n_dc_inputs, h, h])
         self.dc_context = nn.Linear(2 * h, h)  # [own embedding, mean over datacenters]
         self.slot_encoder = _mlp([N_SLOT_INPUTS, h, h])
         self.pair_from_dc = nn.Linear(h, h)
@@ -151,45 +210,93 @@ class SetNetwork(nn.Module):
         self._s_valid, self._s_prompt = s["valid"], s["prompt"]
         self._s_pred, self._s_waited = s["predicted_output"], s["waited"]
         self._s_net = s["network"]
+        self._s_origin, self._R = s["origin"], int(spec["n_regions"])
         self._g_sin, self._g_cos = g["hour_sin"], g["hour_cos"]
         engines = np.maximum(np.asarray(spec["n_engines"], dtype=np.float32), 1.0)
         self._inv_engines = th.as_tensor(1.0 / (engines * 16.0))  # not a parameter: layout-bound
         return self
 
     # ------------------------------------------------------------------ features
-    def features(self, obs: Mapping[str, th.Tensor]) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
-        """Per-datacenter (B, D, 20), per-slot (B, K, 3), per-pair (B, K, D, 4) inputs,
-        the valid-slot mask (B, K) and the hour (B, 2)."""
-        dc = obs["datacenters"].float().reshape(-1, self.D, self.F_D)
-        sl = obs["slots"].float().reshape(dc.shape[0], -1, self.F_S)  # K may be trimmed to the filled slots
-        gl = obs["globals"].float().reshape(dc.shape[0], -1)
+    def split_obs(self, obs: Mapping[str, th.Tensor]) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+        """The observation as datacenter rows (B, D, F_D), slot rows (B, K', F_S) (K' may be
+        trimmed to the filled slots) and globals (B, F_G), in the dtype of the weights."""
+        dt = self.pair_out.weight.dtype
+        dc = obs["datacenters"].to(dt).reshape(-1, self.D, self.F_D)
+        sl = obs["slots"].to(dt).reshape(dc.shape[0], -1, self.F_S)
+        gl = obs["globals"].to(dt).reshape(dc.shape[0], -1)
+        return dc, sl, gl
+
+    def totals(self, sl: th.Tensor, valid: th.Tensor) -> th.Tensor:
+        """Per observation (B, 3): valid slots, their prompt and predicted-output sums (obs units)."""
+        w = valid.to(sl.dtype)
+        return th.stack([w.sum(dim=1), (sl[:, :, self._s_prompt] * w).sum(dim=1), (sl[:, :, self._s_pred] * w).sum(dim=1)], dim=1)
+
+    def class_keys(self, sl: th.Tensor, valid: th.Tensor, dc: th.Tensor) -> th.Tensor:
+        """Class key of every slot (B, K) (int64; -1 on invalid slots): origin x output-length bin x
+        bin of ``waited + prompt x mean est. prefill`` over up datacenters, computed in float64
+        (the same arithmetic as :class:`train.fast.NumpySetScorer`)."""
+        assert self.classes is not None
+        x = sl.double()
+        origin = x[:, :, self._s_origin:self._s_origin + self._R].argmax(dim=-1)
+        ob = th.bucketize(x[:, :, self._s_pred], self._out_edges, right=True)
+        up = (dc[:, :, self._c_up] > 0.5).double()
+        pref = (dc[:, :, self._c_prefill].double() * up).sum(dim=1) / up.sum(dim=1).clamp(min=1.0)
+        used = x[:, :, self._s_waited] + x[:, :, self._s_prompt] * pref.unsqueeze(1)
+        hb = th.bucketize(used, self._used_edges, right=True)
+        key = (origin * (len(self._out_edges) + 1) + ob) * _USED_BINS + hb
+        return th.where(valid, key, th.full_like(key, -1))
+
+    def class_mean_slots(self, sl: th.Tensor, valid: th.Tensor, dc: th.Tensor) -> th.Tensor:
+        """``sl`` with each valid slot's prompt, predicted output, waited and network columns
+        replaced by the mean over its class (same observation, same :meth:`class_keys`)."""
+        B, K, F = sl.shape
+        key = self.class_keys(sl, valid, dc)
+        span = int(self._R * (len(self._out_edges) + 1) * _USED_BINS) + 1
+        gk = (key + 1) + span * th.arange(B, device=sl.device).unsqueeze(1)  # invalid slots: class 0 of their row
+        _, inv = th.unique(gk.reshape(-1), return_inverse=True)
+        cols = [self._s_prompt, self._s_pred, self._s_waited] + list(range(self._s_net, self._s_net + self.D))
+        idx = th.as_tensor(cols, device=sl.device)
+        vals = sl.reshape(B * K, F)[:, idx].double()
+        n_cls = int(inv.max()) + 1 if inv.numel() else 0
+        sums = th.zeros(n_cls, len(cols), dtype=th.float64, device=sl.device).index_add_(0, inv, vals)
+        cnt = th.bincount(inv, minlength=n_cls).to(th.float64).clamp(min=1.0)
+        mean = (sums / cnt.unsqueeze(1))[inv].to(sl.dtype)
+        out = sl.reshape(B * K, F).clone()
+        out[:, idx] = th.where(valid.reshape(-1, 1), mean, out[:, idx])
+        return out.reshape(B, K, F)
+
+    def dc_inputs(self, dc: th.Tensor, gl: th.Tensor, totals: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+        """Datacenter-encoder inputs (B, D, n_dc_inputs), the up flags (B, D) and the hour (B, 2)."""
         B = dc.shape[0]
-        valid = sl[:, :, self._s_valid] > 0.5
         up = dc[:, :, self._c_up] > 0.5
         carbon = dc[:, :, self._c_now]
         eff = carbon * dc[:, :, self._c_pue]
         big = th.full_like(eff, 1e3)
         eff_min = th.where(up, eff, big).min(dim=1, keepdim=True).values
-        n_up = up.float().sum(dim=1, keepdim=True).clamp(min=1.0)
+        n_up = up.to(eff.dtype).sum(dim=1, keepdim=True).clamp(min=1.0)
         eff_mean = (eff * up).sum(dim=1, keepdim=True) / n_up
         eff_std = (((eff - eff_mean) ** 2) * up).sum(dim=1, keepdim=True).div(n_up).sqrt()
         fmean = dc[:, :, self._c_fmean].mean(dim=2) if self._c_fmean is not None else carbon
-        n_valid = valid.float().sum(dim=1, keepdim=True)  # (B, 1)
+        inv_eng = self._inv_engines.to(device=dc.device, dtype=dc.dtype)
         hour = th.stack([gl[:, self._g_sin], gl[:, self._g_cos]], dim=1)  # (B, 2)
-        dc_in = th.cat(
-            [
-                carbon.unsqueeze(-1),
-                dc[:, :, self._c_f1].unsqueeze(-1),
-                fmean.unsqueeze(-1),
-                dc[:, :, self._c_obs],
-                (eff - eff_min).clamp(min=0.0).unsqueeze(-1),
-                ((eff - eff_mean) / (eff_std + 1e-3)).clamp(-5.0, 5.0).unsqueeze(-1),
-                eff.unsqueeze(-1),
-                (n_valid * self._inv_engines.to(dc.device)).unsqueeze(-1),
-                hour.unsqueeze(1).expand(B, self.D, 2),
-            ],
-            dim=-1,
-        )
+        parts = [
+            carbon.unsqueeze(-1),
+            dc[:, :, self._c_f1].unsqueeze(-1),
+            fmean.unsqueeze(-1),
+            dc[:, :, self._c_obs],
+            (eff - eff_min).clamp(min=0.0).unsqueeze(-1),
+            ((eff - eff_mean) / (eff_std + 1e-3)).clamp(-5.0, 5.0).unsqueeze(-1),
+            eff.unsqueeze(-1),
+            (totals[:, 0:1] * inv_eng).unsqueeze(-1),
+            hour.unsqueeze(1).expand(B, self.D, 2),
+        ]
+        if self.demand_features:
+            parts.append((totals[:, 1:2] * inv_eng).unsqueeze(-1))
+            parts.append((totals[:, 2:3] * inv_eng).unsqueeze(-1))
+        return th.cat(parts, dim=-1), up, hour
+
+    def slot_pair_inputs(self, sl: th.Tensor, dc: th.Tensor, up: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+        """Slot-encoder inputs (B, K, 3) and pair inputs (B, K, D, 4)."""
         prompt = sl[:, :, self._s_prompt]
         waited = sl[:, :, self._s_waited]
         slot_in = th.stack([prompt, sl[:, :, self._s_pred], waited], dim=-1)
@@ -198,26 +305,48 @@ class SetNetwork(nn.Module):
         server = dc[:, :, self._c_wait].unsqueeze(1) + dc[:, :, self._c_prefill].unsqueeze(1) * prompt.unsqueeze(-1)
         headroom = 1.0 - (waited.unsqueeze(-1) + net + server)
         pair_in = th.stack([net, (net - net_best).clamp(min=0.0, max=10.0), headroom.clamp(-10.0, 2.0), server.clamp(max=10.0)], dim=-1)
+        return slot_in, pair_in
+
+    def features(self, obs: Mapping[str, th.Tensor]) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
+        """Per-datacenter (B, D, n_dc_inputs), per-slot (B, K, 3), per-pair (B, K, D, 4) inputs,
+        the valid-slot mask (B, K) and the hour (B, 2). With ``classes``, a slot's inputs are
+        its class's (:meth:`class_mean_slots`)."""
+        dc, sl, gl = self.split_obs(obs)
+        valid = sl[:, :, self._s_valid] > 0.5
+        totals = self.totals(sl, valid)
+        if self.classes is not None:
+            sl = self.class_mean_slots(sl, valid, dc)
+        dc_in, up, hour = self.dc_inputs(dc, gl, totals)
+        slot_in, pair_in = self.slot_pair_inputs(sl, dc, up)
         return dc_in, slot_in, pair_in, valid, hour
 
-    # ------------------------------------------------------------------ forward
-    def scores(self, obs: Mapping[str, th.Tensor]) -> th.Tensor:
-        """Logits (B, K, D + 1) only (no critic), with in-place activations: the inference path
-        of :class:`~train.policy.LearnedPolicy`. Equal to ``forward(obs)[0]``; call it under
-        ``torch.inference_mode()``."""
-        dc_in, slot_in, pair_in, _, _ = self.features(obs)
+    def class_scores(self, dc: th.Tensor, gl: th.Tensor, cls_slots: th.Tensor, totals: th.Tensor) -> th.Tensor:
+        """Logits (B, C, D + 1) of C precomputed class rows (B, C, F_S) (class-mean slot rows, as
+        :meth:`class_mean_slots` gives) of observations whose datacenter rows, globals and
+        :meth:`totals` are ``dc`` (B, D, F_D), ``gl`` (B, F_G), ``totals`` (B, 3): the class-level
+        behaviour-cloning path (:mod:`train.imitate`)."""
+        dt = self.pair_out.weight.dtype
+        dc_in, up, _ = self.dc_inputs(dc.to(dt), gl.to(dt), totals.to(dt))
+        slot_in, pair_in = self.slot_pair_inputs(cls_slots.to(dt), dc.to(dt), up)
+        return self._logits(dc_in, slot_in, pair_in)
+
+    def _logits(self, dc_in: th.Tensor, slot_in: th.Tensor, pair_in: th.Tensor) -> th.Tensor:
         e = self.dc_encoder(dc_in)
         ctx = e.mean(dim=1, keepdim=True)
         e = th.relu(self.dc_context(th.cat([e, ctx.expand_as(e)], dim=-1)))
         s = self.slot_encoder(slot_in)
-        pair = self.pair_from_pair(pair_in)
-        pair += self.pair_from_dc(e).unsqueeze(1)
-        pair += self.pair_from_slot(s).unsqueeze(2)
-        pair.relu_()
+        pair = th.relu(self.pair_from_pair(pair_in) + self.pair_from_dc(e).unsqueeze(1) + self.pair_from_slot(s).unsqueeze(2))
         scores = self.pair_out(pair).squeeze(-1)
         ctx_k = e.mean(dim=1, keepdim=True).expand(-1, s.shape[1], -1)
         defer = self.defer_head(th.cat([s, ctx_k], dim=-1))
         return th.cat([scores, defer], dim=-1)
+
+    # ------------------------------------------------------------------ forward
+    def scores(self, obs: Mapping[str, th.Tensor]) -> th.Tensor:
+        """Logits (B, K, D + 1) only (no critic): the torch inference path of
+        :class:`~train.policy.LearnedPolicy` (``backend="torch"``). Equal to ``forward(obs)[0]``."""
+        dc_in, slot_in, pair_in, _, _ = self.features(obs)
+        return self._logits(dc_in, slot_in, pair_in)
 
     def forward(self, obs: Mapping[str, th.Tensor]) -> tuple[th.Tensor, th.Tensor]:
         """Return (logits (B, K, D + 1), value (B, 1)); masking is left to the distribution."""
@@ -314,7 +443,8 @@ class SetActorCriticPolicy(MaskableActorCriticPolicy):
 
     Extra keyword arguments (``policy_kwargs`` of ``MaskablePPO``): ``layout`` (required,
     :func:`layout_spec` of the training env), ``hidden`` (64), ``logprob_reduction``
-    (``"mean"`` or ``"sum"``, see :class:`SlotCategorical`). The observation goes to the network
+    (``"mean"`` or ``"sum"``, see :class:`SlotCategorical`), ``classes`` and ``demand_features``
+    (see :class:`SetNetwork`). The observation goes to the network
     unflattened; ``net_arch``/``activation_fn`` are ignored.
     """
 
@@ -327,6 +457,8 @@ class SetActorCriticPolicy(MaskableActorCriticPolicy):
         layout: Mapping[str, Any] | None = None,
         hidden: int = 64,
         logprob_reduction: str = "mean",
+        classes: Any = None,
+        demand_features: bool = False,
         **kwargs: Any,
     ) -> None:
         if layout is None:
@@ -336,6 +468,8 @@ class SetActorCriticPolicy(MaskableActorCriticPolicy):
         self._layout = layout_spec(layout)
         self._hidden = int(hidden)
         self._reduction = str(logprob_reduction)
+        self._classes = _class_spec(classes)
+        self._demand = bool(demand_features)
         kwargs.pop("net_arch", None)
         kwargs["ortho_init"] = False
         super().__init__(observation_space, action_space, lr_schedule, *args, net_arch=[], **kwargs)
@@ -344,12 +478,14 @@ class SetActorCriticPolicy(MaskableActorCriticPolicy):
         self.action_dist = SlotCategorical(K, C, self._reduction)
 
     def _build(self, lr_schedule: Any) -> None:
-        self.net = SetNetwork(self._layout, hidden=self._hidden)
+        self.net = SetNetwork(self._layout, hidden=self._hidden, classes=self._classes, demand_features=self._demand)
         self.optimizer = self.optimizer_class(self.parameters(), lr=lr_schedule(1), **self.optimizer_kwargs)
 
     def _get_constructor_parameters(self) -> dict[str, Any]:
         data = super()._get_constructor_parameters()
         data.update(layout=self._layout, hidden=self._hidden, logprob_reduction=self._reduction)
+        if self._classes is not None or self._demand:  # older checkpoints: neither key, same network
+            data.update(classes=self._classes, demand_features=self._demand)
         data.pop("net_arch", None)
         return data
 

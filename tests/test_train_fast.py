@@ -1,0 +1,231 @@
+"""The numpy decision path of the set policy (train.fast) against the torch network, request
+classes, the choice modes, class-level imitation and the evaluation's policy aliases."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("sb3_contrib")
+
+import torch as th  # noqa: E402
+
+from train.envs import make_episode_env  # noqa: E402
+from train.fast import NumpySetScorer, choose  # noqa: E402
+from train.set_policy import SetNetwork, layout_spec  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    warnings.simplefilter("ignore", UserWarning)
+    prev = th.get_num_threads()
+    th.set_num_threads(1)
+    yield
+    th.set_num_threads(prev)
+
+
+@pytest.fixture(scope="module")
+def layouts():
+    warnings.simplefilter("ignore", UserWarning)
+    out = {}
+    for name, scen, ov in (("dev", "dev", {"duration_s": 4}), ("paper", "llama8b-moderate", {"duration_s": 3, "env.max_pending": 512})):
+        env = make_episode_env(scen, ov, None)
+        obs, info = env.reset(seed=3)
+        for _ in range(2):
+            obs, _, _, _, info = env.step(np.zeros(env.unwrapped.layout.max_pending, dtype=np.int64))
+        out[name] = (env, obs, info)
+    return out
+
+
+def random_obs(spec: dict, rng: np.random.Generator, n_valid: int, down: int = 0) -> dict[str, np.ndarray]:
+    """A random observation of layout ``spec``: lengths drawn from a few values, so request
+    classes hold several members; ``down`` datacenters marked down."""
+    D, K, F_D, F_S, R = (spec[k] for k in ("n_datacenters", "max_pending", "n_dc_features", "n_slot_features", "n_regions"))
+    c, s = spec["dc_columns"], spec["slot_columns"]
+    dc = rng.uniform(0.0, 1.0, (D, F_D)).astype(np.float32)
+    dc[:, c["up"]] = 1.0
+    dc[:down, c["up"]] = 0.0
+    sl = np.zeros((K, F_S), np.float32)
+    sl[:n_valid, s["valid"]] = 1.0
+    sl[np.arange(n_valid), s["origin"] + rng.integers(0, R, n_valid)] = 1.0
+    sl[:n_valid, s["prompt"]] = rng.choice([0.05, 0.3, 0.31, 1.2, 4.0], n_valid) * rng.uniform(0.98, 1.02, n_valid)
+    sl[:n_valid, s["predicted_output"]] = rng.choice([0.02, 0.1, 0.25, 0.6], n_valid)
+    sl[:n_valid, s["waited"]] = rng.choice([0.0, 0.1, 0.4], n_valid) + rng.uniform(0.0, 0.01, n_valid)
+    sl[:n_valid, s["network"]:s["network"] + D] = rng.uniform(0.0, 0.2, (n_valid, D))
+    gl = rng.uniform(-1.0, 1.0, 4).astype(np.float32)
+    return {"datacenters": dc.reshape(-1), "slots": sl.reshape(-1), "globals": gl}
+
+
+def _t(obs, dtype=th.float32):
+    return {k: th.as_tensor(np.asarray(v)).to(dtype)[None] for k, v in obs.items()}
+
+
+@pytest.mark.parametrize("name", ["dev", "paper"])
+@pytest.mark.parametrize("classes,demand", [(None, False), (True, True), ({"output_ratio": 3.0, "used_bin": 0.2}, False)])
+def test_numpy_logits_equal_torch_on_random_observations(layouts, name, classes, demand):
+    env = layouts[name][0]
+    spec = layout_spec(env)
+    rng = np.random.default_rng(7)
+    th.manual_seed(1)
+    net = SetNetwork(spec, hidden=16, classes=classes, demand_features=demand)
+    n64 = SetNetwork(spec, hidden=16, classes=classes, demand_features=demand).double()
+    n64.load_state_dict({k: v.double() for k, v in net.state_dict().items()})
+    sc64 = NumpySetScorer(net)
+    sc32 = NumpySetScorer(net, dtype=np.float32)
+    K = spec["max_pending"]
+    checked_classes = checked_rows = 0
+    for trial in range(6):
+        n_valid = int(rng.integers(1, K + 1))
+        obs = random_obs(spec, rng, n_valid, down=trial % 2)
+        rows = obs["slots"].reshape(K, -1)[:n_valid]
+        with th.no_grad():
+            ref64 = n64.scores(_t(obs, th.float64))[0, :n_valid].numpy()
+            ref32 = net.scores(_t(obs))[0, :n_valid].numpy()
+        lg, inv, rep, counts = sc64.class_logits(obs["datacenters"], rows, obs["globals"])
+        assert np.abs(lg[inv] - ref64).max() < 1e-9
+        assert np.abs(lg[inv] - ref32).max() < 1e-4 * max(1.0, np.abs(ref32).max())
+        lg32, inv32, _, _ = sc32.class_logits(obs["datacenters"], rows, obs["globals"])
+        assert np.abs(lg32[inv32] - ref64).max() < 1e-5 * max(1.0, np.abs(ref64).max())
+        # argmax actions equal: numpy (float64) vs torch float64
+        assert (lg[inv].argmax(axis=1) == ref64.argmax(axis=1)).all()
+        assert counts.sum() == n_valid and (inv[rep] == np.arange(len(rep))).all()
+        if classes is None:
+            assert len(rep) == n_valid
+        checked_classes += len(rep)
+        checked_rows += n_valid
+    if classes is not None:  # classes hold several requests (scored once)
+        assert checked_classes < 0.8 * checked_rows
+
+
+def test_class_members_share_scores_and_are_permutation_equivariant(layouts):
+    env = layouts["paper"][0]
+    spec = layout_spec(env)
+    rng = np.random.default_rng(11)
+    th.manual_seed(2)
+    net = SetNetwork(spec, hidden=16, classes=True, demand_features=True)
+    K = spec["max_pending"]
+    obs = random_obs(spec, rng, 300)
+    sc = NumpySetScorer(net)
+    rows = obs["slots"].reshape(K, -1)[:300]
+    _, inv, _, _ = sc.group(rows, obs["datacenters"].reshape(spec["n_datacenters"], -1))
+    with th.no_grad():
+        logits = net.scores(_t(obs))[0, :300]
+        for c in np.unique(inv)[:20]:
+            members = np.flatnonzero(inv == c)
+            assert th.allclose(logits[members], logits[members[0]].expand(len(members), -1), atol=1e-6)
+        perm = rng.permutation(300)
+        sl = obs["slots"].reshape(K, -1).copy()
+        sl[:300] = sl[perm]
+        permuted = dict(obs, slots=sl.reshape(-1))
+        logits_p = net.scores(_t(permuted))[0, :300]
+    assert th.allclose(logits_p, logits[perm], atol=1e-5)
+
+
+def test_learned_policy_numpy_and_torch_backends_agree(layouts, tmp_path):
+    from sb3_contrib import MaskablePPO
+
+    from train.policy import LearnedPolicy
+    from train.set_policy import SetActorCriticPolicy
+
+    env, obs, info = layouts["paper"]
+    spec = layout_spec(env)
+    model = MaskablePPO(SetActorCriticPolicy, env, n_steps=8, batch_size=8, device="cpu", seed=0,
+                        policy_kwargs={"layout": spec, "hidden": 16, "classes": True, "demand_features": True})
+    path = tmp_path / "m.zip"
+    model.save(path)
+    a_np = LearnedPolicy.load(path, mode="argmax")
+    a_th = LearnedPolicy.load(path, mode="argmax", backend="torch")
+    assert a_np.net.classes is not None and a_np.backend == "numpy"
+    a_np.reset(env)
+    a_th.reset(env)
+    x, y = a_np.act(obs, info), a_th.act(obs, info)
+    n = int((np.asarray(obs["slots"]).reshape(spec["max_pending"], -1)[:, 0] > 0.5).sum())
+    assert n > 0 and (x == y).all()
+    # sampling is reproducible under the seed and restarts with reset()
+    s = LearnedPolicy.load(path, mode="sample", seed=5)
+    s.reset(env)
+    first = s.act(obs, info)
+    s.reset(env)
+    assert (s.act(obs, info) == first).all()
+
+
+def _probs(lg: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    z = np.where(mask, lg, -np.inf)
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    return p / p.sum(axis=1, keepdims=True)
+
+
+def test_choose_modes_follow_the_class_probabilities():
+    rng = np.random.default_rng(0)
+    C, D1 = 3, 5
+    logits = rng.normal(0.0, 1.0, (C, D1))
+    mask_row = np.array([True, False, True, True, True])
+    inv = np.repeat(np.arange(C), [4000, 7, 1])
+    rng.shuffle(inv)
+    mask = np.tile(mask_row, (len(inv), 1))
+    p = _probs(logits, mask_row[None, :])
+    # sample: frequencies within 4 standard errors, masked choice never taken
+    pick = choose(logits, mask, inv, "sample", np.random.default_rng(1))
+    assert not (pick == 1).any() and pick.min() >= 0 and pick.max() < D1
+    freq = np.bincount(pick[inv == 0], minlength=D1) / 4000
+    assert np.all(np.abs(freq - p[0]) < 4 * np.sqrt(p[0] * (1 - p[0]) / 4000) + 1e-9)
+    # systematic: every choice gets the floor or the ceiling of its expected count
+    for seed in range(5):
+        pick = choose(logits, mask, inv, "systematic", np.random.default_rng(seed))
+        for c, size in ((0, 4000), (1, 7), (2, 1)):
+            cnt = np.bincount(pick[inv == c], minlength=D1)
+            assert (cnt >= np.floor(size * p[c]) - 1e-9).all() and (cnt <= np.ceil(size * p[c]) + 1e-9).all()
+    # argmax
+    assert (choose(logits, mask, inv, "argmax") == p.argmax(axis=1)[inv]).all()
+    # masks that differ inside a class are honoured per request
+    mask2 = mask.copy()
+    mask2[:100, 0] = False
+    pick = choose(logits, mask2, inv, "sample", np.random.default_rng(2))
+    assert not (pick[:100] == 0).any() and not (pick == 1).any()
+
+
+def test_class_level_loss_equals_per_request_cross_entropy(layouts):
+    from train.imitate import _batch, _loss, compress_step
+
+    env = layouts["paper"][0]
+    spec = layout_spec(env)
+    rng = np.random.default_rng(5)
+    th.manual_seed(3)
+    net = SetNetwork(spec, hidden=16, classes=True, demand_features=True)
+    K, D = spec["max_pending"], spec["n_datacenters"]
+    obs = random_obs(spec, rng, 200)
+    mask = np.ones((K, D + 1), bool)
+    mask[200:, :D] = False
+    expert = rng.integers(0, D + 1, K)
+    step = compress_step(NumpySetScorer(net), obs, mask, expert)
+    assert step is not None and step.counts.sum() == 200
+    with th.no_grad():
+        ce, _ = _loss(net, _batch([step]))
+        logits = net.scores(_t(obs))[0, :200]
+        ref = -th.log_softmax(logits, dim=-1).gather(1, th.as_tensor(expert[:200]).unsqueeze(1)).mean()
+    assert abs(float(ce) - float(ref)) < 1e-4
+
+
+def test_evaluate_uses_the_harness_policy_aliases():
+    from eval.harness import POLICY_ALIASES
+    from train.evaluate import _solver_aliases
+
+    assert _solver_aliases() == dict(POLICY_ALIASES)
+    assert _solver_aliases()["ilp"] == "ilp-static"
+
+
+def test_dagger_config_validation(tmp_path):
+    from carbon_gym.errors import ConfigError
+    from train.config import config_from_dict, load_config
+
+    cfg = load_config("llama8b_dagger")
+    assert cfg.dagger is not None and cfg.set_policy["classes"] is True
+    with pytest.raises(ConfigError, match="classes"):
+        config_from_dict({"scenarios": ["dev"], "dagger": {}})
+    with pytest.raises(ConfigError, match="dagger.rollout_mode"):
+        config_from_dict({"scenarios": ["dev"], "set_policy": {"classes": True}, "dagger": {"rollout_mode": "x"}})
+    with pytest.raises(ConfigError, match="dagger.bogus"):
+        config_from_dict({"scenarios": ["dev"], "set_policy": {"classes": True}, "dagger": {"bogus": 1}})

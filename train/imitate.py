@@ -1,0 +1,341 @@
+"""Class-level imitation of the facility MILP with DAgger, for the class set policy.
+
+The facility MILP decides per request *class* (origin x output-length bin x used-TTFT bin): it
+splits each class's N_c requests over the datacenters. A class network
+(``SetNetwork(classes=...)``, the same binning) scores each class once, so it is trained on the
+same unit: every recorded step is compressed to its classes (class-mean slot rows, the expert's
+choice counts per class (C, D + 1) and the class masks), and the loss is the cross-entropy of
+the expert's counts under the class's choice distribution, ``-sum_cd n_cd log p_cd / sum n``
+(equal to the per-request cross-entropy, at a fraction of the cost).
+
+DAgger (:func:`run_dagger`): round 0 records expert episodes (the MILP acts); every later round
+the current policy acts (numpy path, sampling) and the MILP labels the states it visits; the
+data are aggregated and the network trained further. After each round the policy is scored on
+validation episodes (held-out day, not the test days of ``carbon-gym train evaluate``) against
+round-robin and the MILP; the best round by :func:`validation_score` is kept.
+
+Class data do not depend on the slot count K, so scenarios with different ``env.max_pending``
+(low: 2048, moderate/high: 4096) are mixed freely.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from carbon_gym.errors import ConfigError
+
+from .envs import heldout_starts, make_episode_env, training_start
+
+__all__ = ["ClassStep", "compress_step", "collect", "class_bc", "validation_episode", "validation_score", "run_dagger"]
+
+
+@dataclass
+class ClassStep:
+    """One env step compressed to its request classes."""
+
+    dc: np.ndarray  # (D, F_D) float32
+    gl: np.ndarray  # (F_G,) float32
+    totals: np.ndarray  # (3,) valid slots, prompt sum, predicted-output sum (obs units)
+    rows: np.ndarray  # (C, F_S) float32 class rows (class-mean prompt, output, waited, network)
+    counts: np.ndarray  # (C, D + 1) float32 expert choices per class
+    mask: np.ndarray  # (C, D + 1) bool, the class's first member's mask
+
+
+def compress_step(scorer: Any, obs: dict[str, Any], mask: np.ndarray, expert_action: np.ndarray) -> ClassStep | None:
+    """The :class:`ClassStep` of one observation (None when no request is pending)."""
+    sc = scorer
+    K = int(np.asarray(mask).shape[0])
+    slots = np.asarray(obs["slots"], dtype=np.float32).reshape(K, sc.F_S)
+    valid = slots[:, sc._s_valid] > 0.5
+    idx = np.flatnonzero(valid)
+    if idx.size == 0:
+        return None
+    rows = slots[idx]
+    dc = np.asarray(obs["datacenters"], dtype=np.float32).reshape(sc.D, sc.F_D)
+    crow, inv, rep, _ = sc.group(rows, dc)
+    out = rows[rep].copy()
+    out[:, sc._cols] = crow.astype(np.float32)
+    C1 = sc.D + 1
+    act = np.asarray(expert_action, dtype=np.int64)[idx].clip(0, C1 - 1)
+    counts = np.bincount(inv * C1 + act, minlength=len(rep) * C1).reshape(len(rep), C1).astype(np.float32)
+    m = np.asarray(mask, dtype=bool)[idx][rep]
+    counts = np.where(m, counts, 0.0).astype(np.float32)
+    r64 = rows.astype(np.float64)
+    totals = np.array([len(idx), r64[:, sc._s_prompt].sum(), r64[:, sc._s_pred].sum()])
+    return ClassStep(dc, np.asarray(obs["globals"], dtype=np.float32).copy(), totals, out, counts, m)
+
+
+def collect(net: Any, expert: str, scenarios: Sequence[str], overrides: dict[str, Any], *, episodes: int,
+            learner_acts: bool, rng: np.random.Generator, heldout_every_days: int = 4, mode: str = "sample",
+            log: Callable[[str], None] | None = None) -> tuple[list[ClassStep], list[dict[str, Any]]]:
+    """Run ``episodes`` episodes (scenario i mod len, random training day); the expert labels every
+    step; the learner (``net`` through the numpy path) acts when ``learner_acts``, else the expert."""
+    from .bc import make_expert
+    from .fast import NumpySetScorer, choose
+
+    scorer = NumpySetScorer(net)
+    steps: list[ClassStep] = []
+    meta = []
+    for ep in range(int(episodes)):
+        scenario = scenarios[ep % len(scenarios)]
+        start = training_start(rng, heldout_every_days)
+        seed = int(rng.integers(0, 2**31 - 1))
+        env = make_episode_env(scenario, overrides, start)
+        t0 = time.perf_counter()
+        obs, info = env.reset(seed=seed)
+        exp = make_expert(expert, env)
+        if callable(getattr(exp, "reset", None)):
+            exp.reset(env)
+        scorer.bind(env.unwrapped.layout)
+        act_rng = np.random.default_rng(seed)
+        n0 = len(steps)
+        done = False
+        while not done:
+            mask = np.asarray(info["action_mask"], dtype=bool)
+            a_exp = np.asarray(exp.act(obs, info), dtype=np.int64)
+            st = compress_step(scorer, obs, mask, a_exp)
+            if st is not None:
+                steps.append(st)
+            action = a_exp
+            if learner_acts and st is not None:
+                K = mask.shape[0]
+                slots = np.asarray(obs["slots"]).reshape(K, scorer.F_S)
+                idx = np.flatnonzero(slots[:, scorer._s_valid] > 0.5)
+                logits, inv, _, _ = scorer.class_logits(obs["datacenters"], slots[idx], obs["globals"])
+                action = np.full(K, scorer.D, dtype=np.int64)
+                action[idx] = choose(logits, mask[idx], inv, mode, act_rng)
+            obs, _, term, trunc, info = env.step(action)
+            done = bool(term or trunc)
+        em = info.get("episode_metrics", {})
+        meta.append({"scenario": scenario, "start_utc": start, "seed": seed, "learner_acts": bool(learner_acts), "n_steps": len(steps) - n0,
+                     "carbon_g": em.get("carbon_g"), "violation_rate": em.get("violation_rate"), "wall_s": time.perf_counter() - t0})
+        if log:
+            log(f"imitate: {'learner' if learner_acts else 'expert'} episode {ep + 1}/{episodes} {scenario} {start}: "
+                f"violation rate {em.get('violation_rate', float('nan')):.4f} ({time.perf_counter() - t0:.0f} s)")
+        env.close()
+    return steps, meta
+
+
+def _batch(steps: Sequence[ClassStep]) -> tuple[Any, ...]:
+    import torch as th
+
+    B = len(steps)
+    C = max(s.rows.shape[0] for s in steps)
+    F = steps[0].rows.shape[1]
+    C1 = steps[0].counts.shape[1]
+    rows = np.zeros((B, C, F), np.float32)
+    counts = np.zeros((B, C, C1), np.float32)
+    mask = np.ones((B, C, C1), bool)
+    for i, s in enumerate(steps):
+        c = s.rows.shape[0]
+        rows[i, :c], counts[i, :c], mask[i, :c] = s.rows, s.counts, s.mask
+    dc = np.stack([s.dc for s in steps])
+    gl = np.stack([s.gl for s in steps])
+    tot = np.stack([s.totals for s in steps])
+    return (th.from_numpy(dc), th.from_numpy(gl), th.from_numpy(rows), th.from_numpy(tot),
+            th.from_numpy(counts), th.from_numpy(mask))
+
+
+def _loss(net: Any, batch: tuple[Any, ...]) -> tuple[Any, Any]:
+    """(cross-entropy per expert decision, size-weighted total variation between the policy's
+    class distribution and the expert's split)."""
+    import torch as th
+
+    dc, gl, rows, tot, counts, mask = batch
+    logits = net.class_scores(dc, gl, rows, tot).masked_fill(~mask, -1e8)
+    logp = th.log_softmax(logits, dim=-1)
+    n = counts.sum().clamp(min=1.0)
+    ce = -(counts * logp).sum() / n
+    size = counts.sum(dim=-1, keepdim=True)
+    tv = 0.5 * (size * (logp.exp() - counts / size.clamp(min=1.0))).abs().sum() / n
+    return ce, tv
+
+
+def class_bc(net: Any, steps: Sequence[ClassStep], val: Sequence[ClassStep], *, epochs: int, batch_steps: int,
+             learning_rate: float, seed: int, log: Callable[[str], None] | None = None) -> list[dict[str, float]]:
+    """Fit ``net`` on class steps (Adam, gradient clipping 1.0). Returns per-epoch statistics."""
+    import torch as th
+
+    g = np.random.default_rng(seed)
+    opt = th.optim.Adam(net.parameters(), lr=float(learning_rate))
+    hist = []
+    t0 = time.perf_counter()
+    net.train()
+    vb = [_batch(val[i:i + 64]) for i in range(0, len(val), 64)] if val else []
+    for epoch in range(int(epochs)):
+        perm = g.permutation(len(steps))
+        tot_ce = tot_tv = 0.0
+        nb = 0
+        for i in range(0, len(perm), int(batch_steps)):
+            ce, tv = _loss(net, _batch([steps[j] for j in perm[i:i + int(batch_steps)]]))
+            opt.zero_grad()
+            ce.backward()
+            th.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+            opt.step()
+            tot_ce += float(ce.detach())
+            tot_tv += float(tv.detach())
+            nb += 1
+        row = {"epoch": float(epoch), "ce": tot_ce / max(nb, 1), "tv": tot_tv / max(nb, 1)}
+        if vb:
+            with th.no_grad():
+                vals = [_loss(net, b) for b in vb]
+            row.update(val_ce=float(np.mean([float(a) for a, _ in vals])), val_tv=float(np.mean([float(b) for _, b in vals])))
+        hist.append(row)
+        if log and (epoch == int(epochs) - 1 or epoch % 5 == 0):
+            log("imitate: epoch {:d}: ".format(epoch) + ", ".join(f"{k} {v:.4f}" for k, v in row.items() if k != "epoch")
+                + f" ({time.perf_counter() - t0:.0f} s)")
+    net.eval()
+    return hist
+
+
+def validation_episode(policy: Any, scenario: str, overrides: dict[str, Any], start_utc: str, seed: int) -> dict[str, float]:
+    """Carbon (g), violation rate and mean decision time of ``policy`` on one episode."""
+    from carbon_gym.policy import rollout
+
+    env = make_episode_env(scenario, overrides, start_utc)
+    try:
+        m = rollout(env, policy, seed=seed)
+    finally:
+        env.close()
+    return {"carbon_g": float(m["carbon_g"]), "violation_rate": float(m["violation_rate"]), "decision_s_mean": float(m["decision_s_mean"])}
+
+
+def validation_score(learned: dict[str, dict[str, float]], refs: dict[str, dict[str, dict[str, float]]], violation_weight: float = 2.0) -> float:
+    """Mean over validation scenarios of ``reduction vs rr (pp) - violation_weight x (violation
+    rate - the MILP's, pp)^+``: the issue's target is the MILP's reduction at no more violations."""
+    out = []
+    for scen, m in learned.items():
+        rr, milp = refs[scen]["rr"], refs[scen]["milp"]
+        red = 100.0 * (1.0 - m["carbon_g"] / rr["carbon_g"])
+        excess = max(0.0, 100.0 * (m["violation_rate"] - milp["violation_rate"]))
+        out.append(red - violation_weight * excess)
+    return float(np.mean(out))
+
+
+def run_dagger(cfg: Any, run_dir: str | Path, *, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """The imitation run of a config with a ``[dagger]`` section (see :class:`train.config.DaggerConfig`).
+    Writes ``<run_dir>/dagger.json`` (per-round statistics), ``round_<i>.pt`` (network weights)
+    and ``best.zip`` (a MaskablePPO checkpoint holding the best round's network); returns the summary."""
+    import torch as th
+
+    from carbon_gym.policy import RoundRobinPolicy
+
+    from .bc import make_expert
+    from .policy import LearnedPolicy, write_checkpoint_env
+    from .set_policy import SetNetwork, layout_spec
+
+    dg = cfg.dagger
+    if dg is None:
+        raise ConfigError("dagger", "the config has no [dagger] section")
+    th.set_num_threads(int(cfg.torch_threads))
+    th.manual_seed(int(cfg.seed))
+    run = Path(run_dir)
+    run.mkdir(parents=True, exist_ok=True)
+    scenarios = list(dg.scenarios or cfg.scenarios)
+    over = dict(dg.overrides)
+    probe = make_episode_env(scenarios[0], over, None)
+    sp = dict(cfg.set_policy)
+    sp.pop("logprob_reduction", None)
+    net = SetNetwork(layout_spec(probe), **sp)
+    probe.close()
+    rng = np.random.default_rng(int(cfg.seed) + 7919)
+    val_start = dg.val_start_utc or heldout_starts(1, cfg.heldout_every_days, seed=cfg.seed + 97)[0]
+    val_scen = list(dg.val_scenarios or scenarios)
+    t_all = time.perf_counter()
+    refs: dict[str, dict[str, dict[str, float]]] = {}
+    for s in val_scen:
+        env = make_episode_env(s, over, val_start)
+        refs[s] = {"rr": validation_episode(RoundRobinPolicy(), s, over, val_start, dg.val_seed),
+                   "milp": validation_episode(make_expert(dg.expert, env), s, over, val_start, dg.val_seed)}
+        env.close()
+        log(f"imitate: validation {s} {val_start}: rr {refs[s]['rr']}, {dg.expert} {refs[s]['milp']}")
+    data: list[ClassStep] = []
+    val_data: list[ClassStep] = []
+    rounds = []
+    best = (-np.inf, -1)
+    for rd in range(int(dg.rounds) + 1):
+        t0 = time.perf_counter()
+        n_ep = dg.expert_episodes if rd == 0 else dg.episodes_per_round
+        steps, meta = collect(net, dg.expert, scenarios, over, episodes=n_ep, learner_acts=rd > 0, rng=rng,
+                              heldout_every_days=cfg.heldout_every_days, mode=dg.rollout_mode, log=log)
+        if rd == 0 and len(meta) > 1:  # the last expert episode is the imitation validation set
+            cut = len(steps) - int(meta[-1]["n_steps"])
+            val_data, steps = steps[cut:], steps[:cut]
+        data.extend(steps)
+        collect_s = time.perf_counter() - t0
+        hist = class_bc(net, data, val_data, epochs=dg.epochs, batch_steps=dg.batch_steps,
+                        learning_rate=dg.learning_rate * (dg.lr_decay ** rd), seed=int(cfg.seed) + rd, log=log)
+        th.save(net.state_dict(), run / f"round_{rd}.pt")
+        pol = _policy_from_net(net, dg.eval_mode)
+        learned = {s: validation_episode(pol, s, over, val_start, dg.val_seed) for s in val_scen}
+        score = validation_score(learned, refs, dg.violation_weight)
+        row = {"round": rd, "steps": len(data), "collect_s": collect_s, "train_s": time.perf_counter() - t0 - collect_s,
+               "episodes": meta, "bc": hist[-1] if hist else {}, "bc_history": hist, "validation": learned, "score": score}
+        for s, m in learned.items():
+            row[f"reduction_{s}"] = 100.0 * (1.0 - m["carbon_g"] / refs[s]["rr"]["carbon_g"])
+            row[f"violation_{s}"] = m["violation_rate"]
+        rounds.append(row)
+        if score > best[0]:
+            best = (score, rd)
+        log(f"imitate: round {rd}: {len(data)} steps, " + ", ".join(
+            f"{s} reduction {row[f'reduction_{s}']:.1f}% violations {100 * row[f'violation_{s}']:.2f}%" for s in val_scen)
+            + f", score {score:.2f} ({time.perf_counter() - t0:.0f} s)")
+        (run / "dagger.json").write_text(json.dumps({"refs": refs, "val_start_utc": val_start, "rounds": rounds,
+                                                      "best_round": best[1], "wall_s": time.perf_counter() - t_all}, indent=1, default=float))
+    net.load_state_dict(th.load(run / f"round_{best[1]}.pt"))
+    best_zip = run / "best.zip"
+    _save_as_maskable(cfg, net, best_zip)
+    write_checkpoint_env(best_zip)
+    log(f"imitate: best round {best[1]} (score {best[0]:.2f}) -> {best_zip} ({time.perf_counter() - t_all:.0f} s in all)")
+    return {"best_round": best[1], "best": str(best_zip), "rounds": rounds, "refs": refs}
+
+
+def _policy_from_net(net: Any, mode: str) -> Any:
+    """A harness policy (numpy path) around ``net`` without an SB3 model."""
+    from .fast import NumpySetScorer, choose
+
+    class _NetPolicy:
+        def __init__(self) -> None:
+            self.scorer = NumpySetScorer(net)
+            self.mode = mode
+            self._rng = np.random.default_rng(0)
+
+        def reset(self, env: Any = None) -> None:
+            self._rng = np.random.default_rng(0)
+            if env is not None:
+                self.scorer.bind(env.unwrapped.layout)
+
+        def act(self, obs: Any, info: dict[str, Any]) -> np.ndarray:
+            mask = np.asarray(info["action_mask"], dtype=bool)
+            K = mask.shape[0]
+            sc = self.scorer
+            slots = np.asarray(obs["slots"]).reshape(K, sc.F_S)
+            idx = np.flatnonzero(slots[:, sc._s_valid] > 0.5)
+            action = np.full(K, sc.D, dtype=np.int64)
+            if idx.size:
+                logits, inv, _, _ = sc.class_logits(obs["datacenters"], slots[idx], obs["globals"])
+                action[idx] = choose(logits, mask[idx], inv, self.mode, self._rng)
+            return action
+
+    return _NetPolicy()
+
+
+def _save_as_maskable(cfg: Any, net: Any, path: Path) -> None:
+    """Write ``net`` as a MaskablePPO checkpoint (the format ``LearnedPolicy.load`` and
+    ``carbon-gym train export`` read) built from ``cfg``'s training env."""
+    from .envs import make_vec_env
+    from .runner import build_model
+
+    venv = make_vec_env(cfg.scenarios, cfg.overrides, n_envs=1, seed=cfg.seed, routing=False, heldout_every_days=cfg.heldout_every_days)
+    try:
+        model = build_model(cfg, venv)
+        model.policy.net.load_state_dict(net.state_dict())
+        model.save(path, exclude=["_last_obs", "_last_original_obs", "_last_episode_starts", "ep_info_buffer", "ep_success_buffer"])
+    finally:
+        venv.close()
