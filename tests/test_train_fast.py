@@ -229,3 +229,42 @@ def test_dagger_config_validation(tmp_path):
         config_from_dict({"scenarios": ["dev"], "set_policy": {"classes": True}, "dagger": {"rollout_mode": "x"}})
     with pytest.raises(ConfigError, match="dagger.bogus"):
         config_from_dict({"scenarios": ["dev"], "set_policy": {"classes": True}, "dagger": {"bogus": 1}})
+
+
+def test_systematic_ranks_from_the_scorer_equal_the_computed_ones(layouts):
+    env = layouts["paper"][0]
+    spec = layout_spec(env)
+    rng = np.random.default_rng(9)
+    th.manual_seed(4)
+    sc = NumpySetScorer(SetNetwork(spec, hidden=8, classes=True))
+    obs = random_obs(spec, rng, 400)
+    rows = obs["slots"].reshape(spec["max_pending"], -1)[:400]
+    lg, inv, _, counts = sc.class_logits(obs["datacenters"], rows, obs["globals"])
+    rank = sc.last_ranks()
+    for c in range(len(counts)):  # ranks 0..size-1 inside every class, in row order
+        assert (rank[inv == c] == np.arange(counts[c])).all()
+    mask = np.ones((400, spec["n_datacenters"] + 1), bool)
+    a = choose(lg, mask, inv, "systematic", np.random.default_rng(3), rank)
+    b = choose(lg, mask, inv, "systematic", np.random.default_rng(3))
+    assert (a == b).all()
+
+
+def test_checkpoint_records_its_choice_mode(layouts, tmp_path):
+    from sb3_contrib import MaskablePPO
+
+    from carbon_gym.errors import ConfigError
+    from train.policy import LearnedPolicy, export_checkpoint, write_policy_meta
+    from train.set_policy import SetActorCriticPolicy
+
+    env = layouts["dev"][0]
+    model = MaskablePPO(SetActorCriticPolicy, env, n_steps=8, batch_size=8, device="cpu", seed=0,
+                        policy_kwargs={"layout": layout_spec(env), "hidden": 8, "classes": True})
+    src = tmp_path / "src.zip"
+    model.save(src)
+    assert LearnedPolicy.load(src).mode == "sample"  # nothing recorded: the constructor's default
+    out = export_checkpoint(src, tmp_path / "out.zip", mode="systematic")
+    assert LearnedPolicy.load(out).mode == "systematic"
+    assert LearnedPolicy.load(out, mode="argmax").mode == "argmax"  # explicit wins
+    assert LearnedPolicy.load(export_checkpoint(out, tmp_path / "again.zip")).mode == "systematic"  # kept
+    with pytest.raises(ConfigError, match="mode"):
+        write_policy_meta(src, {"mode": "bogus"})

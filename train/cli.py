@@ -60,10 +60,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             ap = argparse.ArgumentParser(prog=f"{PROG} export", description="Write a compact copy of a checkpoint (no training-time state).")
             ap.add_argument("--checkpoint", required=True, help="e.g. runs/train/llama8b/bc.zip or .../final.zip")
             ap.add_argument("--out", required=True, help="e.g. train/checkpoints/llama8b_set.zip")
+            ap.add_argument("--mode", default=None, choices=["sample", "systematic", "argmax"],
+                            help="record this default choice mode in the copy (default: keep the source's)")
             a = ap.parse_args(argv[1:])
             from .policy import export_checkpoint
 
-            dst = export_checkpoint(a.checkpoint, a.out)
+            dst = export_checkpoint(a.checkpoint, a.out, mode=a.mode)
             print(f"exported {dst} ({dst.stat().st_size / 1024:.0f} KiB)")
             return 0
         if argv and argv[0] == "decision-time":

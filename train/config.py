@@ -95,6 +95,9 @@ class DaggerConfig:
         val_start_utc: validation start (default: the training-time evaluation day, held out).
         val_seed: world seed of the validation episodes.
         violation_weight: pp of reduction charged per pp of violations above the expert's.
+        aggregate_weight: weight of the aggregate loss (per-step shares of requests and prompt
+            tokens per datacenter vs the expert's; ``train.imitate._loss``) added to the
+            cross-entropy.
     """
 
     expert: str = "facility-milp"
@@ -113,6 +116,7 @@ class DaggerConfig:
     val_start_utc: str | None = None
     val_seed: int = 12345
     violation_weight: float = 2.0
+    aggregate_weight: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -118,6 +118,7 @@ class NumpySetScorer:
         first row of each class (C,); members per class (C,)). Classes are in key order."""
         n = rows.shape[0]
         if self.classes is None:
+            self._last = (np.arange(n), np.arange(n), np.ones(n, dtype=np.int64))
             return rows[:, self._cols].astype(np.float64), np.arange(n), np.arange(n), np.ones(n, dtype=np.int64)
         # keys in float64 (as SetNetwork.class_keys); float32 -> float64 conversions are exact
         origin = rows[:, self._s_origin:self._s_origin + self.R] @ self._origin_key  # origin x (bins)
@@ -138,11 +139,21 @@ class NumpySetScorer:
         inv = np.empty(n, dtype=np.intp)
         inv[order] = np.cumsum(brk) - 1
         counts = np.diff(starts, append=n)
+        self._last = (order, starts, counts)
         sorted_rows = np.take(rows, order, axis=0)
         cols = sorted_rows[:, self._col_slice] if self._col_slice is not None else sorted_rows[:, self._cols]
         sums = np.add.reduceat(cols, starts, axis=0, dtype=np.float64)
         sums /= counts[:, None]
         return sums, inv, order[starts], counts
+
+    def last_ranks(self) -> np.ndarray:
+        """Rank of every row inside its class (0 .. size - 1, in row order) for the rows of the
+        last :meth:`group` / :meth:`class_logits` call (the ``rank`` argument of :func:`choose`)."""
+        order, starts, counts = self._last
+        n = order.shape[0]
+        rank = np.empty(n, dtype=np.int64)
+        rank[order] = np.arange(n) - np.repeat(starts, counts)
+        return rank
 
     # ------------------------------------------------------------------ logits
     def class_logits(self, dc_flat: np.ndarray, rows: np.ndarray, gl: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -210,10 +221,13 @@ class NumpySetScorer:
         return logits, inv, rep, counts
 
 
-def choose(logits: np.ndarray, mask: np.ndarray, inv: np.ndarray, mode: str, rng: np.random.Generator | None = None) -> np.ndarray:
+def choose(logits: np.ndarray, mask: np.ndarray, inv: np.ndarray, mode: str, rng: np.random.Generator | None = None,
+           rank: np.ndarray | None = None) -> np.ndarray:
     """Per-request choices (n,) from class ``logits`` (C, D + 1), the requests' ``mask``
     (n, D + 1, bool) and class of each request ``inv`` (n,); see the module docstring for
-    ``mode``. Masks that differ inside a class are honoured (per-request masking)."""
+    ``mode``. Masks that differ inside a class are honoured (per-request masking). ``rank``
+    (systematic mode; computed when None): each request's rank inside its class
+    (:meth:`NumpySetScorer.last_ranks`)."""
     if mode not in CHOICE_MODES:
         raise ConfigError("mode", f"unknown mode {mode!r}", allowed=list(CHOICE_MODES))
     n = inv.shape[0]
@@ -237,11 +251,12 @@ def choose(logits: np.ndarray, mask: np.ndarray, inv: np.ndarray, mode: str, rng
         u = rng.random(n)
     else:  # systematic: one offset per class, members at (rank + offset) / size
         n_cls = int(inv.max()) + 1
-        order = np.argsort(inv, kind="stable")
         counts = np.bincount(inv, minlength=n_cls)
-        starts = np.cumsum(counts) - counts
-        rank = np.empty(n, dtype=np.int64)
-        rank[order] = np.arange(n) - np.repeat(starts, counts)
+        if rank is None:
+            order = np.argsort(inv, kind="stable")
+            starts = np.cumsum(counts) - counts
+            rank = np.empty(n, dtype=np.int64)
+            rank[order] = np.arange(n) - np.repeat(starts, counts)
         u = (rank + rng.random(n_cls)[inv]) / counts[inv]
     # row r's CDF shifted by r: one sorted array; the choice is the count of entries <= u + r in row r
     cdf += np.arange(cdf.shape[0], dtype=np.float64)[:, None]

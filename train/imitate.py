@@ -109,7 +109,8 @@ def collect(net: Any, expert: str, scenarios: Sequence[str], overrides: dict[str
                 idx = np.flatnonzero(slots[:, scorer._s_valid] > 0.5)
                 logits, inv, _, _ = scorer.class_logits(obs["datacenters"], slots[idx], obs["globals"])
                 action = np.full(K, scorer.D, dtype=np.int64)
-                action[idx] = choose(logits, mask[idx], inv, mode, act_rng)
+                rank = scorer.last_ranks() if mode == "systematic" else None
+                action[idx] = choose(logits, mask[idx], inv, mode, act_rng, rank)
             obs, _, term, trunc, info = env.step(action)
             done = bool(term or trunc)
         em = info.get("episode_metrics", {})
@@ -142,9 +143,12 @@ def _batch(steps: Sequence[ClassStep]) -> tuple[Any, ...]:
             th.from_numpy(counts), th.from_numpy(mask))
 
 
-def _loss(net: Any, batch: tuple[Any, ...]) -> tuple[Any, Any]:
+def _loss(net: Any, batch: tuple[Any, ...], with_aggregate: bool = False) -> tuple[Any, ...]:
     """(cross-entropy per expert decision, size-weighted total variation between the policy's
-    class distribution and the expert's split)."""
+    class distribution and the expert's split[, aggregate loss]). The aggregate loss compares
+    each step's expected share of requests and of prompt tokens per choice (datacenter or
+    defer) with the expert's (total variation, mean of the two): what loads the datacenters,
+    whichever classes carry it."""
     import torch as th
 
     dc, gl, rows, tot, counts, mask = batch
@@ -153,13 +157,24 @@ def _loss(net: Any, batch: tuple[Any, ...]) -> tuple[Any, Any]:
     n = counts.sum().clamp(min=1.0)
     ce = -(counts * logp).sum() / n
     size = counts.sum(dim=-1, keepdim=True)
-    tv = 0.5 * (size * (logp.exp() - counts / size.clamp(min=1.0))).abs().sum() / n
-    return ce, tv
+    p = logp.exp()
+    tv = 0.5 * (size * (p - counts / size.clamp(min=1.0))).abs().sum() / n
+    if not with_aggregate:
+        return ce, tv
+    prompt = rows[:, :, net._s_prompt].unsqueeze(-1).to(p.dtype)
+    n_step = size.sum(dim=1).clamp(min=1.0)  # (B, 1)
+    req = ((size * p).sum(dim=1) - counts.sum(dim=1)).abs().sum(dim=-1, keepdim=True) / n_step
+    tok_n = (size * prompt).sum(dim=1).clamp(min=1e-6)
+    tok = ((size * p * prompt).sum(dim=1) - (counts * prompt).sum(dim=1)).abs().sum(dim=-1, keepdim=True) / tok_n
+    agg = 0.25 * (req + tok).mean()
+    return ce, tv, agg
 
 
 def class_bc(net: Any, steps: Sequence[ClassStep], val: Sequence[ClassStep], *, epochs: int, batch_steps: int,
-             learning_rate: float, seed: int, log: Callable[[str], None] | None = None) -> list[dict[str, float]]:
-    """Fit ``net`` on class steps (Adam, gradient clipping 1.0). Returns per-epoch statistics."""
+             learning_rate: float, seed: int, aggregate_weight: float = 0.0,
+             log: Callable[[str], None] | None = None) -> list[dict[str, float]]:
+    """Fit ``net`` on class steps (Adam, gradient clipping 1.0): cross-entropy plus
+    ``aggregate_weight`` x the aggregate loss (see :func:`_loss`). Returns per-epoch statistics."""
     import torch as th
 
     g = np.random.default_rng(seed)
@@ -170,22 +185,24 @@ def class_bc(net: Any, steps: Sequence[ClassStep], val: Sequence[ClassStep], *, 
     vb = [_batch(val[i:i + 64]) for i in range(0, len(val), 64)] if val else []
     for epoch in range(int(epochs)):
         perm = g.permutation(len(steps))
-        tot_ce = tot_tv = 0.0
+        tot_ce = tot_tv = tot_agg = 0.0
         nb = 0
         for i in range(0, len(perm), int(batch_steps)):
-            ce, tv = _loss(net, _batch([steps[j] for j in perm[i:i + int(batch_steps)]]))
+            ce, tv, agg = _loss(net, _batch([steps[j] for j in perm[i:i + int(batch_steps)]]), with_aggregate=True)
             opt.zero_grad()
-            ce.backward()
+            (ce + float(aggregate_weight) * agg if aggregate_weight else ce).backward()
             th.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
             opt.step()
             tot_ce += float(ce.detach())
             tot_tv += float(tv.detach())
+            tot_agg += float(agg.detach())
             nb += 1
-        row = {"epoch": float(epoch), "ce": tot_ce / max(nb, 1), "tv": tot_tv / max(nb, 1)}
+        row = {"epoch": float(epoch), "ce": tot_ce / max(nb, 1), "tv": tot_tv / max(nb, 1), "aggregate": tot_agg / max(nb, 1)}
         if vb:
             with th.no_grad():
-                vals = [_loss(net, b) for b in vb]
-            row.update(val_ce=float(np.mean([float(a) for a, _ in vals])), val_tv=float(np.mean([float(b) for _, b in vals])))
+                vals = [_loss(net, b, with_aggregate=True) for b in vb]
+            row.update(val_ce=float(np.mean([float(v[0]) for v in vals])), val_tv=float(np.mean([float(v[1]) for v in vals])),
+                       val_aggregate=float(np.mean([float(v[2]) for v in vals])))
         hist.append(row)
         if log and (epoch == int(epochs) - 1 or epoch % 5 == 0):
             log("imitate: epoch {:d}: ".format(epoch) + ", ".join(f"{k} {v:.4f}" for k, v in row.items() if k != "epoch")
@@ -227,7 +244,7 @@ def run_dagger(cfg: Any, run_dir: str | Path, *, log: Callable[[str], None] = pr
     from carbon_gym.policy import RoundRobinPolicy
 
     from .bc import make_expert
-    from .policy import LearnedPolicy, write_checkpoint_env
+    from .policy import write_checkpoint_env, write_policy_meta
     from .set_policy import SetNetwork, layout_spec
 
     dg = cfg.dagger
@@ -270,7 +287,8 @@ def run_dagger(cfg: Any, run_dir: str | Path, *, log: Callable[[str], None] = pr
         data.extend(steps)
         collect_s = time.perf_counter() - t0
         hist = class_bc(net, data, val_data, epochs=dg.epochs, batch_steps=dg.batch_steps,
-                        learning_rate=dg.learning_rate * (dg.lr_decay ** rd), seed=int(cfg.seed) + rd, log=log)
+                        learning_rate=dg.learning_rate * (dg.lr_decay ** rd), seed=int(cfg.seed) + rd,
+                        aggregate_weight=dg.aggregate_weight, log=log)
         th.save(net.state_dict(), run / f"round_{rd}.pt")
         pol = _policy_from_net(net, dg.eval_mode)
         learned = {s: validation_episode(pol, s, over, val_start, dg.val_seed) for s in val_scen}
@@ -292,6 +310,7 @@ def run_dagger(cfg: Any, run_dir: str | Path, *, log: Callable[[str], None] = pr
     best_zip = run / "best.zip"
     _save_as_maskable(cfg, net, best_zip)
     write_checkpoint_env(best_zip)
+    write_policy_meta(best_zip, {"mode": dg.eval_mode})
     log(f"imitate: best round {best[1]} (score {best[0]:.2f}) -> {best_zip} ({time.perf_counter() - t_all:.0f} s in all)")
     return {"best_round": best[1], "best": str(best_zip), "rounds": rounds, "refs": refs}
 
@@ -320,7 +339,8 @@ def _policy_from_net(net: Any, mode: str) -> Any:
             action = np.full(K, sc.D, dtype=np.int64)
             if idx.size:
                 logits, inv, _, _ = sc.class_logits(obs["datacenters"], slots[idx], obs["globals"])
-                action[idx] = choose(logits, mask[idx], inv, self.mode, self._rng)
+                rank = sc.last_ranks() if self.mode == "systematic" else None
+                action[idx] = choose(logits, mask[idx], inv, self.mode, self._rng, rank)
             return action
 
     return _NetPolicy()

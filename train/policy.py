@@ -36,7 +36,7 @@ import numpy as np
 
 from carbon_gym.errors import ConfigError
 
-__all__ = ["LearnedPolicy", "make_learned_policy", "is_learned_name", "export_checkpoint", "SHIPPED_CHECKPOINT", "MODES"]
+__all__ = ["LearnedPolicy", "make_learned_policy", "is_learned_name", "export_checkpoint", "write_policy_meta", "SHIPPED_CHECKPOINT", "MODES", "POLICY_META_NAME"]
 
 SHIPPED_CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "llama8b_set.zip"
 MODES = ("sample", "argmax", "systematic")
@@ -54,9 +54,12 @@ class LearnedPolicy:
         seed: seed of the sampling RNG, restarted at every :meth:`reset`.
         threads: torch intra-op threads used by ``act`` (1 keeps decision times comparable).
         backend: ``"numpy"`` (default) or ``"torch"`` for the set policy's decisions.
+        dtype: float type of the numpy path's pair layer (``"float32"``, default: ~1e-6 from the
+            float64 logits, and faster; ``"float64"``: equal to the torch network to ~1e-15).
     """
 
-    def __init__(self, model: Any, *, mode: str = "sample", seed: int = 0, threads: int = 1, backend: str = "numpy") -> None:
+    def __init__(self, model: Any, *, mode: str = "sample", seed: int = 0, threads: int = 1, backend: str = "numpy",
+                 dtype: str = "float32") -> None:
         import torch as th
 
         from .set_policy import SetActorCriticPolicy
@@ -80,7 +83,9 @@ class LearnedPolicy:
             if backend == "numpy":
                 from .fast import NumpySetScorer
 
-                self.scorer = NumpySetScorer(self.net)
+                if dtype not in ("float32", "float64"):
+                    raise ConfigError("dtype", f"unknown dtype {dtype!r}", allowed=["float32", "float64"])
+                self.scorer = NumpySetScorer(self.net, dtype=np.dtype(dtype))
         self._gen = th.Generator().manual_seed(self.seed)
         self._rng = np.random.default_rng(self.seed)
         self._router: Any = None
@@ -89,7 +94,8 @@ class LearnedPolicy:
     # ------------------------------------------------------------------ construction
     @classmethod
     def load(cls, path: str | Path, **kwargs: Any) -> "LearnedPolicy":
-        """Load a checkpoint (``.zip`` from ``carbon-gym train``); ``kwargs`` as for the constructor."""
+        """Load a checkpoint (``.zip`` from ``carbon-gym train``); ``kwargs`` as for the constructor.
+        ``mode`` defaults to the one recorded in the checkpoint (:data:`POLICY_META_NAME`), if any."""
         p = Path(path)
         if not p.exists():
             raise ConfigError("path", f"no checkpoint at {str(p)!r}")
@@ -99,9 +105,12 @@ class LearnedPolicy:
             with zipfile.ZipFile(p) as zf:
                 data = zf.read("data").decode("utf-8", errors="replace")
                 stored = json.loads(zf.read(ENV_META_NAME)) if ENV_META_NAME in zf.namelist() else None
+                pmeta = json.loads(zf.read(POLICY_META_NAME)) if POLICY_META_NAME in zf.namelist() else {}
         except (zipfile.BadZipFile, KeyError, ValueError) as exc:
             raise ConfigError("path", f"{str(p)!r} is not a carbon-gym training checkpoint (an SB3 .zip): {exc}") from None
         check_checkpoint_env(stored, str(p))
+        if "mode" in pmeta:  # the choice mode the checkpoint was selected with
+            kwargs.setdefault("mode", str(pmeta["mode"]))
         if "SetActorCriticPolicy" in data or "MaskableActorCriticPolicy" in data or "Maskable" in data:
             from sb3_contrib import MaskablePPO
 
@@ -180,7 +189,8 @@ class LearnedPolicy:
             idx = np.flatnonzero(valid)
             rows, m = slots[idx], mask[idx]
         logits, inv, _, _ = sc.class_logits(observation["datacenters"], rows, observation["globals"])
-        action[idx] = choose(logits, m, inv, self.mode, self._rng)
+        rank = sc.last_ranks() if self.mode == "systematic" else None
+        action[idx] = choose(logits, m, inv, self.mode, self._rng, rank)
         return action
 
     def _act_set(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
@@ -233,15 +243,38 @@ class LearnedPolicy:
 _EXPORT_EXCLUDE = ["_last_obs", "_last_original_obs", "_last_episode_starts", "ep_info_buffer", "ep_success_buffer"]
 
 
-def export_checkpoint(src: str | Path, dst: str | Path) -> Path:
+def export_checkpoint(src: str | Path, dst: str | Path, mode: str | None = None) -> Path:
     """Copy a training checkpoint to ``dst`` without its training-time state (smaller; loads
-    with :meth:`LearnedPolicy.load` and SB3's ``load`` alike). Returns ``dst``."""
-    model = LearnedPolicy.load(src).model
+    with :meth:`LearnedPolicy.load` and SB3's ``load`` alike). The default choice ``mode``
+    recorded in ``src`` is kept unless ``mode`` is given. Returns ``dst``."""
+    pol = LearnedPolicy.load(src)
     out = Path(dst)
     out.parent.mkdir(parents=True, exist_ok=True)
-    model.save(out, exclude=list(_EXPORT_EXCLUDE))
+    pol.model.save(out, exclude=list(_EXPORT_EXCLUDE))
     write_checkpoint_env(out)
+    import zipfile
+
+    with zipfile.ZipFile(src) as zf:
+        had = POLICY_META_NAME in zf.namelist()
+    if mode is not None or had:
+        write_policy_meta(out, {"mode": mode or pol.mode})
     return out
+
+
+#: Name of the file inside a checkpoint .zip that records how the policy acts by default.
+POLICY_META_NAME = "carbon_gym_policy.json"
+
+
+def write_policy_meta(path: str | Path, meta: dict[str, Any]) -> None:
+    """Record ``meta`` (``{"mode": ...}``, the default choice mode) inside the checkpoint .zip."""
+    import zipfile
+
+    if "mode" in meta and meta["mode"] not in MODES:
+        raise ConfigError("mode", f"unknown mode {meta['mode']!r}", allowed=list(MODES))
+    with zipfile.ZipFile(path, "a") as zf:
+        if POLICY_META_NAME in zf.namelist():
+            raise ConfigError("checkpoint", f"{path} already records its policy settings")
+        zf.writestr(POLICY_META_NAME, json.dumps(meta, sort_keys=True))
 
 
 #: Name of the file inside a checkpoint .zip that records the env it was trained for.
