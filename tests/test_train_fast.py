@@ -268,3 +268,25 @@ def test_checkpoint_records_its_choice_mode(layouts, tmp_path):
     assert LearnedPolicy.load(export_checkpoint(out, tmp_path / "again.zip")).mode == "systematic"  # kept
     with pytest.raises(ConfigError, match="mode"):
         write_policy_meta(src, {"mode": "bogus"})
+
+
+def test_dagger_run_writes_rounds_tensorboard_and_a_loadable_checkpoint(tmp_path):
+    from train.config import config_from_dict
+    from train.curves import read_scalars
+    from train.imitate import run_dagger
+    from train.policy import LearnedPolicy
+
+    cfg = config_from_dict({
+        "name": "tiny", "scenarios": ["llama8b-low"], "overrides": {"duration_s": 3, "env.max_pending": 2048},
+        "total_timesteps": 0, "set_policy": {"hidden": 8, "classes": True, "demand_features": True},
+        "dagger": {"scenarios": ["llama8b-low", "llama8b-high"], "overrides": {"duration_s": 3}, "expert_episodes": 2,
+                   "rounds": 1, "episodes_per_round": 1, "epochs": 2, "val_scenarios": ["llama8b-low"],
+                   "rollout_mode": "systematic", "eval_mode": "systematic", "aggregate_weight": 1.0},
+    })
+    out = run_dagger(cfg, tmp_path / "run", log=lambda _: None)
+    assert len(out["rounds"]) == 2 and out["rounds"][1]["steps"] > out["rounds"][0]["steps"]
+    assert out["rounds"][1]["episodes"][0]["learner_acts"] and not out["rounds"][0]["episodes"][0]["learner_acts"]
+    tags = read_scalars(tmp_path / "run" / "tb")
+    assert {"eval/reduction_vs_rr_pct", "slo/violation_rate", "imitate/ce"} <= set(tags)
+    pol = LearnedPolicy.load(out["best"])
+    assert pol.mode == "systematic" and pol.net.classes is not None and pol.net.demand_features

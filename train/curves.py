@@ -7,7 +7,7 @@ from typing import Any
 
 from .tags import TAGS
 
-__all__ = ["read_scalars", "plot_run", "PANELS"]
+__all__ = ["read_scalars", "plot_run", "plot_compare", "plot_dagger", "PANELS"]
 
 #: (title, tag) of each panel, in order; panels whose tag is absent are skipped.
 PANELS = (
@@ -95,6 +95,54 @@ def plot_compare(
         ax.set_xlabel("timesteps", fontsize=8)
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    out = Path(out_png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def plot_dagger(runs: dict[str, str | Path], out_png: str | Path, title: str = "") -> Path:
+    """DAgger curves of imitation runs (``{label: run_dir}`` holding ``dagger.json``), x = round:
+    reduction vs round-robin and SLO violation rate on each validation episode (the expert's as
+    dashed lines), and the imitation losses at the end of each round."""
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15.5, 3.6))
+    styles = ["-", ":", "-.", "--"]
+    for i, (label, d) in enumerate(runs.items()):
+        data = json.loads((Path(d) / "dagger.json").read_text())
+        rounds = data["rounds"]
+        xs = [r["round"] for r in rounds]
+        for j, (scen, ref) in enumerate(data["refs"].items()):
+            short = scen.split("-")[-1]
+            red = [r[f"reduction_{scen}"] for r in rounds]
+            vio = [100 * r[f"violation_{scen}"] for r in rounds]
+            axes[0].plot(xs, red, styles[i % 4], marker="o", ms=3, color=f"C{j}", label=f"{label}: {short}")
+            axes[1].plot(xs, vio, styles[i % 4], marker="o", ms=3, color=f"C{j}", label=f"{label}: {short}")
+            if i == 0:
+                milp_red = 100 * (1 - ref["milp"]["carbon_g"] / ref["rr"]["carbon_g"])
+                axes[0].axhline(milp_red, ls="--", lw=1, color=f"C{j}", alpha=0.6, label=f"expert: {short}")
+                axes[1].axhline(100 * ref["milp"]["violation_rate"], ls="--", lw=1, color=f"C{j}", alpha=0.6, label=f"expert: {short}")
+        for key, c in (("ce", "C2"), ("val_ce", "C3"), ("aggregate", "C4")):
+            ys = [r["bc"].get(key) for r in rounds]
+            if all(y is not None for y in ys):
+                axes[2].plot(xs, ys, styles[i % 4], marker="o", ms=3, color=c, label=f"{label}: {key}")
+    axes[0].set_title("reduction vs round-robin, validation episode (%)", fontsize=9)
+    axes[1].set_title("SLO violation rate, validation episode (%)", fontsize=9)
+    axes[2].set_title("imitation loss at the end of the round", fontsize=9)
+    for ax in axes:
+        ax.set_xlabel("DAgger round (0 = expert data only)", fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()

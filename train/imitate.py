@@ -237,8 +237,11 @@ def validation_score(learned: dict[str, dict[str, float]], refs: dict[str, dict[
 
 def run_dagger(cfg: Any, run_dir: str | Path, *, log: Callable[[str], None] = print) -> dict[str, Any]:
     """The imitation run of a config with a ``[dagger]`` section (see :class:`train.config.DaggerConfig`).
-    Writes ``<run_dir>/dagger.json`` (per-round statistics), ``round_<i>.pt`` (network weights)
-    and ``best.zip`` (a MaskablePPO checkpoint holding the best round's network); returns the summary."""
+    Writes ``<run_dir>/dagger.json`` (per-round statistics), ``round_<i>.pt`` (network weights),
+    ``tb/`` (TensorBoard: ``imitate/*`` per epoch; per round the validation's
+    ``eval/reduction_vs_rr_pct`` and ``slo/violation_rate``, means over the validation scenarios and
+    per scenario as ``<tag>/<scenario>``, x = epochs so far) and ``best.zip`` (a MaskablePPO
+    checkpoint holding the best round's network, recording ``eval_mode``); returns the summary."""
     import torch as th
 
     from carbon_gym.policy import RoundRobinPolicy
@@ -247,6 +250,10 @@ def run_dagger(cfg: Any, run_dir: str | Path, *, log: Callable[[str], None] = pr
     from .policy import write_checkpoint_env, write_policy_meta
     from .set_policy import SetNetwork, layout_spec
 
+    from stable_baselines3.common.logger import configure
+
+    from .tags import TAGS
+
     dg = cfg.dagger
     if dg is None:
         raise ConfigError("dagger", "the config has no [dagger] section")
@@ -254,6 +261,10 @@ def run_dagger(cfg: Any, run_dir: str | Path, *, log: Callable[[str], None] = pr
     th.manual_seed(int(cfg.seed))
     run = Path(run_dir)
     run.mkdir(parents=True, exist_ok=True)
+    if (run / "dagger.json").exists():
+        raise ConfigError("run_dir", f"{run} already holds an imitation run: pass another --run-dir")
+    logger = configure(str(run / "tb"), ["csv", "tensorboard"])
+    epoch_step = 0
     scenarios = list(dg.scenarios or cfg.scenarios)
     over = dict(dg.overrides)
     probe = make_episode_env(scenarios[0], over, None)
@@ -290,6 +301,12 @@ def run_dagger(cfg: Any, run_dir: str | Path, *, log: Callable[[str], None] = pr
                         learning_rate=dg.learning_rate * (dg.lr_decay ** rd), seed=int(cfg.seed) + rd,
                         aggregate_weight=dg.aggregate_weight, log=log)
         th.save(net.state_dict(), run / f"round_{rd}.pt")
+        for h in hist:  # imitation losses per epoch, then the round's validation (domain tags)
+            for k, v in h.items():
+                if k != "epoch":
+                    logger.record(f"imitate/{k}", v)
+            logger.dump(epoch_step)
+            epoch_step += 1
         pol = _policy_from_net(net, dg.eval_mode)
         learned = {s: validation_episode(pol, s, over, val_start, dg.val_seed) for s in val_scen}
         score = validation_score(learned, refs, dg.violation_weight)
@@ -299,6 +316,15 @@ def run_dagger(cfg: Any, run_dir: str | Path, *, log: Callable[[str], None] = pr
             row[f"reduction_{s}"] = 100.0 * (1.0 - m["carbon_g"] / refs[s]["rr"]["carbon_g"])
             row[f"violation_{s}"] = m["violation_rate"]
         rounds.append(row)
+        for s_, m in learned.items():
+            logger.record(f"{TAGS.reduction_vs_rr_pct}/{s_}", row[f"reduction_{s_}"])
+            logger.record(f"{TAGS.slo_violation_rate}/{s_}", m["violation_rate"])
+            logger.record(f"{TAGS.decision_time_s}/{s_}", m["decision_s_mean"])
+        logger.record(TAGS.reduction_vs_rr_pct, float(np.mean([row[f"reduction_{s_}"] for s_ in learned])))
+        logger.record(TAGS.slo_violation_rate, float(np.mean([m["violation_rate"] for m in learned.values()])))
+        logger.record("imitate/score", score)
+        logger.record("imitate/steps", len(data))
+        logger.dump(epoch_step)
         if score > best[0]:
             best = (score, rd)
         log(f"imitate: round {rd}: {len(data)} steps, " + ", ".join(
