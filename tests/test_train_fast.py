@@ -64,14 +64,15 @@ def _t(obs, dtype=th.float32):
 
 
 @pytest.mark.parametrize("name", ["dev", "paper"])
-@pytest.mark.parametrize("classes,demand", [(None, False), (True, True), ({"output_ratio": 3.0, "used_bin": 0.2}, False)])
-def test_numpy_logits_equal_torch_on_random_observations(layouts, name, classes, demand):
+@pytest.mark.parametrize("classes,demand,feedback", [(None, False, 0), (True, True, 0), ({"output_ratio": 3.0, "used_bin": 0.2}, False, 0),
+                                                     (True, True, 2), (None, False, 1)])
+def test_numpy_logits_equal_torch_on_random_observations(layouts, name, classes, demand, feedback):
     env = layouts[name][0]
     spec = layout_spec(env)
     rng = np.random.default_rng(7)
     th.manual_seed(1)
-    net = SetNetwork(spec, hidden=16, classes=classes, demand_features=demand)
-    n64 = SetNetwork(spec, hidden=16, classes=classes, demand_features=demand).double()
+    net = SetNetwork(spec, hidden=16, classes=classes, demand_features=demand, load_feedback=feedback)
+    n64 = SetNetwork(spec, hidden=16, classes=classes, demand_features=demand, load_feedback=feedback).double()
     n64.load_state_dict({k: v.double() for k, v in net.state_dict().items()})
     sc64 = NumpySetScorer(net)
     sc32 = NumpySetScorer(net, dtype=np.float32)
@@ -187,14 +188,15 @@ def test_choose_modes_follow_the_class_probabilities():
     assert not (pick[:100] == 0).any() and not (pick == 1).any()
 
 
-def test_class_level_loss_equals_per_request_cross_entropy(layouts):
+@pytest.mark.parametrize("feedback", [0, 1])
+def test_class_level_loss_equals_per_request_cross_entropy(layouts, feedback):
     from train.imitate import _batch, _loss, compress_step
 
     env = layouts["paper"][0]
     spec = layout_spec(env)
     rng = np.random.default_rng(5)
     th.manual_seed(3)
-    net = SetNetwork(spec, hidden=16, classes=True, demand_features=True)
+    net = SetNetwork(spec, hidden=16, classes=True, demand_features=True, load_feedback=feedback)
     K, D = spec["max_pending"], spec["n_datacenters"]
     obs = random_obs(spec, rng, 200)
     mask = np.ones((K, D + 1), bool)
@@ -290,3 +292,19 @@ def test_dagger_run_writes_rounds_tensorboard_and_a_loadable_checkpoint(tmp_path
     assert {"eval/reduction_vs_rr_pct", "slo/violation_rate", "imitate/ce"} <= set(tags)
     pol = LearnedPolicy.load(out["best"])
     assert pol.mode == "systematic" and pol.net.classes is not None and pol.net.demand_features
+
+
+def test_systematic_counts_path_equals_per_request_systematic():
+    from train.fast import systematic_sorted
+
+    rng = np.random.default_rng(0)
+    for trial in range(100):
+        C, C1 = int(rng.integers(1, 30)), int(rng.integers(2, 18))
+        lg = rng.normal(0.0, 2.0, (C, C1))
+        mrow = rng.random(C1) < 0.7
+        mrow[-1] = True
+        counts = rng.integers(1, 50, C)
+        inv = np.repeat(np.arange(C), counts)  # class-sorted rows: rank = position in the class
+        a = choose(lg, np.tile(mrow, (len(inv), 1)), inv, "systematic", np.random.default_rng(trial))
+        b = systematic_sorted(lg, mrow, counts, np.random.default_rng(trial))
+        assert (a == b).all()

@@ -180,7 +180,7 @@ _TOP = {
     "name", "algorithm", "scenarios", "scenario", "overrides", "seed", "n_envs", "total_timesteps",
     "torch_threads", "heldout_every_days", "ppo", "set_policy", "vec_normalize", "bc", "dagger", "eval", "checkpoint",
 }
-_SET_POLICY = {"hidden", "logprob_reduction", "classes", "demand_features"}
+_SET_POLICY = {"hidden", "logprob_reduction", "classes", "demand_features", "load_feedback"}
 _VECNORM = {"reward", "clip_reward", "gamma"}
 _CHECKPOINT = {"every_timesteps", "keep"}
 

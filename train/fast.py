@@ -27,7 +27,7 @@ from carbon_gym.errors import ConfigError
 
 from .set_policy import _USED_BINS, MASKED_LOGIT, class_bin_edges
 
-__all__ = ["NumpySetScorer", "choose", "CHOICE_MODES"]
+__all__ = ["NumpySetScorer", "choose", "systematic_sorted", "CHOICE_MODES"]
 
 CHOICE_MODES = ("sample", "argmax", "systematic")
 
@@ -75,6 +75,12 @@ class NumpySetScorer:
         self.W_d_s, self.W_d_c, self.b_d1 = wd[:h].copy(), wd[h:].copy(), _np(dh[0].bias)
         self.w_d2, self.b_d2 = _np(dh[2].weight).reshape(-1), float(_np(dh[2].bias)[0])
         self.W_pp_f, self.w_out_f = self.W_pp.astype(self.dtype), self.w_out.astype(self.dtype)
+        self.load_feedback = int(getattr(net, "load_feedback", 0))
+        if self.load_feedback:
+            fb = net.fb_head
+            wf = _np(fb[0].weight).T  # (h + 3, h): [embedding, load]
+            self.W_f_e, self.W_f_l, self.b_f1 = wf[:h].copy(), wf[h:].copy(), _np(fb[0].bias)
+            self.w_f2, self.b_f2 = _np(fb[2].weight).reshape(-1), float(_np(fb[2].bias)[0])
         self.n_dc_inputs = self.W_e1.shape[0]
         if self.classes is not None:
             self._out_edges, self._used_edges = class_bin_edges(self.classes)
@@ -145,6 +151,11 @@ class NumpySetScorer:
         sums = np.add.reduceat(cols, starts, axis=0, dtype=np.float64)
         sums /= counts[:, None]
         return sums, inv, order[starts], counts
+
+    def last_order(self) -> np.ndarray:
+        """Rows of the last :meth:`group` / :meth:`class_logits` call sorted by class (rank order
+        inside a class): the order of :func:`systematic_sorted`'s choices."""
+        return self._last[0]
 
     def last_ranks(self) -> np.ndarray:
         """Rank of every row inside its class (0 .. size - 1, in row order) for the rows of the
@@ -218,7 +229,36 @@ class NumpySetScorer:
         logits[:, :D] += self.b_out
         hd = np.maximum(s @ self.W_d_s + ((e.sum(axis=0) / D) @ self.W_d_c + self.b_d1), 0.0)
         logits[:, D] = hd @ self.w_d2 + self.b_d2
+        if self.load_feedback:  # as SetNetwork._feedback, with class sizes as the row weights
+            cnt = counts.astype(np.float64)
+            load_w = np.stack([cnt, cnt * prompt, cnt * crow[:, 1]], axis=1)  # (C, 3)
+            e_part = e @ self.W_f_e + self.b_f1  # (D, h)
+            for _ in range(self.load_feedback):
+                lg = logits if all_up else np.concatenate([np.where(up[None, :], logits[:, :D], MASKED_LOGIT), logits[:, D:]], axis=1)
+                z = np.exp(lg - lg.max(axis=1, keepdims=True))
+                z /= z.sum(axis=1, keepdims=True)
+                load = (z[:, :D].T @ load_w) * self._inv_engines[:, None]  # (D, 3)
+                corr = np.maximum(e_part + load @ self.W_f_l, 0.0) @ self.w_f2 + self.b_f2
+                logits[:, :D] += corr[None, :]
         return logits, inv, rep, counts
+
+
+def systematic_sorted(logits: np.ndarray, mask_row: np.ndarray, counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Systematic choices of every request in class-sorted order (class by class, rank order
+    inside a class), for one mask shared by all requests: class c (``counts[c]`` members, choice
+    probabilities p_c) gives choice d to ``ceil(n_c F_cd - u_c) - ceil(n_c F_c,d-1 - u_c)`` members
+    (F the CDF, u_c uniform): the same choices as :func:`choose` in ``"systematic"`` mode with
+    the same generator state, without per-request arithmetic."""
+    lg = np.where(mask_row[None, :], logits, MASKED_LOGIT)
+    p = np.exp(lg - lg.max(axis=1, keepdims=True))
+    cdf = np.cumsum(p, axis=1)
+    cdf /= cdf[:, -1:]
+    u = rng.random(counts.shape[0])
+    edge = np.ceil(cdf * counts[:, None] - u[:, None])  # members with position (j + u) / n < F_cd
+    k = np.diff(edge, axis=1, prepend=0.0).astype(np.int64)
+    k[:, -1] += counts - edge[:, -1].astype(np.int64)  # F_c,last = 1: the remainder (0 up to rounding)
+    C1 = logits.shape[1]
+    return np.repeat(np.tile(np.arange(C1), counts.shape[0]), np.maximum(k, 0).ravel())
 
 
 def choose(logits: np.ndarray, mask: np.ndarray, inv: np.ndarray, mode: str, rng: np.random.Generator | None = None,

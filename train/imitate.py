@@ -152,7 +152,7 @@ def _loss(net: Any, batch: tuple[Any, ...], with_aggregate: bool = False) -> tup
     import torch as th
 
     dc, gl, rows, tot, counts, mask = batch
-    logits = net.class_scores(dc, gl, rows, tot).masked_fill(~mask, -1e8)
+    logits = net.class_scores(dc, gl, rows, tot, counts.sum(dim=-1)).masked_fill(~mask, -1e8)
     logp = th.log_softmax(logits, dim=-1)
     n = counts.sum().clamp(min=1.0)
     ce = -(counts * logp).sum() / n

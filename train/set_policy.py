@@ -159,12 +159,20 @@ class SetNetwork(nn.Module):
             (:class:`train.fast.NumpySetScorer`). ``None``/``False``: every request on its own.
         demand_features: add :data:`N_DEMAND_INPUTS` datacenter inputs (pending prompt and
             predicted-output tokens per engine) to the datacenter encoder.
+        load_feedback: refinement passes (0 = none). Each pass computes the load the current
+            choice distribution would send to every datacenter (expected requests, prompt and
+            predicted-output tokens of all pending requests, per engine; datacenters that are
+            down excluded) and adds a learned per-datacenter correction to every request's score
+            for that datacenter (``fb_head`` of [datacenter embedding, that load]): a learned
+            price per datacenter, as the capacity constraints' duals price them in the MILP, so
+            that independent per-request choices respect the joint load.
 
     Parameters do not depend on the layout: ``state_dict`` of a network bound to one topology
     loads into a network bound to another.
     """
 
-    def __init__(self, layout: Any, hidden: int = 64, classes: Any = None, demand_features: bool = False) -> None:
+    def __init__(self, layout: Any, hidden: int = 64, classes: Any = None, demand_features: bool = False,
+                 load_feedback: int = 0) -> None:
         super().__init__()
         if int(hidden) < 1:
             raise ConfigError("set_policy.hidden", f"must be a positive integer, got {hidden}")
@@ -172,6 +180,9 @@ class SetNetwork(nn.Module):
         self.hidden = h
         self.classes = _class_spec(classes)
         self.demand_features = bool(demand_features)
+        if int(load_feedback) < 0:
+            raise ConfigError("set_policy.load_feedback", f"must be >= 0, got {load_feedback}")
+        self.load_feedback = int(load_feedback)
         self.n_dc_inputs = N_DC_INPUTS + (N_DEMAND_INPUTS if self.demand_features else 0)
         if self.classes is not None:
             oe, ue = class_bin_edges(self.classes)
@@ -185,6 +196,8 @@ class SetNetwork(nn.Module):
         self.pair_out = nn.Linear(h, 1)
         self.defer_head = _mlp([2 * h, h, 1])  # [slot embedding, datacenter context]
         self.value_head = _mlp([2 * h + 2, h, 1])  # [pooled pairs, pooled datacenters, hour]
+        if self.load_feedback:
+            self.fb_head = _mlp([h + 3, h, 1])  # [datacenter embedding, proposed load x 3] -> score correction
         self.bind(layout)
 
     # ------------------------------------------------------------------ layout
@@ -311,6 +324,10 @@ class SetNetwork(nn.Module):
         """Per-datacenter (B, D, n_dc_inputs), per-slot (B, K, 3), per-pair (B, K, D, 4) inputs,
         the valid-slot mask (B, K) and the hour (B, 2). With ``classes``, a slot's inputs are
         its class's (:meth:`class_mean_slots`)."""
+        return self._features_up(obs)[:5]
+
+    def _features_up(self, obs: Mapping[str, th.Tensor]) -> tuple[th.Tensor, ...]:
+        """:meth:`features` and the up flags (B, D)."""
         dc, sl, gl = self.split_obs(obs)
         valid = sl[:, :, self._s_valid] > 0.5
         totals = self.totals(sl, valid)
@@ -318,19 +335,24 @@ class SetNetwork(nn.Module):
             sl = self.class_mean_slots(sl, valid, dc)
         dc_in, up, hour = self.dc_inputs(dc, gl, totals)
         slot_in, pair_in = self.slot_pair_inputs(sl, dc, up)
-        return dc_in, slot_in, pair_in, valid, hour
+        return dc_in, slot_in, pair_in, valid, hour, up
 
-    def class_scores(self, dc: th.Tensor, gl: th.Tensor, cls_slots: th.Tensor, totals: th.Tensor) -> th.Tensor:
+    def class_scores(self, dc: th.Tensor, gl: th.Tensor, cls_slots: th.Tensor, totals: th.Tensor,
+                     sizes: th.Tensor | None = None) -> th.Tensor:
         """Logits (B, C, D + 1) of C precomputed class rows (B, C, F_S) (class-mean slot rows, as
         :meth:`class_mean_slots` gives) of observations whose datacenter rows, globals and
-        :meth:`totals` are ``dc`` (B, D, F_D), ``gl`` (B, F_G), ``totals`` (B, 3): the class-level
+        :meth:`totals` are ``dc`` (B, D, F_D), ``gl`` (B, F_G), ``totals`` (B, 3); ``sizes``
+        (B, C): requests per class (0 on padding; needed with ``load_feedback``): the class-level
         behaviour-cloning path (:mod:`train.imitate`)."""
         dt = self.pair_out.weight.dtype
         dc_in, up, _ = self.dc_inputs(dc.to(dt), gl.to(dt), totals.to(dt))
         slot_in, pair_in = self.slot_pair_inputs(cls_slots.to(dt), dc.to(dt), up)
-        return self._logits(dc_in, slot_in, pair_in)
+        return self._logits(dc_in, slot_in, pair_in, sizes, up)
 
-    def _logits(self, dc_in: th.Tensor, slot_in: th.Tensor, pair_in: th.Tensor) -> th.Tensor:
+    def _logits(self, dc_in: th.Tensor, slot_in: th.Tensor, pair_in: th.Tensor, weights: th.Tensor | None = None,
+                up: th.Tensor | None = None) -> th.Tensor:
+        """Logits (B, K, D + 1); ``weights`` (B, K): requests each row stands for (valid flag, or
+        class size) and ``up`` (B, D) are needed with ``load_feedback``."""
         e = self.dc_encoder(dc_in)
         ctx = e.mean(dim=1, keepdim=True)
         e = th.relu(self.dc_context(th.cat([e, ctx.expand_as(e)], dim=-1)))
@@ -339,18 +361,35 @@ class SetNetwork(nn.Module):
         scores = self.pair_out(pair).squeeze(-1)
         ctx_k = e.mean(dim=1, keepdim=True).expand(-1, s.shape[1], -1)
         defer = self.defer_head(th.cat([s, ctx_k], dim=-1))
+        if self.load_feedback:
+            scores = self._feedback(scores, defer, e, slot_in, weights, up)
         return th.cat([scores, defer], dim=-1)
+
+    def _feedback(self, scores: th.Tensor, defer: th.Tensor, e: th.Tensor, slot_in: th.Tensor, weights: Any, up: Any) -> th.Tensor:
+        if weights is None or up is None:
+            raise ConfigError("load_feedback", "needs the rows' weights and the up flags")
+        w = weights.to(scores.dtype).unsqueeze(-1)  # (B, K, 1)
+        inv_eng = self._inv_engines.to(device=scores.device, dtype=scores.dtype)
+        down = ~up.unsqueeze(1)  # (B, 1, D)
+        load_w = th.stack([th.ones_like(slot_in[:, :, 0]), slot_in[:, :, 0], slot_in[:, :, 1]], dim=-1) * w  # (B, K, 3)
+        for _ in range(self.load_feedback):
+            lg = th.cat([scores.masked_fill(down, MASKED_LOGIT), defer], dim=-1)
+            p = th.softmax(lg, dim=-1)[:, :, :-1]  # (B, K, D)
+            load = th.einsum("bkd,bkj->bdj", p, load_w) * inv_eng.view(1, -1, 1)  # (B, D, 3)
+            corr = self.fb_head(th.cat([e, load], dim=-1)).squeeze(-1)  # (B, D)
+            scores = scores + corr.unsqueeze(1)
+        return scores
 
     # ------------------------------------------------------------------ forward
     def scores(self, obs: Mapping[str, th.Tensor]) -> th.Tensor:
         """Logits (B, K, D + 1) only (no critic): the torch inference path of
         :class:`~train.policy.LearnedPolicy` (``backend="torch"``). Equal to ``forward(obs)[0]``."""
-        dc_in, slot_in, pair_in, _, _ = self.features(obs)
-        return self._logits(dc_in, slot_in, pair_in)
+        dc_in, slot_in, pair_in, valid, _, up = self._features_up(obs)
+        return self._logits(dc_in, slot_in, pair_in, valid, up)
 
     def forward(self, obs: Mapping[str, th.Tensor]) -> tuple[th.Tensor, th.Tensor]:
         """Return (logits (B, K, D + 1), value (B, 1)); masking is left to the distribution."""
-        dc_in, slot_in, pair_in, valid, hour = self.features(obs)
+        dc_in, slot_in, pair_in, valid, hour, up = self._features_up(obs)
         e = self.dc_encoder(dc_in)  # (B, D, h)
         ctx = e.mean(dim=1, keepdim=True)
         e = th.relu(self.dc_context(th.cat([e, ctx.expand_as(e)], dim=-1)))
@@ -361,6 +400,8 @@ class SetNetwork(nn.Module):
         scores = self.pair_out(pair).squeeze(-1)  # (B, K, D)
         ctx_k = e.mean(dim=1, keepdim=True).expand(-1, s.shape[1], -1)
         defer = self.defer_head(th.cat([s, ctx_k], dim=-1))  # (B, K, 1)
+        if self.load_feedback:
+            scores = self._feedback(scores, defer, e, slot_in, valid, up)
         logits = th.cat([scores, defer], dim=-1)
         w = valid.float()
         n = w.sum(dim=1).clamp(min=1.0)  # (B,)
@@ -443,8 +484,8 @@ class SetActorCriticPolicy(MaskableActorCriticPolicy):
 
     Extra keyword arguments (``policy_kwargs`` of ``MaskablePPO``): ``layout`` (required,
     :func:`layout_spec` of the training env), ``hidden`` (64), ``logprob_reduction``
-    (``"mean"`` or ``"sum"``, see :class:`SlotCategorical`), ``classes`` and ``demand_features``
-    (see :class:`SetNetwork`). The observation goes to the network
+    (``"mean"`` or ``"sum"``, see :class:`SlotCategorical`), ``classes``, ``demand_features`` and
+    ``load_feedback`` (see :class:`SetNetwork`). The observation goes to the network
     unflattened; ``net_arch``/``activation_fn`` are ignored.
     """
 
@@ -459,6 +500,7 @@ class SetActorCriticPolicy(MaskableActorCriticPolicy):
         logprob_reduction: str = "mean",
         classes: Any = None,
         demand_features: bool = False,
+        load_feedback: int = 0,
         **kwargs: Any,
     ) -> None:
         if layout is None:
@@ -470,6 +512,7 @@ class SetActorCriticPolicy(MaskableActorCriticPolicy):
         self._reduction = str(logprob_reduction)
         self._classes = _class_spec(classes)
         self._demand = bool(demand_features)
+        self._feedback_passes = int(load_feedback)
         kwargs.pop("net_arch", None)
         kwargs["ortho_init"] = False
         super().__init__(observation_space, action_space, lr_schedule, *args, net_arch=[], **kwargs)
@@ -478,14 +521,16 @@ class SetActorCriticPolicy(MaskableActorCriticPolicy):
         self.action_dist = SlotCategorical(K, C, self._reduction)
 
     def _build(self, lr_schedule: Any) -> None:
-        self.net = SetNetwork(self._layout, hidden=self._hidden, classes=self._classes, demand_features=self._demand)
+        self.net = SetNetwork(self._layout, hidden=self._hidden, classes=self._classes, demand_features=self._demand,
+                              load_feedback=self._feedback_passes)
         self.optimizer = self.optimizer_class(self.parameters(), lr=lr_schedule(1), **self.optimizer_kwargs)
 
     def _get_constructor_parameters(self) -> dict[str, Any]:
         data = super()._get_constructor_parameters()
         data.update(layout=self._layout, hidden=self._hidden, logprob_reduction=self._reduction)
         if self._classes is not None or self._demand:  # older checkpoints: neither key, same network
-            data.update(classes=self._classes, demand_features=self._demand)
+            data.update(classes=self._classes, demand_features=self._demand,
+                              load_feedback=self._feedback_passes)
         data.pop("net_arch", None)
         return data
 
