@@ -927,8 +927,15 @@ class GeoServeEnv(gym.Env):
             if n == 0:
                 return v, 0
             # fast path: every entry in range and allowed by the mask
+            if n <= _SLOTS_IN_PYTHON:  # a few: checked in Python (cheaper than three reductions)
+                mask = self._mask
+                for k, c in enumerate(v.tolist()):
+                    if not (0 <= c <= D and mask[k, c]):
+                        break
+                else:
+                    return v, 0
             # (ufunc reductions called directly: ndarray.min/max/all add a Python-level wrapper)
-            if _MIN(v) >= 0 and _MAX(v) <= D and _ALL(self._mask[self._arange_k[:n], v]):
+            elif _MIN(v) >= 0 and _MAX(v) <= D and _ALL(self._mask[self._arange_k[:n], v]):
                 return v, 0
             nonint = None
         elif kind == "f":

@@ -589,6 +589,13 @@ class Simulator:
             dc.flush(now)
             cl.append(dc.carbon_g)
             fl.append((dc.gpu_j + dc.host_j) * dc.pue)
+        if 0 < len(cl) < 8:
+            # below 8 values numpy's sum adds left to right: the same floats, without two arrays
+            c, e = cl[0], fl[0]
+            for i in range(1, len(cl)):
+                c += cl[i]
+                e += fl[i]
+            return c, e
         add = np.add.reduce  # what np.sum calls, without its wrapper
         return float(add(np.array(cl))), float(add(np.array(fl)))
 
