@@ -93,6 +93,9 @@ class DaggerConfig:
         eval_mode: how it acts on the validation episodes.
         val_scenarios: validation scenarios (default: ``scenarios``).
         val_start_utc: validation start (default: the training-time evaluation day, held out).
+        val_starts: validation starts (held-out days, not the test days of ``carbon-gym train
+            evaluate``): the first is ``val_start_utc`` (or its default), the others the next ones
+            of the same held-out sequence; every validation scenario runs on every start.
         val_seed: world seed of the validation episodes.
         violation_weight: pp of reduction charged per pp of violations above the expert's.
         aggregate_weight: weight of the aggregate loss (per-step shares of requests and prompt
@@ -114,6 +117,7 @@ class DaggerConfig:
     eval_mode: str = "sample"
     val_scenarios: tuple[str, ...] = ()
     val_start_utc: str | None = None
+    val_starts: int = 1
     val_seed: int = 12345
     violation_weight: float = 2.0
     aggregate_weight: float = 0.0
@@ -241,6 +245,7 @@ def config_from_dict(raw: Mapping[str, Any], *, source: str = "") -> TrainConfig
         _pos_int("dagger.episodes_per_round", dagger.episodes_per_round, source)
         _pos_int("dagger.epochs", dagger.epochs, source, minimum=0)
         _pos_int("dagger.batch_steps", dagger.batch_steps, source)
+        _pos_int("dagger.val_starts", dagger.val_starts, source)
         for k in ("rollout_mode", "eval_mode"):
             if getattr(dagger, k) not in ("sample", "systematic", "argmax"):
                 raise ConfigError(f"dagger.{k}", f"unknown mode {getattr(dagger, k)!r}", allowed=["sample", "systematic", "argmax"], source=source)

@@ -123,7 +123,8 @@ def plot_dagger(runs: dict[str, str | Path], out_png: str | Path, title: str = "
         rounds = data["rounds"]
         xs = [r["round"] for r in rounds]
         for j, (scen, ref) in enumerate(data["refs"].items()):
-            short = scen.split("-")[-1]
+            name, _, start = scen.partition("@")
+            short = name.split("-")[-1] + (f"@{start[5:10]}" if start else "")
             red = [r[f"reduction_{scen}"] for r in rounds]
             vio = [100 * r[f"violation_{scen}"] for r in rounds]
             axes[0].plot(xs, red, styles[i % 4], marker="o", ms=3, color=f"C{j}", label=f"{label}: {short}")

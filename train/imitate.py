@@ -273,16 +273,19 @@ def run_dagger(cfg: Any, run_dir: str | Path, *, log: Callable[[str], None] = pr
     net = SetNetwork(layout_spec(probe), **sp)
     probe.close()
     rng = np.random.default_rng(int(cfg.seed) + 7919)
-    val_start = dg.val_start_utc or heldout_starts(1, cfg.heldout_every_days, seed=cfg.seed + 97)[0]
-    val_scen = list(dg.val_scenarios or scenarios)
+    seq = heldout_starts(int(dg.val_starts), cfg.heldout_every_days, seed=cfg.seed + 97)
+    val_start = dg.val_start_utc or seq[0]
+    starts = [val_start] + seq[1:]
+    # validation episodes: (scenario, start); the first start keeps the bare scenario name as key
+    val_eps = {(s if i == 0 else f"{s}@{st}"): (s, st) for i, st in enumerate(starts) for s in (dg.val_scenarios or scenarios)}
     t_all = time.perf_counter()
     refs: dict[str, dict[str, dict[str, float]]] = {}
-    for s in val_scen:
-        env = make_episode_env(s, over, val_start)
-        refs[s] = {"rr": validation_episode(RoundRobinPolicy(), s, over, val_start, dg.val_seed),
-                   "milp": validation_episode(make_expert(dg.expert, env), s, over, val_start, dg.val_seed)}
+    for key, (s, st) in val_eps.items():
+        env = make_episode_env(s, over, st)
+        refs[key] = {"rr": validation_episode(RoundRobinPolicy(), s, over, st, dg.val_seed),
+                     "milp": validation_episode(make_expert(dg.expert, env), s, over, st, dg.val_seed)}
         env.close()
-        log(f"imitate: validation {s} {val_start}: rr {refs[s]['rr']}, {dg.expert} {refs[s]['milp']}")
+        log(f"imitate: validation {s} {st}: rr {refs[key]['rr']}, {dg.expert} {refs[key]['milp']}")
     data: list[ClassStep] = []
     val_data: list[ClassStep] = []
     rounds = []
@@ -308,7 +311,7 @@ def run_dagger(cfg: Any, run_dir: str | Path, *, log: Callable[[str], None] = pr
             logger.dump(epoch_step)
             epoch_step += 1
         pol = _policy_from_net(net, dg.eval_mode)
-        learned = {s: validation_episode(pol, s, over, val_start, dg.val_seed) for s in val_scen}
+        learned = {key: validation_episode(pol, s, over, st, dg.val_seed) for key, (s, st) in val_eps.items()}
         score = validation_score(learned, refs, dg.violation_weight)
         row = {"round": rd, "steps": len(data), "collect_s": collect_s, "train_s": time.perf_counter() - t0 - collect_s,
                "episodes": meta, "bc": hist[-1] if hist else {}, "bc_history": hist, "validation": learned, "score": score}
@@ -328,9 +331,9 @@ def run_dagger(cfg: Any, run_dir: str | Path, *, log: Callable[[str], None] = pr
         if score > best[0]:
             best = (score, rd)
         log(f"imitate: round {rd}: {len(data)} steps, " + ", ".join(
-            f"{s} reduction {row[f'reduction_{s}']:.1f}% violations {100 * row[f'violation_{s}']:.2f}%" for s in val_scen)
+            f"{s} reduction {row[f'reduction_{s}']:.1f}% violations {100 * row[f'violation_{s}']:.2f}%" for s in val_eps)
             + f", score {score:.2f} ({time.perf_counter() - t0:.0f} s)")
-        (run / "dagger.json").write_text(json.dumps({"refs": refs, "val_start_utc": val_start, "rounds": rounds,
+        (run / "dagger.json").write_text(json.dumps({"refs": refs, "val_start_utc": val_start, "val_starts_utc": starts, "rounds": rounds,
                                                       "best_round": best[1], "wall_s": time.perf_counter() - t_all}, indent=1, default=float))
     net.load_state_dict(th.load(run / f"round_{best[1]}.pt"))
     best_zip = run / "best.zip"
