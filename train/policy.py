@@ -16,9 +16,10 @@ features are then split across datacenters in proportion to their probabilities,
 each request class over the datacenters in proportion to its probabilities with one random
 offset per class (floor or ceiling of every expected count; see :mod:`train.fast`).
 
-Decisions run in numpy by default (``backend="numpy"``, :class:`train.fast.NumpySetScorer`: the
-network's weights as numpy arrays, no torch call per step; a class network scores each request
-class once). ``backend="torch"`` runs the torch network (the reference; same logits).
+Decisions of a class network run in numpy by default (``backend="auto"`` -> ``"numpy"``,
+:class:`train.fast.NumpySetScorer`: the network's weights as numpy arrays, no torch call per
+step, each request class scored once); a per-request network runs in torch (scoring n x D pairs
+is faster there). ``backend="torch"`` runs the torch network (the reference; same logits).
 
 Names for the harness (:func:`make_learned_policy`): ``"learned"`` (the shipped checkpoint,
 ``train/checkpoints/llama8b_set.zip``), ``"learned:<path>"`` or ``"ppo:<path>"``; keyword
@@ -40,7 +41,7 @@ __all__ = ["LearnedPolicy", "make_learned_policy", "is_learned_name", "export_ch
 
 SHIPPED_CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "llama8b_set.zip"
 MODES = ("sample", "argmax", "systematic")
-BACKENDS = ("numpy", "torch")
+BACKENDS = ("auto", "numpy", "torch")
 _PREFIXES = ("learned:", "ppo:")
 
 
@@ -53,12 +54,14 @@ class LearnedPolicy:
             PPO is deterministic; ``"systematic"`` needs the numpy backend).
         seed: seed of the sampling RNG, restarted at every :meth:`reset`.
         threads: torch intra-op threads used by ``act`` (1 keeps decision times comparable).
-        backend: ``"numpy"`` (default) or ``"torch"`` for the set policy's decisions.
+        backend: ``"auto"`` (default: ``"numpy"`` for a class network, ``"torch"`` for a
+            per-request one, where scoring n x D pairs is faster in torch), ``"numpy"`` or
+            ``"torch"`` for the set policy's decisions.
         dtype: float type of the numpy path's pair layer (``"float32"``, default: ~1e-6 from the
             float64 logits, and faster; ``"float64"``: equal to the torch network to ~1e-15).
     """
 
-    def __init__(self, model: Any, *, mode: str = "sample", seed: int = 0, threads: int = 1, backend: str = "numpy",
+    def __init__(self, model: Any, *, mode: str = "sample", seed: int = 0, threads: int = 1, backend: str = "auto",
                  dtype: str = "float32") -> None:
         import torch as th
 
@@ -68,14 +71,16 @@ class LearnedPolicy:
             raise ConfigError("mode", f"unknown mode {mode!r}", allowed=list(MODES))
         if backend not in BACKENDS:
             raise ConfigError("backend", f"unknown backend {backend!r}", allowed=list(BACKENDS))
-        if backend == "torch" and mode == "systematic":
-            raise ConfigError("mode", "mode 'systematic' needs backend='numpy'", allowed=["sample", "argmax"])
-        self.backend = backend
         self.model = model
         self.mode = mode
         self.seed = int(seed)
         self.threads = int(threads)
         self.kind = "set" if isinstance(model.policy, SetActorCriticPolicy) else "routing"
+        if backend == "auto":
+            backend = "numpy" if self.kind == "set" and model.policy.net.classes is not None else "torch"
+        if backend == "torch" and mode == "systematic":
+            raise ConfigError("mode", "mode 'systematic' needs backend='numpy'", allowed=["sample", "argmax"])
+        self.backend = backend
         if self.kind == "set":
             self.net = model.policy.net
             self.net.eval()
@@ -167,7 +172,7 @@ class LearnedPolicy:
         return np.asarray(m, dtype=bool)
 
     def _act_numpy(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
-        from .fast import choose
+        from .fast import choose, systematic_sorted
 
         mask = self._mask(info)
         K, C = mask.shape
@@ -188,7 +193,13 @@ class LearnedPolicy:
         else:
             idx = np.flatnonzero(valid)
             rows, m = slots[idx], mask[idx]
-        logits, inv, _, _ = sc.class_logits(observation["datacenters"], rows, observation["globals"])
+        logits, inv, _, counts = sc.class_logits(observation["datacenters"], rows, observation["globals"])
+        if self.mode == "systematic" and bool((m == m[0]).all()):
+            # per-class counts, written in class-sorted order (same choices as choose())
+            pick = np.empty(n, dtype=np.int64)
+            pick[sc.last_order()] = systematic_sorted(logits, m[0], counts, self._rng)
+            action[idx] = pick
+            return action
         rank = sc.last_ranks() if self.mode == "systematic" else None
         action[idx] = choose(logits, m, inv, self.mode, self._rng, rank)
         return action
