@@ -80,7 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             r = paired_decision_times(a.scenario, checkpoint=a.checkpoint, other=a.other, steps=a.steps)
             print(f"{a.scenario}: learned mean {1e3 * r['learned']['mean_s']:.2f} ms (p50 {1e3 * r['learned']['p50_s']:.2f}), "
                   f"{a.other} mean {1e3 * r[a.other]['mean_s']:.1f} ms (p50 {1e3 * r[a.other]['p50_s']:.1f}); "
-                  f"ratio of means {r['ratio_mean']:.0f}x, of medians {r['ratio_p50']:.0f}x over {r['steps']} steps")
+                  f"ratio of means {r['ratio_mean']:.0f}x, of medians {r['ratio_p50']:.0f}x over {r['steps']} steps; "
+                  f"CPU time: learned mean {1e3 * r['cpu']['learned']['mean_s']:.2f} ms, {a.other} {1e3 * r['cpu'][a.other]['mean_s']:.1f} ms, "
+                  f"ratio {r['cpu_ratio_mean']:.0f}x")
             return 0
         if argv and argv[0] == "imitate":
             ap = argparse.ArgumentParser(prog=f"{PROG} imitate", description="Class-level imitation of the facility MILP with DAgger (config with [dagger]).")

@@ -198,7 +198,9 @@ def paired_decision_times(scenario: str, *, checkpoint: str | None = None, other
     """Decision wall time of the learned policy and of ``other`` on the *same* observations,
     timed alternately in one process (so machine load affects both alike). The learned policy
     drives the episode; ``other`` is only asked for its action. Returns per-policy mean / p50 /
-    p95 seconds and the ratio of means."""
+    p95 wall seconds and the ratio of means; ``cpu`` holds the same statistics of the process
+    CPU time of each call (insensitive to the process being descheduled on a busy machine), and
+    ``cpu_ratio_mean`` their ratio of means."""
     import torch as th
 
     from .policy import SHIPPED_CHECKPOINT, LearnedPolicy
@@ -213,14 +215,16 @@ def paired_decision_times(scenario: str, *, checkpoint: str | None = None, other
     reset_fn = getattr(ref, "reset", None)
     if callable(reset_fn):
         reset_fn(env)
-    t_l, t_o = [], []
+    t_l, t_o, c_l, c_o = [], [], [], []
     for _ in range(int(steps)):
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         ref.act(obs, info)
         t_o.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
+        c_o.append(time.process_time() - c0)
+        c0, t0 = time.process_time(), time.perf_counter()
         action = learned.act(obs, info)
         t_l.append(time.perf_counter() - t0)
+        c_l.append(time.process_time() - c0)
         obs, _, term, trunc, info = env.step(action)
         if term or trunc:
             break
@@ -230,7 +234,9 @@ def paired_decision_times(scenario: str, *, checkpoint: str | None = None, other
         a = np.asarray(x)
         return {"mean_s": float(a.mean()), "p50_s": float(np.median(a)), "p95_s": float(np.percentile(a, 95))}
 
-    out = {"learned": stats(t_l), other: stats(t_o), "steps": len(t_l), "scenario": scenario}
+    out = {"learned": stats(t_l), other: stats(t_o), "steps": len(t_l), "scenario": scenario,
+           "cpu": {"learned": stats(c_l), other: stats(c_o)}}
     out["ratio_mean"] = out[other]["mean_s"] / out["learned"]["mean_s"]
     out["ratio_p50"] = out[other]["p50_s"] / out["learned"]["p50_s"]
+    out["cpu_ratio_mean"] = out["cpu"][other]["mean_s"] / max(out["cpu"]["learned"]["mean_s"], 1e-9)
     return out
