@@ -14,8 +14,11 @@ Example (``train/configs/llama8b.toml``)::
     learning_rate = 1e-4
     n_steps = 64
 
-    [set_policy]         # maskable_ppo only
+    [set_policy]         # maskable_ppo only (see train.set_policy.SetNetwork)
     hidden = 64
+    classes = false      # true: score the facility MILP's request classes once each
+    demand_features = false
+    load_feedback = 0    # refinement passes with learned per-datacenter prices
 
     [vec_normalize]      # reward normalisation (VecNormalize); obs are already scaled by the env
     reward = true
@@ -23,6 +26,10 @@ Example (``train/configs/llama8b.toml``)::
     [bc]                 # behaviour-cloning warm start (maskable_ppo only)
     expert = "milp"
     episodes = 4
+
+    [dagger]             # class-level DAgger on an expert (carbon-gym train imitate; needs classes)
+    expert = "facility-milp"
+    rounds = 10
 
     [eval]               # held-out evaluation episode logged to TensorBoard
     scenario = "llama8b-moderate"
