@@ -52,6 +52,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from solvers import POLICY_ALIASES as SOLVER_ALIASES
+
 REFERENCE_POLICY = "rr"
 
 # scenario override keys (carbon_gym.scenario field names)
@@ -244,13 +246,7 @@ def make_specs(
 
 # Short names used in tables and on the command line -> names in solvers' registry. Either
 # form is accepted everywhere; tables and files use the short one.
-POLICY_ALIASES = {
-    "rr": "round-robin",
-    "greedy": "carbon-greedy",
-    "ilp": "ilp-static",
-    "milp": "facility-milp",
-    "milp-greedy": "facility-greedy",
-}
+POLICY_ALIASES = SOLVER_ALIASES  # short names -> registry names (one table, in solvers)
 _SHORT = {v: k for k, v in POLICY_ALIASES.items()}
 
 # the study's comparison (experiment a's default policy list)

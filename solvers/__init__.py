@@ -34,7 +34,7 @@ from carbon_gym.errors import ConfigError
 
 from .problem import PlacementProblem, synthetic_problem
 
-__all__ = ["make_policy", "available_policies", "PlacementProblem", "synthetic_problem"]
+__all__ = ["make_policy", "available_policies", "POLICY_ALIASES", "PlacementProblem", "synthetic_problem"]
 
 
 def _factories() -> dict[str, Callable[..., Any]]:
@@ -64,6 +64,17 @@ def _factories() -> dict[str, Callable[..., Any]]:
     }
 
 
+POLICY_ALIASES: dict[str, str] = {
+    "rr": "round-robin",
+    "greedy": "carbon-greedy",
+    "ilp": "ilp-static",
+    "milp": "facility-milp",
+    "milp-greedy": "facility-greedy",
+}
+"""Short names (used in result tables and on command lines) -> registry names; the one table
+that ``make_policy``, the evaluation harness and the training evaluation all resolve with."""
+
+
 def available_policies() -> list[str]:
     """Names accepted by :func:`make_policy`, in the order of the comparison table."""
     return list(_factories())
@@ -73,8 +84,10 @@ def make_policy(name: str, env: Any = None, **kwargs: Any) -> Any:
     """Build the scheduler registered as ``name`` for ``env`` (keyword arguments go to its
     constructor, e.g. ``make_policy("facility-milp", env, time_limit_s=0.1)``)."""
     factories = _factories()
+    name = POLICY_ALIASES.get(name, name)
     if name not in factories:
-        raise ConfigError("policy", f"unknown policy {name!r}", allowed=list(factories))
+        raise ConfigError("policy", f"unknown policy {name!r}",
+                          allowed=list(factories) + [f"{k} (= {v})" for k, v in POLICY_ALIASES.items()])
     try:
         return factories[name](env, **kwargs)
     except TypeError as exc:

@@ -246,3 +246,14 @@ def test_solvers_print_nothing_not_even_the_highs_banner():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("carbon_g ") and out.stdout.count("\n") == 1, out.stdout
+
+
+def test_short_names_resolve_through_one_alias_table():
+    from solvers import POLICY_ALIASES, available_policies, make_policy
+
+    from eval.harness import POLICY_ALIASES as EVAL_ALIASES
+
+    assert EVAL_ALIASES is POLICY_ALIASES and POLICY_ALIASES["ilp"] == "ilp-static"
+    assert set(POLICY_ALIASES.values()) <= set(available_policies())
+    assert type(make_policy("milp")) is type(make_policy("facility-milp"))
+    assert type(make_policy("ilp")).__name__ == "PerRequestILP" and not make_policy("ilp").state_aware
