@@ -62,10 +62,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             ap.add_argument("--out", required=True, help="e.g. train/checkpoints/llama8b_set.zip")
             ap.add_argument("--mode", default=None, choices=["sample", "systematic", "argmax"],
                             help="record this default choice mode in the copy (default: keep the source's)")
+            for knob, what in (("load_price", "price per proposed request per engine above the mean"),
+                               ("headroom_penalty", "logit per TTFT SLO of headroom shortfall"),
+                               ("headroom_margin", "TTFT headroom margin, in SLOs")):
+                ap.add_argument("--" + knob.replace("_", "-"), type=float, default=None,
+                                help=f"record this safety knob ({what}; default: keep the source's)")
             a = ap.parse_args(argv[1:])
-            from .policy import export_checkpoint
+            from .policy import SAFETY_KNOB_NAMES, export_checkpoint
 
-            dst = export_checkpoint(a.checkpoint, a.out, mode=a.mode)
+            safety = {k: getattr(a, k) for k in SAFETY_KNOB_NAMES if getattr(a, k) is not None}
+            dst = export_checkpoint(a.checkpoint, a.out, mode=a.mode, safety=safety or None)
             print(f"exported {dst} ({dst.stat().st_size / 1024:.0f} KiB)")
             return 0
         if argv and argv[0] == "decision-time":

@@ -27,7 +27,22 @@ from carbon_gym.errors import ConfigError
 
 from .set_policy import _USED_BINS, MASKED_LOGIT, class_bin_edges
 
-__all__ = ["NumpySetScorer", "choose", "systematic_sorted", "CHOICE_MODES"]
+__all__ = ["NumpySetScorer", "choose", "systematic_sorted", "CHOICE_MODES", "SAFETY_KNOBS"]
+
+#: Inference-time safety knobs of :class:`NumpySetScorer` (added to the datacenter logits after
+#: the network, including its load-feedback pass; a zero penalty / price is neutral: the code path
+#: is skipped and the logits are exactly the network's).
+#: ``headroom_penalty`` beta (>= 0, logit per TTFT SLO) with ``headroom_margin`` m (SLO units):
+#: ``+ beta x min(headroom_cd - m, 0)``, headroom = ``1 - (waited + network + queue wait +
+#: prefill) / T_ttft``, the network's own pair input (clipped to [-10, 2]): a (class, datacenter)
+#: pair with less estimated TTFT headroom than m loses score in proportion to the shortfall, so
+#: requests that have used much of their TTFT budget move to closer / less-queued datacenters.
+#: (The estimate is optimistic: in llama8b episodes it is never below 0, so m > 0 is needed.)
+#: ``load_price`` gamma (>= 0, logit per request per engine): ``- gamma x (r_d - mean_d r_d)``,
+#: r_d the requests per engine that the choice probabilities would send to datacenter d this step
+#: (mean over datacenters that are up): load moves from datacenters proposed more than average
+#: toward the rest (one pass). Measured trade-offs: train/RESULTS_TRAIN.md ("Safety knobs").
+SAFETY_KNOBS = ("load_price", "headroom_penalty", "headroom_margin")
 
 CHOICE_MODES = ("sample", "argmax", "systematic")
 
@@ -82,6 +97,10 @@ class NumpySetScorer:
             self.W_f_e, self.W_f_l, self.b_f1 = wf[:h].copy(), wf[h:].copy(), _np(fb[0].bias)
             self.w_f2, self.b_f2 = _np(fb[2].weight).reshape(-1), float(_np(fb[2].bias)[0])
         self.n_dc_inputs = self.W_e1.shape[0]
+        #: Inference-time safety knobs (0 = the network's own logits; see :data:`SAFETY_KNOBS`).
+        self.load_price = 0.0
+        self.headroom_penalty = 0.0
+        self.headroom_margin = 0.0
         if self.classes is not None:
             self._out_edges, self._used_edges = class_bin_edges(self.classes)
         self.bind(net.spec)
@@ -240,6 +259,15 @@ class NumpySetScorer:
                 load = (z[:, :D].T @ load_w) * self._inv_engines[:, None]  # (D, 3)
                 corr = np.maximum(e_part + load @ self.W_f_l, 0.0) @ self.w_f2 + self.b_f2
                 logits[:, :D] += corr[None, :]
+        if self.headroom_penalty:  # safety knob: estimated TTFT headroom below the margin, in SLOs
+            logits[:, :D] += self.headroom_penalty * np.minimum(pair_in[:, :, 2] - self.headroom_margin, 0.0)
+        if self.load_price:  # safety knob: price on the proposed requests per engine
+            lg = logits if all_up else np.concatenate([np.where(up[None, :], logits[:, :D], MASKED_LOGIT), logits[:, D:]], axis=1)
+            z = np.exp(lg - lg.max(axis=1, keepdims=True))
+            z /= z.sum(axis=1, keepdims=True)
+            req = (counts.astype(np.float64) @ z[:, :D]) * self._inv_engines * 16.0  # (D,) requests per engine
+            mean = req[up].mean() if up.any() else 0.0
+            logits[:, :D] -= self.load_price * (req - mean)[None, :]
         return logits, inv, rep, counts
 
 

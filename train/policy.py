@@ -59,10 +59,17 @@ class LearnedPolicy:
             ``"torch"`` for the set policy's decisions.
         dtype: float type of the numpy path's pair layer (``"float32"``, default: ~1e-6 from the
             float64 logits, and faster; ``"float64"``: equal to the torch network to ~1e-15).
+        load_price, headroom_penalty, headroom_margin: inference-time safety knobs (numpy backend
+            only; a zero price / penalty is neutral: the network's own logits), see
+            :data:`train.fast.SAFETY_KNOBS`: a larger ``headroom_penalty`` moves requests off
+            datacenters where their estimated TTFT headroom is below ``headroom_margin`` (SLO
+            units); a larger ``load_price`` moves them off datacenters proposed more requests per
+            engine than average.
     """
 
     def __init__(self, model: Any, *, mode: str = "sample", seed: int = 0, threads: int = 1, backend: str = "auto",
-                 dtype: str = "float32") -> None:
+                 dtype: str = "float32", load_price: float = 0.0,
+                 headroom_penalty: float = 0.0, headroom_margin: float = 0.0) -> None:
         import torch as th
 
         from .set_policy import SetActorCriticPolicy
@@ -81,6 +88,10 @@ class LearnedPolicy:
         if backend == "torch" and mode == "systematic":
             raise ConfigError("mode", "mode 'systematic' needs backend='numpy'", allowed=["sample", "argmax"])
         self.backend = backend
+        self.safety = _check_safety({"load_price": load_price, "headroom_penalty": headroom_penalty,
+                                     "headroom_margin": headroom_margin})
+        if (self.safety["load_price"] or self.safety["headroom_penalty"]) and (self.kind != "set" or backend != "numpy"):
+            raise ConfigError("load_price", "safety knobs need a set policy on backend='numpy'", allowed=[0.0])
         if self.kind == "set":
             self.net = model.policy.net
             self.net.eval()
@@ -91,6 +102,8 @@ class LearnedPolicy:
                 if dtype not in ("float32", "float64"):
                     raise ConfigError("dtype", f"unknown dtype {dtype!r}", allowed=["float32", "float64"])
                 self.scorer = NumpySetScorer(self.net, dtype=np.dtype(dtype))
+                for k, v in self.safety.items():
+                    setattr(self.scorer, k, v)
         self._gen = th.Generator().manual_seed(self.seed)
         self._rng = np.random.default_rng(self.seed)
         self._router: Any = None
@@ -100,7 +113,8 @@ class LearnedPolicy:
     @classmethod
     def load(cls, path: str | Path, **kwargs: Any) -> "LearnedPolicy":
         """Load a checkpoint (``.zip`` from ``carbon-gym train``); ``kwargs`` as for the constructor.
-        ``mode`` defaults to the one recorded in the checkpoint (:data:`POLICY_META_NAME`), if any."""
+        ``mode`` and the safety knobs default to those recorded in the checkpoint
+        (:data:`POLICY_META_NAME`), if any (old checkpoints: neutral knobs)."""
         p = Path(path)
         if not p.exists():
             raise ConfigError("path", f"no checkpoint at {str(p)!r}")
@@ -116,6 +130,9 @@ class LearnedPolicy:
         check_checkpoint_env(stored, str(p))
         if "mode" in pmeta:  # the choice mode the checkpoint was selected with
             kwargs.setdefault("mode", str(pmeta["mode"]))
+        for k in SAFETY_KNOB_NAMES:
+            if k in pmeta:
+                kwargs.setdefault(k, float(pmeta[k]))
         if "SetActorCriticPolicy" in data or "MaskableActorCriticPolicy" in data or "Maskable" in data:
             from sb3_contrib import MaskablePPO
 
@@ -254,11 +271,13 @@ class LearnedPolicy:
 _EXPORT_EXCLUDE = ["_last_obs", "_last_original_obs", "_last_episode_starts", "ep_info_buffer", "ep_success_buffer"]
 
 
-def export_checkpoint(src: str | Path, dst: str | Path, mode: str | None = None) -> Path:
+def export_checkpoint(src: str | Path, dst: str | Path, mode: str | None = None,
+                      safety: dict[str, float] | None = None) -> Path:
     """Copy a training checkpoint to ``dst`` without its training-time state (smaller; loads
-    with :meth:`LearnedPolicy.load` and SB3's ``load`` alike). The default choice ``mode``
-    recorded in ``src`` is kept unless ``mode`` is given. Returns ``dst``."""
-    pol = LearnedPolicy.load(src)
+    with :meth:`LearnedPolicy.load` and SB3's ``load`` alike). The default choice ``mode`` and
+    safety knobs recorded in ``src`` are kept unless ``mode`` / ``safety`` (a dict of
+    :data:`SAFETY_KNOB_NAMES` values) are given. Returns ``dst``."""
+    pol = LearnedPolicy.load(src, **(safety or {}))
     out = Path(dst)
     out.parent.mkdir(parents=True, exist_ok=True)
     pol.model.save(out, exclude=list(_EXPORT_EXCLUDE))
@@ -267,8 +286,30 @@ def export_checkpoint(src: str | Path, dst: str | Path, mode: str | None = None)
 
     with zipfile.ZipFile(src) as zf:
         had = POLICY_META_NAME in zf.namelist()
-    if mode is not None or had:
-        write_policy_meta(out, {"mode": mode or pol.mode})
+    if mode is not None or had or any(pol.safety.values()):
+        meta: dict[str, Any] = {"mode": mode or pol.mode}
+        meta.update({k: v for k, v in pol.safety.items() if v})
+        write_policy_meta(out, meta)
+    return out
+
+
+#: Safety knobs a checkpoint may record (:data:`train.fast.SAFETY_KNOBS`; kept here so that
+#: reading the metadata does not import the numpy scorer).
+SAFETY_KNOB_NAMES = ("load_price", "headroom_penalty", "headroom_margin")
+
+
+def _check_safety(knobs: dict[str, Any]) -> dict[str, float]:
+    """The knobs as floats; :class:`ConfigError` naming the knob if one is not finite, or negative
+    (``headroom_margin``, a threshold, may be negative)."""
+    out = {}
+    for k, v in knobs.items():
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            raise ConfigError(k, f"must be a number, got {v!r}") from None
+        if not np.isfinite(f) or (f < 0.0 and k != "headroom_margin"):
+            raise ConfigError(k, f"must be finite{'' if k == 'headroom_margin' else ' and >= 0 (0 = neutral)'}, got {v!r}")
+        out[k] = f
     return out
 
 
@@ -277,11 +318,16 @@ POLICY_META_NAME = "carbon_gym_policy.json"
 
 
 def write_policy_meta(path: str | Path, meta: dict[str, Any]) -> None:
-    """Record ``meta`` (``{"mode": ...}``, the default choice mode) inside the checkpoint .zip."""
+    """Record ``meta`` (``{"mode": ..., <safety knob>: ...}``: the default choice mode and safety
+    knobs, :data:`SAFETY_KNOB_NAMES`; an absent knob is neutral) inside the checkpoint .zip."""
     import zipfile
 
     if "mode" in meta and meta["mode"] not in MODES:
         raise ConfigError("mode", f"unknown mode {meta['mode']!r}", allowed=list(MODES))
+    unknown = sorted(set(meta) - {"mode", *SAFETY_KNOB_NAMES})
+    if unknown:
+        raise ConfigError("policy meta", f"unknown keys {unknown}", allowed=["mode", *SAFETY_KNOB_NAMES])
+    _check_safety({k: meta[k] for k in SAFETY_KNOB_NAMES if k in meta})
     with zipfile.ZipFile(path, "a") as zf:
         if POLICY_META_NAME in zf.namelist():
             raise ConfigError("checkpoint", f"{path} already records its policy settings")
