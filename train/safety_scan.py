@@ -1,0 +1,58 @@
+"""Scan the learned policy's inference-time safety knobs on the validation episodes.
+
+Usage (one process; about 3-8 s per episode)::
+
+    python -m train.safety_scan "headroom_margin=0.6;headroom_penalty=V" 10,20,30 [EPISODES]
+
+The first argument names the knobs (``train.fast.SAFETY_KNOBS``); ``V`` takes each value of the
+second argument. ``EPISODES`` (comma-separated keys; default: all six) picks validation episodes:
+low / moderate / high load on the DAgger config's two validation days (2023-06-13 07:13 and
+2023-01-28 16:23 UTC, world seed 12345, 60 s), never the test days of ``carbon-gym train
+evaluate``. Round-robin and facility-MILP references come from ``train/curves/safety_scan.json``
+(``validation_refs``). Prints, per setting and episode, the share of the MILP's reduction vs
+round-robin and the violation rate minus the MILP's (pp).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+_D2 = "2023-01-28T16:23:00Z"
+EPISODES = {"llama8b-low": ("llama8b-low", "2023-06-13T07:13:00Z"), "llama8b-moderate": ("llama8b-moderate", "2023-06-13T07:13:00Z"),
+            "llama8b-high": ("llama8b-high", "2023-06-13T07:13:00Z"), f"llama8b-low@{_D2}": ("llama8b-low", _D2),
+            f"llama8b-moderate@{_D2}": ("llama8b-moderate", _D2), f"llama8b-high@{_D2}": ("llama8b-high", _D2)}
+REFS = Path(__file__).resolve().parent / "curves" / "safety_scan.json"
+
+
+def main(argv: list[str]) -> int:
+    """Run the scan of ``argv`` (see the module docstring); returns the exit status."""
+    import torch
+
+    from .imitate import validation_episode
+    from .policy import SHIPPED_CHECKPOINT, LearnedPolicy
+
+    torch.set_num_threads(1)
+    refs = json.loads(REFS.read_text())["validation_refs"]
+    spec, values = argv[0], [float(v) for v in argv[1].split(",")]
+    keys = argv[2].split(",") if len(argv) > 2 else list(EPISODES)
+    for v in values:
+        kw = {a: (v if b == "V" else float(b)) for a, b in (x.split("=") for x in spec.split(";"))}
+        pol = LearnedPolicy.load(SHIPPED_CHECKPOINT, **kw)
+        for k in keys:
+            scen, start = EPISODES[k]
+            t = time.perf_counter()
+            m = validation_episode(pol, scen, {"duration_s": 60}, start, 12345)
+            rr, milp = refs[k]["rr"], refs[k]["milp"]
+            red = 100.0 * (1.0 - m["carbon_g"] / rr["carbon_g"])
+            share = red / (100.0 * (1.0 - milp["carbon_g"] / rr["carbon_g"]))
+            dv = 100.0 * (m["violation_rate"] - milp["violation_rate"])
+            print(f"{kw} {k}: reduction {red:.2f}% ({100 * share:.0f}% of the MILP's), violations {100 * m['violation_rate']:.2f}% "
+                  f"({dv:+.2f} pp vs the MILP) [{time.perf_counter() - t:.0f} s]", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
