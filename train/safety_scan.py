@@ -5,7 +5,8 @@ Usage (one process; about 3-8 s per episode)::
     python -m train.safety_scan "headroom_margin=0.6;headroom_penalty=V" 10,20,30 [EPISODES]
 
 The first argument names the knobs (``train.fast.SAFETY_KNOBS``); ``V`` takes each value of the
-second argument. ``EPISODES`` (comma-separated keys; default: all six) picks validation episodes:
+second argument. ``EPISODES`` (comma-separated keys; default: the six below; ``all``: also the two extra days
+of :data:`EXTRA`) picks validation episodes:
 low / moderate / high load on the DAgger config's two validation days (2023-06-13 07:13 and
 2023-01-28 16:23 UTC, world seed 12345, 60 s), never the test days of ``carbon-gym train
 evaluate``. Round-robin and facility-MILP references come from ``train/curves/safety_scan.json``
@@ -24,6 +25,9 @@ _D2 = "2023-01-28T16:23:00Z"
 EPISODES = {"llama8b-low": ("llama8b-low", "2023-06-13T07:13:00Z"), "llama8b-moderate": ("llama8b-moderate", "2023-06-13T07:13:00Z"),
             "llama8b-high": ("llama8b-high", "2023-06-13T07:13:00Z"), f"llama8b-low@{_D2}": ("llama8b-low", _D2),
             f"llama8b-moderate@{_D2}": ("llama8b-moderate", _D2), f"llama8b-high@{_D2}": ("llama8b-high", _D2)}
+#: Two more validation days (the next starts of the same sequence; not test days).
+EXTRA = {f"{s}@{d}": (s, d) for d in ("2023-09-09T01:33:00Z", "2023-04-22T10:43:00Z")
+         for s in ("llama8b-low", "llama8b-moderate", "llama8b-high")}
 REFS = Path(__file__).resolve().parent / "curves" / "safety_scan.json"
 
 
@@ -38,11 +42,13 @@ def main(argv: list[str]) -> int:
     refs = json.loads(REFS.read_text())["validation_refs"]
     spec, values = argv[0], [float(v) for v in argv[1].split(",")]
     keys = argv[2].split(",") if len(argv) > 2 else list(EPISODES)
+    if keys == ["all"]:
+        keys = list(EPISODES) + list(EXTRA)
     for v in values:
         kw = {a: (v if b == "V" else float(b)) for a, b in (x.split("=") for x in spec.split(";"))}
         pol = LearnedPolicy.load(SHIPPED_CHECKPOINT, **kw)
         for k in keys:
-            scen, start = EPISODES[k]
+            scen, start = {**EPISODES, **EXTRA}[k]
             t = time.perf_counter()
             m = validation_episode(pol, scen, {"duration_s": 60}, start, 12345)
             rr, milp = refs[k]["rr"], refs[k]["milp"]
