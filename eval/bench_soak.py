@@ -9,7 +9,10 @@ event-heap and in-transit sizes, requests completed and records written, and wal
 last line is ``memory_growth_ratio=<peak RSS at 24 h / peak RSS at 1 h>`` (target <= 1.2).
 
 The full moderate paper scenario (512 GPUs, ~1,600 req/s, ~138 million requests a day) takes
-hours here, so by default the run uses a lighter variant of it: the same model, load level
+about 2.3 hours here (``--full``; measured on 2026-11-29: peak RSS 117.8 MB at 1 h, 117.8 MB at
+6 h, 133.0 MB at 24 h with the end-of-episode percentile pass over the 11 GB of record files,
+ratio 1.129; 137,689,997 requests arrived and completed, ledger balanced), so by default the run
+uses a lighter variant of it: the same model, load level
 (moderate = 0.6 x measured capacity per engine), lengths and carbon data on ONE datacenter of
 ONE region with one node (8 engines, ~25 req/s, ~2.2 million requests in 24 h, a few minutes);
 the output says so. ``--regions / --datacenters-per-region / --nodes`` scale it up, ``--full``
