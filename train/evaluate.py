@@ -36,20 +36,11 @@ LABELS = {
 
 
 def _solver_aliases() -> dict[str, str]:
-    """Short policy names -> ``solvers`` registry names, as the evaluation harness resolves them
-    (``ilp`` = ``ilp-static``). ``solvers.POLICY_ALIASES`` when the solvers package defines one;
-    otherwise this copy of ``eval.harness.POLICY_ALIASES`` (``train`` may not import ``eval``;
-    ``tests/test_train.py`` checks the two are equal)."""
-    try:
-        from solvers import POLICY_ALIASES  # type: ignore[attr-defined]
+    """Short policy names -> ``solvers`` registry names (``ilp`` = ``ilp-static``): the one table,
+    ``solvers.POLICY_ALIASES``, that the evaluation harness resolves with too."""
+    from solvers import POLICY_ALIASES
 
-        return dict(POLICY_ALIASES)
-    except ImportError:
-        return dict(_HARNESS_ALIASES)
-
-
-_HARNESS_ALIASES = {"rr": "round-robin", "greedy": "carbon-greedy", "ilp": "ilp-static", "milp": "facility-milp",
-                    "milp-greedy": "facility-greedy"}
+    return dict(POLICY_ALIASES)
 
 
 def _policy(name: str, env: Any, checkpoint: str | None, mode: str | None = None) -> Any:
