@@ -1007,25 +1007,30 @@ class GeoServeEnv(gym.Env):
         n = len(batch)
         if n == 0:
             return 0
-        # new rows appended to the pending table, columns in _P_* order (origin, arrival, prompt,
-        # output, predicted, seq, failed-over) as float64 (exact conversions)
+        # the new rows appended to the pending table (one allocation)
         old = self._pending
         m = old.shape[0]
         table = np.empty((m + n, _P_COLS), dtype=np.float64)
         if m:
             table[:m] = old
-        new = table[m:]
-        new[:, _P_ORIGIN] = batch.origin
-        new[:, _P_ARRIVAL] = batch.arrival_s
-        new[:, _P_PROMPT] = batch.prompt_tokens
-        new[:, _P_OUTPUT] = batch.output_tokens
-        new[:, _P_PRED] = self._predictor.predict(batch.prompt_tokens, batch.output_tokens)
-        new[:, _P_SEQ] = np.arange(self._seq, self._seq + n)
-        new[:, _P_FAILED] = 0.0
-        self._seq += n
+        self._fill_rows(table[m:], batch.origin, batch.arrival_s, batch.prompt_tokens, batch.output_tokens, 0.0)
         self._arrived += n
         self._pending = table
         return n
+
+    def _fill_rows(self, out: np.ndarray, origin: np.ndarray, arrival_s: np.ndarray, prompt_tokens: np.ndarray,
+                   output_tokens: np.ndarray, failed_over: float) -> None:
+        """Write pending-table rows (columns in _P_* order, float64, exact conversions) for the
+        ``len(out)`` requests given, with their predicted output and the next sequence numbers."""
+        n = out.shape[0]
+        out[:, _P_ORIGIN] = origin
+        out[:, _P_ARRIVAL] = arrival_s
+        out[:, _P_PROMPT] = prompt_tokens
+        out[:, _P_OUTPUT] = output_tokens
+        out[:, _P_PRED] = self._predictor.predict(prompt_tokens, output_tokens)
+        out[:, _P_SEQ] = np.arange(self._seq, self._seq + n)
+        out[:, _P_FAILED] = failed_over
+        self._seq += n
 
     def _advance_sim(self, t_s: float) -> None:
         """Advance the simulator to ``t_s``, applying the scenario's faults at their times."""
@@ -1041,14 +1046,7 @@ class GeoServeEnv(gym.Env):
         if not n:
             return
         rows = np.empty((n, _P_COLS), dtype=np.float64)
-        rows[:, _P_ORIGIN] = ab.origin
-        rows[:, _P_ARRIVAL] = ab.arrival_s
-        rows[:, _P_PROMPT] = ab.prompt_tokens
-        rows[:, _P_OUTPUT] = ab.output_tokens
-        rows[:, _P_PRED] = self._predictor.predict(ab.prompt_tokens, ab.output_tokens)
-        rows[:, _P_SEQ] = np.arange(self._seq, self._seq + n)
-        rows[:, _P_FAILED] = 1.0
-        self._seq += n
+        self._fill_rows(rows, ab.origin, ab.arrival_s, ab.prompt_tokens, ab.output_tokens, 1.0)
         self._aborted += n
         self._step_failed_over += n
         self._fo_energy_j += np.bincount(ab.datacenter, weights=ab.energy_j, minlength=self._D)
