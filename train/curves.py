@@ -57,12 +57,7 @@ def plot_run(run_dir: str | Path, out_png: str | Path, title: str | None = None)
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
     fig.suptitle(title or f"training run {Path(run_dir).name}", fontsize=10)
-    fig.tight_layout()
-    out = Path(out_png)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(fig, out_png)
 
 
 def plot_compare(
@@ -97,12 +92,7 @@ def plot_compare(
     axes[0][0].legend(fontsize=7)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    out = Path(out_png)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(fig, out_png)
 
 
 def plot_dagger(runs: dict[str, str | Path], out_png: str | Path, title: str = "") -> Path:
@@ -146,6 +136,13 @@ def plot_dagger(runs: dict[str, str | Path], out_png: str | Path, title: str = "
         ax.legend(fontsize=6)
     if title:
         fig.suptitle(title, fontsize=10)
+    return _save(fig, out_png)
+
+
+def _save(fig: Any, out_png: str | Path) -> Path:
+    """Lay out ``fig``, write it to ``out_png`` (folders made) and close it."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)
