@@ -188,17 +188,22 @@ class LearnedPolicy:
             m = self._env.unwrapped.action_masks().reshape(-1, D1)
         return np.asarray(m, dtype=bool)
 
-    def _act_numpy(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
-        from .fast import choose, systematic_sorted
-
+    def _bound_mask(self, info: dict[str, Any], model: Any) -> tuple[np.ndarray, int, int]:
+        """The (K, D + 1) mask, K and D, checked against the sizes ``model`` (scorer or network) is bound to."""
         mask = self._mask(info)
         K, C = mask.shape
         D = C - 1
-        sc = self.scorer
-        if sc.D != D or sc.K != K:
+        if model.D != D or model.K != K:
             raise ConfigError(
-                "observation", f"policy bound to D={sc.D}, K={sc.K} but the env has D={D}, K={K}: call reset(env) first"
+                "observation", f"policy bound to D={model.D}, K={model.K} but the env has D={D}, K={K}: call reset(env) first"
             )
+        return mask, K, D
+
+    def _act_numpy(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
+        from .fast import choose, systematic_sorted
+
+        sc = self.scorer
+        mask, K, D = self._bound_mask(info, sc)
         slots = np.asarray(observation["slots"]).reshape(K, sc.F_S)
         valid = slots[:, sc._s_valid] > 0.5
         n = int(np.count_nonzero(valid))
@@ -224,14 +229,8 @@ class LearnedPolicy:
     def _act_set(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
         import torch as th
 
-        mask = self._mask(info)
-        K, C = mask.shape
-        D = C - 1
         net = self.net
-        if net.D != D or net.K != K:
-            raise ConfigError(
-                "observation", f"policy bound to D={net.D}, K={net.K} but the env has D={D}, K={K}: call reset(env) first"
-            )
+        mask, K, D = self._bound_mask(info, net)
         valid_rows = np.asarray(observation["slots"]).reshape(K, -1)[:, net._s_valid] > 0.5
         n = int(valid_rows.sum())
         action = np.full(K, D, dtype=np.int64)
