@@ -42,6 +42,8 @@ def _eval_parser() -> argparse.ArgumentParser:
     p.add_argument("--scenarios", default="llama8b-low,llama8b-moderate,llama8b-high")
     p.add_argument("--policies", default="rr,greedy,ilp,milp", help="baselines to compare with (solvers names)")
     p.add_argument("--days", type=int, default=3, help="held-out episode starts per scenario")
+    p.add_argument("--skip-days", type=int, default=0,
+                   help="leave out the first N held-out starts (already used), e.g. --days 5 --skip-days 3 for starts 3-7")
     p.add_argument("--duration-s", type=float, default=60.0)
     p.add_argument("--max-pending", type=int, default=0, help="env.max_pending override (0: the scenario's own)")
     p.add_argument("--out", default="train/RESULTS_TRAIN.md")
@@ -116,6 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 baselines=[s for s in args.policies.split(",") if s], days=args.days, duration_s=args.duration_s,
                 max_pending=args.max_pending, out_md=None if args.baselines_only else args.out, out_json=args.json,
                 learned=not args.baselines_only, cache_json=args.cache or None, mode=args.mode,
+                skip_days=args.skip_days,
             )
             return 0
         args = _train_parser().parse_args(argv)

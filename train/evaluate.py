@@ -20,6 +20,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from carbon_gym.errors import ConfigError
+
 from .envs import heldout_starts, make_episode_env
 
 __all__ = ["run_evaluation", "evaluate_episode", "summarise", "markdown_table"]
@@ -135,16 +137,22 @@ def markdown_table(summary: dict[str, dict[str, Any]], policies: Sequence[str]) 
 def run_evaluation(*, checkpoint: str | None, scenarios: Sequence[str], baselines: Sequence[str], days: int,
                    duration_s: float, max_pending: int | None, out_md: str | None, out_json: str | None,
                    cache_json: str | None = "runs/train/eval_cache.json", learned: bool = True,
-                   mode: str | None = None,
+                   mode: str | None = None, skip_days: int = 0,
                    log: Any = print) -> dict[str, Any]:
-    """Run the comparison and write the Markdown table (``out_md``) and raw JSON (``out_json``)."""
+    """Run the comparison and write the Markdown table (``out_md``) and raw JSON (``out_json``).
+
+    The episodes are the held-out starts ``skip_days .. skip_days + days - 1`` of
+    :func:`train.envs.heldout_starts` (world seed ``1000 + index``): ``skip_days`` leaves out
+    starts already used, so that a later check runs on days nobody has looked at."""
     warnings.simplefilter("ignore", UserWarning)
     aliases = _solver_aliases()
     base = [aliases.get(b, b) for b in baselines]
     if REFERENCE not in base:
         base.insert(0, REFERENCE)
     policies = base + (["learned"] if learned else [])
-    starts = heldout_starts(days)
+    if int(skip_days) < 0:
+        raise ConfigError("skip_days", f"must be >= 0, got {skip_days!r}")
+    starts = heldout_starts(int(days) + int(skip_days))[int(skip_days):]
     cache: dict[str, Any] = {}
     if cache_json and Path(cache_json).exists():
         cache = json.loads(Path(cache_json).read_text())
@@ -154,7 +162,7 @@ def run_evaluation(*, checkpoint: str | None, scenarios: Sequence[str], baseline
         if max_pending:
             overrides["env.max_pending"] = int(max_pending)
         results[scen] = {}
-        for i, start in enumerate(starts):
+        for i, start in enumerate(starts, start=int(skip_days)):
             key = f"{start}|seed={1000 + i}"
             per = results[scen].setdefault(key, {})
             for p in policies:
@@ -173,6 +181,7 @@ def run_evaluation(*, checkpoint: str | None, scenarios: Sequence[str], baseline
     summary = summarise(results, policies)
     table = markdown_table(summary, policies)
     meta = {"checkpoint": str(checkpoint) if checkpoint else "shipped", "mode": mode, "scenarios": list(scenarios), "starts": starts,
+            "skip_days": int(skip_days),
             "duration_s": duration_s, "max_pending": max_pending, "python": platform.python_version()}
     if out_md:
         Path(out_md).parent.mkdir(parents=True, exist_ok=True)
