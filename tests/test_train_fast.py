@@ -101,6 +101,29 @@ def test_numpy_logits_equal_torch_on_random_observations(layouts, name, classes,
         assert checked_classes < 0.8 * checked_rows
 
 
+def test_group_without_inverse_gives_the_same_classes(layouts):
+    """group(inverse=False) (the systematic fast path) skips only the row -> class map: the
+    class rows, sizes, first rows and sorted order equal those of the full call."""
+    env = layouts["paper"][0]
+    spec = layout_spec(env)
+    rng = np.random.default_rng(5)
+    th.manual_seed(3)
+    sc = NumpySetScorer(SetNetwork(spec, hidden=8, classes=True, demand_features=True))
+    assert sc._key_fits_int16  # the radix-sorted int16 keys are the path under test
+    K = spec["max_pending"]
+    obs = random_obs(spec, rng, 500)
+    rows = obs["slots"].reshape(K, -1)[:500]
+    dc = obs["datacenters"].reshape(spec["n_datacenters"], -1)
+    crow, inv, rep, counts = sc.group(rows, dc)
+    order = sc.last_order().copy()
+    crow2, inv2, rep2, counts2 = sc.group(rows, dc, inverse=False)
+    assert inv2 is None and np.array_equal(crow, crow2) and np.array_equal(rep, rep2) and np.array_equal(counts, counts2)
+    assert np.array_equal(order, sc.last_order())
+    # classes are runs of the stable sort: every member of class c precedes every member of c + 1
+    assert np.array_equal(inv[order], np.repeat(np.arange(len(counts)), counts))
+    assert (np.diff(inv[order]) >= 0).all() and all((np.diff(order[inv[order] == c]) > 0).all() for c in range(len(counts)))
+
+
 def test_class_members_share_scores_and_are_permutation_equivariant(layouts):
     env = layouts["paper"][0]
     spec = layout_spec(env)

@@ -134,13 +134,16 @@ class NumpySetScorer:
         self._col_slice = slice(c0, c0 + len(self._cols)) if contiguous else None
         n_out = len(self._out_edges) + 1 if self.classes is not None else 1
         self._origin_key = (np.arange(self.R) * (n_out * _USED_BINS)).astype(np.float32)  # exact in float32
+        # class keys are < R x n_out x (used bins + 1) (searchsorted returns up to len(edges))
+        self._key_fits_int16 = self.R * n_out * (_USED_BINS + 1) < 2 ** 15
         return self
 
     # ------------------------------------------------------------------ classes
-    def group(self, rows: np.ndarray, dc: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def group(self, rows: np.ndarray, dc: np.ndarray, inverse: bool = True) -> tuple[np.ndarray, Any, np.ndarray, np.ndarray]:
         """Classes of the valid slot ``rows`` (n, F_S): (class rows (C, 3 + D) = mean prompt,
-        predicted output, waited and network of each class, float64; class of each row (n,);
-        first row of each class (C,); members per class (C,)). Classes are in key order."""
+        predicted output, waited and network of each class, float64; class of each row (n,),
+        or None when ``inverse`` is False (a caller that uses :meth:`last_order` only); first row
+        of each class (C,); members per class (C,)). Classes are in key order."""
         n = rows.shape[0]
         if self.classes is None:
             self._last = (np.arange(n), np.arange(n), np.ones(n, dtype=np.int64))
@@ -155,15 +158,22 @@ class NumpySetScorer:
         used += rows[:, self._s_waited]
         key += np.searchsorted(self._used_edges, used, "right")
         key += origin.astype(np.intp)
+        if self._key_fits_int16:  # small keys: numpy's stable sort of int16 is a radix sort (same order)
+            key = key.astype(np.int16)
         order = np.argsort(key, kind="stable")
         ks = key[order]
         brk = np.empty(n, dtype=bool)
         brk[0] = True
         np.not_equal(ks[1:], ks[:-1], out=brk[1:])
         starts = np.flatnonzero(brk)
-        inv = np.empty(n, dtype=np.intp)
-        inv[order] = np.cumsum(brk) - 1
-        counts = np.diff(starts, append=n)
+        if inverse:
+            inv = np.empty(n, dtype=np.intp)
+            inv[order] = np.cumsum(brk) - 1
+        else:
+            inv = None
+        counts = np.empty_like(starts)  # np.diff(starts, append=n), without its concatenation
+        np.subtract(starts[1:], starts[:-1], out=counts[:-1])
+        counts[-1] = n - starts[-1]
         self._last = (order, starts, counts)
         sorted_rows = np.take(rows, order, axis=0)
         cols = sorted_rows[:, self._col_slice] if self._col_slice is not None else sorted_rows[:, self._cols]
@@ -186,12 +196,14 @@ class NumpySetScorer:
         return rank
 
     # ------------------------------------------------------------------ logits
-    def class_logits(self, dc_flat: np.ndarray, rows: np.ndarray, gl: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def class_logits(self, dc_flat: np.ndarray, rows: np.ndarray, gl: np.ndarray,
+                     inverse: bool = True) -> tuple[np.ndarray, Any, np.ndarray, np.ndarray]:
         """Logits (C, D + 1) of the classes of the valid slot rows ``rows`` (n >= 1, F_S), the
-        class of each row (n,), the first row of each class (C,) and the class sizes (C,)."""
+        class of each row (n,; None when ``inverse`` is False, see :meth:`group`), the first row
+        of each class (C,) and the class sizes (C,)."""
         D, h, ft = self.D, self.hidden, self.dtype
         dc = np.asarray(dc_flat, dtype=np.float32).reshape(D, self.F_D)
-        crow, inv, rep, counts = self.group(rows, dc)
+        crow, inv, rep, counts = self.group(rows, dc, inverse)
         dc64 = dc.astype(np.float64)
         # datacenter inputs (as SetNetwork.dc_inputs); np.minimum/np.maximum rather than np.clip
         # and sum / count rather than mean: the same values with fewer Python-level calls
@@ -277,16 +289,34 @@ def systematic_sorted(logits: np.ndarray, mask_row: np.ndarray, counts: np.ndarr
     probabilities p_c) gives choice d to ``ceil(n_c F_cd - u_c) - ceil(n_c F_c,d-1 - u_c)`` members
     (F the CDF, u_c uniform): the same choices as :func:`choose` in ``"systematic"`` mode with
     the same generator state, without per-request arithmetic."""
-    lg = np.where(mask_row[None, :], logits, MASKED_LOGIT)
+    lg = logits if mask_row.all() else np.where(mask_row[None, :], logits, MASKED_LOGIT)
     p = np.exp(lg - lg.max(axis=1, keepdims=True))
     cdf = np.cumsum(p, axis=1)
     cdf /= cdf[:, -1:]
-    u = rng.random(counts.shape[0])
-    edge = np.ceil(cdf * counts[:, None] - u[:, None])  # members with position (j + u) / n < F_cd
-    k = np.diff(edge, axis=1, prepend=0.0).astype(np.int64)
-    k[:, -1] += counts - edge[:, -1].astype(np.int64)  # F_c,last = 1: the remainder (0 up to rounding)
+    C = counts.shape[0]
+    u = rng.random(C)
+    cdf *= counts[:, None]
+    cdf -= u[:, None]
+    edge = np.ceil(cdf).astype(np.int64)  # members with position (j + u) / n < F_cd
+    k = edge.copy()  # np.diff(edge, axis=1, prepend=0)
+    np.subtract(edge[:, 1:], edge[:, :-1], out=k[:, 1:])
+    k[:, -1] += counts - edge[:, -1]  # F_c,last = 1: the remainder (0 up to rounding)
     C1 = logits.shape[1]
-    return np.repeat(np.tile(np.arange(C1), counts.shape[0]), np.maximum(k, 0).ravel())
+    np.maximum(k, 0, out=k)
+    return np.repeat(_choice_ids(C, C1), k.ravel())
+
+
+_CHOICE_IDS: dict[int, np.ndarray] = {}
+
+
+def _choice_ids(C: int, C1: int) -> np.ndarray:
+    """``np.tile(np.arange(C1), C)`` (read-only; a prefix of one cached array per C1)."""
+    ids = _CHOICE_IDS.get(C1)
+    if ids is None or ids.shape[0] < C * C1:
+        ids = np.tile(np.arange(C1, dtype=np.int64), max(2 * C, 256))
+        ids.flags.writeable = False
+        _CHOICE_IDS[C1] = ids
+    return ids[:C * C1]
 
 
 def choose(logits: np.ndarray, mask: np.ndarray, inv: np.ndarray, mode: str, rng: np.random.Generator | None = None,

@@ -215,8 +215,9 @@ class LearnedPolicy:
         else:
             idx = np.flatnonzero(valid)
             rows, m = slots[idx], mask[idx]
-        logits, inv, _, counts = sc.class_logits(observation["datacenters"], rows, observation["globals"])
-        if self.mode == "systematic" and bool((m == m[0]).all()):
+        one_mask = self.mode == "systematic" and bool((m == m[0]).all())
+        logits, inv, _, counts = sc.class_logits(observation["datacenters"], rows, observation["globals"], inverse=not one_mask)
+        if one_mask:
             # per-class counts, written in class-sorted order (same choices as choose())
             pick = np.empty(n, dtype=np.int64)
             pick[sc.last_order()] = systematic_sorted(logits, m[0], counts, self._rng)
