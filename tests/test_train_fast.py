@@ -18,13 +18,7 @@ from train.fast import NumpySetScorer, choose  # noqa: E402
 from train.set_policy import SetNetwork, layout_spec  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    warnings.simplefilter("ignore", UserWarning)
-    prev = th.get_num_threads()
-    th.set_num_threads(1)
-    yield
-    th.set_num_threads(prev)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 @pytest.fixture(scope="module")

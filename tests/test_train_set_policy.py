@@ -17,13 +17,7 @@ from train.envs import make_episode_env  # noqa: E402
 from train.set_policy import SetNetwork, SlotCategorical, layout_spec  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    warnings.simplefilter("ignore", UserWarning)
-    prev = th.get_num_threads()
-    th.set_num_threads(1)
-    yield
-    th.set_num_threads(prev)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 @pytest.fixture(scope="module")
