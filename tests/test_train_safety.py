@@ -51,12 +51,13 @@ def _class_probs(pol: LearnedPolicy, obs: dict) -> tuple[np.ndarray, np.ndarray]
 
 def test_neutral_knobs_give_exactly_the_networks_actions(paper):
     env, obs, info = paper
-    ref = LearnedPolicy.load(SHIPPED_CHECKPOINT, mode="systematic", load_price=0.0)
-    torch_ref = LearnedPolicy.load(SHIPPED_CHECKPOINT, mode="argmax", backend="torch", load_price=0.0)
-    arg = LearnedPolicy.load(SHIPPED_CHECKPOINT, mode="argmax", load_price=0.0)
+    neutral = {"load_price": 0.0, "headroom_penalty": 0.0}  # (the shipped checkpoint records a headroom penalty)
+    ref = LearnedPolicy.load(SHIPPED_CHECKPOINT, mode="systematic", **neutral)
+    torch_ref = LearnedPolicy.load(SHIPPED_CHECKPOINT, mode="argmax", backend="torch", **neutral)
+    arg = LearnedPolicy.load(SHIPPED_CHECKPOINT, mode="argmax", **neutral)
     for p in (ref, torch_ref, arg):
         p.reset(env)
-    assert ref.safety == {"load_price": 0.0, "headroom_penalty": 0.0, "headroom_margin": 0.0}
+    assert ref.safety == {"load_price": 0.0, "headroom_penalty": 0.0, "headroom_margin": 0.6}
     assert (arg.act(obs, info) == torch_ref.act(obs, info)).all()  # the network's own argmax
     # the logits are the torch network's (which has no knobs)
     sc = ref.scorer
@@ -105,7 +106,7 @@ def test_load_price_evens_the_proposed_load_per_engine(paper):
     eng = np.maximum(np.asarray(spec["n_engines"], float), 1.0)
     spread = []
     for gamma in (0.0, 0.1, 0.5):
-        pol = LearnedPolicy.load(SHIPPED_CHECKPOINT, load_price=gamma)
+        pol = LearnedPolicy.load(SHIPPED_CHECKPOINT, load_price=gamma, headroom_penalty=0.0)
         pol.reset(env)
         p, counts = _class_probs(pol, obs)
         req = (counts @ p[:, :-1]) / eng  # proposed requests per engine, per datacenter
@@ -114,8 +115,12 @@ def test_load_price_evens_the_proposed_load_per_engine(paper):
 
 
 def test_checkpoint_records_the_knobs(tmp_path):
-    old = LearnedPolicy.load(SHIPPED_CHECKPOINT, load_price=0.0)
-    out = export_checkpoint(SHIPPED_CHECKPOINT, tmp_path / "k.zip", safety={"load_price": 0.08})
+    old = LearnedPolicy.load(SHIPPED_CHECKPOINT)
+    # the shipped checkpoint records the knobs selected on validation days (train/RESULTS_TRAIN.md)
+    assert old.safety == {"load_price": 0.0, "headroom_penalty": 20.0, "headroom_margin": 0.6}
+    assert old.scorer.headroom_penalty == 20.0 and old.scorer.headroom_margin == 0.6
+    out = export_checkpoint(SHIPPED_CHECKPOINT, tmp_path / "k.zip",
+                            safety={"load_price": 0.08, "headroom_penalty": 0.0, "headroom_margin": 0.0})
     pol = LearnedPolicy.load(out)
     assert pol.safety == {"load_price": 0.08, "headroom_penalty": 0.0, "headroom_margin": 0.0} and pol.scorer.load_price == 0.08
     assert pol.mode == old.mode == "systematic"
@@ -124,6 +129,8 @@ def test_checkpoint_records_the_knobs(tmp_path):
     with pytest.raises(ConfigError, match="load_price"):
         LearnedPolicy.load(SHIPPED_CHECKPOINT, load_price=-1.0)
     with pytest.raises(ConfigError, match="load_price"):
-        LearnedPolicy.load(SHIPPED_CHECKPOINT, backend="torch", mode="argmax", load_price=1.0)
+        LearnedPolicy.load(SHIPPED_CHECKPOINT, backend="torch", mode="argmax", load_price=1.0, headroom_penalty=0.0)
+    with pytest.raises(ConfigError, match="headroom_penalty=20.0 .* pass headroom_penalty=0.0"):  # recorded knob, torch path
+        LearnedPolicy.load(SHIPPED_CHECKPOINT, backend="torch", mode="argmax")
     both = export_checkpoint(SHIPPED_CHECKPOINT, tmp_path / "h.zip", safety={"headroom_penalty": 20.0, "headroom_margin": 0.6})
     assert LearnedPolicy.load(both).safety == {"load_price": 0.0, "headroom_penalty": 20.0, "headroom_margin": 0.6}

@@ -90,8 +90,12 @@ class LearnedPolicy:
         self.backend = backend
         self.safety = _check_safety({"load_price": load_price, "headroom_penalty": headroom_penalty,
                                      "headroom_margin": headroom_margin})
-        if (self.safety["load_price"] or self.safety["headroom_penalty"]) and (self.kind != "set" or backend != "numpy"):
-            raise ConfigError("load_price", "safety knobs need a set policy on backend='numpy'", allowed=[0.0])
+        active = [k for k in ("headroom_penalty", "load_price") if self.safety[k]]
+        if active and (self.kind != "set" or backend != "numpy"):
+            raise ConfigError(
+                active[0], f"safety knob {active[0]}={self.safety[active[0]]} (given, or recorded in the checkpoint) "
+                f"needs a set policy on backend='numpy'; pass {active[0]}=0.0 for the network's own decisions",
+                allowed=[0.0])
         if self.kind == "set":
             self.net = model.policy.net
             self.net.eval()
