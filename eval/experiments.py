@@ -999,7 +999,7 @@ def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", f
     notes = ""
     if os.path.isfile(out):
         old = open(out, encoding="utf-8").read()
-        if NOTES_BEGIN in old and NOTES_END in old:
+        if NOTES_BEGIN in old:  # (an end marker lost in a hand edit: the notes run to the end of the file)
             notes = old.split(NOTES_BEGIN, 1)[1].split(NOTES_END, 1)[0].strip("\n")
     os.makedirs(figures_dir, exist_ok=True)
     rel = os.path.relpath(figures_dir, os.path.dirname(os.path.abspath(out)) or ".")

@@ -107,6 +107,12 @@ def test_results_md_from_the_runs(results, tmp_path):
     out.write_text(text)
     assert cli.main(["report", str(results), "--out", str(out), "--figures", str(figs)]) == 0
     assert "OUR NOTES" in out.read_text()
+    # a hand edit that drops the end marker loses nothing: the notes run to the end of the file
+    text = out.read_text().replace(experiments.NOTES_END, "").rstrip("\n") + "\n\n## Added section\n\nMORE NOTES\n"
+    out.write_text(text)
+    assert cli.main(["report", str(results), "--out", str(out), "--figures", str(figs)]) == 0
+    again = out.read_text()
+    assert "OUR NOTES" in again and "MORE NOTES" in again and again.rstrip("\n").endswith(experiments.NOTES_END)
 
 
 def test_replot_from_files(results):
