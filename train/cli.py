@@ -46,7 +46,9 @@ def _eval_parser() -> argparse.ArgumentParser:
                    help="leave out the first N held-out starts (already used), e.g. --days 5 --skip-days 3 for starts 3-7")
     p.add_argument("--duration-s", type=float, default=60.0)
     p.add_argument("--max-pending", type=int, default=0, help="env.max_pending override (0: the scenario's own)")
-    p.add_argument("--out", default="train/RESULTS_TRAIN.md")
+    p.add_argument("--out", default="runs/train/evaluation.md",
+                   help="Markdown table to write (default: runs/train/evaluation.md; train/RESULTS_TRAIN.md is hand-written "
+                        "around such tables and is not overwritten unless named here)")
     p.add_argument("--json", default=None, help="also write the raw results as JSON")
     p.add_argument("--baselines-only", action="store_true", help="run (and cache) the baselines only")
     p.add_argument("--cache", default="runs/train/eval_cache.json", help="JSON cache of the baselines' episodes ('' = none)")

@@ -187,6 +187,7 @@ def run_evaluation(*, checkpoint: str | None, scenarios: Sequence[str], baseline
         Path(out_md).parent.mkdir(parents=True, exist_ok=True)
         Path(out_md).write_text(table + "\n")
     if out_json:
+        Path(out_json).parent.mkdir(parents=True, exist_ok=True)
         Path(out_json).write_text(json.dumps({"meta": meta, "results": results, "summary": summary}, indent=1))
     log(table)
     return {"summary": summary, "results": results, "table": table, "meta": meta}
