@@ -325,3 +325,103 @@ def test_systematic_counts_path_equals_per_request_systematic():
         a = choose(lg, np.tile(mrow, (len(inv), 1)), inv, "systematic", np.random.default_rng(trial))
         b = systematic_sorted(lg, mrow, counts, np.random.default_rng(trial))
         assert (a == b).all()
+
+
+# ---------------------------------------------------------------------------- compiled path (numba)
+
+
+def _jit():
+    return pytest.importorskip("train.fast_jit") if pytest.importorskip("numba") else None
+
+
+def test_numpy_order_sum_and_edge_count_match_numpy_bit_for_bit():
+    fj = _jit()
+    rng = np.random.default_rng(0)
+    for n in list(range(0, 40)) + [64, 127, 128, 129, 200, 300]:
+        for _ in range(20):
+            a = rng.random(n) * 10.0 ** rng.uniform(-6, 6, n)
+            assert fj._np_sum(a) == float(np.sum(a)), n  # (the order decides the last bits)
+    edges = 0.125 * np.arange(1, 64, dtype=np.float64)
+    xs = np.concatenate([edges, np.nextafter(edges, -np.inf), np.nextafter(edges, np.inf), rng.uniform(-1, 9, 2000),
+                         [0.0, -0.0, -5.0, 1e9, np.inf, -np.inf, np.nan]])
+    for x in xs.astype(np.float32).astype(np.float64).tolist() + xs.tolist():
+        assert fj._count_le(edges, x) == int(np.searchsorted(edges, x, "right")), x
+
+
+@pytest.mark.parametrize("name", ["dev", "paper"])
+@pytest.mark.parametrize("demand,feedback", [(True, 1), (False, 0), (True, 2)])
+def test_compiled_classes_and_logits_equal_the_float64_numpy_path(layouts, name, demand, feedback):
+    fj = _jit()
+    env = layouts[name][0]
+    spec = layout_spec(env)
+    rng = np.random.default_rng(17)
+    th.manual_seed(4)
+    net = SetNetwork(spec, hidden=16, classes=True, demand_features=demand, load_feedback=feedback)
+    ref = NumpySetScorer(net)  # float64
+    jit = fj.JitSetScorer(net)
+    K = spec["max_pending"]
+    for trial in range(6):
+        for knobs in ({}, {"headroom_penalty": 5.0, "headroom_margin": 0.4}, {"load_price": 0.3}):
+            for obj in (ref, jit.ref):
+                for k in ("headroom_penalty", "headroom_margin", "load_price"):
+                    setattr(obj, k, knobs.get(k, 0.0))
+            n_valid = int(rng.integers(1, K + 1))
+            obs = random_obs(spec, rng, n_valid, down=trial % 3)
+            rows = obs["slots"].reshape(K, -1)[:n_valid]
+            lg, inv, rep, counts = ref.class_logits(obs["datacenters"], rows, obs["globals"])
+            order = ref.last_order()
+            lg_j, order_j, starts_j, counts_j = jit.class_logits(obs["datacenters"], rows, obs["globals"])
+            # the same classes, in the same order, with the same members (sorted like numpy's stable argsort)
+            assert np.array_equal(counts, counts_j) and np.array_equal(order, order_j)
+            assert np.array_equal(starts_j, np.cumsum(counts) - counts) and np.array_equal(order_j[starts_j], rep)
+            np.testing.assert_allclose(lg_j, lg, rtol=1e-10, atol=1e-9)
+
+
+def test_compiled_policy_takes_the_numpy_float64_policys_actions(layouts):
+    """A short real episode, every mode: backend 'numba' gives the actions of backend 'numpy'
+    with a float64 pair layer (same classes, logits to ~1e-13, same random draws)."""
+    _jit()
+    from sb3_contrib import MaskablePPO
+
+    from train.policy import LearnedPolicy
+    from train.set_policy import SetActorCriticPolicy
+
+    env = make_episode_env("llama8b-moderate", {"duration_s": 4, "env.max_pending": 512}, None)
+    th.manual_seed(0)
+    model = MaskablePPO(SetActorCriticPolicy, env, n_steps=8, batch_size=8, device="cpu", seed=0,
+                        policy_kwargs={"layout": layout_spec(env), "hidden": 16, "classes": True, "demand_features": True,
+                                       "load_feedback": 1})
+    for mode in ("systematic", "sample", "argmax"):
+        a = LearnedPolicy(model, mode=mode, backend="numpy", dtype="float64", headroom_penalty=5.0, headroom_margin=0.5)
+        b = LearnedPolicy(model, mode=mode, backend="numba", headroom_penalty=5.0, headroom_margin=0.5)
+        assert b.backend == "numba" and LearnedPolicy(model, mode=mode).backend == "numba"  # auto
+        obs, info = env.reset(seed=1)
+        a.reset(env)
+        b.reset(env)
+        steps = 0
+        while True:
+            act_a, act_b = a.act(obs, info), b.act(obs, info)
+            assert np.array_equal(act_a, act_b), (mode, steps)
+            # also with the valid slots not at the front and one request masked differently
+            n = int(info["pending"])
+            if mode == "systematic" and n > 4:
+                o2 = dict(obs, slots=np.array(obs["slots"]).reshape(env.unwrapped.layout.max_pending, -1)[::-1].reshape(-1).copy())
+                m2 = info["action_mask"][::-1].copy()
+                m2[-1, 0] = False
+                i2 = dict(info, action_mask=m2)
+                assert np.array_equal(a.act(o2, i2), b.act(o2, i2))
+            obs, _, _, trunc, info = env.step(act_a)
+            steps += 1
+            if trunc:
+                break
+        assert steps >= 4
+
+
+def test_compiled_backend_refuses_a_per_request_network(layouts):
+    fj = _jit()
+    env = layouts["dev"][0]
+    net = SetNetwork(layout_spec(env), hidden=8, classes=None)
+    from carbon_gym.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="class network"):
+        fj.JitSetScorer(net)

@@ -16,10 +16,12 @@ features are then split across datacenters in proportion to their probabilities,
 each request class over the datacenters in proportion to its probabilities with one random
 offset per class (floor or ceiling of every expected count; see :mod:`train.fast`).
 
-Decisions of a class network run in numpy by default (``backend="auto"`` -> ``"numpy"``,
-:class:`train.fast.NumpySetScorer`: the network's weights as numpy arrays, no torch call per
-step, each request class scored once); a per-request network runs in torch (scoring n x D pairs
-is faster there). ``backend="torch"`` runs the torch network (the reference; same logits).
+Decisions of a class network run compiled when numba is installed (``backend="auto"`` ->
+``"numba"``, :class:`train.fast_jit.JitSetScorer`: two compiled calls per step, float64), else in
+numpy (``"numpy"``, :class:`train.fast.NumpySetScorer`: the network's weights as numpy arrays, no
+torch call per step, each request class scored once); a per-request network runs in torch
+(scoring n x D pairs is faster there). ``backend="torch"`` runs the torch network (the
+reference; same logits).
 
 Names for the harness (:func:`make_learned_policy`): ``"learned"`` (the shipped checkpoint,
 ``train/checkpoints/llama8b_set.zip``), ``"learned:<path>"`` or ``"ppo:<path>"``; keyword
@@ -41,7 +43,7 @@ __all__ = ["LearnedPolicy", "make_learned_policy", "is_learned_name", "export_ch
 
 SHIPPED_CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "llama8b_set.zip"
 MODES = ("sample", "argmax", "systematic")
-BACKENDS = ("auto", "numpy", "torch")
+BACKENDS = ("auto", "numba", "numpy", "torch")
 _PREFIXES = ("learned:", "ppo:")
 
 
@@ -54,11 +56,13 @@ class LearnedPolicy:
             PPO is deterministic; ``"systematic"`` needs the numpy backend).
         seed: seed of the sampling RNG, restarted at every :meth:`reset`.
         threads: torch intra-op threads used by ``act`` (1 keeps decision times comparable).
-        backend: ``"auto"`` (default: ``"numpy"`` for a class network, ``"torch"`` for a
-            per-request one, where scoring n x D pairs is faster in torch), ``"numpy"`` or
-            ``"torch"`` for the set policy's decisions.
+        backend: ``"auto"`` (default: ``"numba"`` for a class network when numba is installed,
+            else ``"numpy"``; ``"torch"`` for a per-request one, where scoring n x D pairs is
+            faster in torch), ``"numba"`` (compiled, float64: the actions of ``"numpy"`` with
+            ``dtype="float64"``), ``"numpy"`` or ``"torch"`` for the set policy's decisions.
         dtype: float type of the numpy path's pair layer (``"float32"``, default: ~1e-6 from the
-            float64 logits, and faster; ``"float64"``: equal to the torch network to ~1e-15).
+            float64 logits, and faster; ``"float64"``: equal to the torch network to ~1e-15);
+            the numba path is always float64.
         load_price, headroom_penalty, headroom_margin: inference-time safety knobs (numpy backend
             only; a zero price / penalty is neutral: the network's own logits), see
             :data:`train.fast.SAFETY_KNOBS`: a larger ``headroom_penalty`` moves requests off
@@ -84,28 +88,42 @@ class LearnedPolicy:
         self.threads = int(threads)
         self.kind = "set" if isinstance(model.policy, SetActorCriticPolicy) else "routing"
         if backend == "auto":
-            backend = "numpy" if self.kind == "set" and model.policy.net.classes is not None else "torch"
+            if self.kind == "set" and model.policy.net.classes is not None:
+                from .fast_jit import available
+
+                backend = "numba" if available() else "numpy"
+            else:
+                backend = "torch"
         if backend == "torch" and mode == "systematic":
-            raise ConfigError("mode", "mode 'systematic' needs backend='numpy'", allowed=["sample", "argmax"])
+            raise ConfigError("mode", "mode 'systematic' needs backend='numpy' or 'numba'", allowed=["sample", "argmax"])
         self.backend = backend
         self.safety = _check_safety({"load_price": load_price, "headroom_penalty": headroom_penalty,
                                      "headroom_margin": headroom_margin})
         active = [k for k in ("headroom_penalty", "load_price") if self.safety[k]]
-        if active and (self.kind != "set" or backend != "numpy"):
+        if active and (self.kind != "set" or backend not in ("numpy", "numba")):
             raise ConfigError(
                 active[0], f"safety knob {active[0]}={self.safety[active[0]]} (given, or recorded in the checkpoint) "
-                f"needs a set policy on backend='numpy'; pass {active[0]}=0.0 for the network's own decisions",
+                f"needs a set policy on backend='numpy' or 'numba'; pass {active[0]}=0.0 for the network's own decisions",
                 allowed=[0.0])
         if self.kind == "set":
             self.net = model.policy.net
             self.net.eval()
             self._train_layout = dict(self.net.spec)
-            if backend == "numpy":
+            self.jit: Any = None
+            if backend == "numba":
+                from .fast_jit import JitSetScorer
+
+                # compiled now (or loaded from numba's cache), not in the first decision; its
+                # float64 reference scorer holds the knobs and is what ``scorer`` exposes
+                self.jit = JitSetScorer(self.net)
+                self.scorer = self.jit.ref
+            elif backend == "numpy":
                 from .fast import NumpySetScorer
 
                 if dtype not in ("float32", "float64"):
                     raise ConfigError("dtype", f"unknown dtype {dtype!r}", allowed=["float32", "float64"])
                 self.scorer = NumpySetScorer(self.net, dtype=np.dtype(dtype))
+            if backend in ("numba", "numpy"):
                 for k, v in self.safety.items():
                     setattr(self.scorer, k, v)
         self._gen = th.Generator().manual_seed(self.seed)
@@ -159,7 +177,9 @@ class LearnedPolicy:
         base = env.unwrapped
         if self.kind == "set":
             self.net.bind(base.layout)
-            if self.backend == "numpy":
+            if self.backend == "numba":
+                self.jit.bind(self.net.spec)
+            elif self.backend == "numpy":
                 self.scorer.bind(self.net.spec)
         else:
             from carbon_gym.wrappers import RoutingWeightsWrapper
@@ -168,6 +188,8 @@ class LearnedPolicy:
 
     def act(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
         """The per-request action (length K; D = defer) for this step."""
+        if self.kind == "set" and self.backend == "numba":
+            return self._act_numba(observation, info)
         if self.kind == "set" and self.backend == "numpy":
             return self._act_numpy(observation, info)
         import torch as th
@@ -228,6 +250,37 @@ class LearnedPolicy:
             action[idx] = pick
             return action
         rank = sc.last_ranks() if self.mode == "systematic" else None
+        action[idx] = choose(logits, m, inv, self.mode, self._rng, rank)
+        return action
+
+    def _act_numba(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
+        jit = self.jit
+        mask, K, D = self._bound_mask(info, jit)
+        slots = np.asarray(observation["slots"]).reshape(K, jit.F_S)
+        n, prefix, same = jit.rows_and_mask(slots, mask)
+        action = np.full(K, D, dtype=np.int64)
+        if n == 0:
+            return action
+        if prefix:  # the env fills slots from the front
+            rows, m, idx = slots[:n], mask[:n], slice(0, n)
+        else:
+            idx = np.flatnonzero(slots[:, jit.ref._s_valid] > 0.5)
+            rows, m = slots[idx], mask[idx]
+            same = bool((m == m[0]).all())
+        logits, order, starts, counts = jit.class_logits(observation["datacenters"], rows, observation["globals"])
+        if self.mode == "systematic" and same:
+            action[idx] = jit.systematic(logits, m[0], counts, order, self._rng)
+            return action
+        # per-request masks, or another mode: the numpy choice on the compiled logits
+        from .fast import choose
+
+        C = counts.shape[0]
+        inv = np.empty(n, dtype=np.intp)
+        inv[order] = np.repeat(np.arange(C), counts)
+        rank = None
+        if self.mode == "systematic":
+            rank = np.empty(n, dtype=np.int64)
+            rank[order] = np.arange(n) - np.repeat(starts, counts)
         action[idx] = choose(logits, m, inv, self.mode, self._rng, rank)
         return action
 

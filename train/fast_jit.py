@@ -1,0 +1,584 @@
+"""Compiled decisions of the class set policy (numba): :class:`JitSetScorer`.
+
+The numpy path (:class:`train.fast.NumpySetScorer`) costs about 90 small numpy calls per step,
+whose fixed per-call cost (not arithmetic) dominates: about 0.8-1.2 ms per step whatever the
+number of pending requests. Here the same computation - class keys, a counting sort, class
+means, the network with its load-feedback pass and the safety knobs, and the systematic split -
+runs in two compiled functions, so one decision is two calls.
+
+Same results as the numpy path in float64 (``NumpySetScorer(net, dtype=numpy.float64)``): the
+same classes (keys computed with the same float32 / float64 operations, and a counting sort,
+which is stable like numpy's), logits equal up to the order of floating-point sums (~1e-12; the
+numpy path's matrix products use BLAS), and the same systematic split given the same uniform
+draws. ``tests/test_train_fast_jit.py`` checks classes, logits and actions against it.
+
+numba is optional (``pip install -e '.[fast]'``, included in ``[train]``);
+:func:`available` says whether it can be used. Functions are compiled on first use (a few
+seconds; cached on disk by numba) - :class:`JitSetScorer` compiles them when it is built, so
+that no decision pays for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .fast import NumpySetScorer
+from .set_policy import _USED_BINS, MASKED_LOGIT
+
+__all__ = ["JitSetScorer", "available"]
+
+try:  # pragma: no cover - exercised when numba is installed (CI installs it)
+    import numba as _nb
+
+    _njit = _nb.njit(cache=True, nogil=True)
+except ImportError:  # pragma: no cover - the numpy path is used instead
+    _nb = None
+    _njit = None
+
+
+def available() -> bool:
+    """Whether numba is installed (the compiled path can be used)."""
+    return _nb is not None
+
+
+def _affine(x: np.ndarray, W: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """x @ W + b (rows of x). Each output is summed over t in ascending order from 0.0, the
+    loops ordered so that the innermost one runs over independent outputs (it vectorises)."""
+    n, k = x.shape
+    m = W.shape[1]
+    out = np.zeros((n, m))
+    for i in range(n):
+        for t in range(k):
+            xv = x[i, t]
+            for j in range(m):
+                out[i, j] += xv * W[t, j]
+        for j in range(m):
+            out[i, j] += b[j]
+    return out
+
+
+def _relu_affine(x: np.ndarray, W: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """max(x @ W + b, 0) (as :func:`_affine`)."""
+    out = _affine(x, W, b)
+    n, m = out.shape
+    for i in range(n):
+        for j in range(m):
+            if not out[i, j] > 0.0:
+                out[i, j] = 0.0
+    return out
+
+
+def _count_le(edges: np.ndarray, x: float) -> int:
+    """Number of ``edges`` <= x (``numpy.searchsorted(edges, x, "right")``) for edges
+    ``w, 2w, 3w, ...`` (w = edges[0] > 0, the used-time bins): a guess from x / w, then corrected
+    against the edges themselves, so rounding cannot move a value across an edge."""
+    m = edges.shape[0]
+    if not x == x:  # NaN sorts after every edge
+        return m
+    g = x / edges[0]
+    if g <= 0.0:
+        k = 0
+    elif g >= m:
+        k = m
+    else:
+        k = int(g)
+    while k > 0 and edges[k - 1] > x:
+        k -= 1
+    while k < m and edges[k] <= x:
+        k += 1
+    return k
+
+
+def _np_sum(a: np.ndarray) -> float:
+    """``numpy.sum`` of a short contiguous float64 array, with numpy's own summation order
+    (pairwise: eight partial sums for 8..128 values, sequential below 8), so the value is the
+    same to the last bit (checked against numpy in the tests)."""
+    n = a.shape[0]
+    if n < 8:
+        res = 0.0
+        for i in range(n):
+            res += a[i]
+        return res
+    if n > 128:  # numpy splits longer arrays recursively (not needed here: one entry per datacenter)
+        half = (n // 2) - ((n // 2) % 8)
+        return _np_sum(a[:half]) + _np_sum(a[half:])
+    r0, r1, r2, r3, r4, r5, r6, r7 = a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]
+    i = 8
+    stop = n - (n % 8)
+    while i < stop:
+        r0 += a[i]
+        r1 += a[i + 1]
+        r2 += a[i + 2]
+        r3 += a[i + 3]
+        r4 += a[i + 4]
+        r5 += a[i + 5]
+        r6 += a[i + 6]
+        r7 += a[i + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        res += a[i]
+        i += 1
+    return res
+
+
+def _rows_and_mask(slots: np.ndarray, s_valid: int, mask: np.ndarray) -> tuple:
+    """(n valid slots, whether they are slots 0..n-1, whether their mask rows are all equal)."""
+    K = slots.shape[0]
+    n = 0
+    last = -1
+    for k in range(K):
+        if slots[k, s_valid] > 0.5:
+            n += 1
+            last = k
+    prefix = last == n - 1
+    same = True
+    if prefix and n > 1:
+        C1 = mask.shape[1]
+        for k in range(1, n):
+            for d in range(C1):
+                if mask[k, d] != mask[0, d]:
+                    same = False
+                    break
+            if not same:
+                break
+    return n, prefix, same
+
+
+def _class_logits(rows: np.ndarray, dc32: np.ndarray, gl: np.ndarray,
+                  icol: np.ndarray, out_edges: np.ndarray, used_edges: np.ndarray, origin_key: np.ndarray,
+                  n_out: int, n_keys: int, inv_engines: np.ndarray, n_fmean: float,
+                  W_e1: np.ndarray, b_e1: np.ndarray, W_e2: np.ndarray, b_e2: np.ndarray,
+                  W_c_own: np.ndarray, W_c_ctx: np.ndarray, b_c: np.ndarray,
+                  W_s1: np.ndarray, b_s1: np.ndarray, M_sd: np.ndarray, c_sd: np.ndarray,
+                  W_pd: np.ndarray, b_pd: np.ndarray, W_pp: np.ndarray, w_out: np.ndarray, b_out: float,
+                  W_d_c: np.ndarray, b_d1: np.ndarray, w_d2: np.ndarray, b_d2: float,
+                  load_feedback: int, W_f_e: np.ndarray, W_f_l: np.ndarray, b_f1: np.ndarray, w_f2: np.ndarray, b_f2: float,
+                  demand: bool, headroom_penalty: float, headroom_margin: float, load_price: float):
+    """(logits (C, D + 1), order (n,), starts (C,), counts (C,)): NumpySetScorer.class_logits
+    in float64, for the valid slot rows ``rows`` (n >= 1), the datacenter rows ``dc32`` and the
+    globals ``gl``. ``M_sd`` / ``c_sd``: the slot encoder's output layer folded into the pair and
+    defer layers (``[W_s2 @ W_ps | W_s2 @ W_d_s]``, ``[b_s2 @ W_ps | b_s2 @ W_d_s]``)."""
+    n = rows.shape[0]
+    D = dc32.shape[0]
+    R = origin_key.shape[0]
+    (s_origin, s_prompt, s_pred, s_waited, s_net, c_now, c_f1, c_fm0, c_pue, c_up, c_wait,
+     c_prefill) = (icol[0], icol[1], icol[2], icol[3], icol[4], icol[5], icol[6], icol[7], icol[8], icol[9],
+                   icol[10], icol[11])
+    n_obs = icol.shape[0] - 14
+    sin_t = np.float64(gl[icol[12]])
+    cos_t = np.float64(gl[icol[13]])
+    # ---- class keys (as NumpySetScorer.group: float32 products, float64 comparisons); the mean
+    # prefill time per token over the datacenters that are up, summed as numpy sums
+    pre_up = np.empty(D)
+    m_up = 0
+    for d in range(D):
+        if dc32[d, c_up] > 0.5:
+            pre_up[m_up] = np.float64(dc32[d, c_prefill])
+            m_up += 1
+    pref = _np_sum(pre_up[:m_up]) / max(m_up, 1)
+    pref32 = np.float32(pref)
+    key = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        o = np.float32(0.0)
+        for r in range(R):
+            o += rows[i, s_origin + r] * origin_key[r]
+        k = np.searchsorted(out_edges, np.float64(rows[i, s_pred]), "right") * _USED_BINS
+        used = rows[i, s_prompt] * pref32
+        used = used + rows[i, s_waited]
+        k += _count_le(used_edges, np.float64(used))
+        k += np.int64(o)
+        # (a malformed origin one-hot could give a key out of range: keep it in the table)
+        key[i] = min(max(k, 0), n_keys - 1)
+    # ---- counting sort (stable: the order of numpy's stable argsort)
+    kmax = 0
+    for i in range(n):
+        if key[i] > kmax:
+            kmax = key[i]
+    hist = np.zeros(kmax + 2, dtype=np.int64)
+    for i in range(n):
+        hist[key[i] + 1] += 1
+    C = 0
+    for v in range(kmax + 1):
+        if hist[v + 1]:
+            C += 1
+        hist[v + 1] += hist[v]
+    order = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        v = key[i]
+        order[hist[v]] = i
+        hist[v] += 1
+    starts = np.empty(C, dtype=np.int64)
+    counts = np.empty(C, dtype=np.int64)
+    c = -1
+    prev = -1
+    for j in range(n):
+        v = key[order[j]]
+        if v != prev:
+            c += 1
+            starts[c] = j
+            counts[c] = 0
+            prev = v
+        counts[c] += 1
+    # ---- class means (sums in sorted order, float64, as np.add.reduceat)
+    F = 3 + D
+    crow = np.zeros((C, F))
+    for c in range(C):
+        s0 = starts[c]
+        for j in range(s0, s0 + counts[c]):
+            i = order[j]
+            crow[c, 0] += np.float64(rows[i, s_prompt])
+            crow[c, 1] += np.float64(rows[i, s_pred])
+            crow[c, 2] += np.float64(rows[i, s_waited])
+            for d in range(D):
+                crow[c, 3 + d] += np.float64(rows[i, s_net + d])
+        inv_n = np.float64(counts[c])
+        for f in range(F):
+            crow[c, f] /= inv_n
+    # ---- datacenter inputs
+    dc = np.empty((D, dc32.shape[1]))
+    for d in range(D):
+        for f in range(dc32.shape[1]):
+            dc[d, f] = np.float64(dc32[d, f])
+    up = np.empty(D, dtype=np.bool_)
+    n_up = 0
+    for d in range(D):
+        up[d] = dc[d, c_up] > 0.5
+        n_up += up[d]
+    eff = np.empty(D)
+    eff_min = 1e3 if n_up == 0 else np.inf
+    eff_sum = 0.0
+    for d in range(D):
+        eff[d] = dc[d, c_now] * dc[d, c_pue]
+        if up[d]:
+            eff_sum += eff[d]
+            if eff[d] < eff_min:
+                eff_min = eff[d]
+    nu = max(float(n_up), 1.0)
+    eff_mean = eff_sum / nu
+    var = 0.0
+    for d in range(D):
+        if up[d]:
+            dv = eff[d] - eff_mean
+            var += dv * dv
+    eff_std = np.sqrt(var / nu)
+    tot0 = 0.0
+    tot1 = 0.0
+    for c in range(C):
+        tot0 += counts[c] * crow[c, 0]
+        tot1 += counts[c] * crow[c, 1]
+    n_in = W_e1.shape[0]
+    dc_in = np.zeros((D, n_in))
+    for d in range(D):
+        dc_in[d, 0] = dc[d, c_now]
+        dc_in[d, 1] = dc[d, c_f1]
+        if n_fmean > 0.0:
+            sm = 0.0
+            for t in range(int(n_fmean)):
+                sm += dc[d, c_fm0 + t]
+            dc_in[d, 2] = sm / n_fmean
+        else:
+            dc_in[d, 2] = dc[d, c_now]
+        for t in range(n_obs):
+            dc_in[d, 3 + t] = dc[d, icol[14 + t]]
+        x = eff[d] - eff_min
+        dc_in[d, 14] = x if x > 0.0 else 0.0
+        z = (eff[d] - eff_mean) / (eff_std + 1e-3)
+        dc_in[d, 15] = min(max(z, -5.0), 5.0)
+        dc_in[d, 16] = eff[d]
+        dc_in[d, 17] = float(n) * inv_engines[d]
+        dc_in[d, 18] = sin_t
+        dc_in[d, 19] = cos_t
+        if demand:
+            dc_in[d, 20] = tot0 * inv_engines[d]
+            dc_in[d, 21] = tot1 * inv_engines[d]
+    # ---- datacenter encoder and context
+    e1 = _affine(_relu_affine(dc_in, W_e1, b_e1), W_e2, b_e2)
+    h = e1.shape[1]
+    emean = np.zeros((1, h))
+    for d in range(D):
+        for j in range(h):
+            emean[0, j] += e1[d, j]
+    for j in range(h):
+        emean[0, j] /= D
+    ctx = _affine(emean, W_c_ctx, b_c)  # (1, h)
+    e = _relu_affine(e1, W_c_own, ctx[0])
+    # ---- classes: slot encoder, pair layer, defer head
+    ed = _affine(e, W_pd, b_pd)  # (D, h)
+    emean2 = np.zeros((1, h))
+    for d in range(D):
+        for j in range(h):
+            emean2[0, j] += e[d, j]
+    for j in range(h):
+        emean2[0, j] /= D
+    dctx = _affine(emean2, W_d_c, b_d1)
+    bias = c_sd.copy()
+    for j in range(h):
+        bias[h + j] += dctx[0, j]
+    # [slot part of the pair layer | defer pre-activation] (C, 2h), from the slot encoder's hidden layer
+    sd = _affine(_relu_affine(crow[:, :3].copy(), W_s1, b_s1), M_sd, bias)
+    sp = sd[:, :h]
+    hd = sd[:, h:]
+    for c in range(C):
+        for j in range(h):
+            if not hd[c, j] > 0.0:
+                hd[c, j] = 0.0
+    logits = np.empty((C, D + 1))
+    head = np.empty((C, D))
+    edT = ed.T.copy()  # (h, D)
+    a0 = np.empty(D)
+    a1 = np.empty(D)
+    a3 = np.empty(D)
+    acc = np.empty(D)
+    for c in range(C):
+        prompt = crow[c, 0]
+        waited = crow[c, 2]
+        best = 1e3
+        if n_up:
+            best = np.inf
+            for d in range(D):
+                if up[d] and crow[c, 3 + d] < best:
+                    best = crow[c, 3 + d]
+        for d in range(D):
+            net = crow[c, 3 + d]
+            x1 = net - best
+            a0[d] = net
+            a1[d] = min(x1 if x1 > 0.0 else 0.0, 10.0)
+            server = dc[d, c_prefill] * prompt
+            server += dc[d, c_wait]
+            hr = 1.0 - (waited + net + server)
+            head[c, d] = min(max(hr, -10.0), 2.0)
+            a3[d] = min(server, 10.0)
+            acc[d] = 0.0
+        # per (class, datacenter): relu(inputs @ W_pp + ed + sp) . w_out, summed over j in order
+        for j in range(h):
+            w0 = W_pp[0, j]
+            w1 = W_pp[1, j]
+            w2 = W_pp[2, j]
+            w3 = W_pp[3, j]
+            spj = sp[c, j]
+            wo = w_out[j]
+            for d in range(D):
+                v = a0[d] * w0 + a1[d] * w1 + head[c, d] * w2 + a3[d] * w3
+                v += edT[j, d]
+                v += spj
+                acc[d] += (v if v > 0.0 else 0.0) * wo
+        for d in range(D):
+            logits[c, d] = acc[d] + b_out
+        dsum = 0.0
+        for j in range(h):
+            dsum += hd[c, j] * w_d2[j]
+        logits[c, D] = dsum + b_d2
+    # ---- load feedback (class sizes as row weights)
+    if load_feedback:
+        e_part = _affine(e, W_f_e, b_f1)  # (D, h)
+        for _ in range(load_feedback):
+            load = np.zeros((D, 3))
+            for c in range(C):
+                mx = logits[c, D]
+                for d in range(D):
+                    v = logits[c, d] if up[d] else MASKED_LOGIT
+                    if v > mx:
+                        mx = v
+                tot = 0.0
+                zc = np.empty(D + 1)
+                for d in range(D + 1):
+                    v = logits[c, d] if (d == D or up[d]) else MASKED_LOGIT
+                    zc[d] = np.exp(v - mx)
+                    tot += zc[d]
+                cnt = np.float64(counts[c])
+                for d in range(D):
+                    p = zc[d] / tot
+                    load[d, 0] += p * cnt
+                    load[d, 1] += p * (cnt * crow[c, 0])
+                    load[d, 2] += p * (cnt * crow[c, 1])
+            corr = np.empty(D)
+            for d in range(D):
+                for t in range(3):
+                    load[d, t] *= inv_engines[d]
+                acc = 0.0
+                for j in range(h):
+                    v = e_part[d, j] + (load[d, 0] * W_f_l[0, j] + load[d, 1] * W_f_l[1, j] + load[d, 2] * W_f_l[2, j])
+                    if v > 0.0:
+                        acc += v * w_f2[j]
+                corr[d] = acc + b_f2
+            for c in range(C):
+                for d in range(D):
+                    logits[c, d] += corr[d]
+    # ---- safety knobs
+    if headroom_penalty != 0.0:
+        for c in range(C):
+            for d in range(D):
+                x = head[c, d] - headroom_margin
+                logits[c, d] += headroom_penalty * (x if x < 0.0 else 0.0)
+    if load_price != 0.0:
+        req = np.zeros(D)
+        for c in range(C):
+            mx = logits[c, D]
+            for d in range(D):
+                v = logits[c, d] if up[d] else MASKED_LOGIT
+                if v > mx:
+                    mx = v
+            tot = 0.0
+            zc = np.empty(D + 1)
+            for d in range(D + 1):
+                v = logits[c, d] if (d == D or up[d]) else MASKED_LOGIT
+                zc[d] = np.exp(v - mx)
+                tot += zc[d]
+            for d in range(D):
+                req[d] += np.float64(counts[c]) * (zc[d] / tot)
+        mean = 0.0
+        if n_up:
+            for d in range(D):
+                req[d] *= inv_engines[d] * 16.0
+                if up[d]:
+                    mean += req[d]
+            mean /= n_up
+        else:
+            for d in range(D):
+                req[d] *= inv_engines[d] * 16.0
+        for c in range(C):
+            for d in range(D):
+                logits[c, d] -= load_price * (req[d] - mean)
+    return logits, order, starts, counts
+
+
+def _systematic_rows(logits: np.ndarray, mask_row: np.ndarray, counts: np.ndarray, u: np.ndarray,
+                     order: np.ndarray) -> np.ndarray:
+    """Choices per row (row order) of the systematic split (:func:`train.fast.systematic_sorted`
+    written back through ``order``)."""
+    C, C1 = logits.shape
+    n = order.shape[0]
+    pick = np.empty(n, dtype=np.int64)
+    cdf = np.empty(C1)
+    j = 0
+    for c in range(C):
+        mx = -np.inf
+        for d in range(C1):
+            v = logits[c, d] if mask_row[d] else MASKED_LOGIT
+            if v > mx:
+                mx = v
+        acc = 0.0
+        for d in range(C1):
+            v = logits[c, d] if mask_row[d] else MASKED_LOGIT
+            acc += np.exp(v - mx)
+            cdf[d] = acc
+        last = cdf[C1 - 1]
+        nc = counts[c]
+        prev_edge = 0
+        given = 0
+        for d in range(C1):
+            x = cdf[d] / last
+            x *= nc
+            x -= u[c]
+            edge = np.int64(np.ceil(x))
+            k = edge - prev_edge
+            if d == C1 - 1:
+                k += nc - edge
+            prev_edge = edge
+            if k > 0:
+                for _ in range(k):
+                    if given < nc:
+                        pick[order[j + given]] = d
+                    given += 1
+        j += nc
+    return pick
+
+
+if _njit is not None:  # pragma: no branch
+    _count_le = _njit(_count_le)
+    _np_sum = _njit(_np_sum)
+    _rows_and_mask_jit = _njit(_rows_and_mask)
+    _relu_affine = _njit(_relu_affine)
+    _affine = _njit(_affine)
+    _class_logits_jit = _njit(_class_logits)
+    _systematic_rows_jit = _njit(_systematic_rows)
+
+
+class JitSetScorer:
+    """Compiled class logits and systematic choices of a class :class:`~train.set_policy.SetNetwork`.
+
+    Wraps a float64 :class:`~train.fast.NumpySetScorer` (weights, layout columns, bins, safety
+    knobs: set them on :attr:`ref`) and runs its computation compiled. Requires numba
+    (:func:`available`) and a class network.
+    """
+
+    def __init__(self, net: Any) -> None:
+        if not available():
+            from carbon_gym.errors import ConfigError
+
+            raise ConfigError("backend", "backend 'numba' needs numba (pip install -e '.[fast]')",
+                              allowed=["numpy", "torch"])
+        self.ref = NumpySetScorer(net, dtype=np.float64)
+        if self.ref.classes is None:
+            from carbon_gym.errors import ConfigError
+
+            raise ConfigError("backend", "backend 'numba' needs a class network (SetNetwork(classes=...))",
+                              allowed=["numpy", "torch"])
+        self.bind(net.spec)
+        self._warm_up()
+
+    def bind(self, spec: Any) -> "JitSetScorer":
+        """Read observations of the layout ``spec`` (as :meth:`NumpySetScorer.bind`)."""
+        r = self.ref
+        r.bind(spec)
+        self.D, self.K, self.F_D, self.F_S = r.D, r.K, r.F_D, r.F_S
+        fm = r._c_fmean
+        self._icol = np.array([r._s_origin, r._s_prompt, r._s_pred, r._s_waited, r._s_net, r._c_now, r._c_f1,
+                               fm.start if fm is not None else 0, r._c_pue, r._c_up, r._c_wait, r._c_prefill,
+                               r._g_sin, r._g_cos] + list(r._c_obs), dtype=np.int64)
+        self._n_fmean = r._n_fmean if fm is not None else 0.0
+        n_out = len(r._out_edges) + 1
+        self._n_keys = r.R * n_out * _USED_BINS
+        z = np.zeros(0)
+        lf = r.load_feedback
+        self._weights = (
+            r.W_e1, r.b_e1, r.W_e2, r.b_e2, r.W_c_own, r.W_c_ctx, r.b_c, r.W_s1, r.b_s1,
+            np.ascontiguousarray(np.hstack([r.W_s2 @ r.W_ps, r.W_s2 @ r.W_d_s])),
+            np.concatenate([r.b_s2 @ r.W_ps, r.b_s2 @ r.W_d_s]),
+            r.W_pd, r.b_pd, r.W_pp, r.w_out, r.b_out, r.W_d_c, r.b_d1, r.w_d2, r.b_d2,
+            lf, r.W_f_e if lf else z.reshape(0, 0), r.W_f_l if lf else z.reshape(0, 0), r.b_f1 if lf else z,
+            r.w_f2 if lf else z, r.b_f2 if lf else 0.0,
+        )
+        return self
+
+    @property
+    def _last(self) -> Any:
+        return self.ref._last
+
+    def class_logits(self, dc_flat: np.ndarray, rows: np.ndarray, gl: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(logits (C, D + 1), order (n,) - rows sorted by class -, first position of each class
+        in ``order`` (C,), class sizes (C,)) for the valid slot ``rows`` (n >= 1, F_S)."""
+        r = self.ref
+        dc = np.asarray(dc_flat, dtype=np.float32).reshape(self.D, self.F_D)
+        rows32 = np.ascontiguousarray(rows, dtype=np.float32)
+        g = np.asarray(gl, dtype=np.float32)
+        return _class_logits_jit(
+            rows32, dc, g, self._icol, r._out_edges, r._used_edges,
+            r._origin_key, len(r._out_edges) + 1, self._n_keys, r._inv_engines, self._n_fmean, *self._weights,
+            r.demand_features, float(r.headroom_penalty), float(r.headroom_margin), float(r.load_price),
+        )
+
+    def rows_and_mask(self, slots: np.ndarray, mask: np.ndarray) -> tuple[int, bool, bool]:
+        """For the (K, F_S) slot rows and the (K, D + 1) mask: (number of valid slots n, whether
+        they are slots 0..n-1 - as the env fills them -, whether their n mask rows are equal)."""
+        n, prefix, same = _rows_and_mask_jit(slots, self.ref._s_valid, mask)
+        return int(n), bool(prefix), bool(same)
+
+    def systematic(self, logits: np.ndarray, mask_row: np.ndarray, counts: np.ndarray, order: np.ndarray,
+                   rng: np.random.Generator) -> np.ndarray:
+        """Systematic choices per row (row order), one uniform per class drawn from ``rng`` (the
+        draws of :func:`train.fast.systematic_sorted`)."""
+        u = rng.random(counts.shape[0])
+        return _systematic_rows_jit(logits, np.ascontiguousarray(mask_row, dtype=np.bool_), counts, u, order)
+
+    def _warm_up(self) -> None:
+        """Compile (or load from numba's cache) both functions on a tiny input of this layout."""
+        rows = np.zeros((2, self.F_S), dtype=np.float32)
+        rows[:, self.ref._s_origin] = 1.0
+        dc = np.zeros(self.D * self.F_D, dtype=np.float32)
+        lg, order, _, counts = self.class_logits(dc, rows, np.zeros(8, dtype=np.float32))
+        self.systematic(lg, np.ones(self.D + 1, dtype=bool), counts, order, np.random.default_rng(0))
+        self.rows_and_mask(rows, np.ones((2, self.D + 1), dtype=bool))
