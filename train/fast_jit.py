@@ -10,7 +10,7 @@ Same results as the numpy path in float64 (``NumpySetScorer(net, dtype=numpy.flo
 same classes (keys computed with the same float32 / float64 operations, and a counting sort,
 which is stable like numpy's), logits equal up to the order of floating-point sums (~1e-12; the
 numpy path's matrix products use BLAS), and the same systematic split given the same uniform
-draws. ``tests/test_train_fast_jit.py`` checks classes, logits and actions against it.
+draws. ``tests/test_train_fast.py`` checks classes, logits and actions against it.
 
 numba is optional (``pip install -e '.[fast]'``, included in ``[train]``);
 :func:`available` says whether it can be used. Functions are compiled on first use (a few
@@ -65,7 +65,7 @@ def _relu_affine(x: np.ndarray, W: np.ndarray, b: np.ndarray) -> np.ndarray:
     n, m = out.shape
     for i in range(n):
         for j in range(m):
-            if not out[i, j] > 0.0:
+            if out[i, j] < 0.0:  # (NaN propagates, as with np.maximum)
                 out[i, j] = 0.0
     return out
 
@@ -284,7 +284,7 @@ def _class_logits(rows: np.ndarray, dc32: np.ndarray, gl: np.ndarray,
         for t in range(n_obs):
             dc_in[d, 3 + t] = dc[d, icol[14 + t]]
         x = eff[d] - eff_min
-        dc_in[d, 14] = x if x > 0.0 else 0.0
+        dc_in[d, 14] = 0.0 if x < 0.0 else x
         z = (eff[d] - eff_mean) / (eff_std + 1e-3)
         dc_in[d, 15] = min(max(z, -5.0), 5.0)
         dc_in[d, 16] = eff[d]
@@ -323,7 +323,7 @@ def _class_logits(rows: np.ndarray, dc32: np.ndarray, gl: np.ndarray,
     hd = sd[:, h:]
     for c in range(C):
         for j in range(h):
-            if not hd[c, j] > 0.0:
+            if hd[c, j] < 0.0:
                 hd[c, j] = 0.0
     logits = np.empty((C, D + 1))
     head = np.empty((C, D))
@@ -345,7 +345,7 @@ def _class_logits(rows: np.ndarray, dc32: np.ndarray, gl: np.ndarray,
             net = crow[c, 3 + d]
             x1 = net - best
             a0[d] = net
-            a1[d] = min(x1 if x1 > 0.0 else 0.0, 10.0)
+            a1[d] = min(0.0 if x1 < 0.0 else x1, 10.0)
             server = dc[d, c_prefill] * prompt
             server += dc[d, c_wait]
             hr = 1.0 - (waited + net + server)
@@ -364,7 +364,7 @@ def _class_logits(rows: np.ndarray, dc32: np.ndarray, gl: np.ndarray,
                 v = a0[d] * w0 + a1[d] * w1 + head[c, d] * w2 + a3[d] * w3
                 v += edT[j, d]
                 v += spj
-                acc[d] += (v if v > 0.0 else 0.0) * wo
+                acc[d] += (0.0 if v < 0.0 else v) * wo
         for d in range(D):
             logits[c, d] = acc[d] + b_out
         dsum = 0.0
@@ -401,7 +401,7 @@ def _class_logits(rows: np.ndarray, dc32: np.ndarray, gl: np.ndarray,
                 acc = 0.0
                 for j in range(h):
                     v = e_part[d, j] + (load[d, 0] * W_f_l[0, j] + load[d, 1] * W_f_l[1, j] + load[d, 2] * W_f_l[2, j])
-                    if v > 0.0:
+                    if not v < 0.0:
                         acc += v * w_f2[j]
                 corr[d] = acc + b_f2
             for c in range(C):
