@@ -2,16 +2,20 @@
 
 Usage (one process; about 3-8 s per episode)::
 
-    python -m train.safety_scan "headroom_margin=0.6;headroom_penalty=V" 10,20,30 [EPISODES]
+    python -m train.safety_scan [--checkpoint ZIP] "headroom_margin=0.6;headroom_penalty=V" 10,20,30 [EPISODES]
 
 The first argument names the knobs (``train.fast.SAFETY_KNOBS``); ``V`` takes each value of the
-second argument. ``EPISODES`` (comma-separated keys; default: the six below; ``all``: also the two extra days
-of :data:`EXTRA`) picks validation episodes:
+second argument (``"neutral"`` with values ``0``: the network alone). ``--checkpoint`` scans another
+checkpoint than the shipped one (its recorded knobs are overridden by the scanned ones, the others
+set to neutral). ``EPISODES`` (comma-separated keys; default: the six below; ``all``: also the two
+extra days of :data:`EXTRA`) picks validation episodes:
 low / moderate / high load on the DAgger config's two validation days (2023-06-13 07:13 and
 2023-01-28 16:23 UTC, world seed 12345, 60 s), never the test days of ``carbon-gym train
 evaluate``. Round-robin and facility-MILP references come from ``train/curves/safety_scan.json``
 (``validation_refs``). Prints, per setting and episode, the share of the MILP's reduction vs
-round-robin and the violation rate minus the MILP's (pp).
+round-robin and the violation rate minus the MILP's (pp); then, per setting and load, the means
+over the episodes scanned (share of the mean reductions, mean violation difference) and at how
+many loads both targets are met (share >= 80%, violations <= the MILP's).
 """
 
 from __future__ import annotations
@@ -39,14 +43,21 @@ def main(argv: list[str]) -> int:
     from .policy import SHIPPED_CHECKPOINT, LearnedPolicy
 
     torch.set_num_threads(1)
+    checkpoint = SHIPPED_CHECKPOINT
+    if argv[:1] == ["--checkpoint"]:
+        checkpoint, argv = Path(argv[1]), argv[2:]
     refs = json.loads(REFS.read_text())["validation_refs"]
     spec, values = argv[0], [float(v) for v in argv[1].split(",")]
     keys = argv[2].split(",") if len(argv) > 2 else list(EPISODES)
     if keys == ["all"]:
         keys = list(EPISODES) + list(EXTRA)
+    neutral = {"load_price": 0.0, "headroom_penalty": 0.0, "headroom_margin": 0.0}
     for v in values:
-        kw = {a: (v if b == "V" else float(b)) for a, b in (x.split("=") for x in spec.split(";"))}
-        pol = LearnedPolicy.load(SHIPPED_CHECKPOINT, **kw)
+        kw = dict(neutral)
+        if spec != "neutral":
+            kw.update({a: (v if b == "V" else float(b)) for a, b in (x.split("=") for x in spec.split(";"))})
+        pol = LearnedPolicy.load(checkpoint, **kw)
+        per_load: dict[str, list[tuple[float, float, float]]] = {}
         for k in keys:
             scen, start = {**EPISODES, **EXTRA}[k]
             t = time.perf_counter()
@@ -57,6 +68,21 @@ def main(argv: list[str]) -> int:
             dv = 100.0 * (m["violation_rate"] - milp["violation_rate"])
             print(f"{kw} {k}: reduction {red:.2f}% ({100 * share:.0f}% of the MILP's), violations {100 * m['violation_rate']:.2f}% "
                   f"({dv:+.2f} pp vs the MILP) [{time.perf_counter() - t:.0f} s]", flush=True)
+            milp_red = 100.0 * (1.0 - milp["carbon_g"] / rr["carbon_g"])
+            per_load.setdefault(scen, []).append((red, milp_red, dv))
+        met = 0
+        shares = []
+        for scen, rows in per_load.items():
+            red_m = sum(r[0] for r in rows) / len(rows)
+            milp_m = sum(r[1] for r in rows) / len(rows)
+            dv_m = sum(r[2] for r in rows) / len(rows)
+            share_m = red_m / milp_m if milp_m else float("nan")
+            shares.append(share_m)
+            ok = share_m >= 0.8 and dv_m <= 0.0
+            met += ok
+            print(f"{kw} {scen} mean over {len(rows)}: {100 * share_m:.0f}% of the MILP's reduction ({red_m:.2f}% vs {milp_m:.2f}%), "
+                  f"violations {dv_m:+.2f} pp vs the MILP{' (both targets met)' if ok else ''}", flush=True)
+        print(f"{kw} SUMMARY: both targets met at {met} of {len(per_load)} loads, minimum share {100 * min(shares):.0f}%", flush=True)
     return 0
 
 
