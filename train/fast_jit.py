@@ -550,7 +550,8 @@ class JitSetScorer:
 
     def class_logits(self, dc_flat: np.ndarray, rows: np.ndarray, gl: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(logits (C, D + 1), order (n,) - rows sorted by class -, first position of each class
-        in ``order`` (C,), class sizes (C,)) for the valid slot ``rows`` (n >= 1, F_S)."""
+        in ``order`` (C,), class sizes (C,)) for the valid slot ``rows`` (n >= 1, F_S). Rows and
+        datacenter rows are read as float32, the observation space's dtype."""
         r = self.ref
         dc = np.asarray(dc_flat, dtype=np.float32).reshape(self.D, self.F_D)
         rows32 = np.ascontiguousarray(rows, dtype=np.float32)

@@ -53,7 +53,7 @@ class LearnedPolicy:
     Args:
         model: a loaded SB3 model (``MaskablePPO`` with the set policy, or ``PPO`` on routing weights).
         mode: ``"sample"`` (default), ``"argmax"`` or ``"systematic"`` (set policy only; routing
-            PPO is deterministic; ``"systematic"`` needs the numpy backend).
+            PPO is deterministic; ``"systematic"`` needs the numba or numpy backend).
         seed: seed of the sampling RNG, restarted at every :meth:`reset`.
         threads: torch intra-op threads used by ``act`` (1 keeps decision times comparable).
         backend: ``"auto"`` (default: ``"numba"`` for a class network when numba is installed,
@@ -63,8 +63,8 @@ class LearnedPolicy:
         dtype: float type of the numpy path's pair layer (``"float32"``, default: ~1e-6 from the
             float64 logits, and faster; ``"float64"``: equal to the torch network to ~1e-15);
             the numba path is always float64.
-        load_price, headroom_penalty, headroom_margin: inference-time safety knobs (numpy backend
-            only; a zero price / penalty is neutral: the network's own logits), see
+        load_price, headroom_penalty, headroom_margin: inference-time safety knobs (numba or numpy
+            backend only; a zero price / penalty is neutral: the network's own logits), see
             :data:`train.fast.SAFETY_KNOBS`: a larger ``headroom_penalty`` moves requests off
             datacenters where their estimated TTFT headroom is below ``headroom_margin`` (SLO
             units); a larger ``load_price`` moves them off datacenters proposed more requests per
