@@ -91,6 +91,36 @@ def _count_le(edges: np.ndarray, x: float) -> int:
     return k
 
 
+def _row_mean(x: np.ndarray) -> np.ndarray:
+    """The mean of the rows of ``x`` as a (1, m) array (rows added in order, as numpy's
+    ``x.sum(axis=0) / n``)."""
+    n, m = x.shape
+    out = np.zeros((1, m))
+    for i in range(n):
+        for j in range(m):
+            out[0, j] += x[i, j]
+    for j in range(m):
+        out[0, j] /= n
+    return out
+
+
+def _softmax_row(logits: np.ndarray, c: int, up: np.ndarray, zc: np.ndarray) -> float:
+    """exp(logit - row max) of class ``c`` into ``zc`` (D + 1: the datacenters, those that are
+    down at MASKED_LOGIT, then defer); returns their sum (as the numpy path's masked softmax)."""
+    D = up.shape[0]
+    mx = logits[c, D]
+    for d in range(D):
+        v = logits[c, d] if up[d] else MASKED_LOGIT
+        if v > mx:
+            mx = v
+    tot = 0.0
+    for d in range(D + 1):
+        v = logits[c, d] if (d == D or up[d]) else MASKED_LOGIT
+        zc[d] = np.exp(v - mx)
+        tot += zc[d]
+    return tot
+
+
 def _np_sum(a: np.ndarray) -> float:
     """``numpy.sum`` of a short contiguous float64 array, with numpy's own summation order
     (pairwise: eight partial sums for 8..128 values, sequential below 8), so the value is the
@@ -297,23 +327,11 @@ def _class_logits(rows: np.ndarray, dc32: np.ndarray, gl: np.ndarray,
     # ---- datacenter encoder and context
     e1 = _affine(_relu_affine(dc_in, W_e1, b_e1), W_e2, b_e2)
     h = e1.shape[1]
-    emean = np.zeros((1, h))
-    for d in range(D):
-        for j in range(h):
-            emean[0, j] += e1[d, j]
-    for j in range(h):
-        emean[0, j] /= D
-    ctx = _affine(emean, W_c_ctx, b_c)  # (1, h)
+    ctx = _affine(_row_mean(e1), W_c_ctx, b_c)  # (1, h)
     e = _relu_affine(e1, W_c_own, ctx[0])
     # ---- classes: slot encoder, pair layer, defer head
     ed = _affine(e, W_pd, b_pd)  # (D, h)
-    emean2 = np.zeros((1, h))
-    for d in range(D):
-        for j in range(h):
-            emean2[0, j] += e[d, j]
-    for j in range(h):
-        emean2[0, j] /= D
-    dctx = _affine(emean2, W_d_c, b_d1)
+    dctx = _affine(_row_mean(e), W_d_c, b_d1)
     bias = c_sd.copy()
     for j in range(h):
         bias[h + j] += dctx[0, j]
@@ -376,18 +394,9 @@ def _class_logits(rows: np.ndarray, dc32: np.ndarray, gl: np.ndarray,
         e_part = _affine(e, W_f_e, b_f1)  # (D, h)
         for _ in range(load_feedback):
             load = np.zeros((D, 3))
+            zc = np.empty(D + 1)
             for c in range(C):
-                mx = logits[c, D]
-                for d in range(D):
-                    v = logits[c, d] if up[d] else MASKED_LOGIT
-                    if v > mx:
-                        mx = v
-                tot = 0.0
-                zc = np.empty(D + 1)
-                for d in range(D + 1):
-                    v = logits[c, d] if (d == D or up[d]) else MASKED_LOGIT
-                    zc[d] = np.exp(v - mx)
-                    tot += zc[d]
+                tot = _softmax_row(logits, c, up, zc)
                 cnt = np.float64(counts[c])
                 for d in range(D):
                     p = zc[d] / tot
@@ -415,18 +424,9 @@ def _class_logits(rows: np.ndarray, dc32: np.ndarray, gl: np.ndarray,
                 logits[c, d] += headroom_penalty * (x if x < 0.0 else 0.0)
     if load_price != 0.0:
         req = np.zeros(D)
+        zc = np.empty(D + 1)
         for c in range(C):
-            mx = logits[c, D]
-            for d in range(D):
-                v = logits[c, d] if up[d] else MASKED_LOGIT
-                if v > mx:
-                    mx = v
-            tot = 0.0
-            zc = np.empty(D + 1)
-            for d in range(D + 1):
-                v = logits[c, d] if (d == D or up[d]) else MASKED_LOGIT
-                zc[d] = np.exp(v - mx)
-                tot += zc[d]
+            tot = _softmax_row(logits, c, up, zc)
             for d in range(D):
                 req[d] += np.float64(counts[c]) * (zc[d] / tot)
         mean = 0.0
@@ -490,6 +490,8 @@ def _systematic_rows(logits: np.ndarray, mask_row: np.ndarray, counts: np.ndarra
 if _njit is not None:  # pragma: no branch
     _count_le = _njit(_count_le)
     _np_sum = _njit(_np_sum)
+    _softmax_row = _njit(_softmax_row)
+    _row_mean = _njit(_row_mean)
     _rows_and_mask_jit = _njit(_rows_and_mask)
     _relu_affine = _njit(_relu_affine)
     _affine = _njit(_affine)
