@@ -1,0 +1,64 @@
+"""The held-out comparison of train/evaluate.py: which days and seeds it runs, the cache, and the
+table's ratios (episodes stubbed: the harness itself is tested elsewhere)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+
+from carbon_gym.errors import ConfigError  # noqa: E402
+from train import evaluate  # noqa: E402
+from train.envs import heldout_starts  # noqa: E402
+
+
+@pytest.fixture
+def stub_episodes(monkeypatch):
+    """evaluate_episode replaced by a recorder returning fixed metrics per policy."""
+    calls = []
+    carbon = {"round-robin": 100.0, "facility-milp": 80.0, "learned": 84.0}
+    viol = {"round-robin": 0.01, "facility-milp": 0.04, "learned": 0.03}
+    dec = {"round-robin": 1e-4, "facility-milp": 2e-2, "learned": 2e-4}
+
+    def fake(name, scenario, start_utc, seed, overrides, checkpoint=None, mode=None):
+        calls.append((name, scenario, start_utc, seed))
+        return {"carbon_g": carbon[name], "violation_rate": viol[name], "decision_s_mean": dec[name],
+                "decision_s_p95": 2 * dec[name], "wall_s": 0.0}
+
+    monkeypatch.setattr(evaluate, "evaluate_episode", fake)
+    return calls
+
+
+def test_skip_days_runs_the_later_starts_with_their_own_seeds(stub_episodes, tmp_path):
+    out = evaluate.run_evaluation(checkpoint=None, scenarios=["llama8b-low"], baselines=["rr", "milp"], days=2,
+                                  duration_s=60.0, max_pending=None, out_md=str(tmp_path / "t.md"),
+                                  out_json=str(tmp_path / "sub" / "r.json"), cache_json=None, skip_days=3,
+                                  log=lambda *a: None)
+    starts = heldout_starts(5)[3:]
+    assert {(c[2], c[3]) for c in stub_episodes} == {(starts[0], 1003), (starts[1], 1004)}
+    assert {c[0] for c in stub_episodes} == {"round-robin", "facility-milp", "learned"}
+    assert out["meta"]["starts"] == starts and out["meta"]["skip_days"] == 3
+    assert json.loads((tmp_path / "sub" / "r.json").read_text())["meta"]["skip_days"] == 3  # parent folder made
+    row = out["summary"]["llama8b-low"]
+    assert row["learned"]["reduction_pct"] == pytest.approx(16.0) and row["facility-milp"]["reduction_pct"] == pytest.approx(20.0)
+    # learned / MILP: 80% of the reduction, -1.00 pp violations, 100x lower decision time
+    assert "| llama8b-low | 80% | -1.00 | 100x |" in (tmp_path / "t.md").read_text()
+
+
+def test_baselines_come_from_the_cache_and_only_the_learned_rows_rerun(stub_episodes, tmp_path):
+    cache = tmp_path / "cache.json"
+    kw = dict(checkpoint=None, scenarios=["llama8b-low"], baselines=["rr", "milp"], days=1, duration_s=60.0,
+              max_pending=None, out_md=None, out_json=None, cache_json=str(cache), log=lambda *a: None)
+    evaluate.run_evaluation(**kw)
+    first = len(stub_episodes)
+    evaluate.run_evaluation(**kw)
+    assert first == 3 and [c[0] for c in stub_episodes[first:]] == ["learned"]
+
+
+def test_negative_skip_days_is_refused(stub_episodes):
+    with pytest.raises(ConfigError, match="skip_days"):
+        evaluate.run_evaluation(checkpoint=None, scenarios=["llama8b-low"], baselines=["rr"], days=1, duration_s=60.0,
+                                max_pending=None, out_md=None, out_json=None, cache_json=None, skip_days=-1,
+                                log=lambda *a: None)
