@@ -19,7 +19,7 @@ import numpy as np
 
 from carbon_gym.errors import ConfigError
 
-from .envs import make_episode_env, training_start
+from .envs import training_episode
 
 __all__ = ["ExpertData", "make_expert", "collect_expert", "discounted_returns", "reward_scale_stats", "behaviour_clone"]
 
@@ -71,10 +71,7 @@ def collect_expert(
     parts: dict[str, list[np.ndarray]] = {k: [] for k in ("dc", "sl", "gl", "mask", "act", "rew", "ep", "dt")}
     meta = []
     for ep in range(int(episodes)):
-        scenario = scenarios[ep % len(scenarios)]
-        start = training_start(rng, heldout_every_days)
-        world_seed = int(rng.integers(0, 2**31 - 1))
-        env = make_episode_env(scenario, overrides, start)
+        scenario, start, world_seed, env = training_episode(scenarios, ep, rng, overrides, heldout_every_days)
         policy = make_expert(expert, env)
         t0 = time.perf_counter()
         obs, info = env.reset(seed=world_seed)

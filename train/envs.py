@@ -25,6 +25,7 @@ __all__ = [
     "is_heldout_day",
     "training_start",
     "heldout_starts",
+    "training_episode",
     "make_episode_env",
     "ScenarioMixEnv",
     "make_vec_env",
@@ -52,6 +53,16 @@ def training_start(rng: np.random.Generator, every: int = 4) -> str:
     day = int(rng.choice(days))
     minute = int(rng.integers(0, 24 * 60))
     return _iso(day, minute / 60.0)
+
+
+def training_episode(scenarios: Sequence[str], ep: int, rng: np.random.Generator, overrides: dict[str, Any] | None,
+                     every: int = 4) -> tuple[str, str, int, GeoServeEnv]:
+    """Episode ``ep`` of a training-data collection: (scenario ``scenarios[ep mod len]``, a random
+    training-day start, a world seed, its env). Draws the start, then the seed, from ``rng``."""
+    scenario = scenarios[ep % len(scenarios)]
+    start = training_start(rng, every)
+    seed = int(rng.integers(0, 2**31 - 1))
+    return scenario, start, seed, make_episode_env(scenario, overrides, start)
 
 
 def heldout_starts(n: int, every: int = 4, seed: int = 0) -> list[str]:

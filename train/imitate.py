@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -30,7 +30,7 @@ import numpy as np
 
 from carbon_gym.errors import ConfigError
 
-from .envs import heldout_starts, make_episode_env, training_start
+from .envs import heldout_starts, make_episode_env, training_episode
 
 __all__ = ["ClassStep", "compress_step", "collect", "class_bc", "validation_episode", "validation_score", "run_dagger"]
 
@@ -83,10 +83,7 @@ def collect(net: Any, expert: str, scenarios: Sequence[str], overrides: dict[str
     steps: list[ClassStep] = []
     meta = []
     for ep in range(int(episodes)):
-        scenario = scenarios[ep % len(scenarios)]
-        start = training_start(rng, heldout_every_days)
-        seed = int(rng.integers(0, 2**31 - 1))
-        env = make_episode_env(scenario, overrides, start)
+        scenario, start, seed, env = training_episode(scenarios, ep, rng, overrides, heldout_every_days)
         t0 = time.perf_counter()
         obs, info = env.reset(seed=seed)
         exp = make_expert(expert, env)
