@@ -8,6 +8,10 @@ timers do not slow the headline figures - the share of the step time spent in th
 methods (``advance_to`` / ``submit_batch`` / ``snapshot_rows`` / ``carbon_energy_totals`` /
 ``pop_completed`` / ``totals``) versus the env's own work (observation, masks, bookkeeping) and the policy.
 
+The first line says whether the simulator's engine and datacenter modules run compiled (mypyc,
+built by ``pip install``) or as pure Python (``CARBON_GYM_PURE_PYTHON=1`` forces the latter, for a
+comparison).
+
 Usage::
 
     python eval/bench_env.py [--dev-steps 3000] [--repeats 5] [--paper-steps 20] [--paper-scenario llama8b-moderate]
@@ -27,6 +31,7 @@ from typing import Any
 import gymnasium as gym
 
 import carbon_gym  # noqa: F401  (registers the envs)
+import carbon_gym.sim
 from carbon_gym.policy import RoundRobinPolicy
 
 # (snapshot / snapshot_array call snapshot_rows, which holds the simulator's part of them: timing
@@ -134,6 +139,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="timed dev runs (the shared machine's speed drifts between runs: the median is reported)")
     args = ap.parse_args(argv)
     profile = not args.no_profile
+    impl = carbon_gym.sim.IMPLEMENTATION
+    print(f"simulator engine/datacenter modules: {impl['engine']} ({impl['reason']})")
     # Warm-up (data loading, predictor fitting, imports) outside the timed runs.
     bench("carbon_gym/GeoServe-dev-v0", 10, profile=False)
     runs = sorted((bench("carbon_gym/GeoServe-dev-v0", args.dev_steps, profile=False) for _ in range(max(args.repeats, 1))),

@@ -20,7 +20,8 @@ from carbon_gym.policy import RoundRobinPolicy
 from carbon_gym.scenario import load_scenario
 from carbon_gym.sim import RECORD_COLUMNS, SNAPSHOT_ARRAY_ROWS
 from carbon_gym.sim.datacenter import ZoneClock
-from carbon_gym.sim.engine import RUN, _phase_prefill_power_fn, _table_time_fn
+from carbon_gym.sim.engine import RUN
+from carbon_gym.sim.kernels import _phase_prefill_power_fn, _table_time_fn
 from carbon_gym.sim.records import RequestRecords
 from carbon_gym.world import build_workload, build_world, reseed_workload
 from test_sim_fixtures import drive, make_sim, random_workload

@@ -2,11 +2,18 @@
 
 Public API: :class:`Simulator`, :class:`EngineConfig`, the result types
 (:class:`ClusterSnapshot`, :class:`LatencyEstimates`, :class:`RequestRecords`, :class:`SimTotals`,
-:class:`AbortedRequests`) and the dispatcher registry.
+:class:`AbortedRequests`) and the dispatcher registry. :data:`IMPLEMENTATION` says whether the
+engine and datacenter modules run compiled (mypyc) or as pure Python (:mod:`carbon_gym.sim._native`).
 """
 
+from ._native import select as _select_implementation
+
+#: ``{"engine": "compiled" | "python", "datacenter": ..., "reason": ...}`` (see :mod:`._native`).
+IMPLEMENTATION = _select_implementation(__name__)
+
+
+from .config import EngineConfig
 from .dispatch import available_dispatchers, get_dispatcher, register_dispatcher
-from .engine import EngineConfig
 from .records import RECORD_COLUMNS, AbortedRequests, RecordWriter, RequestRecords, load_record_dir
 from .simulator import (
     SNAPSHOT_ARRAY_ROWS, ClusterSnapshot, EnergyAttribution, LatencyEstimates, SimTotals, Simulator,
@@ -28,4 +35,5 @@ __all__ = [
     "available_dispatchers",
     "get_dispatcher",
     "register_dispatcher",
+    "IMPLEMENTATION",
 ]

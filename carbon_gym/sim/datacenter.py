@@ -21,12 +21,14 @@ import numpy as np
 
 from ..physics.carbon import CarbonTrace
 from ..topology import DatacenterSpec
-from .engine import IDLE, Engine, EngineConfig, EngineModels, RequestState
+from .engine import IDLE, Engine, EngineConfig, EngineModels, RequestState, _blank, _slot_state, mypyc_attr
+from .kernels import draining_score_fn
 
 J_PER_KWH = 3.6e6
 SECONDS_PER_HOUR = 3600.0
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ZoneClock:
     """Cumulative carbon intensity of one zone: ``clock(t) = integral of intensity over
     [0, offset + t]`` (gCO2eq/kWh x s), so that the integral over any interval is a difference.
@@ -39,6 +41,14 @@ class ZoneClock:
 
     __slots__ = ("carbon", "zone", "offset_s", "fast", "period", "total", "cum", "v", "slope", "linear", "hours",
                  "seg_lo", "seg_hi", "seg_start", "seg_cum", "seg_v", "seg_slope")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Copy / pickle support that also works when this module is compiled (no ``__dict__``)."""
+        return (_blank, (type(self),), _slot_state(self))
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
 
     def __init__(self, carbon: Any, zone: int, offset_s: float) -> None:
         self.carbon = carbon
@@ -59,10 +69,10 @@ class ZoneClock:
             H = int(va.shape[0])
             nxt = np.roll(va, -1)
             per_hour = va * SECONDS_PER_HOUR if interp == "step" else 0.5 * (va + nxt) * SECONDS_PER_HOUR
-            cum = np.zeros(H + 1)
-            np.cumsum(per_hour, out=cum[1:])
+            cum_arr = np.zeros(H + 1)
+            np.cumsum(per_hour, out=cum_arr[1:])
             v = va.tolist()
-            cum = cum.tolist()
+            cum = cum_arr.tolist()
             self.v = v
             self.slope = ((nxt - va) / SECONDS_PER_HOUR).tolist()
             self.cum = cum
@@ -119,6 +129,7 @@ class ZoneClock:
         return float(self.carbon.integral(self.zone, 0.0, x)) if x > 0 else 0.0
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Datacenter:
     """Engines + dispatcher + power/energy/carbon ledger of one datacenter (internal).
 
@@ -136,6 +147,14 @@ class Datacenter:
         "aborted_active_j", "aborted_active_carbon_g", "base_score_fn", "n_draining", "in_transit", "waiting",
         "running", "iterations", "completed", "preemptions", "tok_rate_sum", "tok_rate_t", "est_key", "est_val",
     )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Copy / pickle support that also works when this module is compiled (no ``__dict__``)."""
+        return (_blank, (type(self),), _slot_state(self))
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
 
     def __init__(
         self,
@@ -350,7 +369,7 @@ class Datacenter:
         self.n_draining = n
         base = self.base_score_fn
         if n:
-            self.score_fn = lambda e: math.inf if e.draining else base(e)
+            self.score_fn = draining_score_fn(base)
         else:
             self.score_fn = base
         for e in self.engines:

@@ -49,10 +49,18 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..errors import ConfigError
+from .config import EngineConfig
+from .kernels import iteration_time_fn, prefill_power_fn
+
+try:  # marks the classes copyable / picklable when mypyc compiles this module (setup.py)
+    from mypy_extensions import mypyc_attr
+except ImportError:  # pragma: no cover - pure-Python install without mypy_extensions
+
+    def mypyc_attr(*args: Any, **kwargs: Any) -> Any:  # type: ignore  # (a second definition, by design)
+        """No-op stand-in for ``mypy_extensions.mypyc_attr``."""
+        return lambda cls: cls
 
 if TYPE_CHECKING:  # pragma: no cover
     from .datacenter import Datacenter
@@ -63,48 +71,26 @@ J_PER_KWH = 3.6e6
 IDLE, WAKE, ITER, RUN = 0, 1, 2, 3
 
 
-@dataclass(frozen=True)
-class EngineConfig:
-    """vLLM engine settings shared by every engine of a simulation.
-
-    Attributes:
-        tp: GPUs per engine (tensor-parallel degree); must divide the node's GPU count.
-        block_tokens: tokens per paged KV block.
-        gpu_memory_utilization: fraction of GPU memory for weights + KV cache.
-        max_num_seqs: most sequences in a running batch.
-        max_num_batched_tokens: per-iteration token budget (decode tokens + prefill chunks);
-            must be >= max_num_seqs.
-        chunked_prefill: mix prefill chunks with decodes (vLLM V1 default) or alternate
-            prefill-only and decode-only iterations.
-        max_model_len: largest prompt + output accepted, tokens.
-    """
-
-    tp: int = 1
-    block_tokens: int = 16
-    gpu_memory_utilization: float = 0.9
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    chunked_prefill: bool = True
-    max_model_len: int = 32768
-
-    def validate(self) -> None:
-        """Raise :class:`ConfigError` naming the first invalid field."""
-        for name in ("tp", "block_tokens", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"engine.{name}", f"must be an integer >= 1, got {v!r}")
-        g = self.gpu_memory_utilization
-        if not isinstance(g, (int, float)) or not (0.0 < g <= 1.0):
-            raise ConfigError("engine.gpu_memory_utilization", f"must be in (0, 1], got {g!r}")
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            raise ConfigError(
-                "engine.max_num_batched_tokens",
-                f"must be >= max_num_seqs ({self.max_num_seqs}), got {self.max_num_batched_tokens}",
-            )
-        if self.max_model_len < 2:
-            raise ConfigError("engine.max_model_len", "must be >= 2 (one prompt and one output token)")
+def _blank(cls: Any) -> Any:
+    """An instance of ``cls`` whose ``__init__`` has not run (copy / pickle support)."""
+    return cls.__new__(cls)
 
 
+def _slot_state(obj: Any) -> dict[str, Any]:
+    """The attributes set on ``obj``, an instance of a slotted class of the simulator, compiled
+    (mypyc lists them in ``__mypyc_attrs__``) or not (``__slots__``), for copy / pickle."""
+    cls = type(obj)
+    names = getattr(cls, "__mypyc_attrs__", None) or cls.__slots__
+    state: dict[str, Any] = {}
+    for name in names:
+        try:
+            state[name] = getattr(obj, name)
+        except AttributeError:  # never set
+            pass
+    return state
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
 class RequestState:
     """Mutable state of one in-flight request (internal; results come out as RequestRecords)."""
 
@@ -114,6 +100,14 @@ class RequestState:
         "base", "gbase", "fin", "fseq", "ctx", "e_mark", "c_mark",
         "first_sched_s", "first_token_s", "preemptions", "energy_j", "carbon_g", "alive",
     )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Copy / pickle support that also works when this module is compiled (no ``__dict__``)."""
+        return (_blank, (type(self),), _slot_state(self))
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
 
     def __init__(self, rid: int, origin: int, dc: int, arrival_s: float, sent_s: float,
                  up_s: float, down_s: float, prompt: int, output: int) -> None:
@@ -148,73 +142,7 @@ class RequestState:
         self.alive = True
 
 
-def _table_time_fn(latency: Any) -> Callable[[int, float, int, float, int], float] | None:
-    """For a :class:`~carbon_gym.physics.latency.TableLatencyModel` (exactly that class), a
-    pure-Python ``iteration_time_s`` that performs the same floating-point operations in the same
-    order (so it returns the same floats) without numpy's per-call overhead; None otherwise."""
-    from bisect import bisect_right
-
-    from ..physics.latency import TableLatencyModel
-
-    if type(latency) is not TableLatencyModel:
-        return None
-    grid = [float(x) for x in latency.tokens_grid]
-    lin = [float(x) for x in latency.linear_s]
-    slopes = [float(x) for x in latency._slopes]
-    last = len(grid) - 2
-    dec_fixed, dec_seq, dec_ctx = latency.attn_decode_fixed_s, latency.attn_decode_per_seq_s, latency.attn_decode_per_ctx_s
-    pre_fixed, pre_tok, pre_pair = (latency.attn_prefill_fixed_s, latency.attn_prefill_per_token_s,
-                                    latency.attn_prefill_per_pair_s)
-    overhead, ar_fixed, ar_tok = latency.overhead_s, latency.allreduce_fixed_s, latency.allreduce_per_token_s
-    lm_fixed, per_sampled = latency.lm_head_fixed_s, latency.per_sampled_seq_s
-
-    def iteration_time_s(pt: int, pairs: float, nd: int, ctx_sum: float, n_sampled: int) -> float:
-        tokens = pt + nd
-        if tokens <= 0:
-            return 0.0
-        i = bisect_right(grid, tokens) - 1
-        if i < 0:
-            i = 0
-        elif i > last:
-            i = last
-        t = lin[i] + slopes[i] * (tokens - grid[i])
-        if nd > 0:
-            t += dec_fixed + dec_seq * nd
-            t += dec_ctx * ctx_sum
-        if pt > 0:
-            t += pre_fixed + pre_tok * pt
-            t += pre_pair * pairs
-        t += overhead + ar_fixed + ar_tok * tokens
-        if n_sampled > 0:
-            t += lm_fixed + per_sampled * n_sampled
-        return t
-
-    return iteration_time_s
-
-
-def _phase_prefill_power_fn(power: Any, tp: int) -> Callable[[int, int], float] | None:
-    """For a :class:`~carbon_gym.physics.power.PhasePowerModel` (exactly that class), the engine
-    watts of an iteration with ``prefill_tokens > 0`` - ``tp * gpu_power_w(pt, nd)`` - with the
-    same floating-point operations, the per-GPU decode power cached per ``nd``; None otherwise."""
-    from ..physics.power import PhasePowerModel
-
-    if type(power) is not PhasePowerModel:
-        return None
-    base_of: dict[int, float] = {}
-    prefill_w = power.prefill_w
-    sat = power.prefill_sat_tokens
-    decode_power_w = power.decode_power_w
-
-    def prefill_engine_w(pt: int, nd: int) -> float:
-        base = base_of.get(nd)
-        if base is None:
-            base = base_of[nd] = decode_power_w(nd)
-        frac = min(1.0, pt / sat)
-        return tp * float(base + (prefill_w - base) * frac)
-
-    return prefill_engine_w
-
-
+@mypyc_attr(allow_interpreted_subclasses=True)
 class EngineModels:
     """Latency and power models shared by the engines of a simulation, with small caches.
 
@@ -226,18 +154,24 @@ class EngineModels:
     __slots__ = ("latency", "power", "tp", "coeff", "idle_engine_w", "_fixed", "_pow", "iteration_time_s",
                  "prefill_engine_w")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Copy / pickle support that also works when this module is compiled (no ``__dict__``)."""
+        return (_blank, (type(self),), _slot_state(self))
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
+
     def __init__(self, latency: Any, power: Any, tp: int) -> None:
         self.latency = latency
         self.power = power
         self.tp = tp
         self.coeff = float(latency.decode_ctx_coeff_s())
         #: ``iteration_time_s(prefill_tokens, pairs, n_decode, ctx_sum, n_sampled) -> float``: the
-        #: latency model's (a pure-Python copy for the table model, same floats; see _table_time_fn)
-        self.iteration_time_s = _table_time_fn(latency) or (
-            lambda pt, pairs, nd, ctx, ns: float(latency.iteration_time_s(pt, pairs, nd, ctx, ns)))
+        #: latency model's (a pure-Python copy for the table model, same floats; see kernels.iteration_time_fn)
+        self.iteration_time_s = iteration_time_fn(latency)
         #: ``prefill_engine_w(prefill_tokens > 0, n_decode) -> float``: engine watts of that iteration
-        self.prefill_engine_w = _phase_prefill_power_fn(power, tp) or (
-            lambda pt, nd: tp * float(power.gpu_power_w(pt, nd)))
+        self.prefill_engine_w = prefill_power_fn(power, tp)
         self.idle_engine_w = tp * float(power.idle_w)
         self._fixed: dict[int, float] = {}
         self._pow: dict[int, float] = {}
@@ -257,6 +191,7 @@ class EngineModels:
         return v
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Engine:
     """One tensor-parallel group serving the model (see the module docstring for the rules).
 
@@ -276,6 +211,14 @@ class Engine:
         "sig", "last_prefill_only", "view_free_blocks", "view_used_blocks", "it", "dit", "preemptions",
         "completed",
     )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Copy / pickle support that also works when this module is compiled (no ``__dict__``)."""
+        return (_blank, (type(self),), _slot_state(self))
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
 
     def __init__(
         self,

@@ -1,0 +1,56 @@
+"""The vLLM engine settings shared by every engine of a simulation (:class:`EngineConfig`).
+
+Kept out of :mod:`carbon_gym.sim.engine`, which may be compiled (mypyc): a configuration object
+stays a plain frozen dataclass (copyable, picklable, ``dataclasses.replace``-able) and reports
+bad values through :meth:`EngineConfig.validate` rather than a compiled type check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+__all__ = ["EngineConfig"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """vLLM engine settings shared by every engine of a simulation.
+
+    Attributes:
+        tp: GPUs per engine (tensor-parallel degree); must divide the node's GPU count.
+        block_tokens: tokens per paged KV block.
+        gpu_memory_utilization: fraction of GPU memory for weights + KV cache.
+        max_num_seqs: most sequences in a running batch.
+        max_num_batched_tokens: per-iteration token budget (decode tokens + prefill chunks);
+            must be >= max_num_seqs.
+        chunked_prefill: mix prefill chunks with decodes (vLLM V1 default) or alternate
+            prefill-only and decode-only iterations.
+        max_model_len: largest prompt + output accepted, tokens.
+    """
+
+    tp: int = 1
+    block_tokens: int = 16
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    chunked_prefill: bool = True
+    max_model_len: int = 32768
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first invalid field."""
+        for name in ("tp", "block_tokens", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"engine.{name}", f"must be an integer >= 1, got {v!r}")
+        g = self.gpu_memory_utilization
+        if not isinstance(g, (int, float)) or not (0.0 < g <= 1.0):
+            raise ConfigError("engine.gpu_memory_utilization", f"must be in (0, 1], got {g!r}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ConfigError(
+                "engine.max_num_batched_tokens",
+                f"must be >= max_num_seqs ({self.max_num_seqs}), got {self.max_num_batched_tokens}",
+            )
+        if self.max_model_len < 2:
+            raise ConfigError("engine.max_model_len", "must be >= 2 (one prompt and one output token)")

@@ -1,0 +1,116 @@
+"""Functions that the simulator builds per simulation (closures over a model's parameters).
+
+They live here, outside the modules that ``setup.py`` may compile (:mod:`carbon_gym.sim._native`),
+so that they are ordinary Python functions whatever the build: a compiled closure would be an
+object that ``copy.deepcopy`` (of an env, say) tries to rebuild instead of sharing.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from typing import Any, Callable
+
+from ..physics.latency import TableLatencyModel
+from ..physics.power import PhasePowerModel
+
+__all__ = ["iteration_time_fn", "prefill_power_fn", "draining_score_fn"]
+
+
+def iteration_time_fn(latency: Any) -> Callable[[int, float, int, float, int], float]:
+    """``iteration_time_s(prefill_tokens, pairs, n_decode, ctx_sum, n_sampled) -> float`` (seconds)
+    of the latency model: :func:`_table_time_fn`'s pure-Python copy for the table model, else the
+    model's own method."""
+    fn = _table_time_fn(latency)
+    if fn is not None:
+        return fn
+
+    def iteration_time_s(pt: int, pairs: float, nd: int, ctx: float, ns: int) -> float:
+        return float(latency.iteration_time_s(pt, pairs, nd, ctx, ns))
+
+    return iteration_time_s
+
+
+def prefill_power_fn(power: Any, tp: int) -> Callable[[int, int], float]:
+    """``prefill_engine_w(prefill_tokens > 0, n_decode) -> float``: the engine's watts (all ``tp``
+    GPUs) during an iteration with prefill work."""
+    fn = _phase_prefill_power_fn(power, tp)
+    if fn is not None:
+        return fn
+
+    def prefill_engine_w(pt: int, nd: int) -> float:
+        return tp * float(power.gpu_power_w(pt, nd))
+
+    return prefill_engine_w
+
+
+def draining_score_fn(base: Callable[[Any], float]) -> Callable[[Any], float]:
+    """Dispatch score that sends nothing to a draining engine (``inf``), else ``base``'s."""
+
+    def score(engine: Any) -> float:
+        return math.inf if engine.draining else base(engine)
+
+    return score
+
+
+def _table_time_fn(latency: Any) -> Callable[[int, float, int, float, int], float] | None:
+    """For a :class:`~carbon_gym.physics.latency.TableLatencyModel` (exactly that class), a
+    pure-Python ``iteration_time_s`` that performs the same floating-point operations in the same
+    order (so it returns the same floats) without numpy's per-call overhead; None otherwise."""
+
+    if type(latency) is not TableLatencyModel:
+        return None
+    grid = [float(x) for x in latency.tokens_grid]
+    lin = [float(x) for x in latency.linear_s]
+    slopes = [float(x) for x in latency._slopes]
+    last = len(grid) - 2
+    dec_fixed, dec_seq, dec_ctx = latency.attn_decode_fixed_s, latency.attn_decode_per_seq_s, latency.attn_decode_per_ctx_s
+    pre_fixed, pre_tok, pre_pair = (latency.attn_prefill_fixed_s, latency.attn_prefill_per_token_s,
+                                    latency.attn_prefill_per_pair_s)
+    overhead, ar_fixed, ar_tok = latency.overhead_s, latency.allreduce_fixed_s, latency.allreduce_per_token_s
+    lm_fixed, per_sampled = latency.lm_head_fixed_s, latency.per_sampled_seq_s
+
+    def iteration_time_s(pt: int, pairs: float, nd: int, ctx_sum: float, n_sampled: int) -> float:
+        tokens = pt + nd
+        if tokens <= 0:
+            return 0.0
+        i = bisect_right(grid, tokens) - 1
+        if i < 0:
+            i = 0
+        elif i > last:
+            i = last
+        t = lin[i] + slopes[i] * (tokens - grid[i])
+        if nd > 0:
+            t += dec_fixed + dec_seq * nd
+            t += dec_ctx * ctx_sum
+        if pt > 0:
+            t += pre_fixed + pre_tok * pt
+            t += pre_pair * pairs
+        t += overhead + ar_fixed + ar_tok * tokens
+        if n_sampled > 0:
+            t += lm_fixed + per_sampled * n_sampled
+        return t
+
+    return iteration_time_s
+
+
+def _phase_prefill_power_fn(power: Any, tp: int) -> Callable[[int, int], float] | None:
+    """For a :class:`~carbon_gym.physics.power.PhasePowerModel` (exactly that class), the engine
+    watts of an iteration with ``prefill_tokens > 0`` - ``tp * gpu_power_w(pt, nd)`` - with the
+    same floating-point operations, the per-GPU decode power cached per ``nd``; None otherwise."""
+
+    if type(power) is not PhasePowerModel:
+        return None
+    base_of: dict[int, float] = {}
+    prefill_w = power.prefill_w
+    sat = power.prefill_sat_tokens
+    decode_power_w = power.decode_power_w
+
+    def prefill_engine_w(pt: int, nd: int) -> float:
+        base = base_of.get(nd)
+        if base is None:
+            base = base_of[nd] = decode_power_w(nd)
+        frac = min(1.0, pt / sat)
+        return tp * float(base + (prefill_w - base) * frac)
+
+    return prefill_engine_w
