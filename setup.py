@@ -66,9 +66,10 @@ def ext_modules() -> list:
         return []
     files = [f"carbon_gym/sim/{name}.py" for name in COMPILED_MODULES]
     try:
-        # imports outside the compiled modules are not followed (they stay Python objects): fast
-        # and independent of the installed numpy / gymnasium stubs
-        mods = mypycify(["--follow-imports=skip", *files], opt_level="2")
+        # imports outside the compiled modules are not followed and installed packages are not
+        # looked at (numpy, gymnasium... are untyped objects here): a fast build, and the same
+        # compiled code whatever is installed when it runs (pip's build env may lack numpy)
+        mods = mypycify(["--follow-imports=skip", "--ignore-missing-imports", "--no-site-packages", *files], opt_level="2")
     except BaseException as exc:  # mypy reports type errors by SystemExit
         _say(f"mypyc could not compile the simulator ({exc!r}): pure-Python simulator")
         return []
