@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
 from setuptools import setup
@@ -39,6 +40,9 @@ class OptionalBuildExt(build_ext):
         except Exception as exc:  # distutils' CompileError / PlatformError / ExecError
             _say(f"compiling the simulator failed ({exc}); installing the pure-Python simulator")
             (SIM / SOURCES_FILE).unlink(missing_ok=True)
+            for name in COMPILED_MODULES:  # an earlier in-place build of an editable install
+                for suffix in EXTENSION_SUFFIXES:
+                    (SIM / f"{name}{suffix}").unlink(missing_ok=True)
 
     def build_extension(self, ext) -> None:  # type: ignore[no-untyped-def]
         try:
