@@ -44,13 +44,6 @@ class OptionalBuildExt(build_ext):
                 for suffix in EXTENSION_SUFFIXES:
                     (SIM / f"{name}{suffix}").unlink(missing_ok=True)
 
-    def build_extension(self, ext) -> None:  # type: ignore[no-untyped-def]
-        try:
-            super().build_extension(ext)
-        except Exception as exc:
-            _say(f"compiling {ext.name} failed ({exc}); installing the pure-Python simulator")
-            raise
-
 
 #: setup.py commands that build extensions (pip also runs setup.py for metadata only: egg_info...)
 BUILD_COMMANDS = {"build", "build_ext", "bdist_wheel", "editable_wheel", "develop", "install"}
