@@ -62,3 +62,27 @@ def test_negative_skip_days_is_refused(stub_episodes):
         evaluate.run_evaluation(checkpoint=None, scenarios=["llama8b-low"], baselines=["rr"], days=1, duration_s=60.0,
                                 max_pending=None, out_md=None, out_json=None, cache_json=None, skip_days=-1,
                                 log=lambda *a: None)
+
+
+def test_rank_candidates_applies_the_selection_rule(tmp_path, capsys):
+    from train.rank_candidates import main as rank
+
+    def cand(name: str, shares: list[float], dvs: list[float]) -> str:
+        summ = {}
+        for scen, sh, dv in zip(["low", "moderate", "high"], shares, dvs):
+            summ[scen] = {"facility-milp": {"reduction_pct": 10.0, "violation_rate": 0.04, "episodes": 3},
+                          "learned": {"reduction_pct": 10.0 * sh, "violation_rate": 0.04 + dv / 100.0, "episodes": 3}}
+        p = tmp_path / f"sel_{name}.json"
+        p.write_text(json.dumps({"summary": summ}))
+        return str(p)
+
+    a = cand("a", [0.95, 0.90, 0.79], [-1.0, -0.5, -0.5])   # 2 loads (high: share 79%)
+    b = cand("b", [0.85, 0.85, 0.85], [-0.1, 0.0, -0.2])    # 3 loads, minimum 85%
+    c = cand("c", [0.99, 0.99, 0.90], [-0.1, -0.1, -0.1])   # 3 loads, minimum 90%
+    d = cand("d", [0.99, 0.99, 0.99], [-0.1, 0.01, -0.1])   # 2 loads (moderate: +0.01 pp)
+    assert rank([a, b, c, d]) == "c"
+    assert "| c | 99% / -0.10 pp * (3) | 99% / -0.10 pp * (3) | 90% / -0.10 pp * (3) | 3 | 90.0% |" in capsys.readouterr().out
+    assert rank([a, b]) == "b"
+    e = cand("e", [0.85, 0.86, 0.85], [-0.1, -0.1, -0.1])   # ties b on loads and minimum share
+    assert rank([b, e]) == "b" and rank([e, b]) == "e"     # first listed wins a full tie...
+    assert rank([b, e, "--incumbent", "e"]) == "e"          # ...unless the incumbent is named
