@@ -1,7 +1,7 @@
 """Build script: everything is in pyproject.toml except the optional compiled simulator.
 
-``pip install`` compiles the simulator's hot modules (``carbon_gym/sim/engine.py`` and
-``datacenter.py``; the same source, run as C extensions, about twice as fast per event) with
+``pip install`` compiles the simulator's modules (``carbon_gym/sim/engine.py``, ``datacenter.py``
+and ``simulator.py``; the same source, run as C extensions, about twice as fast per event) with
 mypyc, which the build requirements in pyproject.toml provide. The pure-Python package is
 installed instead, with a message, when mypyc or a C compiler is missing, when the compile fails,
 or when ``CARBON_GYM_NO_COMPILE=1`` is set. ``carbon_gym/sim/_native.py`` chooses at import time

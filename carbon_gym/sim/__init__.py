@@ -3,12 +3,12 @@
 Public API: :class:`Simulator`, :class:`EngineConfig`, the result types
 (:class:`ClusterSnapshot`, :class:`LatencyEstimates`, :class:`RequestRecords`, :class:`SimTotals`,
 :class:`AbortedRequests`) and the dispatcher registry. :data:`IMPLEMENTATION` says whether the
-engine and datacenter modules run compiled (mypyc) or as pure Python (:mod:`carbon_gym.sim._native`).
+engine, datacenter and simulator modules run compiled (mypyc) or as pure Python (:mod:`carbon_gym.sim._native`).
 """
 
 from ._native import select as _select_implementation
 
-#: ``{"engine": "compiled" | "python", "datacenter": ..., "reason": ...}`` (see :mod:`._native`).
+#: ``{"engine": "compiled" | "python", "datacenter": ..., "simulator": ..., "reason": ...}`` (see :mod:`._native`).
 IMPLEMENTATION = _select_implementation(__name__)
 
 

@@ -77,10 +77,12 @@ def _blank(cls: Any) -> Any:
 
 
 def _slot_state(obj: Any) -> dict[str, Any]:
-    """The attributes set on ``obj``, an instance of a slotted class of the simulator, compiled
-    (mypyc lists them in ``__mypyc_attrs__``) or not (``__slots__``), for copy / pickle."""
+    """The attributes set on ``obj``, an instance of a class of the simulator, compiled (mypyc
+    lists them in ``__mypyc_attrs__``) or not (``__slots__``, else ``__dict__``), for copy / pickle."""
     cls = type(obj)
-    names = getattr(cls, "__mypyc_attrs__", None) or cls.__slots__
+    names = getattr(cls, "__mypyc_attrs__", None) or getattr(cls, "__slots__", None)
+    if names is None:  # a plain class (pure-Python build): its __dict__
+        return dict(vars(obj))
     state: dict[str, Any] = {}
     for name in names:
         try:

@@ -20,7 +20,6 @@ import itertools
 import math
 import operator
 from math import exp
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,8 +27,9 @@ import numpy as np
 from ..errors import ConfigError
 from .datacenter import Datacenter
 from .dispatch import get_dispatcher
-from .engine import IDLE, ITER, RUN, EngineConfig, EngineModels, RequestState
+from .engine import IDLE, ITER, RUN, EngineConfig, EngineModels, RequestState, _blank, _slot_state, mypyc_attr
 from .records import AbortedRequests, RequestRecords
+from .results import ClusterSnapshot, EnergyAttribution, LatencyEstimates, SimTotals
 
 _VIEW_FREE = operator.attrgetter("view_free_blocks")
 _OUTPUT_TOKENS = operator.itemgetter(11)  # output_tokens in a completed-request row
@@ -42,119 +42,16 @@ SNAPSHOT_ARRAY_ROWS = (
 #: Rows of the snapshot array that hold integers: queue, running, free, total, busy, engines, chunk, accepting.
 _SNAP_INT_ROWS = [2, 3, 4, 5, 7, 8, 15, 16]
 
+#: Type of the public methods' scalar arguments (an int, float or numpy scalar, as the docstring
+#: says): each method checks and converts its arguments itself, naming a bad one in a
+#: ConfigError, so they are not typed narrowly - a compiled build would reject, say, a float
+#: prompt length or a numpy integer with a bare TypeError before that check.
+Scalar = Any
+
 #: Time constant of the prompt-token arrival-rate average used by the estimates, seconds.
 RATE_TAU_S = 60.0
 #: Output length assumed by the estimates before any request has completed, tokens.
 DEFAULT_MEAN_OUTPUT_TOKENS = 128.0
-
-
-@dataclass(frozen=True)
-class ClusterSnapshot:
-    """State of every datacenter at ``time_s`` (arrays of length D unless noted).
-
-    Engine-level quantities (``free_kv_blocks``, the estimates) use the state each engine
-    *published* at the end of its last iteration that admitted, prefilled, preempted or
-    completed something. Estimates describe a NEW request sent to the engine the dispatcher
-    would pick now:
-
-    - ``est_queue_wait_s``: prompt tokens queued ahead on that engine x ``est_prefill_s_per_token``
-      + one ``est_iteration_s`` per chunk of ``est_prefill_chunk_tokens`` they need, plus, when
-      the queued prompts' blocks exceed the free KV blocks (or the sequence limit is reached),
-      the time for running requests to release enough: deficit / (blocks in use / (mean output
-      tokens x decode iteration time)).
-    - ``est_prefill_s_per_token``: added iteration time per prompt token in a chunk mixed with
-      the running decodes; ``est_iteration_s``: time of an iteration with the running decodes and
-      a 1-token chunk (the fixed cost per chunk); ``est_prefill_chunk_tokens``: tokens per chunk
-      (budget minus running sequences).
-    - ``est_tpot_s``: decode iteration time with the running batch + 1 at the batch's mean
-      context, divided by ``1 - rho`` where ``rho`` = (prompt tokens per second arriving per
-      engine, exponentially averaged over 60 s) x ``est_prefill_s_per_token`` (the share of time
-      prefill chunks add to each iteration; capped at 0.9).
-    - ``tpot_slope_s_per_seq``: added decode iteration time per extra sequence, same scaling.
-
-    A datacenter that is down has ``up=False`` and infinite estimates. ``accepting_engines``
-    (int): engines that take new requests (0 when down; engines drained for maintenance
-    excluded).
-    """
-
-    time_s: float
-    carbon_g_per_kwh: np.ndarray
-    pue: np.ndarray
-    queue_len: np.ndarray
-    running: np.ndarray
-    free_kv_blocks: np.ndarray
-    total_kv_blocks: np.ndarray
-    power_w: np.ndarray
-    busy_engines: np.ndarray
-    n_engines: np.ndarray
-    est_queue_wait_s: np.ndarray
-    est_prefill_s_per_token: np.ndarray
-    est_tpot_s: np.ndarray
-    tpot_slope_s_per_seq: np.ndarray
-    up: np.ndarray
-    est_iteration_s: np.ndarray
-    est_prefill_chunk_tokens: np.ndarray
-    accepting_engines: np.ndarray
-
-
-@dataclass(frozen=True)
-class LatencyEstimates:
-    """Estimates for R candidate requests x D datacenters (arrays of shape (R, D), seconds).
-
-    ``ttft_s = network up + queue_wait_s + prefill_s + network down`` (the wait before the
-    request is placed is excluded); ``network_s`` = uplink + downlink; ``prefill_s`` =
-    ceil(prompt / chunk) x est_iteration_s + prompt x est_prefill_s_per_token.
-    """
-
-    network_s: np.ndarray
-    queue_wait_s: np.ndarray
-    prefill_s: np.ndarray
-    tpot_s: np.ndarray
-    ttft_s: np.ndarray
-
-
-@dataclass(frozen=True)
-class EnergyAttribution:
-    """Split of each datacenter's active energy at ``time_s`` (arrays of length D; see
-    :meth:`Simulator.energy_attribution`). Energies in J (facility level), carbon in g.
-    ``in_engines``: requests queued or running on the engines (in transit excluded)."""
-
-    time_s: float
-    active_energy_j: np.ndarray
-    active_carbon_g: np.ndarray
-    in_flight_share_j: np.ndarray
-    in_flight_share_carbon_g: np.ndarray
-    in_progress_j: np.ndarray
-    in_progress_carbon_g: np.ndarray
-    aborted_partial_j: np.ndarray
-    aborted_partial_carbon_g: np.ndarray
-    in_engines: np.ndarray
-
-
-@dataclass(frozen=True)
-class SimTotals:
-    """Cumulative accounting since time 0 up to ``time_s`` (arrays of length D).
-
-    ``it_energy_j = gpu_energy_j + host_energy_j`` (IT level); ``idle_energy_j`` is the part of
-    ``gpu_energy_j`` drawn by idle engines; ``facility_energy_j = it_energy_j x PUE``;
-    ``carbon_g`` is facility energy x grid intensity. Counts: requests ``submitted``,
-    ``completed``, ``aborted`` (datacenter outages), ``in_flight`` (= submitted - completed -
-    aborted); ``preemptions``; ``iterations`` (engine forward passes completed by ``time_s``).
-    """
-
-    time_s: float
-    it_energy_j: np.ndarray
-    facility_energy_j: np.ndarray
-    carbon_g: np.ndarray
-    idle_energy_j: np.ndarray
-    host_energy_j: np.ndarray
-    gpu_energy_j: np.ndarray
-    submitted: int
-    completed: int
-    in_flight: int
-    preemptions: int
-    aborted: int
-    iterations: int
 
 
 def _as_int(field: str, value: Any, lo: int, hi: int | None = None) -> int:
@@ -172,6 +69,7 @@ def _as_int(field: str, value: Any, lo: int, hi: int | None = None) -> int:
     return v
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Simulator:
     """Discrete-event simulator of vLLM-like engines in geo-distributed datacenters.
 
@@ -189,6 +87,14 @@ class Simulator:
 
     Request ids are 0, 1, 2, ... in submission order, per simulator.
     """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Copy / pickle support that also works when this module is compiled (no ``__dict__``)."""
+        return (_blank, (type(self),), _slot_state(self))
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
 
     def __init__(
         self,
@@ -304,7 +210,7 @@ class Simulator:
         return self.topology.n_regions
 
     # ------------------------------------------------------------------ submission
-    def submit(self, origin: int, arrival_s: float, prompt_tokens: int, output_tokens: int, datacenter: int) -> int:
+    def submit(self, origin: Scalar, arrival_s: Scalar, prompt_tokens: Scalar, output_tokens: Scalar, datacenter: Scalar) -> int:
         """Send one request from ``origin`` to ``datacenter`` now; return its id.
 
         ``arrival_s`` (<= ``now_s``) is when the client issued it; ``output_tokens`` is the true
@@ -456,16 +362,16 @@ class Simulator:
             bad = int(np.flatnonzero(tot > mml)[0])
             raise ConfigError(f"prompt_tokens[{bad}]", f"prompt + output = {int(tot[bad])} exceeds engine.max_model_len={mml}",
                               allowed=f"prompt_tokens + output_tokens <= {mml}")
-        dcs = ints["datacenters"]
-        for d in np.unique(dcs):
+        dc_index = ints["datacenters"]
+        for d in np.unique(dc_index):
             if not self.datacenters[int(d)].up:
                 raise ConfigError("datacenters", f"datacenter {int(d)} ({self.datacenters[int(d)].name}) is down",
                                   allowed=[i for i, x in enumerate(self.datacenters) if x.up])
         return self._submit_rows(zip(ints["origins"].tolist(), a.tolist(), ints["prompt_tokens"].tolist(),
-                                     ints["output_tokens"].tolist(), dcs.tolist()))
+                                     ints["output_tokens"].tolist(), dc_index.tolist()))
 
     # ------------------------------------------------------------------ time
-    def advance_to(self, t_s: float) -> None:
+    def advance_to(self, t_s: Scalar) -> None:
         """Process every event with time <= ``t_s``; then ``now_s = t_s``."""
         t = float(t_s)
         if not (t == t) or t < self.now_s:
@@ -510,7 +416,7 @@ class Simulator:
         self.events_processed += n_ev
         self.now_s = t
 
-    def run_until_idle(self, max_time_s: float = math.inf) -> float:
+    def run_until_idle(self, max_time_s: Scalar = math.inf) -> float:
         """Process events until none is left (or the next is after ``max_time_s``, then advance
         to ``max_time_s``); return the new ``now_s``."""
         while True:
@@ -600,7 +506,7 @@ class Simulator:
         return float(add(np.array(cl))), float(add(np.array(fl)))
 
     # ------------------------------------------------------------------ faults
-    def set_datacenter_up(self, dc: int, up: bool) -> AbortedRequests:
+    def set_datacenter_up(self, dc: Scalar, up: Scalar) -> AbortedRequests:
         """Take datacenter ``dc`` down (its queued, running and in-transit requests are aborted,
         their progress lost, and returned so the caller can resubmit them) or bring it back up
         (idle, empty). A datacenter that is down draws no power and refuses submissions."""
@@ -617,7 +523,7 @@ class Simulator:
             center.in_transit = 0
         return self._abort(reqs, d)
 
-    def abort_in_transit(self, origin: int, dc: int) -> AbortedRequests:
+    def abort_in_transit(self, origin: Scalar, dc: Scalar) -> AbortedRequests:
         """A cut link: the requests from region ``origin`` still travelling to datacenter ``dc``
         (sent, not yet arrived) are lost and returned so the caller can resubmit them (they get
         new ids when it does). They did no work, so their energy and carbon are 0. Requests
@@ -650,7 +556,7 @@ class Simulator:
             carbon_g=np.array([r.carbon_g for r in reqs], dtype=np.float64),
         )
 
-    def set_link_delay(self, origin: int, dc: int, one_way_s: float) -> None:
+    def set_link_delay(self, origin: Scalar, dc: Scalar, one_way_s: Scalar) -> None:
         """Set the one-way network delay from region ``origin`` to datacenter ``dc`` (faults:
         link degradation), seconds. Applies to requests submitted from now on (requests already
         sent keep the delays they left with); the estimates use it at once."""
@@ -667,7 +573,7 @@ class Simulator:
         self.network = dataclasses.replace(self.network, one_way_s=ow)
         self._one_way[o][d] = v
 
-    def set_engines_draining(self, dc: int, n_engines: int, power_off: bool = True) -> None:
+    def set_engines_draining(self, dc: Scalar, n_engines: Scalar, power_off: Scalar = True) -> None:
         """Drain the last ``n_engines`` engines of datacenter ``dc`` for maintenance (0 = none).
 
         Draining engines take no new requests (their queued requests move to the other engines
