@@ -21,7 +21,7 @@ import numpy as np
 
 from ..physics.carbon import CarbonTrace
 from ..topology import DatacenterSpec
-from .engine import IDLE, Engine, EngineConfig, EngineModels, RequestState, _blank, _slot_state, mypyc_attr
+from .engine import IDLE, CopyableState, Engine, EngineConfig, EngineModels, RequestState, mypyc_attr
 from .kernels import draining_score_fn
 
 J_PER_KWH = 3.6e6
@@ -29,7 +29,7 @@ SECONDS_PER_HOUR = 3600.0
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
-class ZoneClock:
+class ZoneClock(CopyableState):
     """Cumulative carbon intensity of one zone: ``clock(t) = integral of intensity over
     [0, offset + t]`` (gCO2eq/kWh x s), so that the integral over any interval is a difference.
 
@@ -41,14 +41,6 @@ class ZoneClock:
 
     __slots__ = ("carbon", "zone", "offset_s", "fast", "period", "total", "cum", "v", "slope", "linear", "hours",
                  "seg_lo", "seg_hi", "seg_start", "seg_cum", "seg_v", "seg_slope")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        """Copy / pickle support that also works when this module is compiled (no ``__dict__``)."""
-        return (_blank, (type(self),), _slot_state(self))
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        for name, value in state.items():
-            setattr(self, name, value)
 
     def __init__(self, carbon: Any, zone: int, offset_s: float) -> None:
         self.carbon = carbon
@@ -130,7 +122,7 @@ class ZoneClock:
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
-class Datacenter:
+class Datacenter(CopyableState):
     """Engines + dispatcher + power/energy/carbon ledger of one datacenter (internal).
 
     Attributes (ledger, all since time 0): ``gpu_j`` (all GPU energy, IT level), ``idle_j``
@@ -147,14 +139,6 @@ class Datacenter:
         "aborted_active_j", "aborted_active_carbon_g", "base_score_fn", "n_draining", "in_transit", "waiting",
         "running", "iterations", "completed", "preemptions", "tok_rate_sum", "tok_rate_t", "est_key", "est_val",
     )
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        """Copy / pickle support that also works when this module is compiled (no ``__dict__``)."""
-        return (_blank, (type(self),), _slot_state(self))
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        for name, value in state.items():
-            setattr(self, name, value)
 
     def __init__(
         self,

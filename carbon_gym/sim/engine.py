@@ -78,30 +78,29 @@ def _blank(cls: Any) -> Any:
 
 def _slot_state(obj: Any) -> dict[str, Any]:
     """The attributes set on ``obj``, an instance of a class of the simulator, compiled (mypyc
-    lists them in ``__mypyc_attrs__``) or not (``__slots__``, else ``__dict__``), for copy / pickle."""
+    lists them in ``__mypyc_attrs__``) or not (the ``__slots__`` along its classes, and its
+    ``__dict__`` if it has one), for copy / pickle."""
     cls = type(obj)
-    names = getattr(cls, "__mypyc_attrs__", None) or getattr(cls, "__slots__", None)
-    if names is None:  # a plain class (pure-Python build): its __dict__
-        return dict(vars(obj))
+    names = getattr(cls, "__mypyc_attrs__", None)
+    if names is None:
+        names = [n for k in cls.__mro__ for n in k.__dict__.get("__slots__", ())]
     state: dict[str, Any] = {}
     for name in names:
         try:
             state[name] = getattr(obj, name)
         except AttributeError:  # never set
             pass
+    if hasattr(obj, "__dict__"):
+        state.update(vars(obj))
     return state
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
-class RequestState:
-    """Mutable state of one in-flight request (internal; results come out as RequestRecords)."""
+class CopyableState:
+    """Base of the simulator's stateful classes: ``copy`` / ``pickle`` through their attributes,
+    which also works when the modules are compiled (mypyc instances have no ``__dict__``)."""
 
-    __slots__ = (
-        "rid", "origin", "dc", "eng", "arrival_s", "sent_s", "dc_arrival_s", "up_s", "down_s",
-        "prompt", "output", "prefill_len", "prefilled", "blocks", "gen", "decoding",
-        "base", "gbase", "fin", "fseq", "ctx", "e_mark", "c_mark",
-        "first_sched_s", "first_token_s", "preemptions", "energy_j", "carbon_g", "alive",
-    )
+    __slots__ = ()
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Copy / pickle support that also works when this module is compiled (no ``__dict__``)."""
@@ -110,6 +109,18 @@ class RequestState:
     def __setstate__(self, state: dict[str, Any]) -> None:
         for name, value in state.items():
             setattr(self, name, value)
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class RequestState(CopyableState):
+    """Mutable state of one in-flight request (internal; results come out as RequestRecords)."""
+
+    __slots__ = (
+        "rid", "origin", "dc", "eng", "arrival_s", "sent_s", "dc_arrival_s", "up_s", "down_s",
+        "prompt", "output", "prefill_len", "prefilled", "blocks", "gen", "decoding",
+        "base", "gbase", "fin", "fseq", "ctx", "e_mark", "c_mark",
+        "first_sched_s", "first_token_s", "preemptions", "energy_j", "carbon_g", "alive",
+    )
 
     def __init__(self, rid: int, origin: int, dc: int, arrival_s: float, sent_s: float,
                  up_s: float, down_s: float, prompt: int, output: int) -> None:
@@ -145,7 +156,7 @@ class RequestState:
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
-class EngineModels:
+class EngineModels(CopyableState):
     """Latency and power models shared by the engines of a simulation, with small caches.
 
     ``decode_fixed_s(n)`` is the part of a pure-decode iteration's time that does not depend on
@@ -155,14 +166,6 @@ class EngineModels:
 
     __slots__ = ("latency", "power", "tp", "coeff", "idle_engine_w", "_fixed", "_pow", "iteration_time_s",
                  "prefill_engine_w")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        """Copy / pickle support that also works when this module is compiled (no ``__dict__``)."""
-        return (_blank, (type(self),), _slot_state(self))
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        for name, value in state.items():
-            setattr(self, name, value)
 
     def __init__(self, latency: Any, power: Any, tp: int) -> None:
         self.latency = latency
@@ -194,7 +197,7 @@ class EngineModels:
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
-class Engine:
+class Engine(CopyableState):
     """One tensor-parallel group serving the model (see the module docstring for the rules).
 
     Created by :class:`~carbon_gym.sim.datacenter.Datacenter`; driven by the simulator through
@@ -213,14 +216,6 @@ class Engine:
         "sig", "last_prefill_only", "view_free_blocks", "view_used_blocks", "it", "dit", "preemptions",
         "completed",
     )
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        """Copy / pickle support that also works when this module is compiled (no ``__dict__``)."""
-        return (_blank, (type(self),), _slot_state(self))
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        for name, value in state.items():
-            setattr(self, name, value)
 
     def __init__(
         self,

@@ -27,7 +27,7 @@ import numpy as np
 from ..errors import ConfigError
 from .datacenter import Datacenter
 from .dispatch import get_dispatcher
-from .engine import IDLE, ITER, RUN, EngineConfig, EngineModels, RequestState, _blank, _slot_state, mypyc_attr
+from .engine import IDLE, ITER, RUN, CopyableState, EngineConfig, EngineModels, RequestState, mypyc_attr
 from .records import AbortedRequests, RequestRecords
 from .results import ClusterSnapshot, EnergyAttribution, LatencyEstimates, SimTotals
 
@@ -70,7 +70,7 @@ def _as_int(field: str, value: Any, lo: int, hi: int | None = None) -> int:
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
-class Simulator:
+class Simulator(CopyableState):
     """Discrete-event simulator of vLLM-like engines in geo-distributed datacenters.
 
     Args:
@@ -87,14 +87,6 @@ class Simulator:
 
     Request ids are 0, 1, 2, ... in submission order, per simulator.
     """
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        """Copy / pickle support that also works when this module is compiled (no ``__dict__``)."""
-        return (_blank, (type(self),), _slot_state(self))
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        for name, value in state.items():
-            setattr(self, name, value)
 
     def __init__(
         self,
