@@ -67,7 +67,7 @@ def ext_modules() -> list:
         # looked at (numpy, gymnasium... are untyped objects here): a fast build, and the same
         # compiled code whatever is installed when it runs (pip's build env may lack numpy)
         mods = mypycify(["--follow-imports=skip", "--ignore-missing-imports", "--no-site-packages", *files], opt_level="2")
-    except BaseException as exc:  # mypy reports type errors by SystemExit
+    except (Exception, SystemExit) as exc:  # mypy reports type errors by SystemExit
         _say(f"mypyc could not compile the simulator ({exc!r}): pure-Python simulator")
         return []
     (SIM / SOURCES_FILE).write_text(json.dumps({n: source_digest(SIM / f"{n}.py") for n in COMPILED_MODULES}, indent=1) + "\n")
