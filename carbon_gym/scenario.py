@@ -673,16 +673,24 @@ def list_scenarios() -> list[str]:
 
 
 def scenario_path(name_or_path: str | Path) -> Path:
-    """Path of a shipped scenario by name, or the given path; :class:`ConfigError` if neither."""
+    """Path of a shipped scenario by name, or the given path; :class:`ConfigError` if neither.
+
+    A ``.toml`` suffix or a path separator means a path. Otherwise a shipped scenario's name wins
+    over a file or directory of that name in the working directory (``"dev"`` is the shipped
+    scenario even where ``./dev`` exists); any other existing file is read as a TOML path.
+    """
     p = Path(name_or_path)
-    if p.suffix == ".toml" or p.exists() or "/" in str(name_or_path) or "\\" in str(name_or_path):
-        if not p.exists():
+    text = str(name_or_path)
+    if p.suffix == ".toml" or "/" in text or "\\" in text:
+        if not p.is_file():
             raise DataError(str(p), "scenario file not found")
         return p
-    shipped = SCENARIO_DIR / f"{name_or_path}.toml"
-    if not shipped.exists():
-        raise ConfigError("scenario", f"unknown scenario {str(name_or_path)!r}", allowed=list_scenarios())
-    return shipped
+    shipped = SCENARIO_DIR / f"{text}.toml"
+    if shipped.exists():
+        return shipped
+    if p.is_file():
+        return p
+    raise ConfigError("scenario", f"unknown scenario {text!r}", allowed=list_scenarios())
 
 
 def _set_dotted(raw: dict, key: str, value: Any, source: str | None) -> None:

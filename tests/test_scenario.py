@@ -324,3 +324,21 @@ def test_readme_annotated_example_loads(tmp_path):
     assert s.n_engines() == 2 * 4 * 2 * 8
     w = build_workload(s).arrivals_between(0.0, 10.0)
     assert len(w) > 0 and np.all(w.prompt_tokens + w.output_tokens <= 8192)
+
+
+def test_a_shipped_name_is_not_taken_for_a_file_or_directory_of_that_name(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from carbon_gym.scenario import SCENARIO_DIR, scenario_path
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dev").mkdir()  # as in "/" (where /dev exists) or a project with a dev/ folder
+    assert scenario_path("dev") == SCENARIO_DIR / "dev.toml"
+    assert load_scenario("dev").name == "dev"
+    # a TOML file without the suffix, not a shipped name: read as a path
+    (tmp_path / "mine").write_text((SCENARIO_DIR / "dev.toml").read_text().replace('name = "dev"', 'name = "mine"'))
+    assert scenario_path("mine") == Path("mine") and load_scenario("mine").name == "mine"
+    with pytest.raises(ConfigError, match="unknown scenario 'nope'"):
+        scenario_path("nope")
+    with pytest.raises(DataError):
+        scenario_path("dev/x.toml")  # a path: a missing file is reported as such
