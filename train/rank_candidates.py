@@ -23,6 +23,12 @@ from typing import Any
 SHARE_TARGET = 0.8
 
 
+def meets_targets(share: float, violation_diff_pp: float) -> bool:
+    """Whether one load meets both targets: share of the MILP's reduction >= 80% and violations
+    no higher than the MILP's."""
+    return share >= SHARE_TARGET and violation_diff_pp <= 0.0
+
+
 def score(summary: dict[str, dict[str, Any]]) -> tuple[int, float, list[tuple[str, float, float, int]]]:
     """(loads meeting both targets, minimum share, per load (scenario, share, violation
     difference in pp, episodes)) for one candidate's ``summary`` (``train.evaluate.summarise``)."""
@@ -31,7 +37,7 @@ def score(summary: dict[str, dict[str, Any]]) -> tuple[int, float, list[tuple[st
         a, b = pols["learned"], pols["facility-milp"]
         share = a["reduction_pct"] / b["reduction_pct"] if b["reduction_pct"] else float("nan")
         dv = 100.0 * (a["violation_rate"] - b["violation_rate"])
-        met += int(share >= SHARE_TARGET and dv <= 0.0)
+        met += int(meets_targets(share, dv))
         shares.append(share)
         rows.append((scen, share, dv, int(a["episodes"])))
     return met, min(shares), rows
@@ -52,7 +58,7 @@ def main(argv: list[str] | None = None) -> str:
     print("| candidate | " + " | ".join(loads) + " | loads meeting both | minimum share |")
     print("|---" * (len(loads) + 3) + "|")
     for met, low, _, name, rows in ranked:
-        cells = [f"{100 * s:.0f}% / {dv:+.2f} pp{' *' if s >= SHARE_TARGET and dv <= 0 else ''} ({n})" for _, s, dv, n in rows]
+        cells = [f"{100 * s:.0f}% / {dv:+.2f} pp{' *' if meets_targets(s, dv) else ''} ({n})" for _, s, dv, n in rows]
         print(f"| {name} | " + " | ".join(cells) + f" | {met} | {100 * low:.1f}% |")
     best = max(ranked, key=lambda r: (r[0], r[1], r[2]))
     print(f"chosen: {best[3]}")

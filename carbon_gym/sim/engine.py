@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from .config import EngineConfig
 from .kernels import iteration_time_fn, prefill_power_fn
 
-try:  # marks the classes copyable / picklable when mypyc compiles this module (setup.py)
+try:  # compile-time class options for mypyc (setup.py); a no-op when the module runs as Python
     from mypy_extensions import mypyc_attr
 except ImportError:  # pragma: no cover - pure-Python install without mypy_extensions
 

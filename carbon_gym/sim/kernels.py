@@ -57,7 +57,6 @@ def _table_time_fn(latency: Any) -> Callable[[int, float, int, float, int], floa
     """For a :class:`~carbon_gym.physics.latency.TableLatencyModel` (exactly that class), a
     pure-Python ``iteration_time_s`` that performs the same floating-point operations in the same
     order (so it returns the same floats) without numpy's per-call overhead; None otherwise."""
-
     if type(latency) is not TableLatencyModel:
         return None
     grid = [float(x) for x in latency.tokens_grid]
