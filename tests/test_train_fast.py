@@ -429,3 +429,72 @@ def test_compiled_backend_refuses_a_per_request_network(layouts):
 
     with pytest.raises(ConfigError, match="class network"):
         fj.JitSetScorer(net)
+
+
+def test_uniform_stream_hands_out_the_generators_own_numbers():
+    """Blocks drawn ahead and handed out in order, to Python callers (``random``) and to a compiled
+    consumer (``reserve``, then ``buf`` from ``pos``), give the generator's own sequence."""
+    from train.fast import UniformStream
+
+    us = UniformStream(np.random.default_rng(7))
+    us.BLOCK = 64  # (small, so that the sizes below cross several refills)
+    ref = np.random.default_rng(7)
+    for size in (1, 5, 64, 0, 100, 3, 200, 7, 64):
+        if size % 2:
+            us.reserve(size)
+            p = int(us.pos[0])
+            got = us.buf[p:p + size].copy()
+            us.pos[0] = p + size
+        else:
+            got = us.random(size)
+        assert np.array_equal(got, ref.random(size)), size
+
+
+def test_one_call_decision_equals_the_sorted_path_and_checks_its_hint(layouts):
+    """JitSetScorer.decide (one compiled call) against class_logits + systematic on slots[:n]: the
+    same classes, logits to the bit and systematic choices from the same uniforms, for every
+    ``n_hint`` (right, none, or wrong: a wrong one only costs a full scan); status 1 with a
+    per-request mask or another mode, 2 when the valid slots are not at the front; the scratch
+    key table is all zeros afterwards."""
+    fj = _jit()
+    from train.fast import UniformStream
+
+    env = layouts["paper"][0]
+    spec = layout_spec(env)
+    th.manual_seed(5)
+    net = SetNetwork(spec, hidden=16, classes=True, demand_features=True, load_feedback=1)
+    jit = fj.JitSetScorer(net)
+    jit.ref.headroom_penalty, jit.ref.headroom_margin = 5.0, 0.4
+    K, D = spec["max_pending"], spec["n_datacenters"]
+    rng = np.random.default_rng(23)
+    for trial in range(8):
+        n_valid = 0 if trial == 0 else K if trial == 1 else int(rng.integers(1, K))
+        obs = random_obs(spec, rng, n_valid, down=trial % 2)
+        slots, dc, gl = obs["slots"], obs["datacenters"], obs["globals"]
+        mask = np.ones((K, D + 1), dtype=bool)
+        if trial % 3 == 2:
+            mask[:, 0] = False  # (one mask for all, not all ones)
+        expect = np.full(K, D, dtype=np.int64)
+        if n_valid:
+            lg, order, _, counts = jit.class_logits(dc, slots.reshape(K, -1)[:n_valid], gl)
+            expect[:n_valid] = jit.systematic(lg, mask[0], counts, order, np.random.default_rng(trial))
+        for hint in (n_valid, -1, max(n_valid - 1, 0), min(n_valid + 1, K), K, 0):
+            us = UniformStream(np.random.default_rng(trial))
+            status, n, action, lg2, row_class, counts2 = jit.decide(slots, mask, dc, gl, hint, True, us)
+            assert (status, n) == (0, n_valid), hint
+            assert np.array_equal(action, expect), hint
+            assert not jit._table.any()
+            if n_valid:
+                assert np.array_equal(lg2, lg) and np.array_equal(counts2, counts)
+                inv = np.empty(n_valid, dtype=np.int64)
+                inv[order] = np.repeat(np.arange(counts.shape[0]), counts)
+                assert np.array_equal(row_class, inv) and int(us.pos[0]) == counts.shape[0]
+            status, n, _, lg3, _, _ = jit.decide(slots, mask, dc, gl, hint, False, us)  # another mode
+            assert (status, n) == (1, n_valid) and (not n_valid or np.array_equal(lg3, lg))
+        if 1 < n_valid < K:
+            m2 = mask.copy()
+            m2[n_valid - 1, 1] = not m2[n_valid - 1, 1]
+            assert jit.decide(slots, m2, dc, gl, n_valid, True, UniformStream(np.random.default_rng(0)))[0] == 1
+            back = np.ascontiguousarray(slots.reshape(K, -1)[::-1]).reshape(-1)
+            assert jit.decide(back, mask, dc, gl, -1, True, UniformStream(np.random.default_rng(0)))[0] == 2
+            assert jit.decide(back, mask, dc, gl, n_valid, True, UniformStream(np.random.default_rng(0)))[0] == 2

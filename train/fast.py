@@ -27,7 +27,7 @@ from carbon_gym.errors import ConfigError
 
 from .set_policy import _USED_BINS, MASKED_LOGIT, class_bin_edges
 
-__all__ = ["NumpySetScorer", "choose", "systematic_sorted", "CHOICE_MODES", "SAFETY_KNOBS"]
+__all__ = ["NumpySetScorer", "UniformStream", "choose", "systematic_sorted", "CHOICE_MODES", "SAFETY_KNOBS"]
 
 #: Inference-time safety knobs of :class:`NumpySetScorer` (added to the datacenter logits after
 #: the network, including its load-feedback pass; a zero penalty / price is neutral: the code path
@@ -281,6 +281,37 @@ class NumpySetScorer:
             mean = req[up].mean() if up.any() else 0.0
             logits[:, :D] -= self.load_price * (req - mean)[None, :]
         return logits, inv, rep, counts
+
+
+class UniformStream:
+    """The uniforms ``rng.random(a)``, ``rng.random(b)``, ... of a numpy Generator, in that
+    order, drawn ahead in blocks: a compiled decision takes its share from :attr:`buf` at
+    ``pos[0]`` (and moves ``pos`` on) instead of calling the generator, and :meth:`random` serves
+    Python callers from the same stream, so the values are those of the generator itself."""
+
+    #: uniforms drawn at a time (256 KiB)
+    BLOCK = 1 << 15
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+        self.buf = np.empty(0)
+        self.pos = np.zeros(1, dtype=np.int64)
+
+    def reserve(self, size: int) -> None:
+        """Make sure at least ``size`` uniforms are left in :attr:`buf` after ``pos[0]``."""
+        p = self.pos[0]
+        if self.buf.shape[0] - p < size:
+            p = int(p)
+            self.buf = np.concatenate([self.buf[p:], self.rng.random(max(int(size), self.BLOCK))])
+            self.pos[0] = 0
+
+    def random(self, size: int) -> np.ndarray:
+        """The next ``size`` uniforms in [0, 1) (a new array), as ``rng.random(size)``."""
+        size = int(size)
+        self.reserve(size)
+        p = int(self.pos[0])
+        self.pos[0] = p + size
+        return self.buf[p:p + size].copy()
 
 
 def systematic_sorted(logits: np.ndarray, mask_row: np.ndarray, counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:

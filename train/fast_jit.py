@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .fast import NumpySetScorer
+from .fast import NumpySetScorer, UniformStream
 from .set_policy import _USED_BINS, MASKED_LOGIT
 
 __all__ = ["JitSetScorer", "available"]
@@ -52,6 +52,8 @@ def _affine(x: np.ndarray, W: np.ndarray, b: np.ndarray) -> np.ndarray:
     for i in range(n):
         for t in range(k):
             xv = x[i, t]
+            if xv == 0.0:  # (a unit cut by a ReLU adds +-0.0: skipping it changes no bit)
+                continue
             for j in range(m):
                 out[i, j] += xv * W[t, j]
         for j in range(m):
@@ -154,27 +156,35 @@ def _np_sum(a: np.ndarray) -> float:
     return res
 
 
-def _rows_and_mask(slots: np.ndarray, s_valid: int, mask: np.ndarray) -> tuple:
-    """(n valid slots, whether they are slots 0..n-1, whether their mask rows are all equal)."""
-    K = slots.shape[0]
-    n = 0
-    last = -1
-    for k in range(K):
-        if slots[k, s_valid] > 0.5:
-            n += 1
-            last = k
-    prefix = last == n - 1
-    same = True
-    if prefix and n > 1:
-        C1 = mask.shape[1]
-        for k in range(1, n):
-            for d in range(C1):
-                if mask[k, d] != mask[0, d]:
-                    same = False
-                    break
-            if not same:
-                break
-    return n, prefix, same
+def _mean_prefill32(dc32: np.ndarray, c_up: int, c_prefill: int) -> np.float32:
+    """The mean prefill time per token over the datacenters that are up (float32; summed as
+    numpy sums, as NumpySetScorer.group)."""
+    D = dc32.shape[0]
+    pre_up = np.empty(D)
+    m_up = 0
+    for d in range(D):
+        if dc32[d, c_up] > 0.5:
+            pre_up[m_up] = np.float64(dc32[d, c_prefill])
+            m_up += 1
+    pref = _np_sum(pre_up[:m_up]) / max(m_up, 1)
+    return np.float32(pref)
+
+
+def _row_key(rows: np.ndarray, i: int, icol: np.ndarray, origin_key: np.ndarray, out_edges: np.ndarray,
+             used_edges: np.ndarray, pref32: np.float32, n_keys: int) -> int:
+    """Class key of slot row ``i`` (as NumpySetScorer.group: float32 products, float64
+    comparisons)."""
+    s_origin, s_prompt, s_pred, s_waited = icol[0], icol[1], icol[2], icol[3]
+    o = np.float32(0.0)
+    for r in range(origin_key.shape[0]):
+        o += rows[i, s_origin + r] * origin_key[r]
+    k = np.searchsorted(out_edges, np.float64(rows[i, s_pred]), "right") * _USED_BINS
+    used = rows[i, s_prompt] * pref32
+    used = used + rows[i, s_waited]
+    k += _count_le(used_edges, np.float64(used))
+    k += np.int64(o)
+    # (a malformed origin one-hot could give a key out of range: keep it in the table)
+    return min(max(k, 0), n_keys - 1)
 
 
 def _class_logits(rows: np.ndarray, dc32: np.ndarray, gl: np.ndarray,
@@ -193,35 +203,11 @@ def _class_logits(rows: np.ndarray, dc32: np.ndarray, gl: np.ndarray,
     defer layers (``[W_s2 @ W_ps | W_s2 @ W_d_s]``, ``[b_s2 @ W_ps | b_s2 @ W_d_s]``)."""
     n = rows.shape[0]
     D = dc32.shape[0]
-    R = origin_key.shape[0]
-    (s_origin, s_prompt, s_pred, s_waited, s_net, c_now, c_f1, c_fm0, c_pue, c_up, c_wait,
-     c_prefill) = (icol[0], icol[1], icol[2], icol[3], icol[4], icol[5], icol[6], icol[7], icol[8], icol[9],
-                   icol[10], icol[11])
-    n_obs = icol.shape[0] - 14
-    sin_t = np.float64(gl[icol[12]])
-    cos_t = np.float64(gl[icol[13]])
-    # ---- class keys (as NumpySetScorer.group: float32 products, float64 comparisons); the mean
-    # prefill time per token over the datacenters that are up, summed as numpy sums
-    pre_up = np.empty(D)
-    m_up = 0
-    for d in range(D):
-        if dc32[d, c_up] > 0.5:
-            pre_up[m_up] = np.float64(dc32[d, c_prefill])
-            m_up += 1
-    pref = _np_sum(pre_up[:m_up]) / max(m_up, 1)
-    pref32 = np.float32(pref)
+    s_prompt, s_pred, s_waited, s_net = icol[1], icol[2], icol[3], icol[4]
+    pref32 = _mean_prefill32(dc32, icol[9], icol[11])
     key = np.empty(n, dtype=np.int64)
     for i in range(n):
-        o = np.float32(0.0)
-        for r in range(R):
-            o += rows[i, s_origin + r] * origin_key[r]
-        k = np.searchsorted(out_edges, np.float64(rows[i, s_pred]), "right") * _USED_BINS
-        used = rows[i, s_prompt] * pref32
-        used = used + rows[i, s_waited]
-        k += _count_le(used_edges, np.float64(used))
-        k += np.int64(o)
-        # (a malformed origin one-hot could give a key out of range: keep it in the table)
-        key[i] = min(max(k, 0), n_keys - 1)
+        key[i] = _row_key(rows, i, icol, origin_key, out_edges, used_edges, pref32, n_keys)
     # ---- counting sort (stable: the order of numpy's stable argsort)
     kmax = 0
     for i in range(n):
@@ -267,6 +253,144 @@ def _class_logits(rows: np.ndarray, dc32: np.ndarray, gl: np.ndarray,
         inv_n = np.float64(counts[c])
         for f in range(F):
             crow[c, f] /= inv_n
+    logits = _logits_of_classes(
+        crow, counts, n, dc32, gl, icol, inv_engines, n_fmean, W_e1, b_e1, W_e2, b_e2, W_c_own, W_c_ctx, b_c,
+        W_s1, b_s1, M_sd, c_sd, W_pd, b_pd, W_pp, w_out, b_out, W_d_c, b_d1, w_d2, b_d2,
+        load_feedback, W_f_e, W_f_l, b_f1, w_f2, b_f2, demand, headroom_penalty, headroom_margin, load_price)
+    return logits, order, starts, counts
+
+
+def _prefix_logits(slots: np.ndarray, mask: np.ndarray, n_hint: int, s_valid: int, table: np.ndarray,
+                   dc32: np.ndarray, gl: np.ndarray, icol: np.ndarray, out_edges: np.ndarray, used_edges: np.ndarray,
+                   origin_key: np.ndarray,
+                   n_out: int, n_keys: int, inv_engines: np.ndarray, n_fmean: float,
+                   W_e1: np.ndarray, b_e1: np.ndarray, W_e2: np.ndarray, b_e2: np.ndarray,
+                   W_c_own: np.ndarray, W_c_ctx: np.ndarray, b_c: np.ndarray,
+                   W_s1: np.ndarray, b_s1: np.ndarray, M_sd: np.ndarray, c_sd: np.ndarray,
+                   W_pd: np.ndarray, b_pd: np.ndarray, W_pp: np.ndarray, w_out: np.ndarray, b_out: float,
+                   W_d_c: np.ndarray, b_d1: np.ndarray, w_d2: np.ndarray, b_d2: float,
+                   load_feedback: int, W_f_e: np.ndarray, W_f_l: np.ndarray, b_f1: np.ndarray, w_f2: np.ndarray, b_f2: float,
+                   demand: bool, headroom_penalty: float, headroom_margin: float, load_price: float):
+    """One pass version of :func:`_class_logits` for the usual observation, whose valid slots
+    are slots 0..n-1: (prefix, n, same, logits (C, D + 1), class of each row (n,), class sizes
+    (C,)).
+
+    ``prefix`` is False (and the rest empty) when the valid slots are not 0..n-1; ``same`` says
+    whether the n mask rows are equal. ``n_hint`` is the number of valid slots when known (the
+    env's ``info["pending"]``, capped at K; -1 if not): if slots 0..n_hint - 1 are valid and
+    slots n_hint and K - 1 are not, the slots in between are not read; otherwise all K are
+    scanned. Classes, their order and the sums of the class means are those of
+    :func:`_class_logits` (each class summed over its members in row order, which is the stable
+    sort's order), so the logits are the same to the bit; the rows are read in row order,
+    without the sort's gather."""
+    K = slots.shape[0]
+    D = dc32.shape[0]
+    C1 = mask.shape[1]
+    s_prompt, s_pred, s_waited, s_net = icol[1], icol[2], icol[3], icol[4]
+    e_i = np.empty(0, dtype=np.int64)
+    e_f = np.empty((0, 0))
+    n = -1
+    if 0 <= n_hint <= K and (n_hint == K or not (slots[n_hint, s_valid] > 0.5 or slots[K - 1, s_valid] > 0.5)):
+        n = n_hint
+        for i in range(n_hint):
+            if not slots[i, s_valid] > 0.5:  # (a wrong hint: scan all the slots)
+                n = -1
+                break
+    if n < 0:
+        n = 0
+        last = -1
+        for k in range(K):
+            if slots[k, s_valid] > 0.5:
+                n += 1
+                last = k
+        if last != n - 1:
+            return False, n, False, e_f, e_i, e_i
+    if n == 0:
+        return True, 0, True, e_f, e_i, e_i
+    pref32 = _mean_prefill32(dc32, icol[9], icol[11])
+    # class keys as _row_key, one part per loop (short loops that the compiler keeps tight)
+    key = np.empty(n, dtype=np.int64)
+    s_origin = icol[0]
+    for i in range(n):
+        o = np.float32(0.0)
+        for r in range(origin_key.shape[0]):
+            o += slots[i, s_origin + r] * origin_key[r]
+        key[i] = np.int64(o)
+    for i in range(n):
+        key[i] += np.searchsorted(out_edges, np.float64(slots[i, s_pred]), "right") * _USED_BINS
+    for i in range(n):
+        used = slots[i, s_prompt] * pref32
+        used = used + slots[i, s_waited]
+        key[i] += _count_le(used_edges, np.float64(used))
+    for i in range(n):
+        key[i] = min(max(key[i], 0), n_keys - 1)
+    # mask rows all equal <=> each equals the one before (one flat pass over the n rows' bytes)
+    flat = mask.reshape(-1).view(np.uint8)
+    diff = np.uint8(0)
+    for j in range(C1, n * C1):
+        diff |= flat[j] ^ flat[j - C1]
+    same = diff == 0
+    # ---- classes in key order: the distinct keys, counted in ``table`` (n_keys zeros on entry,
+    # restored before returning: only the C entries in use are touched, not all n_keys)
+    distinct = np.empty(n, dtype=np.int64)
+    C = 0
+    for i in range(n):
+        k = key[i]
+        if table[k] == 0:
+            distinct[C] = k
+            C += 1
+        table[k] += 1
+    in_order = np.sort(distinct[:C])
+    counts = np.empty(C, dtype=np.int64)
+    for c in range(C):
+        k = in_order[c]
+        counts[c] = table[k]
+        table[k] = c
+    for i in range(n):
+        key[i] = table[key[i]]  # (from here on: the class of each row)
+    for c in range(C):
+        table[in_order[c]] = 0
+    # ---- class means (each class's members in row order)
+    F = 3 + D
+    crow = np.zeros((C, F))
+    for i in range(n):
+        c = key[i]
+        crow[c, 0] += np.float64(slots[i, s_prompt])
+        crow[c, 1] += np.float64(slots[i, s_pred])
+        crow[c, 2] += np.float64(slots[i, s_waited])
+        for d in range(D):
+            crow[c, 3 + d] += np.float64(slots[i, s_net + d])
+    for c in range(C):
+        inv_n = np.float64(counts[c])
+        for f in range(F):
+            crow[c, f] /= inv_n
+    logits = _logits_of_classes(
+        crow, counts, n, dc32, gl, icol, inv_engines, n_fmean, W_e1, b_e1, W_e2, b_e2, W_c_own, W_c_ctx, b_c,
+        W_s1, b_s1, M_sd, c_sd, W_pd, b_pd, W_pp, w_out, b_out, W_d_c, b_d1, w_d2, b_d2,
+        load_feedback, W_f_e, W_f_l, b_f1, w_f2, b_f2, demand, headroom_penalty, headroom_margin, load_price)
+    return True, n, same, logits, key, counts
+
+
+def _logits_of_classes(crow: np.ndarray, counts: np.ndarray, n: int, dc32: np.ndarray, gl: np.ndarray,
+                       icol: np.ndarray, inv_engines: np.ndarray, n_fmean: float,
+                       W_e1: np.ndarray, b_e1: np.ndarray, W_e2: np.ndarray, b_e2: np.ndarray,
+                       W_c_own: np.ndarray, W_c_ctx: np.ndarray, b_c: np.ndarray,
+                       W_s1: np.ndarray, b_s1: np.ndarray, M_sd: np.ndarray, c_sd: np.ndarray,
+                       W_pd: np.ndarray, b_pd: np.ndarray, W_pp: np.ndarray, w_out: np.ndarray, b_out: float,
+                       W_d_c: np.ndarray, b_d1: np.ndarray, w_d2: np.ndarray, b_d2: float,
+                       load_feedback: int, W_f_e: np.ndarray, W_f_l: np.ndarray, b_f1: np.ndarray, w_f2: np.ndarray,
+                       b_f2: float, demand: bool, headroom_penalty: float, headroom_margin: float,
+                       load_price: float) -> np.ndarray:
+    """Logits (C, D + 1) of the classes with mean rows ``crow`` (C, 3 + D: prompt, predicted
+    output, waited, network delay to each datacenter) and sizes ``counts`` (n requests in all):
+    the network, its load-feedback pass and the safety knobs, in float64."""
+    C = counts.shape[0]
+    D = dc32.shape[0]
+    (c_now, c_f1, c_fm0, c_pue, c_up, c_wait, c_prefill) = (icol[5], icol[6], icol[7], icol[8], icol[9], icol[10],
+                                                             icol[11])
+    n_obs = icol.shape[0] - 14
+    sin_t = np.float64(gl[icol[12]])
+    cos_t = np.float64(gl[icol[13]])
     # ---- datacenter inputs
     dc = np.empty((D, dc32.shape[1]))
     for d in range(D):
@@ -337,8 +461,8 @@ def _class_logits(rows: np.ndarray, dc32: np.ndarray, gl: np.ndarray,
         bias[h + j] += dctx[0, j]
     # [slot part of the pair layer | defer pre-activation] (C, 2h), from the slot encoder's hidden layer
     sd = _affine(_relu_affine(crow[:, :3].copy(), W_s1, b_s1), M_sd, bias)
-    sp = sd[:, :h]
-    hd = sd[:, h:]
+    sp = sd[:, :h].copy()  # (contiguous copies: the loops below vectorise on contiguous rows)
+    hd = sd[:, h:].copy()
     for c in range(C):
         for j in range(h):
             if hd[c, j] < 0.0:
@@ -442,7 +566,7 @@ def _class_logits(rows: np.ndarray, dc32: np.ndarray, gl: np.ndarray,
         for c in range(C):
             for d in range(D):
                 logits[c, d] -= load_price * (req[d] - mean)
-    return logits, order, starts, counts
+    return logits
 
 
 def _systematic_rows(logits: np.ndarray, mask_row: np.ndarray, counts: np.ndarray, u: np.ndarray,
@@ -487,15 +611,143 @@ def _systematic_rows(logits: np.ndarray, mask_row: np.ndarray, counts: np.ndarra
     return pick
 
 
+def _fill_systematic(logits: np.ndarray, mask_row: np.ndarray, counts: np.ndarray, u: np.ndarray,
+                     row_class: np.ndarray, action: np.ndarray) -> None:
+    """The choices of :func:`_systematic_rows` written into ``action`` (K,) for rows 0..n-1 (n =
+    len(row_class), the class of each row), and defer (D) for the other K - n slots.
+
+    Member r (in row order) of class c takes the first choice whose cumulative quota exceeds
+    r - the quotas of :func:`_systematic_rows`, which hands each choice's members out in the
+    class's sorted (= row) order - so the choices are the same, without the sort."""
+    C, C1 = logits.shape
+    n = row_class.shape[0]
+    bound = np.empty((C, C1), dtype=np.int64)
+    cdf = np.empty(C1)
+    for c in range(C):
+        mx = -np.inf
+        for d in range(C1):
+            v = logits[c, d] if mask_row[d] else MASKED_LOGIT
+            if v > mx:
+                mx = v
+        acc = 0.0
+        for d in range(C1):
+            v = logits[c, d] if mask_row[d] else MASKED_LOGIT
+            acc += np.exp(v - mx)
+            cdf[d] = acc
+        last = cdf[C1 - 1]
+        nc = counts[c]
+        prev_edge = 0
+        given = 0
+        for d in range(C1):
+            x = cdf[d] / last
+            x *= nc
+            x -= u[c]
+            edge = np.int64(np.ceil(x))
+            k = edge - prev_edge
+            if d == C1 - 1:
+                k += nc - edge
+            prev_edge = edge
+            if k > 0:
+                given += k
+            bound[c, d] = min(given, nc)
+    rank = np.zeros(C, dtype=np.int64)
+    cur = np.zeros(C, dtype=np.int64)
+    for i in range(n):
+        c = row_class[i]
+        r = rank[c]
+        rank[c] = r + 1
+        d = cur[c]
+        while r >= bound[c, d]:
+            d += 1
+        cur[c] = d
+        action[i] = d
+    for i in range(n, action.shape[0]):
+        action[i] = C1 - 1
+
+
+#: Weights of :func:`_logits_of_classes`, in its argument order, packed by :meth:`JitSetScorer.bind`
+#: into one float64 buffer (scalars as 1 x 1 entries): one argument instead of 26 per call.
+_PACKED = ("out_edges", "used_edges", "origin_key", "inv_engines",
+           "W_e1", "b_e1", "W_e2", "b_e2", "W_c_own", "W_c_ctx", "b_c", "W_s1", "b_s1", "M_sd", "c_sd",
+           "W_pd", "b_pd", "W_pp", "w_out", "b_out", "W_d_c", "b_d1", "w_d2", "b_d2",
+           "W_f_e", "W_f_l", "b_f1", "w_f2", "b_f2", "knobs")
+#: Integer header of the packed layout: s_valid, n_out, n_keys, load_feedback, demand, (unused),
+#: number of icol entries; then icol; then (offset, rows, cols) of each of _PACKED. The last
+#: packed entry, "knobs", holds headroom_penalty, headroom_margin, load_price and n_fmean.
+_HEAD = 7
+
+
+def _vec(fp: np.ndarray, ip: np.ndarray, k: int) -> np.ndarray:
+    """Entry ``k`` of :data:`_PACKED` as a vector (a view of the packed buffer)."""
+    base = _HEAD + ip[6] + 3 * k
+    o = ip[base]
+    return fp[o:o + ip[base + 1] * ip[base + 2]]
+
+
+def _mat(fp: np.ndarray, ip: np.ndarray, k: int) -> np.ndarray:
+    """Entry ``k`` of :data:`_PACKED` as a (rows, cols) matrix (a view of the packed buffer)."""
+    base = _HEAD + ip[6] + 3 * k
+    o = ip[base]
+    r = ip[base + 1]
+    c = ip[base + 2]
+    return fp[o:o + r * c].reshape((r, c))
+
+
+def _decide(slots_flat: np.ndarray, mask: np.ndarray, dc_flat: np.ndarray, gl: np.ndarray, n_hint: int,
+            systematic: bool, ip: np.ndarray, fp: np.ndarray, table: np.ndarray, ubuf: np.ndarray, upos: np.ndarray):
+    """One decision in one compiled call: (status, n, action (K,), logits, class of each row,
+    class sizes). status 0: ``action`` holds the systematic choices (valid slots 0..n-1, one
+    mask for all of them, ``systematic`` set; its C uniforms taken from ``ubuf`` at ``upos[0]``,
+    which moves on by C) and defer for the other slots; 1: the valid slots are 0..n-1 but the
+    choice is left to the caller (per-request masks or another mode; logits, classes and sizes
+    are set); 2: the valid slots are not 0..n-1 (nothing computed). ``ip`` / ``fp``: the layout
+    and the weights packed by :meth:`JitSetScorer.bind`."""
+    K = mask.shape[0]
+    D = mask.shape[1] - 1
+    slots = slots_flat.reshape((K, slots_flat.shape[0] // K))
+    dc32 = dc_flat.reshape((D, dc_flat.shape[0] // D))
+    icol = ip[_HEAD:_HEAD + ip[6]]
+    knobs = _vec(fp, ip, 29)
+    prefix, n, same, logits, row_class, counts = _prefix_logits(
+        slots, mask, n_hint, ip[0], table, dc32, gl, icol, _vec(fp, ip, 0), _vec(fp, ip, 1),
+        _vec(fp, ip, 2).astype(np.float32), ip[1], ip[2], _vec(fp, ip, 3), knobs[3],
+        _mat(fp, ip, 4), _vec(fp, ip, 5), _mat(fp, ip, 6), _vec(fp, ip, 7), _mat(fp, ip, 8), _mat(fp, ip, 9),
+        _vec(fp, ip, 10), _mat(fp, ip, 11), _vec(fp, ip, 12), _mat(fp, ip, 13), _vec(fp, ip, 14), _mat(fp, ip, 15),
+        _vec(fp, ip, 16), _mat(fp, ip, 17), _vec(fp, ip, 18), _vec(fp, ip, 19)[0], _mat(fp, ip, 20), _vec(fp, ip, 21),
+        _vec(fp, ip, 22), _vec(fp, ip, 23)[0], ip[3], _mat(fp, ip, 24), _mat(fp, ip, 25), _vec(fp, ip, 26),
+        _vec(fp, ip, 27), _vec(fp, ip, 28)[0], ip[4] != 0, knobs[0], knobs[1], knobs[2])
+    action = np.empty(K, dtype=np.int64)
+    if not prefix:
+        return 2, n, action, logits, row_class, counts
+    if not (systematic and same):
+        return 1, n, action, logits, row_class, counts
+    if n == 0:
+        for i in range(K):
+            action[i] = D
+        return 0, n, action, logits, row_class, counts
+    C = counts.shape[0]
+    p = upos[0]
+    _fill_systematic(logits, mask[0], counts, ubuf[p:p + C], row_class, action)
+    upos[0] = p + C
+    return 0, n, action, logits, row_class, counts
+
+
 if _njit is not None:  # pragma: no branch
     _count_le = _njit(_count_le)
     _np_sum = _njit(_np_sum)
     _softmax_row = _njit(_softmax_row)
     _row_mean = _njit(_row_mean)
-    _rows_and_mask_jit = _njit(_rows_and_mask)
     _relu_affine = _njit(_relu_affine)
     _affine = _njit(_affine)
+    _mean_prefill32 = _njit(_mean_prefill32)
+    _row_key = _njit(_row_key)
+    _logits_of_classes = _njit(_logits_of_classes)
     _class_logits_jit = _njit(_class_logits)
+    _fill_systematic = _njit(_fill_systematic)
+    _prefix_logits = _njit(_prefix_logits)
+    _vec = _njit(_vec)
+    _mat = _njit(_mat)
+    _decide_jit = _njit(_decide)
     _systematic_rows_jit = _njit(_systematic_rows)
 
 
@@ -534,6 +786,7 @@ class JitSetScorer:
         self._n_fmean = r._n_fmean if fm is not None else 0.0
         n_out = len(r._out_edges) + 1
         self._n_keys = r.R * n_out * _USED_BINS
+        self._table = np.zeros(self._n_keys, dtype=np.int64)  # scratch of _decide (zeros between calls)
         z = np.zeros(0)
         lf = r.load_feedback
         self._weights = (
@@ -544,6 +797,23 @@ class JitSetScorer:
             lf, r.W_f_e if lf else z.reshape(0, 0), r.W_f_l if lf else z.reshape(0, 0), r.b_f1 if lf else z,
             r.w_f2 if lf else z, r.b_f2 if lf else 0.0,
         )
+        # the same, packed for _decide (entries of _PACKED; scalars as 1 x 1)
+        w = self._weights
+        entries = [r._out_edges, r._used_edges, r._origin_key, r._inv_engines, *w[:20], *w[21:],
+                   np.array([r.headroom_penalty, r.headroom_margin, r.load_price, self._n_fmean])]
+        assert len(entries) == len(_PACKED)
+        ip = [r._s_valid, n_out, self._n_keys, lf, int(bool(r.demand_features)), 0, len(self._icol), *self._icol]
+        parts, at = [], 0
+        for e in entries:
+            a = np.asarray(e, dtype=np.float64)
+            rows, cols = (a.shape if a.ndim == 2 else (1, a.size))
+            ip += [at, rows, cols]
+            parts.append(a.reshape(-1))
+            at += a.size
+        self._fp = np.ascontiguousarray(np.concatenate(parts))
+        self._ip = np.array(ip, dtype=np.int64)
+        self._knob_at = at - 4
+        self._knobs = (r.headroom_penalty, r.headroom_margin, r.load_price)
         return self
 
     @property
@@ -564,11 +834,24 @@ class JitSetScorer:
             r.demand_features, float(r.headroom_penalty), float(r.headroom_margin), float(r.load_price),
         )
 
-    def rows_and_mask(self, slots: np.ndarray, mask: np.ndarray) -> tuple[int, bool, bool]:
-        """For the (K, F_S) slot rows and the (K, D + 1) mask: (number of valid slots n, whether
-        they are slots 0..n-1 - as the env fills them -, whether their n mask rows are equal)."""
-        n, prefix, same = _rows_and_mask_jit(slots, self.ref._s_valid, mask)
-        return int(n), bool(prefix), bool(same)
+    def decide(self, slots: np.ndarray, mask: np.ndarray, dc_flat: np.ndarray, gl: np.ndarray, n_hint: int,
+               systematic: bool, uniforms: UniformStream) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """One decision in one compiled call, from the flat float32 ``slots`` (K * F_S), the (K,
+        D + 1) bool ``mask``, the flat float32 datacenter rows and globals: (status, n, action,
+        logits, class of each row, class sizes), see :func:`_decide`. ``n_hint``: the number of
+        valid slots if known (the env's ``info["pending"]``, at most K; -1: scan all K slots);
+        when it is given, slots 0..n_hint - 1 are checked valid and slots n_hint and K - 1
+        invalid, and the slots in between are not read. With status 0, the action holds the
+        choices of :meth:`systematic` on :meth:`class_logits` of ``slots[:n]``, from the same
+        uniforms (taken from ``uniforms``)."""
+        r = self.ref
+        knobs = (r.headroom_penalty, r.headroom_margin, r.load_price)
+        if knobs != self._knobs:  # (the knobs are attributes of ref, set after bind)
+            self._fp[self._knob_at:self._knob_at + 3] = knobs
+            self._knobs = knobs
+        uniforms.reserve(self.K)
+        return _decide_jit(slots, mask, dc_flat, gl, n_hint, systematic, self._ip, self._fp, self._table, uniforms.buf,
+                           uniforms.pos)
 
     def systematic(self, logits: np.ndarray, mask_row: np.ndarray, counts: np.ndarray, order: np.ndarray,
                    rng: np.random.Generator) -> np.ndarray:
@@ -578,10 +861,14 @@ class JitSetScorer:
         return _systematic_rows_jit(logits, np.ascontiguousarray(mask_row, dtype=np.bool_), counts, u, order)
 
     def _warm_up(self) -> None:
-        """Compile (or load from numba's cache) both functions on a tiny input of this layout."""
+        """Compile (or load from numba's cache) the functions on a tiny input of this layout."""
         rows = np.zeros((2, self.F_S), dtype=np.float32)
         rows[:, self.ref._s_origin] = 1.0
         dc = np.zeros(self.D * self.F_D, dtype=np.float32)
-        lg, order, _, counts = self.class_logits(dc, rows, np.zeros(8, dtype=np.float32))
+        gl = np.zeros(8, dtype=np.float32)
+        lg, order, _, counts = self.class_logits(dc, rows, gl)
         self.systematic(lg, np.ones(self.D + 1, dtype=bool), counts, order, np.random.default_rng(0))
-        self.rows_and_mask(rows, np.ones((2, self.D + 1), dtype=bool))
+        rows[:, self.ref._s_valid] = 1.0
+        mask = np.ones((2, self.D + 1), dtype=bool)
+        for hint in (-1, 2):
+            self.decide(rows.reshape(-1), mask, dc, gl, hint, True, UniformStream(np.random.default_rng(0)))

@@ -39,6 +39,8 @@ import numpy as np
 
 from carbon_gym.errors import ConfigError
 
+from .fast import UniformStream
+
 __all__ = ["LearnedPolicy", "make_learned_policy", "is_learned_name", "export_checkpoint", "write_policy_meta", "SHIPPED_CHECKPOINT", "MODES", "POLICY_META_NAME"]
 
 SHIPPED_CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "llama8b_set.zip"
@@ -128,6 +130,7 @@ class LearnedPolicy:
                     setattr(self.scorer, k, v)
         self._gen = th.Generator().manual_seed(self.seed)
         self._rng = np.random.default_rng(self.seed)
+        self._uniforms = UniformStream(self._rng)
         self._router: Any = None
         self._env: Any = None
 
@@ -171,6 +174,7 @@ class LearnedPolicy:
         restart the sampling RNG."""
         self._gen.manual_seed(self.seed)
         self._rng = np.random.default_rng(self.seed)
+        self._uniforms = UniformStream(self._rng)
         self._env = env
         if env is None:
             return
@@ -212,6 +216,8 @@ class LearnedPolicy:
                 raise ConfigError("info", "needs info['action_mask'] or a reset(env) first")
             D1 = int(self._env.unwrapped.layout.n_datacenters) + 1
             m = self._env.unwrapped.action_masks().reshape(-1, D1)
+        if isinstance(m, np.ndarray) and m.dtype == np.bool_:
+            return m
         return np.asarray(m, dtype=bool)
 
     def _bound_mask(self, info: dict[str, Any], model: Any) -> tuple[np.ndarray, int, int]:
@@ -256,32 +262,46 @@ class LearnedPolicy:
     def _act_numba(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
         jit = self.jit
         mask, K, D = self._bound_mask(info, jit)
-        slots = np.asarray(observation["slots"]).reshape(K, jit.F_S)
-        n, prefix, same = jit.rows_and_mask(slots, mask)
-        action = np.full(K, D, dtype=np.int64)
-        if n == 0:
+        if not mask.flags.c_contiguous:
+            mask = np.ascontiguousarray(mask)
+        slots = _flat32(observation["slots"])
+        # the env fills slots 0..pending-1 (checked), so the empty slots need not be scanned
+        pending = info.get("pending") if info else None
+        n_hint = min(int(pending), K) if isinstance(pending, (int, np.integer)) and pending >= 0 else -1
+        status, n, action, logits, row_class, counts = jit.decide(
+            slots, mask, _flat32(observation["datacenters"]), _flat32(observation["globals"]), n_hint,
+            self.mode == "systematic", self._uniforms)
+        if status == 0:  # the usual step: decided in the one compiled call
             return action
-        if prefix:  # the env fills slots from the front
-            rows, m, idx = slots[:n], mask[:n], slice(0, n)
-        else:
-            idx = np.flatnonzero(slots[:, jit.ref._s_valid] > 0.5)
-            rows, m = slots[idx], mask[idx]
-            same = bool((m == m[0]).all())
-        logits, order, starts, counts = jit.class_logits(observation["datacenters"], rows, observation["globals"])
-        if self.mode == "systematic" and same:
-            action[idx] = jit.systematic(logits, m[0], counts, order, self._rng)
-            return action
-        # per-request masks, or another mode: the numpy choice on the compiled logits
+        action.fill(D)
+        if status == 1:  # per-request masks, or another mode: the classes and logits are those above
+            if n == 0:
+                return action
+            m, idx = mask[:n], slice(0, n)
+            inv = row_class
+            order = np.argsort(inv, kind="stable")  # rows by class, row order inside a class
+            starts = np.cumsum(counts) - counts
+        else:  # valid slots elsewhere than at the front
+            idx = np.flatnonzero(slots.reshape(K, jit.F_S)[:, jit.ref._s_valid] > 0.5)
+            n = idx.shape[0]
+            if n == 0:
+                return action
+            m = mask[idx]
+            logits, order, starts, counts = jit.class_logits(
+                observation["datacenters"], slots.reshape(K, jit.F_S)[idx], observation["globals"])
+            if self.mode == "systematic" and bool((m == m[0]).all()):
+                action[idx] = jit.systematic(logits, m[0], counts, order, self._uniforms)
+                return action
+            inv = np.empty(n, dtype=np.intp)
+            inv[order] = np.repeat(np.arange(counts.shape[0]), counts)
+        # the numpy choice on the compiled logits
         from .fast import choose
 
-        C = counts.shape[0]
-        inv = np.empty(n, dtype=np.intp)
-        inv[order] = np.repeat(np.arange(C), counts)
         rank = None
         if self.mode == "systematic":
             rank = np.empty(n, dtype=np.int64)
             rank[order] = np.arange(n) - np.repeat(starts, counts)
-        action[idx] = choose(logits, m, inv, self.mode, self._rng, rank)
+        action[idx] = choose(logits, m, inv, self.mode, self._uniforms, rank)
         return action
 
     def _act_set(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
@@ -326,6 +346,13 @@ class LearnedPolicy:
 #: Training-time state that a shipped checkpoint does not need (the last observations alone are
 #: n_envs x K x F_S floats).
 _EXPORT_EXCLUDE = ["_last_obs", "_last_original_obs", "_last_episode_starts", "ep_info_buffer", "ep_success_buffer"]
+
+
+def _flat32(a: Any) -> np.ndarray:
+    """``a`` as a flat C-contiguous float32 array (itself when it already is one)."""
+    if isinstance(a, np.ndarray) and a.dtype == np.float32 and a.ndim == 1 and a.flags.c_contiguous:
+        return a
+    return np.ascontiguousarray(a, dtype=np.float32).reshape(-1)
 
 
 def export_checkpoint(src: str | Path, dst: str | Path, mode: str | None = None,
