@@ -2,15 +2,24 @@
 
 The numpy path (:class:`train.fast.NumpySetScorer`) costs about 90 small numpy calls per step,
 whose fixed per-call cost (not arithmetic) dominates: about 0.8-1.2 ms per step whatever the
-number of pending requests. Here the same computation - class keys, a counting sort, class
-means, the network with its load-feedback pass and the safety knobs, and the systematic split -
-runs in two compiled functions, so one decision is two calls.
+number of pending requests. Here the same computation - class keys, the classes, class means,
+the network with its load-feedback pass and the safety knobs, and the systematic split - runs
+compiled. :meth:`JitSetScorer.decide` makes a whole decision in one call with few arguments
+(the weights packed in one buffer; the uniforms drawn ahead by
+:class:`train.fast.UniformStream`; only the slots that hold requests read, using the env's count
+of them), because on a machine that has just run an env step or a solver, the fixed costs of a
+call - the dispatcher, cold code - weigh as much as the arithmetic: about 25 us per compiled call
+and 5-60 us per numpy call, against 0.1-0.2 ms of work.
+:meth:`JitSetScorer.class_logits` and :meth:`JitSetScorer.systematic` do the same in two steps
+for any rows (they sort the rows by class); the policy uses them when the requests are not in
+slots 0..n-1.
 
 Same results as the numpy path in float64 (``NumpySetScorer(net, dtype=numpy.float64)``): the
-same classes (keys computed with the same float32 / float64 operations, and a counting sort,
-which is stable like numpy's), logits equal up to the order of floating-point sums (~1e-12; the
-numpy path's matrix products use BLAS), and the same systematic split given the same uniform
-draws. ``tests/test_train_fast.py`` checks classes, logits and actions against it.
+same classes (keys computed with the same float32 / float64 operations, classes in key order,
+members in row order like numpy's stable sort), logits equal up to the order of floating-point
+sums (~1e-12; the numpy path's matrix products use BLAS), and the same systematic split given
+the same uniform draws. The two compiled paths give the same logits to the bit.
+``tests/test_train_fast.py`` checks classes, logits and actions.
 
 numba is optional (``pip install -e '.[fast]'``, included in ``[train]``);
 :func:`available` says whether it can be used. Functions are compiled on first use (a few
@@ -745,8 +754,9 @@ if _njit is not None:  # pragma: no branch
     _class_logits_jit = _njit(_class_logits)
     _fill_systematic = _njit(_fill_systematic)
     _prefix_logits = _njit(_prefix_logits)
-    _vec = _njit(_vec)
-    _mat = _njit(_mat)
+    # (inlined when _decide is typed: one specialisation per literal index otherwise)
+    _vec = _nb.njit(cache=True, nogil=True, inline="always")(_vec)
+    _mat = _nb.njit(cache=True, nogil=True, inline="always")(_mat)
     _decide_jit = _njit(_decide)
     _systematic_rows_jit = _njit(_systematic_rows)
 

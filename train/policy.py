@@ -17,7 +17,7 @@ each request class over the datacenters in proportion to its probabilities with 
 offset per class (floor or ceiling of every expected count; see :mod:`train.fast`).
 
 Decisions of a class network run compiled when numba is installed (``backend="auto"`` ->
-``"numba"``, :class:`train.fast_jit.JitSetScorer`: two compiled calls per step, float64), else in
+``"numba"``, :class:`train.fast_jit.JitSetScorer`: one compiled call per step, float64), else in
 numpy (``"numpy"``, :class:`train.fast.NumpySetScorer`: the network's weights as numpy arrays, no
 torch call per step, each request class scored once); a per-request network runs in torch
 (scoring n x D pairs is faster there). ``backend="torch"`` runs the torch network (the
