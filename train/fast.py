@@ -350,7 +350,8 @@ def _choice_ids(C: int, C1: int) -> np.ndarray:
     return ids[:C * C1]
 
 
-def choose(logits: np.ndarray, mask: np.ndarray, inv: np.ndarray, mode: str, rng: np.random.Generator | None = None,
+def choose(logits: np.ndarray, mask: np.ndarray, inv: np.ndarray, mode: str,
+           rng: np.random.Generator | UniformStream | None = None,
            rank: np.ndarray | None = None) -> np.ndarray:
     """Per-request choices (n,) from class ``logits`` (C, D + 1), the requests' ``mask``
     (n, D + 1, bool) and class of each request ``inv`` (n,); see the module docstring for

@@ -766,7 +766,8 @@ class JitSetScorer:
 
     Wraps a float64 :class:`~train.fast.NumpySetScorer` (weights, layout columns, bins, safety
     knobs: set them on :attr:`ref`) and runs its computation compiled. Requires numba
-    (:func:`available`) and a class network.
+    (:func:`available`) and a class network. Not for concurrent use from several threads: a
+    decision uses a scratch table the scorer owns.
     """
 
     def __init__(self, net: Any) -> None:
@@ -864,7 +865,7 @@ class JitSetScorer:
                            uniforms.pos)
 
     def systematic(self, logits: np.ndarray, mask_row: np.ndarray, counts: np.ndarray, order: np.ndarray,
-                   rng: np.random.Generator) -> np.ndarray:
+                   rng: np.random.Generator | UniformStream) -> np.ndarray:
         """Systematic choices per row (row order), one uniform per class drawn from ``rng`` (the
         draws of :func:`train.fast.systematic_sorted`)."""
         u = rng.random(counts.shape[0])
