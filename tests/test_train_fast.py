@@ -498,3 +498,13 @@ def test_one_call_decision_equals_the_sorted_path_and_checks_its_hint(layouts):
             back = np.ascontiguousarray(slots.reshape(K, -1)[::-1]).reshape(-1)
             assert jit.decide(back, mask, dc, gl, -1, True, UniformStream(np.random.default_rng(0)))[0] == 2
             assert jit.decide(back, mask, dc, gl, n_valid, True, UniformStream(np.random.default_rng(0)))[0] == 2
+    from carbon_gym.errors import ConfigError
+
+    obs = random_obs(spec, rng, 5)
+    us = UniformStream(np.random.default_rng(0))
+    mask = np.ones((K, D + 1), dtype=bool)
+    for bad in ({"slots": obs["slots"][:-1]}, {"datacenters": obs["datacenters"][:-1]}, {"globals": obs["globals"][:1]},
+                {"mask": mask[:-1]}):
+        o = {**obs, "mask": mask, **bad}
+        with pytest.raises(ConfigError, match="layout bound by reset"):
+            jit.decide(o["slots"], o["mask"], o["datacenters"], o["globals"], -1, True, us)

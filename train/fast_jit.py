@@ -825,6 +825,7 @@ class JitSetScorer:
         self._ip = np.array(ip, dtype=np.int64)
         self._knob_at = at - 4
         self._knobs = (r.headroom_penalty, r.headroom_margin, r.load_price)
+        self._g_max = max(r._g_sin, r._g_cos)
         return self
 
     @property
@@ -848,19 +849,29 @@ class JitSetScorer:
     def decide(self, slots: np.ndarray, mask: np.ndarray, dc_flat: np.ndarray, gl: np.ndarray, n_hint: int,
                systematic: bool, uniforms: UniformStream) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """One decision in one compiled call, from the flat float32 ``slots`` (K * F_S), the (K,
-        D + 1) bool ``mask``, the flat float32 datacenter rows and globals: (status, n, action,
-        logits, class of each row, class sizes), see :func:`_decide`. ``n_hint``: the number of
+        D + 1) C-contiguous bool ``mask``, the flat float32 datacenter rows and globals
+        (:class:`~carbon_gym.errors.ConfigError` if a size is not the bound layout's): (status,
+        n, action, logits, class of each row, class sizes), see :func:`_decide`. ``n_hint``: the number of
         valid slots if known (the env's ``info["pending"]``, at most K; -1: scan all K slots);
         when it is given, slots 0..n_hint - 1 are checked valid and slots n_hint and K - 1
         invalid, and the slots in between are not read. With status 0, the action holds the
         choices of :meth:`systematic` on :meth:`class_logits` of ``slots[:n]``, from the same
         uniforms (taken from ``uniforms``)."""
         r = self.ref
+        K = self.K
+        if (slots.shape[0] != K * self.F_S or mask.shape != (K, self.D + 1) or dc_flat.shape[0] != self.D * self.F_D
+                or gl.shape[0] <= self._g_max):
+            from carbon_gym.errors import ConfigError
+
+            raise ConfigError("observation", f"expected {K} x {self.F_S} slot values, a ({K}, {self.D + 1}) mask, "
+                              f"{self.D} x {self.F_D} datacenter values and more than {self._g_max} globals (the "
+                              f"layout bound by reset(env)); got {slots.shape[0]}, {mask.shape}, {dc_flat.shape[0]} "
+                              f"and {gl.shape[0]}")
         knobs = (r.headroom_penalty, r.headroom_margin, r.load_price)
         if knobs != self._knobs:  # (the knobs are attributes of ref, set after bind)
             self._fp[self._knob_at:self._knob_at + 3] = knobs
             self._knobs = knobs
-        uniforms.reserve(self.K)
+        uniforms.reserve(K)
         return _decide_jit(slots, mask, dc_flat, gl, n_hint, systematic, self._ip, self._fp, self._table, uniforms.buf,
                            uniforms.pos)
 
@@ -881,5 +892,8 @@ class JitSetScorer:
         self.systematic(lg, np.ones(self.D + 1, dtype=bool), counts, order, np.random.default_rng(0))
         rows[:, self.ref._s_valid] = 1.0
         mask = np.ones((2, self.D + 1), dtype=bool)
-        for hint in (-1, 2):
-            self.decide(rows.reshape(-1), mask, dc, gl, hint, True, UniformStream(np.random.default_rng(0)))
+        us = UniformStream(np.random.default_rng(0))
+        us.reserve(2)
+        for hint in (-1, 2):  # (the same argument types as decide's, on 2 slots)
+            _decide_jit(rows.reshape(-1), mask, dc, gl, hint, True, self._ip, self._fp, np.zeros_like(self._table),
+                        us.buf, us.pos)
