@@ -270,9 +270,9 @@ def _class_logits(rows: np.ndarray, dc32: np.ndarray, gl: np.ndarray,
 
 
 def _prefix_logits(slots: np.ndarray, mask: np.ndarray, n_hint: int, s_valid: int, table: np.ndarray,
-                   dc32: np.ndarray, gl: np.ndarray, icol: np.ndarray, out_edges: np.ndarray, used_edges: np.ndarray,
-                   origin_key: np.ndarray,
-                   n_out: int, n_keys: int, inv_engines: np.ndarray, n_fmean: float,
+                   dc32: np.ndarray, gl: np.ndarray, icol: np.ndarray, out_edges: np.ndarray,
+                   used_edges: np.ndarray, origin_key: np.ndarray, n_out: int, n_keys: int,
+                   inv_engines: np.ndarray, n_fmean: float,
                    W_e1: np.ndarray, b_e1: np.ndarray, W_e2: np.ndarray, b_e2: np.ndarray,
                    W_c_own: np.ndarray, W_c_ctx: np.ndarray, b_c: np.ndarray,
                    W_s1: np.ndarray, b_s1: np.ndarray, M_sd: np.ndarray, c_sd: np.ndarray,
@@ -280,9 +280,8 @@ def _prefix_logits(slots: np.ndarray, mask: np.ndarray, n_hint: int, s_valid: in
                    W_d_c: np.ndarray, b_d1: np.ndarray, w_d2: np.ndarray, b_d2: float,
                    load_feedback: int, W_f_e: np.ndarray, W_f_l: np.ndarray, b_f1: np.ndarray, w_f2: np.ndarray, b_f2: float,
                    demand: bool, headroom_penalty: float, headroom_margin: float, load_price: float):
-    """One pass version of :func:`_class_logits` for the usual observation, whose valid slots
-    are slots 0..n-1: (prefix, n, same, logits (C, D + 1), class of each row (n,), class sizes
-    (C,)).
+    """:func:`_class_logits` without the sort, for the usual observation, whose valid slots are
+    slots 0..n-1: (prefix, n, same, logits (C, D + 1), class of each row (n,), class sizes (C,)).
 
     ``prefix`` is False (and the rest empty) when the valid slots are not 0..n-1; ``same`` says
     whether the n mask rows are equal. ``n_hint`` is the number of valid slots when known (the
@@ -674,28 +673,29 @@ def _fill_systematic(logits: np.ndarray, mask_row: np.ndarray, counts: np.ndarra
         action[i] = C1 - 1
 
 
-#: Weights of :func:`_logits_of_classes`, in its argument order, packed by :meth:`JitSetScorer.bind`
-#: into one float64 buffer (scalars as 1 x 1 entries): one argument instead of 26 per call.
+#: The array and scalar arguments of :func:`_prefix_logits` (bins, per-datacenter scales, weights),
+#: in its argument order, packed by :meth:`JitSetScorer.bind` into one float64 buffer (scalars as
+#: 1 x 1 entries): one argument of :func:`_decide` instead of about 30.
 _PACKED = ("out_edges", "used_edges", "origin_key", "inv_engines",
            "W_e1", "b_e1", "W_e2", "b_e2", "W_c_own", "W_c_ctx", "b_c", "W_s1", "b_s1", "M_sd", "c_sd",
            "W_pd", "b_pd", "W_pp", "w_out", "b_out", "W_d_c", "b_d1", "w_d2", "b_d2",
            "W_f_e", "W_f_l", "b_f1", "w_f2", "b_f2", "knobs")
-#: Integer header of the packed layout: s_valid, n_out, n_keys, load_feedback, demand, (unused),
-#: number of icol entries; then icol; then (offset, rows, cols) of each of _PACKED. The last
-#: packed entry, "knobs", holds headroom_penalty, headroom_margin, load_price and n_fmean.
-_HEAD = 7
+#: Integer header of the packed layout: s_valid, n_out, n_keys, load_feedback, demand, number of
+#: icol entries; then icol; then (offset, rows, cols) of each of _PACKED. The last packed entry,
+#: "knobs", holds headroom_penalty, headroom_margin, load_price and n_fmean.
+_HEAD = 6
 
 
 def _vec(fp: np.ndarray, ip: np.ndarray, k: int) -> np.ndarray:
     """Entry ``k`` of :data:`_PACKED` as a vector (a view of the packed buffer)."""
-    base = _HEAD + ip[6] + 3 * k
+    base = _HEAD + ip[5] + 3 * k
     o = ip[base]
     return fp[o:o + ip[base + 1] * ip[base + 2]]
 
 
 def _mat(fp: np.ndarray, ip: np.ndarray, k: int) -> np.ndarray:
     """Entry ``k`` of :data:`_PACKED` as a (rows, cols) matrix (a view of the packed buffer)."""
-    base = _HEAD + ip[6] + 3 * k
+    base = _HEAD + ip[5] + 3 * k
     o = ip[base]
     r = ip[base + 1]
     c = ip[base + 2]
@@ -715,7 +715,7 @@ def _decide(slots_flat: np.ndarray, mask: np.ndarray, dc_flat: np.ndarray, gl: n
     D = mask.shape[1] - 1
     slots = slots_flat.reshape((K, slots_flat.shape[0] // K))
     dc32 = dc_flat.reshape((D, dc_flat.shape[0] // D))
-    icol = ip[_HEAD:_HEAD + ip[6]]
+    icol = ip[_HEAD:_HEAD + ip[5]]
     knobs = _vec(fp, ip, 29)
     prefix, n, same, logits, row_class, counts = _prefix_logits(
         slots, mask, n_hint, ip[0], table, dc32, gl, icol, _vec(fp, ip, 0), _vec(fp, ip, 1),
@@ -813,7 +813,7 @@ class JitSetScorer:
         entries = [r._out_edges, r._used_edges, r._origin_key, r._inv_engines, *w[:20], *w[21:],
                    np.array([r.headroom_penalty, r.headroom_margin, r.load_price, self._n_fmean])]
         assert len(entries) == len(_PACKED)
-        ip = [r._s_valid, n_out, self._n_keys, lf, int(bool(r.demand_features)), 0, len(self._icol), *self._icol]
+        ip = [r._s_valid, n_out, self._n_keys, lf, int(bool(r.demand_features)), len(self._icol), *self._icol]
         parts, at = [], 0
         for e in entries:
             a = np.asarray(e, dtype=np.float64)
