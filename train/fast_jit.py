@@ -179,21 +179,26 @@ def _mean_prefill32(dc32: np.ndarray, c_up: int, c_prefill: int) -> np.float32:
     return np.float32(pref)
 
 
-def _row_key(rows: np.ndarray, i: int, icol: np.ndarray, origin_key: np.ndarray, out_edges: np.ndarray,
-             used_edges: np.ndarray, pref32: np.float32, n_keys: int) -> int:
-    """Class key of slot row ``i`` (as NumpySetScorer.group: float32 products, float64
-    comparisons)."""
+def _class_keys(rows: np.ndarray, n: int, icol: np.ndarray, origin_key: np.ndarray, out_edges: np.ndarray,
+                used_edges: np.ndarray, pref32: np.float32, n_keys: int) -> np.ndarray:
+    """Class keys (n,) of slot rows 0..n-1 (as NumpySetScorer.group: float32 products, float64
+    comparisons), one part per loop (short loops that the compiler keeps tight)."""
     s_origin, s_prompt, s_pred, s_waited = icol[0], icol[1], icol[2], icol[3]
-    o = np.float32(0.0)
-    for r in range(origin_key.shape[0]):
-        o += rows[i, s_origin + r] * origin_key[r]
-    k = np.searchsorted(out_edges, np.float64(rows[i, s_pred]), "right") * _USED_BINS
-    used = rows[i, s_prompt] * pref32
-    used = used + rows[i, s_waited]
-    k += _count_le(used_edges, np.float64(used))
-    k += np.int64(o)
-    # (a malformed origin one-hot could give a key out of range: keep it in the table)
-    return min(max(k, 0), n_keys - 1)
+    key = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        o = np.float32(0.0)
+        for r in range(origin_key.shape[0]):
+            o += rows[i, s_origin + r] * origin_key[r]
+        key[i] = np.int64(o)
+    for i in range(n):
+        key[i] += np.searchsorted(out_edges, np.float64(rows[i, s_pred]), "right") * _USED_BINS
+    for i in range(n):
+        used = rows[i, s_prompt] * pref32
+        used = used + rows[i, s_waited]
+        key[i] += _count_le(used_edges, np.float64(used))
+    for i in range(n):  # (a malformed origin one-hot could give a key out of range: keep it in the table)
+        key[i] = min(max(key[i], 0), n_keys - 1)
+    return key
 
 
 def _class_logits(rows: np.ndarray, dc32: np.ndarray, gl: np.ndarray,
@@ -214,9 +219,7 @@ def _class_logits(rows: np.ndarray, dc32: np.ndarray, gl: np.ndarray,
     D = dc32.shape[0]
     s_prompt, s_pred, s_waited, s_net = icol[1], icol[2], icol[3], icol[4]
     pref32 = _mean_prefill32(dc32, icol[9], icol[11])
-    key = np.empty(n, dtype=np.int64)
-    for i in range(n):
-        key[i] = _row_key(rows, i, icol, origin_key, out_edges, used_edges, pref32, n_keys)
+    key = _class_keys(rows, n, icol, origin_key, out_edges, used_edges, pref32, n_keys)
     # ---- counting sort (stable: the order of numpy's stable argsort)
     kmax = 0
     for i in range(n):
@@ -316,22 +319,7 @@ def _prefix_logits(slots: np.ndarray, mask: np.ndarray, n_hint: int, s_valid: in
     if n == 0:
         return True, 0, True, e_f, e_i, e_i
     pref32 = _mean_prefill32(dc32, icol[9], icol[11])
-    # class keys as _row_key, one part per loop (short loops that the compiler keeps tight)
-    key = np.empty(n, dtype=np.int64)
-    s_origin = icol[0]
-    for i in range(n):
-        o = np.float32(0.0)
-        for r in range(origin_key.shape[0]):
-            o += slots[i, s_origin + r] * origin_key[r]
-        key[i] = np.int64(o)
-    for i in range(n):
-        key[i] += np.searchsorted(out_edges, np.float64(slots[i, s_pred]), "right") * _USED_BINS
-    for i in range(n):
-        used = slots[i, s_prompt] * pref32
-        used = used + slots[i, s_waited]
-        key[i] += _count_le(used_edges, np.float64(used))
-    for i in range(n):
-        key[i] = min(max(key[i], 0), n_keys - 1)
+    key = _class_keys(slots, n, icol, origin_key, out_edges, used_edges, pref32, n_keys)
     # mask rows all equal <=> each equals the one before (one flat pass over the n rows' bytes)
     flat = mask.reshape(-1).view(np.uint8)
     diff = np.uint8(0)
@@ -577,58 +565,11 @@ def _logits_of_classes(crow: np.ndarray, counts: np.ndarray, n: int, dc32: np.nd
     return logits
 
 
-def _systematic_rows(logits: np.ndarray, mask_row: np.ndarray, counts: np.ndarray, u: np.ndarray,
-                     order: np.ndarray) -> np.ndarray:
-    """Choices per row (row order) of the systematic split (:func:`train.fast.systematic_sorted`
-    written back through ``order``)."""
+def _class_quotas(logits: np.ndarray, mask_row: np.ndarray, counts: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Cumulative quotas (C, D + 1) of the systematic split (:func:`train.fast.systematic_sorted`):
+    members 0 .. quota[c, 0] - 1 of class c (in its sorted order) take choice 0, members
+    quota[c, 0] .. quota[c, 1] - 1 choice 1, and so on; quota[c, D] = counts[c]."""
     C, C1 = logits.shape
-    n = order.shape[0]
-    pick = np.empty(n, dtype=np.int64)
-    cdf = np.empty(C1)
-    j = 0
-    for c in range(C):
-        mx = -np.inf
-        for d in range(C1):
-            v = logits[c, d] if mask_row[d] else MASKED_LOGIT
-            if v > mx:
-                mx = v
-        acc = 0.0
-        for d in range(C1):
-            v = logits[c, d] if mask_row[d] else MASKED_LOGIT
-            acc += np.exp(v - mx)
-            cdf[d] = acc
-        last = cdf[C1 - 1]
-        nc = counts[c]
-        prev_edge = 0
-        given = 0
-        for d in range(C1):
-            x = cdf[d] / last
-            x *= nc
-            x -= u[c]
-            edge = np.int64(np.ceil(x))
-            k = edge - prev_edge
-            if d == C1 - 1:
-                k += nc - edge
-            prev_edge = edge
-            if k > 0:
-                for _ in range(k):
-                    if given < nc:
-                        pick[order[j + given]] = d
-                    given += 1
-        j += nc
-    return pick
-
-
-def _fill_systematic(logits: np.ndarray, mask_row: np.ndarray, counts: np.ndarray, u: np.ndarray,
-                     row_class: np.ndarray, action: np.ndarray) -> None:
-    """The choices of :func:`_systematic_rows` written into ``action`` (K,) for rows 0..n-1 (n =
-    len(row_class), the class of each row), and defer (D) for the other K - n slots.
-
-    Member r (in row order) of class c takes the first choice whose cumulative quota exceeds
-    r - the quotas of :func:`_systematic_rows`, which hands each choice's members out in the
-    class's sorted (= row) order - so the choices are the same, without the sort."""
-    C, C1 = logits.shape
-    n = row_class.shape[0]
     bound = np.empty((C, C1), dtype=np.int64)
     cdf = np.empty(C1)
     for c in range(C):
@@ -658,9 +599,37 @@ def _fill_systematic(logits: np.ndarray, mask_row: np.ndarray, counts: np.ndarra
             if k > 0:
                 given += k
             bound[c, d] = min(given, nc)
+    return bound
+
+
+def _systematic_rows(logits: np.ndarray, mask_row: np.ndarray, counts: np.ndarray, u: np.ndarray,
+                     order: np.ndarray) -> np.ndarray:
+    """Choices per row (row order) of the systematic split (:func:`train.fast.systematic_sorted`
+    written back through ``order``)."""
+    bound = _class_quotas(logits, mask_row, counts, u)
+    pick = np.empty(order.shape[0], dtype=np.int64)
+    j = 0
+    for c in range(counts.shape[0]):
+        d = 0
+        for r in range(counts[c]):
+            while r >= bound[c, d]:
+                d += 1
+            pick[order[j + r]] = d
+        j += counts[c]
+    return pick
+
+
+def _fill_systematic(logits: np.ndarray, mask_row: np.ndarray, counts: np.ndarray, u: np.ndarray,
+                     row_class: np.ndarray, action: np.ndarray) -> None:
+    """The choices of :func:`_systematic_rows` written into ``action`` (K,) for rows 0..n-1 (n =
+    len(row_class), the class of each row), and defer (D) for the other K - n slots: member r
+    (in row order, the sorted order) of class c takes the first choice whose quota exceeds r, so
+    the choices are the same, without the sort."""
+    C, C1 = logits.shape
+    bound = _class_quotas(logits, mask_row, counts, u)
     rank = np.zeros(C, dtype=np.int64)
     cur = np.zeros(C, dtype=np.int64)
-    for i in range(n):
+    for i in range(row_class.shape[0]):
         c = row_class[i]
         r = rank[c]
         rank[c] = r + 1
@@ -669,7 +638,7 @@ def _fill_systematic(logits: np.ndarray, mask_row: np.ndarray, counts: np.ndarra
             d += 1
         cur[c] = d
         action[i] = d
-    for i in range(n, action.shape[0]):
+    for i in range(row_class.shape[0], action.shape[0]):
         action[i] = C1 - 1
 
 
@@ -749,9 +718,10 @@ if _njit is not None:  # pragma: no branch
     _relu_affine = _njit(_relu_affine)
     _affine = _njit(_affine)
     _mean_prefill32 = _njit(_mean_prefill32)
-    _row_key = _njit(_row_key)
+    _class_keys = _njit(_class_keys)
     _logits_of_classes = _njit(_logits_of_classes)
     _class_logits_jit = _njit(_class_logits)
+    _class_quotas = _njit(_class_quotas)
     _fill_systematic = _njit(_fill_systematic)
     _prefix_logits = _njit(_prefix_logits)
     # (inlined when _decide is typed: one specialisation per literal index otherwise)

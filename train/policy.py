@@ -282,13 +282,13 @@ class LearnedPolicy:
             order = np.argsort(inv, kind="stable")  # rows by class, row order inside a class
             starts = np.cumsum(counts) - counts
         else:  # valid slots elsewhere than at the front
-            idx = np.flatnonzero(slots.reshape(K, jit.F_S)[:, jit.ref._s_valid] > 0.5)
+            rows = slots.reshape(K, jit.F_S)
+            idx = np.flatnonzero(rows[:, jit.ref._s_valid] > 0.5)
             n = idx.shape[0]
             if n == 0:
                 return action
             m = mask[idx]
-            logits, order, starts, counts = jit.class_logits(
-                observation["datacenters"], slots.reshape(K, jit.F_S)[idx], observation["globals"])
+            logits, order, starts, counts = jit.class_logits(observation["datacenters"], rows[idx], observation["globals"])
             if self.mode == "systematic" and bool((m == m[0]).all()):
                 action[idx] = jit.systematic(logits, m[0], counts, order, self._uniforms)
                 return action
