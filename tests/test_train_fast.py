@@ -352,6 +352,37 @@ def test_numpy_order_sum_and_edge_count_match_numpy_bit_for_bit():
         assert fj._count_le(edges, x) == int(np.searchsorted(edges, x, "right")), x
 
 
+def test_compiled_class_keys_match_numpy_on_bin_edges_and_odd_values(layouts):
+    """The compiled output bin (a branch-free count of edges) equals numpy.searchsorted's, on the
+    edges themselves, their float32 neighbours, negatives, infinities and NaN."""
+    fj = _jit()
+    spec = layout_spec(layouts["dev"][0])
+    th.manual_seed(0)
+    jit = fj.JitSetScorer(SetNetwork(spec, hidden=8, classes=True))
+    r = jit.ref
+    e32 = r._out_edges.astype(np.float32)
+    preds = np.concatenate([e32, np.nextafter(e32, np.float32(-np.inf)), np.nextafter(e32, np.float32(np.inf)),
+                            np.float32([0.0, -0.0, -3.0, 1e30, np.inf, -np.inf, np.nan])])
+    rows = np.zeros((preds.size, jit.F_S), dtype=np.float32)
+    rows[:, r._s_origin + np.arange(preds.size) % r.R] = 1.0
+    rows[:, r._s_pred] = preds
+    rows[:, r._s_prompt] = np.linspace(0.0, 3000.0, preds.size, dtype=np.float32)
+    dc = np.zeros((jit.D, jit.F_D), dtype=np.float32)
+    dc[:, r._c_up] = 1.0
+    dc[:, r._c_prefill] = 1e-4
+    pref32 = fj._mean_prefill32(dc, jit._icol[9], jit._icol[11])
+    keys = fj._class_keys(rows, preds.size, jit._icol, r._origin_key.astype(np.float32), r._out_edges, r._used_edges,
+                          pref32, jit._n_keys)
+    out_bin = np.searchsorted(r._out_edges, rows[:, r._s_pred].astype(np.float64), "right")
+    assert np.array_equal(keys // fj._USED_BINS % (len(r._out_edges) + 1), out_bin)
+    assert out_bin[-1] == len(r._out_edges) and out_bin.min() == 0  # (NaN after every edge; some below the first)
+    _, inv, _, _ = r.group(rows, dc)
+    lg, order, starts, counts = jit.class_logits(dc.reshape(-1), rows, np.zeros(8, dtype=np.float32))
+    inv_j = np.empty(preds.size, dtype=np.int64)
+    inv_j[order] = np.repeat(np.arange(counts.size), counts)
+    assert np.array_equal(inv_j, inv)
+
+
 @pytest.mark.parametrize("name", ["dev", "paper"])
 @pytest.mark.parametrize("demand,feedback", [(True, 1), (False, 0), (True, 2)])
 def test_compiled_classes_and_logits_equal_the_float64_numpy_path(layouts, name, demand, feedback):
