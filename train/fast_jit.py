@@ -9,10 +9,13 @@ compiled. :meth:`JitSetScorer.decide` makes a whole decision in one call with fe
 :class:`train.fast.UniformStream`; only the slots that hold requests read, using the env's count
 of them), because on a machine that has just run an env step or a solver, the fixed costs of a
 call - the dispatcher, cold code - weigh as much as the arithmetic: about 25 us per compiled call
-and 5-60 us per numpy call, against 0.1-0.2 ms of work.
+and 5-60 us per numpy call, against 0.1-0.2 ms of work. For the same reason the hot loops avoid
+data-dependent branches (a real observation defeats the branch predictor that a benchmark
+repeating one input trains) and signed computed indices (numba's wrap-around check keeps a
+loop from vectorising), and the call returns only the action.
 :meth:`JitSetScorer.class_logits` and :meth:`JitSetScorer.systematic` do the same in two steps
 for any rows (they sort the rows by class); the policy uses them when the requests are not in
-slots 0..n-1.
+slots 0..n-1, the masks differ between requests, or the mode is not ``systematic``.
 
 Same results as the numpy path in float64 (``NumpySetScorer(net, dtype=numpy.float64)``): the
 same classes (keys computed with the same float32 / float64 operations, classes in key order,
@@ -38,6 +41,9 @@ from .set_policy import _USED_BINS, MASKED_LOGIT
 
 __all__ = ["JitSetScorer", "available"]
 
+_F32 = np.dtype(np.float32)
+_BOOL = np.dtype(np.bool_)
+
 try:  # pragma: no cover - exercised when numba is installed (CI installs it)
     import numba as _nb
 
@@ -54,15 +60,21 @@ def available() -> bool:
 
 def _affine(x: np.ndarray, W: np.ndarray, b: np.ndarray) -> np.ndarray:
     """x @ W + b (rows of x). Each output is summed over t in ascending order from 0.0, the
-    loops ordered so that the innermost one runs over independent outputs (it vectorises)."""
+    loops ordered so that the innermost one runs over independent outputs (it vectorises).
+    Zero inputs (units cut by a ReLU) are skipped - adding +-0.0 changes no bit - through a list
+    of the nonzero ones built without branches (a branch per input mispredicts half the time)."""
     n, k = x.shape
     m = W.shape[1]
     out = np.zeros((n, m))
+    nonzero = np.empty(k, dtype=np.int64)
     for i in range(n):
+        cnt = 0
         for t in range(k):
+            nonzero[cnt] = t
+            cnt += x[i, t] != 0.0
+        for q in range(cnt):
+            t = nonzero[q]
             xv = x[i, t]
-            if xv == 0.0:  # (a unit cut by a ReLU adds +-0.0: skipping it changes no bit)
-                continue
             for j in range(m):
                 out[i, j] += xv * W[t, j]
         for j in range(m):
@@ -183,16 +195,16 @@ def _class_keys(rows: np.ndarray, n: int, icol: np.ndarray, origin_key: np.ndarr
                 used_edges: np.ndarray, pref32: np.float32, n_keys: int) -> np.ndarray:
     """Class keys (n,) of slot rows 0..n-1 (as NumpySetScorer.group: float32 products, float64
     comparisons), one part per loop (short loops that the compiler keeps tight). The output bin
-    is a count of the edges <= the prediction, without branches (a binary search mispredicts
-    on every row: 1.5x slower in an episode); columns are indexed unsigned (a signed index gets
-    a wrap-around check per access)."""
+    is a count of the edges <= the prediction, without branches (a binary search's branches
+    mispredict on most rows of a real observation); columns are indexed unsigned (a signed index
+    gets a wrap-around check per access). ``origin_key``: float32 values (any float array)."""
     s_origin, s_prompt, s_pred, s_waited = np.uint64(icol[0]), np.uint64(icol[1]), np.uint64(icol[2]), np.uint64(icol[3])
     m = out_edges.shape[0]
     key = np.empty(n, dtype=np.int64)
     for i in range(n):
         o = np.float32(0.0)
         for r in range(origin_key.shape[0]):
-            o += rows[i, s_origin + np.uint64(r)] * origin_key[r]
+            o += rows[i, s_origin + np.uint64(r)] * np.float32(origin_key[r])
         key[i] = np.int64(o)
     for i in range(n):  # (numpy.searchsorted(out_edges, x, "right"); NaN sorts after every edge)
         x = np.float64(rows[i, s_pred])
@@ -280,28 +292,22 @@ def _class_logits(rows: np.ndarray, dc32: np.ndarray, gl: np.ndarray,
     return logits, order, starts, counts
 
 
-def _prefix_logits(slots: np.ndarray, mask: np.ndarray, n_hint: int, s_valid: int, table: np.ndarray,
-                   dc32: np.ndarray, gl: np.ndarray, icol: np.ndarray, out_edges: np.ndarray,
-                   used_edges: np.ndarray, origin_key: np.ndarray, n_out: int, n_keys: int,
-                   inv_engines: np.ndarray, n_fmean: float,
-                   W_e1: np.ndarray, b_e1: np.ndarray, W_e2: np.ndarray, b_e2: np.ndarray,
-                   W_c_own: np.ndarray, W_c_ctx: np.ndarray, b_c: np.ndarray,
-                   W_s1: np.ndarray, b_s1: np.ndarray, M_sd: np.ndarray, c_sd: np.ndarray,
-                   W_pd: np.ndarray, b_pd: np.ndarray, W_pp: np.ndarray, w_out: np.ndarray, b_out: float,
-                   W_d_c: np.ndarray, b_d1: np.ndarray, w_d2: np.ndarray, b_d2: float,
-                   load_feedback: int, W_f_e: np.ndarray, W_f_l: np.ndarray, b_f1: np.ndarray, w_f2: np.ndarray, b_f2: float,
-                   demand: bool, headroom_penalty: float, headroom_margin: float, load_price: float):
-    """:func:`_class_logits` without the sort, for the usual observation, whose valid slots are
-    slots 0..n-1: (prefix, n, same, logits (C, D + 1), class of each row (n,), class sizes (C,)).
+def _prefix_classes(slots: np.ndarray, mask: np.ndarray, n_hint: int, s_valid: int, table: np.ndarray,
+                    dc32: np.ndarray, icol: np.ndarray, out_edges: np.ndarray, used_edges: np.ndarray,
+                    origin_key: np.ndarray, n_keys: int, systematic: bool):
+    """The classes of :func:`_class_logits` without the sort, for the usual observation, whose
+    valid slots are slots 0..n-1, when the step can be decided by the systematic split
+    (``systematic`` and one mask for all n requests): (prefix, n, decidable, class mean rows (C,
+    3 + D), class of each row (n,), class sizes (C,)).
 
-    ``prefix`` is False (and the rest empty) when the valid slots are not 0..n-1; ``same`` says
-    whether the n mask rows are equal. ``n_hint`` is the number of valid slots when known (the
+    ``prefix`` is False when the valid slots are not 0..n-1, ``decidable`` False when the mask
+    rows differ or ``systematic`` is not set; the rest is then empty. ``n_hint`` is the number of valid slots when known (the
     env's ``info["pending"]``, capped at K; -1 if not): if slots 0..n_hint - 1 are valid and
     slots n_hint and K - 1 are not, the slots in between are not read; otherwise all K are
     scanned. Classes, their order and the sums of the class means are those of
     :func:`_class_logits` (each class summed over its members in row order, which is the stable
-    sort's order), so the logits are the same to the bit; the rows are read in row order,
-    without the sort's gather."""
+    sort's order), so the logits computed from them are the same to the bit; the rows are read
+    in row order, without the sort's gather."""
     K = slots.shape[0]
     D = dc32.shape[0]
     C1 = mask.shape[1]
@@ -325,9 +331,7 @@ def _prefix_logits(slots: np.ndarray, mask: np.ndarray, n_hint: int, s_valid: in
         if last != n - 1:
             return False, n, False, e_f, e_i, e_i
     if n == 0:
-        return True, 0, True, e_f, e_i, e_i
-    pref32 = _mean_prefill32(dc32, icol[9], icol[11])
-    key = _class_keys(slots, n, icol, origin_key, out_edges, used_edges, pref32, n_keys)
+        return True, 0, systematic, e_f, e_i, e_i
     # mask rows all equal <=> each equals the one before (one flat pass over the n rows' bytes)
     flat = mask.reshape(-1).view(np.uint8)
     after = flat[C1:n * C1]  # (two views, so that the loop indexes from 0: it vectorises)
@@ -335,7 +339,10 @@ def _prefix_logits(slots: np.ndarray, mask: np.ndarray, n_hint: int, s_valid: in
     diff = np.uint8(0)
     for j in range(after.shape[0]):
         diff |= after[j] ^ before[j]
-    same = diff == 0
+    if not (systematic and diff == 0):
+        return True, n, False, e_f, e_i, e_i
+    pref32 = _mean_prefill32(dc32, icol[9], icol[11])
+    key = _class_keys(slots, n, icol, origin_key, out_edges, used_edges, pref32, n_keys)
     # ---- classes in key order: the distinct keys, counted in ``table`` (n_keys zeros on entry,
     # restored before returning: only the C entries in use are touched, not all n_keys)
     distinct = np.empty(n, dtype=np.int64)
@@ -373,11 +380,7 @@ def _prefix_logits(slots: np.ndarray, mask: np.ndarray, n_hint: int, s_valid: in
         inv_n = np.float64(counts[c])
         for f in range(F):
             crow[c, f] /= inv_n
-    logits = _logits_of_classes(
-        crow, counts, n, dc32, gl, icol, inv_engines, n_fmean, W_e1, b_e1, W_e2, b_e2, W_c_own, W_c_ctx, b_c,
-        W_s1, b_s1, M_sd, c_sd, W_pd, b_pd, W_pp, w_out, b_out, W_d_c, b_d1, w_d2, b_d2,
-        load_feedback, W_f_e, W_f_l, b_f1, w_f2, b_f2, demand, headroom_penalty, headroom_margin, load_price)
-    return True, n, same, logits, key, counts
+    return True, n, True, crow, key, counts
 
 
 def _logits_of_classes(crow: np.ndarray, counts: np.ndarray, n: int, dc32: np.ndarray, gl: np.ndarray,
@@ -655,8 +658,8 @@ def _fill_systematic(logits: np.ndarray, mask_row: np.ndarray, counts: np.ndarra
         action[i] = C1 - 1
 
 
-#: The array and scalar arguments of :func:`_prefix_logits` (bins, per-datacenter scales, weights),
-#: in its argument order, packed by :meth:`JitSetScorer.bind` into one float64 buffer (scalars as
+#: The bins of :func:`_prefix_classes` and the arguments of :func:`_logits_of_classes` (per-datacenter
+#: scales, weights, knobs), in argument order, packed by :meth:`JitSetScorer.bind` into one float64 buffer (scalars as
 #: 1 x 1 entries): one argument of :func:`_decide` instead of about 30.
 _PACKED = ("out_edges", "used_edges", "origin_key", "inv_engines",
            "W_e1", "b_e1", "W_e2", "b_e2", "W_c_own", "W_c_ctx", "b_c", "W_s1", "b_s1", "M_sd", "c_sd",
@@ -686,41 +689,43 @@ def _mat(fp: np.ndarray, ip: np.ndarray, k: int) -> np.ndarray:
 
 def _decide(slots_flat: np.ndarray, mask: np.ndarray, dc_flat: np.ndarray, gl: np.ndarray, n_hint: int,
             systematic: bool, ip: np.ndarray, fp: np.ndarray, table: np.ndarray, ubuf: np.ndarray, upos: np.ndarray):
-    """One decision in one compiled call: (status, n, action (K,), logits, class of each row,
-    class sizes). status 0: ``action`` holds the systematic choices (valid slots 0..n-1, one
-    mask for all of them, ``systematic`` set; its C uniforms taken from ``ubuf`` at ``upos[0]``,
-    which moves on by C) and defer for the other slots; 1: the valid slots are 0..n-1 but the
-    choice is left to the caller (per-request masks or another mode; logits, classes and sizes
-    are set); 2: the valid slots are not 0..n-1 (nothing computed). ``ip`` / ``fp``: the layout
-    and the weights packed by :meth:`JitSetScorer.bind`."""
+    """One decision in one compiled call: (status, n, action (K,)). status 0: ``action`` holds
+    the systematic choices (valid slots 0..n-1, one mask for all of them, ``systematic`` set;
+    its C uniforms taken from ``ubuf`` at ``upos[0]``, which moves on by C) and defer for the
+    other slots; 1: the valid slots are 0..n-1 but the choice is left to the caller
+    (per-request masks or another mode); 2: the valid slots are not 0..n-1. With status 1 or 2
+    nothing else is computed and ``action`` is scratch. ``ip`` / ``fp``: the layout and the
+    weights packed by :meth:`JitSetScorer.bind`."""
     K = mask.shape[0]
     D = mask.shape[1] - 1
     slots = slots_flat.reshape((K, slots_flat.shape[0] // K))
     dc32 = dc_flat.reshape((D, dc_flat.shape[0] // D))
     icol = ip[_HEAD:_HEAD + ip[5]]
+    action = np.empty(K, dtype=np.int64)
+    prefix, n, decidable, crow, row_class, counts = _prefix_classes(
+        slots, mask, n_hint, ip[0], table, dc32, icol, _vec(fp, ip, 0), _vec(fp, ip, 1), _vec(fp, ip, 2), ip[2],
+        systematic)
+    if not prefix:
+        return 2, n, action
+    if not decidable:
+        return 1, n, action
+    if n == 0:
+        for i in range(K):
+            action[i] = D
+        return 0, n, action
     knobs = _vec(fp, ip, 29)
-    prefix, n, same, logits, row_class, counts = _prefix_logits(
-        slots, mask, n_hint, ip[0], table, dc32, gl, icol, _vec(fp, ip, 0), _vec(fp, ip, 1),
-        _vec(fp, ip, 2).astype(np.float32), ip[1], ip[2], _vec(fp, ip, 3), knobs[3],
+    logits = _logits_of_classes(
+        crow, counts, n, dc32, gl, icol, _vec(fp, ip, 3), knobs[3],
         _mat(fp, ip, 4), _vec(fp, ip, 5), _mat(fp, ip, 6), _vec(fp, ip, 7), _mat(fp, ip, 8), _mat(fp, ip, 9),
         _vec(fp, ip, 10), _mat(fp, ip, 11), _vec(fp, ip, 12), _mat(fp, ip, 13), _vec(fp, ip, 14), _mat(fp, ip, 15),
         _vec(fp, ip, 16), _mat(fp, ip, 17), _vec(fp, ip, 18), _vec(fp, ip, 19)[0], _mat(fp, ip, 20), _vec(fp, ip, 21),
         _vec(fp, ip, 22), _vec(fp, ip, 23)[0], ip[3], _mat(fp, ip, 24), _mat(fp, ip, 25), _vec(fp, ip, 26),
         _vec(fp, ip, 27), _vec(fp, ip, 28)[0], ip[4] != 0, knobs[0], knobs[1], knobs[2])
-    action = np.empty(K, dtype=np.int64)
-    if not prefix:
-        return 2, n, action, logits, row_class, counts
-    if not (systematic and same):
-        return 1, n, action, logits, row_class, counts
-    if n == 0:
-        for i in range(K):
-            action[i] = D
-        return 0, n, action, logits, row_class, counts
     C = counts.shape[0]
     p = upos[0]
     _fill_systematic(logits, mask[0], counts, ubuf[p:p + C], row_class, action)
     upos[0] = p + C
-    return 0, n, action, logits, row_class, counts
+    return 0, n, action
 
 
 if _njit is not None:  # pragma: no branch
@@ -736,7 +741,7 @@ if _njit is not None:  # pragma: no branch
     _class_logits_jit = _njit(_class_logits)
     _class_quotas = _njit(_class_quotas)
     _fill_systematic = _njit(_fill_systematic)
-    _prefix_logits = _njit(_prefix_logits)
+    _prefix_classes = _njit(_prefix_classes)
     # (inlined when _decide is typed: one specialisation per literal index otherwise)
     _vec = _nb.njit(cache=True, nogil=True, inline="always")(_vec)
     _mat = _nb.njit(cache=True, nogil=True, inline="always")(_mat)
@@ -807,6 +812,7 @@ class JitSetScorer:
         self._fp = np.ascontiguousarray(np.concatenate(parts))
         self._ip = np.array(ip, dtype=np.int64)
         self._knob_at = at - 4
+        self._sizes = (self.K * self.F_S, (self.K, self.D + 1), self.D * self.F_D)
         self._knobs = (r.headroom_penalty, r.headroom_margin, r.load_price)
         self._g_max = max(r._g_sin, r._g_cos)
         return self
@@ -830,31 +836,43 @@ class JitSetScorer:
         )
 
     def decide(self, slots: np.ndarray, mask: np.ndarray, dc_flat: np.ndarray, gl: np.ndarray, n_hint: int,
-               systematic: bool, uniforms: UniformStream) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+               systematic: bool, uniforms: UniformStream) -> tuple[int, int, np.ndarray]:
         """One decision in one compiled call, from the flat float32 ``slots`` (K * F_S), the (K,
         D + 1) C-contiguous bool ``mask``, the flat float32 datacenter rows and globals
         (:class:`~carbon_gym.errors.ConfigError` if a size is not the bound layout's): (status,
-        n, action, logits, class of each row, class sizes), see :func:`_decide`. ``n_hint``: the number of
-        valid slots if known (the env's ``info["pending"]``, at most K; -1: scan all K slots);
-        when it is given, slots 0..n_hint - 1 are checked valid and slots n_hint and K - 1
-        invalid, and the slots in between are not read. With status 0, the action holds the
-        choices of :meth:`systematic` on :meth:`class_logits` of ``slots[:n]``, from the same
-        uniforms (taken from ``uniforms``)."""
-        r = self.ref
-        K = self.K
-        if (slots.shape[0] != K * self.F_S or mask.shape != (K, self.D + 1) or dc_flat.shape[0] != self.D * self.F_D
-                or gl.shape[0] <= self._g_max):
+        n, action), see :func:`_decide`. ``n_hint``: the number of valid slots if known (the
+        env's ``info["pending"]``, at most K; -1: scan all K slots); when it is given, slots
+        0..n_hint - 1 are checked valid and slots n_hint and K - 1 invalid, and the slots in
+        between are not read. With status 0, the action holds the choices of :meth:`systematic`
+        on :meth:`class_logits` of ``slots[:n]``, from the same uniforms (taken from
+        ``uniforms``); with status 1 (valid slots 0..n-1) or 2 (valid slots elsewhere) the
+        caller decides, with :meth:`class_logits`.
+
+        Kept to few Python operations: on a machine that has just run an env step, each costs
+        about as much as a small compiled loop. Arrays of the expected types go straight to the
+        compiled entry point, without numba's dispatcher (12 us less per step); anything else
+        goes through the dispatcher."""
+        if (slots.shape[0], mask.shape, dc_flat.shape[0]) != self._sizes or gl.shape[0] <= self._g_max:
             from carbon_gym.errors import ConfigError
 
-            raise ConfigError("observation", f"expected {K} x {self.F_S} slot values, a ({K}, {self.D + 1}) mask, "
-                              f"{self.D} x {self.F_D} datacenter values and more than {self._g_max} globals (the "
+            raise ConfigError("observation", f"expected {self.K} x {self.F_S} slot values, a ({self.K}, {self.D + 1}) "
+                              f"mask, {self.D} x {self.F_D} datacenter values and more than {self._g_max} globals (the "
                               f"layout bound by reset(env)); got {slots.shape[0]}, {mask.shape}, {dc_flat.shape[0]} "
                               f"and {gl.shape[0]}")
+        r = self.ref
         knobs = (r.headroom_penalty, r.headroom_margin, r.load_price)
         if knobs != self._knobs:  # (the knobs are attributes of ref, set after bind)
             self._fp[self._knob_at:self._knob_at + 3] = knobs
             self._knobs = knobs
-        uniforms.reserve(K)
+        uniforms.reserve(self.K)
+        if (slots.dtype is _F32 and dc_flat.dtype is _F32 and gl.dtype is _F32 and mask.dtype is _BOOL
+                and slots.ndim == 1 and dc_flat.ndim == 1 and gl.ndim == 1 and slots.flags.carray
+                and dc_flat.flags.carray and gl.flags.carray and mask.flags.carray
+                and type(n_hint) is int and self._entry is not None):
+            # (the compiled signature's types - C-contiguous, aligned, writeable - checked above: the
+            # entry point itself does not check them)
+            return self._entry(slots, mask, dc_flat, gl, n_hint, bool(systematic), self._ip, self._fp, self._table,
+                               uniforms.buf, uniforms.pos)
         return _decide_jit(slots, mask, dc_flat, gl, n_hint, systematic, self._ip, self._fp, self._table, uniforms.buf,
                            uniforms.pos)
 
@@ -880,3 +898,8 @@ class JitSetScorer:
         for hint in (-1, 2):  # (the same argument types as decide's, on 2 slots)
             _decide_jit(rows.reshape(-1), mask, dc, gl, hint, True, self._ip, self._fp, np.zeros_like(self._table),
                         us.buf, us.pos)
+        t = _nb.types
+        f32, i64, f64 = (t.Array(dt, 1, "C") for dt in (t.float32, t.int64, t.float64))
+        cres = _decide_jit.overloads.get((f32, t.Array(t.boolean, 2, "C"), f32, f32, t.int64, t.boolean, i64, f64, i64,
+                                          f64, i64))
+        self._entry = cres.entry_point if cres is not None else None  # (None: every call goes through the dispatcher)

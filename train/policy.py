@@ -41,6 +41,9 @@ from carbon_gym.errors import ConfigError
 
 from .fast import UniformStream
 
+_F32 = np.dtype(np.float32)
+_BOOL = np.dtype(np.bool_)
+
 __all__ = ["LearnedPolicy", "make_learned_policy", "is_learned_name", "export_checkpoint", "write_policy_meta", "SHIPPED_CHECKPOINT", "MODES", "POLICY_META_NAME"]
 
 SHIPPED_CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "llama8b_set.zip"
@@ -261,39 +264,39 @@ class LearnedPolicy:
 
     def _act_numba(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
         jit = self.jit
-        mask, K, D = self._bound_mask(info, jit)
+        mask = info.get("action_mask") if info else None
+        if type(mask) is not np.ndarray or mask.dtype is not _BOOL:  # (the env's own mask is used as it is)
+            mask = self._bound_mask(info, jit)[0]
         if not mask.flags.c_contiguous:
             mask = np.ascontiguousarray(mask)
+        K, D = jit.K, jit.D
         slots = _flat32(observation["slots"])
         # the env fills slots 0..pending-1 (checked), so the empty slots need not be scanned
         pending = info.get("pending") if info else None
         n_hint = min(int(pending), K) if isinstance(pending, (int, np.integer)) and pending >= 0 else -1
-        status, n, action, logits, row_class, counts = jit.decide(
-            slots, mask, _flat32(observation["datacenters"]), _flat32(observation["globals"]), n_hint,
-            self.mode == "systematic", self._uniforms)
+        status, n, action = jit.decide(slots, mask, _flat32(observation["datacenters"]),
+                                       _flat32(observation["globals"]), n_hint, self.mode == "systematic",
+                                       self._uniforms)
         if status == 0:  # the usual step: decided in the one compiled call
             return action
+        # per-request masks, another mode (status 1: the valid slots are 0..n-1), or valid slots
+        # elsewhere (status 2): the compiled logits, then the choice
         action.fill(D)
-        if status == 1:  # per-request masks, or another mode: the classes and logits are those above
-            if n == 0:
-                return action
-            m, idx = mask[:n], slice(0, n)
-            inv = row_class
-            order = np.argsort(inv, kind="stable")  # rows by class, row order inside a class
-            starts = np.cumsum(counts) - counts
-        else:  # valid slots elsewhere than at the front
-            rows = slots.reshape(K, jit.F_S)
+        rows = slots.reshape(K, jit.F_S)
+        if status == 1:
+            idx: Any = slice(0, n)
+        else:
             idx = np.flatnonzero(rows[:, jit.ref._s_valid] > 0.5)
             n = idx.shape[0]
-            if n == 0:
-                return action
-            m = mask[idx]
-            logits, order, starts, counts = jit.class_logits(observation["datacenters"], rows[idx], observation["globals"])
-            if self.mode == "systematic" and bool((m == m[0]).all()):
-                action[idx] = jit.systematic(logits, m[0], counts, order, self._uniforms)
-                return action
-            inv = np.empty(n, dtype=np.intp)
-            inv[order] = np.repeat(np.arange(counts.shape[0]), counts)
+        if n == 0:
+            return action
+        m = mask[idx]
+        logits, order, starts, counts = jit.class_logits(observation["datacenters"], rows[idx], observation["globals"])
+        if self.mode == "systematic" and bool((m == m[0]).all()):
+            action[idx] = jit.systematic(logits, m[0], counts, order, self._uniforms)
+            return action
+        inv = np.empty(n, dtype=np.intp)
+        inv[order] = np.repeat(np.arange(counts.shape[0]), counts)
         # the numpy choice on the compiled logits
         from .fast import choose
 
@@ -350,7 +353,7 @@ _EXPORT_EXCLUDE = ["_last_obs", "_last_original_obs", "_last_episode_starts", "e
 
 def _flat32(a: Any) -> np.ndarray:
     """``a`` as a flat C-contiguous float32 array (itself when it already is one)."""
-    if isinstance(a, np.ndarray) and a.dtype == np.float32 and a.ndim == 1 and a.flags.c_contiguous:
+    if type(a) is np.ndarray and a.dtype is _F32 and a.ndim == 1 and a.flags.c_contiguous:
         return a
     return np.ascontiguousarray(a, dtype=np.float32).reshape(-1)
 
