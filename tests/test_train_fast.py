@@ -524,6 +524,13 @@ def test_one_call_decision_equals_the_sorted_path_and_checks_its_hint(layouts):
             assert (st2, n2) == (0, n_valid) and np.array_equal(action2, expect)
             status, n, _ = jit.decide(slots, mask, dc, gl, hint, False, us)  # another mode
             assert (status, n) == (1, n_valid)
+            # uniforms drawn only as far as the hint bounds the classes: a wrong (low) hint leaves too
+            # few, and decide draws more and decides again, from the same stream
+            short = UniformStream(np.random.default_rng(trial))
+            short.BLOCK = 1
+            st, n3, action3 = jit.decide(slots, mask, dc, gl, hint, True, short)
+            assert (st, n3) == (0, n_valid) and np.array_equal(action3, expect), hint
+            assert int(short.pos[0]) == (counts.shape[0] if n_valid else 0)
         if 1 < n_valid < K:
             m2 = mask.copy()
             m2[n_valid - 1, 1] = not m2[n_valid - 1, 1]

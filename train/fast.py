@@ -289,8 +289,9 @@ class UniformStream:
     ``pos[0]`` (and moves ``pos`` on) instead of calling the generator, and :meth:`random` serves
     Python callers from the same stream, so the values are those of the generator itself."""
 
-    #: uniforms drawn at a time (256 KiB)
-    BLOCK = 1 << 15
+    #: uniforms drawn at a time, at least (32 KiB: a step takes one per request class, about
+    #: 100; a policy's first step in an episode draws a block, so it is kept small)
+    BLOCK = 1 << 12
 
     def __init__(self, rng: np.random.Generator) -> None:
         self.rng = rng
@@ -300,9 +301,13 @@ class UniformStream:
     def reserve(self, size: int) -> None:
         """Make sure at least ``size`` uniforms are left in :attr:`buf` after ``pos[0]``."""
         p = self.pos[0]
-        if self.buf.shape[0] - p < size:
-            p = int(p)
-            self.buf = np.concatenate([self.buf[p:], self.rng.random(max(int(size), self.BLOCK))])
+        left = self.buf.shape[0] - p
+        if left < size:
+            p, left = int(p), int(left)
+            buf = np.empty(left + max(int(size), self.BLOCK))
+            buf[:left] = self.buf[p:]
+            self.rng.random(out=buf[left:])  # (the generator's next numbers, as rng.random(k))
+            self.buf = buf
             self.pos[0] = 0
 
     def random(self, size: int) -> np.ndarray:

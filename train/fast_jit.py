@@ -693,9 +693,9 @@ def _decide(slots_flat: np.ndarray, mask: np.ndarray, dc_flat: np.ndarray, gl: n
     the systematic choices (valid slots 0..n-1, one mask for all of them, ``systematic`` set;
     its C uniforms taken from ``ubuf`` at ``upos[0]``, which moves on by C) and defer for the
     other slots; 1: the valid slots are 0..n-1 but the choice is left to the caller
-    (per-request masks or another mode); 2: the valid slots are not 0..n-1. With status 1 or 2
-    nothing else is computed and ``action`` is scratch. ``ip`` / ``fp``: the layout and the
-    weights packed by :meth:`JitSetScorer.bind`."""
+    (per-request masks or another mode); 2: the valid slots are not 0..n-1; 3: as 0, but fewer
+    than C uniforms are left in ``ubuf`` (none is taken). With status 1, 2 or 3 ``action`` is
+    scratch. ``ip`` / ``fp``: the layout and the weights packed by :meth:`JitSetScorer.bind`."""
     K = mask.shape[0]
     D = mask.shape[1] - 1
     slots = slots_flat.reshape((K, slots_flat.shape[0] // K))
@@ -723,6 +723,8 @@ def _decide(slots_flat: np.ndarray, mask: np.ndarray, dc_flat: np.ndarray, gl: n
         _vec(fp, ip, 27), _vec(fp, ip, 28)[0], ip[4] != 0, knobs[0], knobs[1], knobs[2])
     C = counts.shape[0]
     p = upos[0]
+    if p + C > ubuf.shape[0]:  # (fewer uniforms left than classes: nothing taken, the caller draws more)
+        return 3, n, action
     _fill_systematic(logits, mask[0], counts, ubuf[p:p + C], row_class, action)
     upos[0] = p + C
     return 0, n, action
@@ -835,23 +837,31 @@ class JitSetScorer:
             r.demand_features, float(r.headroom_penalty), float(r.headroom_margin), float(r.load_price),
         )
 
-    def decide(self, slots: np.ndarray, mask: np.ndarray, dc_flat: np.ndarray, gl: np.ndarray, n_hint: int,
-               systematic: bool, uniforms: UniformStream) -> tuple[int, int, np.ndarray]:
+    def decide(self, slots: Any, mask: Any, dc_flat: Any, gl: Any, n_hint: int, systematic: bool,
+               uniforms: UniformStream) -> tuple[int, int, np.ndarray]:
         """One decision in one compiled call, from the flat float32 ``slots`` (K * F_S), the (K,
-        D + 1) C-contiguous bool ``mask``, the flat float32 datacenter rows and globals
-        (:class:`~carbon_gym.errors.ConfigError` if a size is not the bound layout's): (status,
-        n, action), see :func:`_decide`. ``n_hint``: the number of valid slots if known (the
-        env's ``info["pending"]``, at most K; -1: scan all K slots); when it is given, slots
-        0..n_hint - 1 are checked valid and slots n_hint and K - 1 invalid, and the slots in
-        between are not read. With status 0, the action holds the choices of :meth:`systematic`
-        on :meth:`class_logits` of ``slots[:n]``, from the same uniforms (taken from
-        ``uniforms``); with status 1 (valid slots 0..n-1) or 2 (valid slots elsewhere) the
-        caller decides, with :meth:`class_logits`.
+        D + 1) bool ``mask``, the flat float32 datacenter rows and globals (others are converted
+        to those: C-contiguous, aligned, writeable; :class:`~carbon_gym.errors.ConfigError` if a
+        size is not the bound layout's): (status, n, action), see :func:`_decide`. ``n_hint``:
+        the number of valid slots if known (the env's ``info["pending"]``, at most K; -1: scan all
+        K slots); when it is given, slots 0..n_hint - 1 are checked valid and slots n_hint and
+        K - 1 invalid, and the slots in between are not read. With status 0, the action holds
+        the choices of :meth:`systematic` on :meth:`class_logits` of ``slots[:n]``, from the same
+        uniforms (taken from ``uniforms``); with status 1 (valid slots 0..n-1) or 2 (valid slots
+        elsewhere) the caller decides, with :meth:`class_logits`.
 
-        Kept to few Python operations: on a machine that has just run an env step, each costs
-        about as much as a small compiled loop. Arrays of the expected types go straight to the
-        compiled entry point, without numba's dispatcher (12 us less per step); anything else
-        goes through the dispatcher."""
+        Kept to few Python operations, each array checked once: on a machine that has just run
+        an env step, each costs about as much as a small compiled loop. The arrays, of the
+        compiled signature's types (checked here: the entry point does not check them), go
+        straight to the compiled entry point, without numba's dispatcher."""
+        if not (type(slots) is np.ndarray and slots.dtype is _F32 and slots.ndim == 1 and slots.flags.carray):
+            slots = np.require(slots, np.float32, "CAW").reshape(-1)
+        if not (type(dc_flat) is np.ndarray and dc_flat.dtype is _F32 and dc_flat.ndim == 1 and dc_flat.flags.carray):
+            dc_flat = np.require(dc_flat, np.float32, "CAW").reshape(-1)
+        if not (type(gl) is np.ndarray and gl.dtype is _F32 and gl.ndim == 1 and gl.flags.carray):
+            gl = np.require(gl, np.float32, "CAW").reshape(-1)
+        if not (type(mask) is np.ndarray and mask.dtype is _BOOL and mask.flags.carray):
+            mask = np.require(mask, np.bool_, "CAW")
         if (slots.shape[0], mask.shape, dc_flat.shape[0]) != self._sizes or gl.shape[0] <= self._g_max:
             from carbon_gym.errors import ConfigError
 
@@ -864,17 +874,18 @@ class JitSetScorer:
         if knobs != self._knobs:  # (the knobs are attributes of ref, set after bind)
             self._fp[self._knob_at:self._knob_at + 3] = knobs
             self._knobs = knobs
-        uniforms.reserve(self.K)
-        if (slots.dtype is _F32 and dc_flat.dtype is _F32 and gl.dtype is _F32 and mask.dtype is _BOOL
-                and slots.ndim == 1 and dc_flat.ndim == 1 and gl.ndim == 1 and slots.flags.carray
-                and dc_flat.flags.carray and gl.flags.carray and mask.flags.carray
-                and type(n_hint) is int and self._entry is not None):
-            # (the compiled signature's types - C-contiguous, aligned, writeable - checked above: the
-            # entry point itself does not check them)
-            return self._entry(slots, mask, dc_flat, gl, n_hint, bool(systematic), self._ip, self._fp, self._table,
-                               uniforms.buf, uniforms.pos)
-        return _decide_jit(slots, mask, dc_flat, gl, n_hint, systematic, self._ip, self._fp, self._table, uniforms.buf,
-                           uniforms.pos)
+        n_hint = int(n_hint)
+        # one uniform per class, at most one class per request: n_hint bounds them unless the hint
+        # is wrong (status 3: then again with K, which bounds them always)
+        uniforms.reserve(n_hint if 0 <= n_hint <= self.K else self.K)
+        call = self._entry if self._entry is not None else _decide_jit
+        out = call(slots, mask, dc_flat, gl, n_hint, bool(systematic), self._ip, self._fp, self._table,
+                   uniforms.buf, uniforms.pos)
+        if out[0] == 3:
+            uniforms.reserve(self.K)
+            out = call(slots, mask, dc_flat, gl, n_hint, bool(systematic), self._ip, self._fp, self._table,
+                       uniforms.buf, uniforms.pos)
+        return out
 
     def systematic(self, logits: np.ndarray, mask_row: np.ndarray, counts: np.ndarray, order: np.ndarray,
                    rng: np.random.Generator | UniformStream) -> np.ndarray:

@@ -265,24 +265,22 @@ class LearnedPolicy:
     def _act_numba(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
         jit = self.jit
         mask = info.get("action_mask") if info else None
-        if type(mask) is not np.ndarray or mask.dtype is not _BOOL:  # (the env's own mask is used as it is)
+        if mask is None:
             mask = self._bound_mask(info, jit)[0]
-        if not mask.flags.c_contiguous:
-            mask = np.ascontiguousarray(mask)
-        K, D = jit.K, jit.D
-        slots = _flat32(observation["slots"])
         # the env fills slots 0..pending-1 (checked), so the empty slots need not be scanned
-        pending = info.get("pending") if info else None
-        n_hint = min(int(pending), K) if isinstance(pending, (int, np.integer)) and pending >= 0 else -1
-        status, n, action = jit.decide(slots, mask, _flat32(observation["datacenters"]),
-                                       _flat32(observation["globals"]), n_hint, self.mode == "systematic",
-                                       self._uniforms)
+        pending = info.get("pending", -1) if info else -1
+        n_hint = min(int(pending), jit.K) if isinstance(pending, (int, np.integer)) and pending >= 0 else -1
+        # (decide checks and, if need be, converts the arrays: each is looked at once per step)
+        status, n, action = jit.decide(observation["slots"], mask, observation["datacenters"], observation["globals"],
+                                       n_hint, self.mode == "systematic", self._uniforms)
         if status == 0:  # the usual step: decided in the one compiled call
             return action
         # per-request masks, another mode (status 1: the valid slots are 0..n-1), or valid slots
         # elsewhere (status 2): the compiled logits, then the choice
+        K, D = jit.K, jit.D
         action.fill(D)
-        rows = slots.reshape(K, jit.F_S)
+        mask = np.asarray(mask, dtype=bool)
+        rows = _flat32(observation["slots"]).reshape(K, jit.F_S)
         if status == 1:
             idx: Any = slice(0, n)
         else:
