@@ -301,10 +301,10 @@ def _prefix_classes(slots: np.ndarray, mask: np.ndarray, n_hint: int, s_valid: i
     3 + D), class of each row (n,), class sizes (C,)).
 
     ``prefix`` is False when the valid slots are not 0..n-1, ``decidable`` False when the mask
-    rows differ or ``systematic`` is not set; the rest is then empty. ``n_hint`` is the number of valid slots when known (the
-    env's ``info["pending"]``, capped at K; -1 if not): if slots 0..n_hint - 1 are valid and
-    slots n_hint and K - 1 are not, the slots in between are not read; otherwise all K are
-    scanned. Classes, their order and the sums of the class means are those of
+    rows differ or ``systematic`` is not set; the rest is then empty. ``n_hint`` is the number
+    of valid slots when known (the env's ``info["pending"]``, capped at K; -1 if not): if slots
+    0..n_hint - 1 are valid and slots n_hint and K - 1 are not, the slots in between are not
+    read; otherwise all K are scanned. Classes, their order and the sums of the class means are those of
     :func:`_class_logits` (each class summed over its members in row order, which is the stable
     sort's order), so the logits computed from them are the same to the bit; the rows are read
     in row order, without the sort's gather."""
@@ -658,9 +658,10 @@ def _fill_systematic(logits: np.ndarray, mask_row: np.ndarray, counts: np.ndarra
         action[i] = C1 - 1
 
 
-#: The bins of :func:`_prefix_classes` and the arguments of :func:`_logits_of_classes` (per-datacenter
-#: scales, weights, knobs), in argument order, packed by :meth:`JitSetScorer.bind` into one float64 buffer (scalars as
-#: 1 x 1 entries): one argument of :func:`_decide` instead of about 30.
+#: The bins of :func:`_prefix_classes` and the arguments of :func:`_logits_of_classes`
+#: (per-datacenter scales, weights, knobs), in argument order, packed by
+#: :meth:`JitSetScorer.bind` into one float64 buffer (scalars as 1 x 1 entries): one argument of
+#: :func:`_decide` instead of about 30.
 _PACKED = ("out_edges", "used_edges", "origin_key", "inv_engines",
            "W_e1", "b_e1", "W_e2", "b_e2", "W_c_own", "W_c_ctx", "b_c", "W_s1", "b_s1", "M_sd", "c_sd",
            "W_pd", "b_pd", "W_pp", "w_out", "b_out", "W_d_c", "b_d1", "w_d2", "b_d2",
@@ -848,7 +849,8 @@ class JitSetScorer:
         K - 1 invalid, and the slots in between are not read. With status 0, the action holds
         the choices of :meth:`systematic` on :meth:`class_logits` of ``slots[:n]``, from the same
         uniforms (taken from ``uniforms``); with status 1 (valid slots 0..n-1) or 2 (valid slots
-        elsewhere) the caller decides, with :meth:`class_logits`.
+        elsewhere) the caller decides, with :meth:`class_logits`. (Status 3, too few uniforms
+        drawn ahead, is handled here: more are drawn and the call is repeated.)
 
         Kept to few Python operations, each array checked once: on a machine that has just run
         an env step, each costs about as much as a small compiled loop. The arrays, of the

@@ -42,7 +42,6 @@ from carbon_gym.errors import ConfigError
 from .fast import UniformStream
 
 _F32 = np.dtype(np.float32)
-_BOOL = np.dtype(np.bool_)
 
 __all__ = ["LearnedPolicy", "make_learned_policy", "is_learned_name", "export_checkpoint", "write_policy_meta", "SHIPPED_CHECKPOINT", "MODES", "POLICY_META_NAME"]
 
