@@ -304,10 +304,10 @@ def _prefix_classes(slots: np.ndarray, mask: np.ndarray, n_hint: int, s_valid: i
     rows differ or ``systematic`` is not set; the rest is then empty. ``n_hint`` is the number
     of valid slots when known (the env's ``info["pending"]``, capped at K; -1 if not): if slots
     0..n_hint - 1 are valid and slots n_hint and K - 1 are not, the slots in between are not
-    read; otherwise all K are scanned. Classes, their order and the sums of the class means are those of
-    :func:`_class_logits` (each class summed over its members in row order, which is the stable
-    sort's order), so the logits computed from them are the same to the bit; the rows are read
-    in row order, without the sort's gather."""
+    read; otherwise all K are scanned. Classes, their order and the sums of the class means are
+    those of :func:`_class_logits` (each class summed over its members in row order, which is
+    the stable sort's order), so the logits computed from them are the same to the bit; the rows
+    are read in row order, without the sort's gather."""
     K = slots.shape[0]
     D = dc32.shape[0]
     C1 = mask.shape[1]
