@@ -221,6 +221,31 @@ def _class_keys(rows: np.ndarray, n: int, icol: np.ndarray, origin_key: np.ndarr
     return key
 
 
+def _class_means(rows: np.ndarray, row_class: np.ndarray, counts: np.ndarray, icol: np.ndarray,
+                 D: int) -> np.ndarray:
+    """Mean rows (C, 3 + D: prompt, predicted output, waited, network delay to each datacenter)
+    of the classes of rows 0..n-1 (n = len(row_class), the class of each row; ``counts``: class
+    sizes), in float64, each class summed over its members in row order (a stable sort's order,
+    as np.add.reduceat on the sorted rows). Unsigned indices: numba wraps a negative signed
+    index, a check per access that keeps the datacenter loop from vectorising (2x slower)."""
+    C = counts.shape[0]
+    F = 3 + D
+    crow = np.zeros((C, F))
+    u_prompt, u_pred, u_waited, u_net = np.uint64(icol[1]), np.uint64(icol[2]), np.uint64(icol[3]), np.uint64(icol[4])
+    for i in range(row_class.shape[0]):
+        c = np.uint64(row_class[i])
+        crow[c, 0] += np.float64(rows[i, u_prompt])
+        crow[c, 1] += np.float64(rows[i, u_pred])
+        crow[c, 2] += np.float64(rows[i, u_waited])
+        for d in range(D):
+            crow[c, np.uint64(3 + d)] += np.float64(rows[i, u_net + np.uint64(d)])
+    for c in range(C):
+        inv_n = np.float64(counts[c])
+        for f in range(F):
+            crow[c, f] /= inv_n
+    return crow
+
+
 def _class_logits(rows: np.ndarray, dc32: np.ndarray, gl: np.ndarray,
                   icol: np.ndarray, out_edges: np.ndarray, used_edges: np.ndarray, origin_key: np.ndarray,
                   n_out: int, n_keys: int, inv_engines: np.ndarray, n_fmean: float,
@@ -237,7 +262,6 @@ def _class_logits(rows: np.ndarray, dc32: np.ndarray, gl: np.ndarray,
     defer layers (``[W_s2 @ W_ps | W_s2 @ W_d_s]``, ``[b_s2 @ W_ps | b_s2 @ W_d_s]``)."""
     n = rows.shape[0]
     D = dc32.shape[0]
-    s_prompt, s_pred, s_waited, s_net = icol[1], icol[2], icol[3], icol[4]
     pref32 = _mean_prefill32(dc32, icol[9], icol[11])
     key = _class_keys(rows, n, icol, origin_key, out_edges, used_edges, pref32, n_keys)
     # ---- counting sort (stable: the order of numpy's stable argsort)
@@ -260,6 +284,7 @@ def _class_logits(rows: np.ndarray, dc32: np.ndarray, gl: np.ndarray,
         hist[v] += 1
     starts = np.empty(C, dtype=np.int64)
     counts = np.empty(C, dtype=np.int64)
+    row_class = np.empty(n, dtype=np.int64)
     c = -1
     prev = -1
     for j in range(n):
@@ -270,21 +295,8 @@ def _class_logits(rows: np.ndarray, dc32: np.ndarray, gl: np.ndarray,
             counts[c] = 0
             prev = v
         counts[c] += 1
-    # ---- class means (sums in sorted order, float64, as np.add.reduceat)
-    F = 3 + D
-    crow = np.zeros((C, F))
-    for c in range(C):
-        s0 = starts[c]
-        for j in range(s0, s0 + counts[c]):
-            i = order[j]
-            crow[c, 0] += np.float64(rows[i, s_prompt])
-            crow[c, 1] += np.float64(rows[i, s_pred])
-            crow[c, 2] += np.float64(rows[i, s_waited])
-            for d in range(D):
-                crow[c, 3 + d] += np.float64(rows[i, s_net + d])
-        inv_n = np.float64(counts[c])
-        for f in range(F):
-            crow[c, f] /= inv_n
+        row_class[order[j]] = c
+    crow = _class_means(rows, row_class, counts, icol, D)
     logits = _logits_of_classes(
         crow, counts, n, dc32, gl, icol, inv_engines, n_fmean, W_e1, b_e1, W_e2, b_e2, W_c_own, W_c_ctx, b_c,
         W_s1, b_s1, M_sd, c_sd, W_pd, b_pd, W_pp, w_out, b_out, W_d_c, b_d1, w_d2, b_d2,
@@ -311,7 +323,6 @@ def _prefix_classes(slots: np.ndarray, mask: np.ndarray, n_hint: int, s_valid: i
     K = slots.shape[0]
     D = dc32.shape[0]
     C1 = mask.shape[1]
-    s_prompt, s_pred, s_waited, s_net = icol[1], icol[2], icol[3], icol[4]
     e_i = np.empty(0, dtype=np.int64)
     e_f = np.empty((0, 0))
     n = -1
@@ -363,24 +374,7 @@ def _prefix_classes(slots: np.ndarray, mask: np.ndarray, n_hint: int, s_valid: i
         key[i] = table[key[i]]  # (from here on: the class of each row)
     for c in range(C):
         table[in_order[c]] = 0
-    # ---- class means (each class's members in row order). Unsigned indices: numba wraps a
-    # negative signed index, a check per access that keeps the datacenter loop from vectorising
-    # (2x slower)
-    F = 3 + D
-    crow = np.zeros((C, F))
-    u_prompt, u_pred, u_waited, u_net = np.uint64(s_prompt), np.uint64(s_pred), np.uint64(s_waited), np.uint64(s_net)
-    for i in range(n):
-        c = np.uint64(key[i])
-        crow[c, 0] += np.float64(slots[i, u_prompt])
-        crow[c, 1] += np.float64(slots[i, u_pred])
-        crow[c, 2] += np.float64(slots[i, u_waited])
-        for d in range(D):
-            crow[c, np.uint64(3 + d)] += np.float64(slots[i, u_net + np.uint64(d)])
-    for c in range(C):
-        inv_n = np.float64(counts[c])
-        for f in range(F):
-            crow[c, f] /= inv_n
-    return True, n, True, crow, key, counts
+    return True, n, True, _class_means(slots, key, counts, icol, D), key, counts
 
 
 def _logits_of_classes(crow: np.ndarray, counts: np.ndarray, n: int, dc32: np.ndarray, gl: np.ndarray,
@@ -740,6 +734,7 @@ if _njit is not None:  # pragma: no branch
     _affine = _njit(_affine)
     _mean_prefill32 = _njit(_mean_prefill32)
     _class_keys = _njit(_class_keys)
+    _class_means = _njit(_class_means)
     _logits_of_classes = _njit(_logits_of_classes)
     _class_logits_jit = _njit(_class_logits)
     _class_quotas = _njit(_class_quotas)

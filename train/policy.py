@@ -218,8 +218,6 @@ class LearnedPolicy:
                 raise ConfigError("info", "needs info['action_mask'] or a reset(env) first")
             D1 = int(self._env.unwrapped.layout.n_datacenters) + 1
             m = self._env.unwrapped.action_masks().reshape(-1, D1)
-        if isinstance(m, np.ndarray) and m.dtype == np.bool_:
-            return m
         return np.asarray(m, dtype=bool)
 
     def _bound_mask(self, info: dict[str, Any], model: Any) -> tuple[np.ndarray, int, int]:

@@ -2,8 +2,9 @@
 
 ``pip install`` compiles :data:`COMPILED_MODULES` (the engine, the datacenter and the simulator,
 where the event loop spends its time) with mypyc when it can (``setup.py``; about twice as fast
-per event) and records the SHA-256 of each compiled source in ``_native_sources.json``. The compiled and the
-pure-Python modules are the same source and give the same results (``tests/test_sim_native.py``).
+per event) and records the SHA-256 of each compiled source in ``_native_sources.json``. The
+compiled and the pure-Python modules are the same source and give the same results
+(``tests/test_sim_native.py``).
 
 :func:`select` runs once, when :mod:`carbon_gym.sim` is imported, before those modules are: it
 keeps the compiled modules only if every one of them is present and was built from the source
@@ -66,8 +67,9 @@ def _load_source(here: Path, package: str, name: str) -> None:
 def select(package: str, here: Path | None = None) -> dict[str, str]:
     """Decide and set up the implementation of :data:`COMPILED_MODULES` of ``package`` (the
     ``carbon_gym.sim`` package name, whose directory is ``here``, by default this file's); returns
-    ``{module: "compiled" | "python"}`` plus the key ``"reason"``: why (``"compiled build matches the sources"``, ``"no compiled build"``,
-    ``"CARBON_GYM_PURE_PYTHON=1"``, ``"stale compiled build: ..."``)."""
+    ``{module: "compiled" | "python"}`` plus the key ``"reason"``: why (``"compiled build matches
+    the sources"``, ``"no compiled build"``, ``"CARBON_GYM_PURE_PYTHON=1"``, ``"stale compiled
+    build: ..."``)."""
     here = _HERE if here is None else Path(here)
     built = {name: _extension(here, name) for name in COMPILED_MODULES}
     if not any(built.values()):
