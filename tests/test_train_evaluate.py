@@ -86,3 +86,54 @@ def test_rank_candidates_applies_the_selection_rule(tmp_path, capsys):
     e = cand("e", [0.85, 0.86, 0.85], [-0.1, -0.1, -0.1])   # ties b on loads and minimum share
     assert rank([b, e]) == "b" and rank([e, b]) == "e"     # first listed wins a full tie...
     assert rank([b, e, "--incumbent", "e"]) == "e"          # ...unless the incumbent is named
+
+
+def test_rank_candidates_margin_rule(tmp_path, capsys):
+    from train.rank_candidates import main as rank
+
+    def cand(name: str, shares: list[float], dvs: list[float]) -> str:
+        summ = {scen: {"facility-milp": {"reduction_pct": 10.0, "violation_rate": 0.04, "episodes": 3},
+                       "learned": {"reduction_pct": 10.0 * sh, "violation_rate": 0.04 + dv / 100.0, "episodes": 3}}
+                for scen, sh, dv in zip(["low", "moderate", "high"], shares, dvs)}
+        p = tmp_path / f"sel_{name}.json"
+        p.write_text(json.dumps({"summary": summ}))
+        return str(p)
+
+    a = cand("a", [0.99, 0.95, 0.95], [-1.0, -0.05, -0.5])  # smallest margin 0.05 pp
+    b = cand("b", [0.90, 0.86, 0.88], [-1.0, -0.30, -0.4])  # 0.30 pp, every share >= 85%
+    c = cand("c", [0.90, 0.84, 0.88], [-2.0, -0.60, -0.9])  # 0.60 pp, but 84% at moderate load
+    assert rank([a, b, c]) == "a"                           # the targets rule: minimum share
+    assert rank([a, b, c, "--rule", "margin"]) == "b"
+    assert "| b | 90% / -1.00 pp * (3) | 86% / -0.30 pp * (3) | 88% / -0.40 pp * (3) | 3 | 86.0% | +0.30 |" \
+        in capsys.readouterr().out
+    assert rank([a, b, c, "--rule", "margin", "--min-share", "0.8"]) == "c"
+    # no candidate reaches the share everywhere: the targets rule decides
+    assert rank([a, b, c, "--rule", "margin", "--min-share", "0.99"]) == "a"
+    assert "rule 'targets'" in capsys.readouterr().out
+
+
+def test_rank_candidates_merges_the_files_of_one_candidate(tmp_path):
+    from train.rank_candidates import candidate_name, merged_summary
+
+    def run(stem: str, eps: dict[str, tuple[float, float, float]]) -> str:
+        # per episode: round-robin carbon, MILP carbon, learned carbon (g); violation rates fixed
+        res = {"low": {k: {"round-robin": {"carbon_g": rr, "violation_rate": 0.0, "decision_s_mean": 1e-4,
+                                          "decision_s_p95": 2e-4},
+                           "facility-milp": {"carbon_g": m, "violation_rate": 0.04, "decision_s_mean": 2e-2,
+                                             "decision_s_p95": 3e-2},
+                           "learned": {"carbon_g": ln, "violation_rate": 0.02, "decision_s_mean": 2e-4,
+                                       "decision_s_p95": 3e-4}} for k, (rr, m, ln) in eps.items()}}
+        p = tmp_path / f"{stem}.json"
+        p.write_text(json.dumps({"results": res, "summary": {}}))
+        return str(p)
+
+    assert candidate_name("x/sel_R_0.5_20.json") == "R_0.5_20" == candidate_name("sel35-44_R_0.5_20.json")
+    assert candidate_name("R_0.5_20.json") == "R_0.5_20"
+    f1 = run("sel_R", {"d0|seed=1": (100.0, 70.0, 80.0)})
+    f2 = run("sel35_R", {"d1|seed=2": (200.0, 100.0, 120.0)})
+    s = merged_summary([f1, f2])["low"]
+    assert s["facility-milp"]["reduction_pct"] == pytest.approx((30.0 + 50.0) / 2)
+    assert s["learned"]["reduction_pct"] == pytest.approx((20.0 + 40.0) / 2)
+    assert s["learned"]["episodes"] == 2
+    with pytest.raises(ValueError, match="two results files"):
+        merged_summary([f1, run("sel9_R", {"d0|seed=1": (1.0, 1.0, 1.0)})])
