@@ -32,6 +32,7 @@ that no decision pays for it.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -127,19 +128,72 @@ def _row_mean(x: np.ndarray) -> np.ndarray:
     return out
 
 
+#: Constants of :func:`_exp`: log2(e), ln 2 in two parts (fdlibm's: the high part has trailing
+#: zero bits, so k x _LN2_HI is exact for |k| < 2^11), 1.5 x 2^52 (adding it rounds to an integer
+#: held in the low bits), and the Taylor coefficients 1 / k! for k = 2 .. 13.
+_LOG2E = 1.4426950408889634
+_LN2_HI = 6.93147180369123816490e-01
+_LN2_LO = 1.90821492927058770002e-10
+_SHIFT = 6755399441055744.0
+_SHIFT_BITS = 0x4338000000000000
+(_E2, _E3, _E4, _E5, _E6, _E7, _E8, _E9, _E10, _E11, _E12, _E13) = (1.0 / math.factorial(k) for k in range(2, 14))
+
+
+def _f64_bits(x: float) -> int:
+    """The bits of the float64 ``x`` as an int64 (compiled: a bitcast, which vectorises)."""
+    return int(np.array(x, dtype=np.float64).view(np.int64))
+
+
+def _bits_f64(b: int) -> float:
+    """The float64 whose bits are the int64 ``b`` (compiled: a bitcast)."""
+    return float(np.array(b & 0xFFFF_FFFF_FFFF_FFFF, dtype=np.uint64).view(np.float64))
+
+
+def _exp(x: float) -> float:
+    """exp(x) for x <= 709 (a softmax's x - max <= 0), without a call into libm, so that a loop
+    of them vectorises (4 at a time with AVX2: 2-3x faster than ``np.exp`` per value): x = k ln 2
+    + r, |r| <= ln(2) / 2, exp(r) by its Taylor polynomial of degree 13 (truncation error < 5e-18)
+    and 2^k from its exponent bits. At most 1 ulp from the correctly rounded value (92% equal to
+    numpy's ``exp`` on 3 million draws, the rest 1 ulp off); 0 below -708 (where exp is below
+    2.3e-308, which adds nothing to a softmax's sum, whose largest term is 1); NaN stays NaN."""
+    kd = x * _LOG2E + _SHIFT
+    ki = _f64_bits(kd) - _SHIFT_BITS
+    kd = kd - _SHIFT
+    r = x - kd * _LN2_HI
+    r = r - kd * _LN2_LO
+    p = _E13 * r + _E12
+    p = p * r + _E11
+    p = p * r + _E10
+    p = p * r + _E9
+    p = p * r + _E8
+    p = p * r + _E7
+    p = p * r + _E6
+    p = p * r + _E5
+    p = p * r + _E4
+    p = p * r + _E3
+    p = p * r + _E2
+    p = p * r + 1.0
+    p = p * r + 1.0
+    res = p * _bits_f64((ki + 1023) << 52)
+    return 0.0 if x < -708.0 else res
+
+
 def _softmax_row(logits: np.ndarray, c: int, up: np.ndarray, zc: np.ndarray) -> float:
     """exp(logit - row max) of class ``c`` into ``zc`` (D + 1: the datacenters, those that are
-    down at MASKED_LOGIT, then defer); returns their sum (as the numpy path's masked softmax)."""
+    down at MASKED_LOGIT, then defer); returns their sum (as the numpy path's masked softmax;
+    the exponentials by :func:`_exp`, in a loop of their own so that it vectorises)."""
     D = up.shape[0]
     mx = logits[c, D]
     for d in range(D):
         v = logits[c, d] if up[d] else MASKED_LOGIT
         if v > mx:
             mx = v
+    for d in range(D):
+        v = logits[c, d] if up[d] else MASKED_LOGIT
+        zc[d] = _exp(v - mx)
+    zc[D] = _exp(logits[c, D] - mx)
     tot = 0.0
     for d in range(D + 1):
-        v = logits[c, d] if (d == D or up[d]) else MASKED_LOGIT
-        zc[d] = np.exp(v - mx)
         tot += zc[d]
     return tot
 
@@ -377,6 +431,43 @@ def _prefix_classes(slots: np.ndarray, mask: np.ndarray, n_hint: int, s_valid: i
     return True, n, True, _class_means(slots, key, counts, icol, D), key, counts
 
 
+def _slot_layers(crow: np.ndarray, W_s1: np.ndarray, b_s1: np.ndarray, M_sd: np.ndarray, bias: np.ndarray,
+                 h: int) -> tuple[np.ndarray, np.ndarray]:
+    """The slot encoder of the classes' mean rows ``crow`` (C, 3 + D; its first three columns),
+    through the pair and defer layers folded into ``M_sd`` / ``bias`` (2h): (slot part of the pair
+    layer (C, h), defer layer after its ReLU (C, h)), as ``_affine(_relu_affine(crow[:, :3], W_s1,
+    b_s1), M_sd, bias)`` split and cut, to the bit, in one pass per class without temporaries."""
+    C = crow.shape[0]
+    H1 = W_s1.shape[1]
+    h2 = M_sd.shape[1]
+    sp = np.empty((C, h))
+    hd = np.empty((C, h))
+    h1 = np.empty(H1)
+    acc = np.empty(h2)
+    for c in range(C):
+        for j in range(H1):
+            h1[j] = 0.0
+        for t in range(3):
+            xv = crow[c, t]
+            for j in range(H1):
+                h1[j] += xv * W_s1[t, j]
+        for j in range(H1):
+            v = h1[j] + b_s1[j]
+            h1[j] = 0.0 if v < 0.0 else v  # (NaN propagates, as in _relu_affine)
+        for j in range(h2):
+            acc[j] = 0.0
+        for t in range(H1):
+            hv = h1[t]
+            for j in range(h2):
+                acc[j] += hv * M_sd[t, j]
+        for j in range(h):
+            sp[c, j] = acc[j] + bias[j]
+        for j in range(h):
+            v = acc[h + j] + bias[h + j]
+            hd[c, j] = 0.0 if v < 0.0 else v
+    return sp, hd
+
+
 def _logits_of_classes(crow: np.ndarray, counts: np.ndarray, n: int, dc32: np.ndarray, gl: np.ndarray,
                        icol: np.ndarray, inv_engines: np.ndarray, n_fmean: float,
                        W_e1: np.ndarray, b_e1: np.ndarray, W_e2: np.ndarray, b_e2: np.ndarray,
@@ -465,14 +556,11 @@ def _logits_of_classes(crow: np.ndarray, counts: np.ndarray, n: int, dc32: np.nd
     bias = c_sd.copy()
     for j in range(h):
         bias[h + j] += dctx[0, j]
-    # [slot part of the pair layer | defer pre-activation] (C, 2h), from the slot encoder's hidden layer
-    sd = _affine(_relu_affine(crow[:, :3].copy(), W_s1, b_s1), M_sd, bias)
-    sp = sd[:, :h].copy()  # (contiguous copies: the loops below vectorise on contiguous rows)
-    hd = sd[:, h:].copy()
-    for c in range(C):
-        for j in range(h):
-            if hd[c, j] < 0.0:
-                hd[c, j] = 0.0
+    # [slot part of the pair layer | defer pre-activation] (C, 2h), from the slot encoder's hidden
+    # layer: _affine(_relu_affine(crow[:, :3], W_s1, b_s1), M_sd, bias), fused per class (the same
+    # sums in the same order; _affine's skipped zero terms add +-0.0 to sums that start at +0.0,
+    # which changes no bit), into the slot part ``sp`` and the defer layer ``hd`` after its ReLU
+    sp, hd = _slot_layers(crow, W_s1, b_s1, M_sd, bias, h)
     logits = np.empty((C, D + 1))
     head = np.empty((C, D))
     edT = ed.T.copy()  # (h, D)
@@ -588,10 +676,12 @@ def _class_quotas(logits: np.ndarray, mask_row: np.ndarray, counts: np.ndarray, 
             v = logits[c, d] if mask_row[d] else MASKED_LOGIT
             if v > mx:
                 mx = v
+        for d in range(C1):  # (a loop of its own: it vectorises)
+            v = logits[c, d] if mask_row[d] else MASKED_LOGIT
+            cdf[d] = _exp(v - mx)
         acc = 0.0
         for d in range(C1):
-            v = logits[c, d] if mask_row[d] else MASKED_LOGIT
-            acc += np.exp(v - mx)
+            acc += cdf[d]
             cdf[d] = acc
         last = cdf[C1 - 1]
         nc = counts[c]
@@ -726,6 +816,25 @@ def _decide(slots_flat: np.ndarray, mask: np.ndarray, dc_flat: np.ndarray, gl: n
 
 
 if _njit is not None:  # pragma: no branch
+    from llvmlite import ir as _ir
+    from numba.core import types as _types
+    from numba.extending import intrinsic as _intrinsic
+
+    @_intrinsic
+    def _f64_bits(typingctx: Any, x: Any) -> Any:  # noqa: F811 - the compiled bitcast
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            return builder.bitcast(args[0], _ir.IntType(64))
+
+        return _types.int64(_types.float64), codegen
+
+    @_intrinsic
+    def _bits_f64(typingctx: Any, b: Any) -> Any:  # noqa: F811 - the compiled bitcast
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            return builder.bitcast(args[0], _ir.DoubleType())
+
+        return _types.float64(_types.int64), codegen
+
+    _exp = _nb.njit(cache=True, nogil=True, inline="always")(_exp)
     _count_le = _njit(_count_le)
     _np_sum = _njit(_np_sum)
     _softmax_row = _njit(_softmax_row)
@@ -735,6 +844,7 @@ if _njit is not None:  # pragma: no branch
     _mean_prefill32 = _njit(_mean_prefill32)
     _class_keys = _njit(_class_keys)
     _class_means = _njit(_class_means)
+    _slot_layers = _njit(_slot_layers)
     _logits_of_classes = _njit(_logits_of_classes)
     _class_logits_jit = _njit(_class_logits)
     _class_quotas = _njit(_class_quotas)
