@@ -57,7 +57,7 @@ def test_neutral_knobs_give_exactly_the_networks_actions(paper):
     arg = LearnedPolicy.load(SHIPPED_CHECKPOINT, mode="argmax", **neutral)
     for p in (ref, torch_ref, arg):
         p.reset(env)
-    assert ref.safety == {"load_price": 0.0, "headroom_penalty": 0.0, "headroom_margin": 0.5}
+    assert ref.safety == {"load_price": 0.0, "headroom_penalty": 0.0, "headroom_margin": 0.6}
     assert (arg.act(obs, info) == torch_ref.act(obs, info)).all()  # the network's own argmax
     # the logits are the torch network's (which has no knobs)
     sc = ref.scorer
@@ -117,8 +117,8 @@ def test_load_price_evens_the_proposed_load_per_engine(paper):
 def test_checkpoint_records_the_knobs(tmp_path):
     old = LearnedPolicy.load(SHIPPED_CHECKPOINT)
     # the shipped checkpoint records the knobs selected on validation days (train/RESULTS_TRAIN.md)
-    assert old.safety == {"load_price": 0.0, "headroom_penalty": 20.0, "headroom_margin": 0.5}
-    assert old.scorer.headroom_penalty == 20.0 and old.scorer.headroom_margin == 0.5
+    assert old.safety == {"load_price": 0.0, "headroom_penalty": 20.0, "headroom_margin": 0.6}
+    assert old.scorer.headroom_penalty == 20.0 and old.scorer.headroom_margin == 0.6
     out = export_checkpoint(SHIPPED_CHECKPOINT, tmp_path / "k.zip",
                             safety={"load_price": 0.08, "headroom_penalty": 0.0, "headroom_margin": 0.0})
     pol = LearnedPolicy.load(out)
