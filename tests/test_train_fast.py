@@ -352,6 +352,44 @@ def test_numpy_order_sum_and_edge_count_match_numpy_bit_for_bit():
         assert fj._count_le(edges, x) == int(np.searchsorted(edges, x, "right")), x
 
 
+def test_compiled_exp_is_within_one_ulp_of_numpy():
+    """The softmaxes' exp (a polynomial, so that its loops vectorise) is within 1 ulp of numpy's
+    exp for x in [-708, 709], 0 below -708, exactly 1 at 0, and keeps NaN."""
+    fj = _jit()
+
+    @fj._nb.njit
+    def many(x):
+        out = np.empty_like(x)
+        for i in range(x.shape[0]):
+            out[i] = fj._exp(x[i])
+        return out
+
+    rng = np.random.default_rng(3)
+    x = np.concatenate([-rng.random(200_000) * 708.0, -np.abs(rng.standard_normal(200_000)) * 3.0,
+                        rng.random(20_000) * 709.0, -rng.random(20_000) * 1e-12, [0.0, -0.0, -708.0, 709.0]])
+    got, want = many(x), np.exp(x)
+    ulps = np.abs(got - want) / np.spacing(want)
+    assert ulps.max() <= 1.0 and (got == want).mean() > 0.85
+    assert many(np.array([0.0]))[0] == 1.0
+    low = many(np.array([-708.01, -745.0, -1e9, -np.inf]))
+    assert (low == 0.0).all()
+    assert np.isnan(many(np.array([np.nan]))[0])
+    with pytest.raises(AssertionError):  # (the check can fail: a 2-ulp error is caught)
+        assert (np.abs(got * (1 + 4.5e-16) - want) / np.spacing(want)).max() <= 1.0
+
+
+def test_fused_slot_layers_equal_the_affine_layers_bit_for_bit():
+    fj = _jit()
+    rng = np.random.default_rng(4)
+    for C, H1, h in ((1, 8, 8), (90, 8, 8), (37, 16, 16), (5, 32, 32)):
+        crow = rng.standard_normal((C, 3 + 16)) * rng.choice([0.0, 1.0, 30.0], (C, 19))  # (zeros: skipped terms)
+        W_s1, b_s1 = rng.standard_normal((3, H1)), rng.standard_normal(H1)
+        M_sd, bias = rng.standard_normal((H1, 2 * h)), rng.standard_normal(2 * h)
+        sd = fj._affine(fj._relu_affine(crow[:, :3].copy(), W_s1, b_s1), M_sd, bias)
+        sp, hd = fj._slot_layers(crow, W_s1, b_s1, M_sd, bias, h)
+        assert np.array_equal(sp, sd[:, :h]) and np.array_equal(hd, np.maximum(sd[:, h:], 0.0))
+
+
 def test_compiled_class_keys_match_numpy_on_bin_edges_and_odd_values(layouts):
     """The compiled output bin (a branch-free count of edges) equals numpy.searchsorted's, on the
     edges themselves, their float32 neighbours, negatives, infinities and NaN."""
