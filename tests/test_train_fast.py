@@ -557,9 +557,18 @@ def test_one_call_decision_equals_the_sorted_path_and_checks_its_hint(layouts):
             # numba's dispatcher (taken for other argument types) runs the same compiled function
             us2 = UniformStream(np.random.default_rng(trial))
             us2.reserve(K)
-            st2, n2, action2 = fj._decide_jit(slots, mask, dc, gl, hint, True, jit._ip, jit._fp, jit._table,
-                                              us2.buf, us2.pos)
+            action2 = np.empty(K, dtype=np.int64)
+            st2, n2 = fj._decide_jit(slots, mask, dc, gl, hint, True, jit._ip, jit._fp, jit._table, us2.buf, us2.pos,
+                                     action2)
             assert (st2, n2) == (0, n_valid) and np.array_equal(action2, expect)
+            # too few uniforms: status 3, nothing taken - at once for a hint > 0, after the classes
+            # otherwise (none needed if there is no request)
+            empty = UniformStream(np.random.default_rng(trial))
+            want = (3, 0) if hint > 0 else (3, n_valid) if n_valid else (0, 0)
+            assert fj._decide_jit(slots, mask, dc, gl, hint, True, jit._ip, jit._fp, jit._table, empty.buf, empty.pos,
+                                  action2) == want, hint
+            assert not jit._table.any()
+            assert int(empty.pos[0]) == 0
             status, n, _ = jit.decide(slots, mask, dc, gl, hint, False, us)  # another mode
             assert (status, n) == (1, n_valid)
             # uniforms drawn only as far as the hint bounds the classes: a wrong (low) hint leaves too

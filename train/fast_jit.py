@@ -773,31 +773,36 @@ def _mat(fp: np.ndarray, ip: np.ndarray, k: int) -> np.ndarray:
 
 
 def _decide(slots_flat: np.ndarray, mask: np.ndarray, dc_flat: np.ndarray, gl: np.ndarray, n_hint: int,
-            systematic: bool, ip: np.ndarray, fp: np.ndarray, table: np.ndarray, ubuf: np.ndarray, upos: np.ndarray):
-    """One decision in one compiled call: (status, n, action (K,)). status 0: ``action`` holds
-    the systematic choices (valid slots 0..n-1, one mask for all of them, ``systematic`` set;
-    its C uniforms taken from ``ubuf`` at ``upos[0]``, which moves on by C) and defer for the
-    other slots; 1: the valid slots are 0..n-1 but the choice is left to the caller
-    (per-request masks or another mode); 2: the valid slots are not 0..n-1; 3: as 0, but fewer
-    than C uniforms are left in ``ubuf`` (none is taken). With status 1, 2 or 3 ``action`` is
-    scratch. ``ip`` / ``fp``: the layout and the weights packed by :meth:`JitSetScorer.bind`."""
+            systematic: bool, ip: np.ndarray, fp: np.ndarray, table: np.ndarray, ubuf: np.ndarray, upos: np.ndarray,
+            action: np.ndarray):
+    """One decision in one compiled call, into ``action`` (K,): (status, n). status 0:
+    ``action`` holds the systematic choices (valid slots 0..n-1, one mask for all of them,
+    ``systematic`` set; its C uniforms taken from ``ubuf`` at ``upos[0]``, which moves on by C)
+    and defer for the other slots; 1: the valid slots are 0..n-1 but the choice is left to the
+    caller (per-request masks or another mode); 2: the valid slots are not 0..n-1; 3: fewer
+    uniforms are left in ``ubuf`` than ``n_hint`` (checked first, when ``systematic``) or than
+    the C classes (checked when they are known): none is taken, n is not computed (0) in the
+    first case. With status 1, 2 or 3 ``action`` is scratch. ``ip`` / ``fp``: the layout and
+    the weights packed by :meth:`JitSetScorer.bind`. The caller allocates ``action``: a
+    returned array would cost a boxing that, cold, takes longer than a small loop."""
     K = mask.shape[0]
     D = mask.shape[1] - 1
+    if systematic and upos[0] + min(n_hint, K) > ubuf.shape[0]:  # (as many classes as requests, at most)
+        return 3, 0
     slots = slots_flat.reshape((K, slots_flat.shape[0] // K))
     dc32 = dc_flat.reshape((D, dc_flat.shape[0] // D))
     icol = ip[_HEAD:_HEAD + ip[5]]
-    action = np.empty(K, dtype=np.int64)
     prefix, n, decidable, crow, row_class, counts = _prefix_classes(
         slots, mask, n_hint, ip[0], table, dc32, icol, _vec(fp, ip, 0), _vec(fp, ip, 1), _vec(fp, ip, 2), ip[2],
         systematic)
     if not prefix:
-        return 2, n, action
+        return 2, n
     if not decidable:
-        return 1, n, action
+        return 1, n
     if n == 0:
         for i in range(K):
             action[i] = D
-        return 0, n, action
+        return 0, n
     knobs = _vec(fp, ip, 29)
     logits = _logits_of_classes(
         crow, counts, n, dc32, gl, icol, _vec(fp, ip, 3), knobs[3],
@@ -808,11 +813,11 @@ def _decide(slots_flat: np.ndarray, mask: np.ndarray, dc_flat: np.ndarray, gl: n
         _vec(fp, ip, 27), _vec(fp, ip, 28)[0], ip[4] != 0, knobs[0], knobs[1], knobs[2])
     C = counts.shape[0]
     p = upos[0]
-    if p + C > ubuf.shape[0]:  # (fewer uniforms left than classes: nothing taken, the caller draws more)
-        return 3, n, action
+    if p + C > ubuf.shape[0]:  # (fewer uniforms left than classes, after a wrong hint: the caller draws more)
+        return 3, n
     _fill_systematic(logits, mask[0], counts, ubuf[p:p + C], row_class, action)
     upos[0] = p + C
-    return 0, n, action
+    return 0, n
 
 
 if _njit is not None:  # pragma: no branch
@@ -955,12 +960,14 @@ class JitSetScorer:
         the choices of :meth:`systematic` on :meth:`class_logits` of ``slots[:n]``, from the same
         uniforms (taken from ``uniforms``); with status 1 (valid slots 0..n-1) or 2 (valid slots
         elsewhere) the caller decides, with :meth:`class_logits`. (Status 3, too few uniforms
-        drawn ahead, is handled here: more are drawn and the call is repeated.)
+        drawn ahead, is handled here: K more are drawn and the call is repeated; the compiled
+        call checks the hint against the uniforms left first, so this costs little.)
 
         Kept to few Python operations, each array checked once: on a machine that has just run
         an env step, each costs about as much as a small compiled loop. The arrays, of the
         compiled signature's types (checked here: the entry point does not check them), go
-        straight to the compiled entry point, without numba's dispatcher."""
+        straight to the compiled entry point, without numba's dispatcher; the action array is
+        allocated here and the call returns two integers (boxing a returned array costs more)."""
         if not (type(slots) is np.ndarray and slots.dtype is _F32 and slots.ndim == 1 and slots.flags.carray):
             slots = np.require(slots, np.float32, "CAW").reshape(-1)
         if not (type(dc_flat) is np.ndarray and dc_flat.dtype is _F32 and dc_flat.ndim == 1 and dc_flat.flags.carray):
@@ -982,17 +989,18 @@ class JitSetScorer:
             self._fp[self._knob_at:self._knob_at + 3] = knobs
             self._knobs = knobs
         n_hint = int(n_hint)
-        # one uniform per class, at most one class per request: n_hint bounds them unless the hint
-        # is wrong (status 3: then again with K, which bounds them always)
-        uniforms.reserve(n_hint if 0 <= n_hint <= self.K else self.K)
+        systematic = bool(systematic)
+        action = np.empty(self.K, dtype=np.int64)
         call = self._entry if self._entry is not None else _decide_jit
-        out = call(slots, mask, dc_flat, gl, n_hint, bool(systematic), self._ip, self._fp, self._table,
-                   uniforms.buf, uniforms.pos)
-        if out[0] == 3:
+        status, n = call(slots, mask, dc_flat, gl, n_hint, systematic, self._ip, self._fp, self._table,
+                         uniforms.buf, uniforms.pos, action)
+        if status == 3:
+            # one uniform per class, at most one class per request: K are always enough (drawn
+            # ahead in blocks, so this happens every few dozen steps, at the call's first check)
             uniforms.reserve(self.K)
-            out = call(slots, mask, dc_flat, gl, n_hint, bool(systematic), self._ip, self._fp, self._table,
-                       uniforms.buf, uniforms.pos)
-        return out
+            status, n = call(slots, mask, dc_flat, gl, n_hint, systematic, self._ip, self._fp, self._table,
+                             uniforms.buf, uniforms.pos, action)
+        return status, n, action
 
     def systematic(self, logits: np.ndarray, mask_row: np.ndarray, counts: np.ndarray, order: np.ndarray,
                    rng: np.random.Generator | UniformStream) -> np.ndarray:
@@ -1015,9 +1023,9 @@ class JitSetScorer:
         us.reserve(2)
         for hint in (-1, 2):  # (the same argument types as decide's, on 2 slots)
             _decide_jit(rows.reshape(-1), mask, dc, gl, hint, True, self._ip, self._fp, np.zeros_like(self._table),
-                        us.buf, us.pos)
+                        us.buf, us.pos, np.empty(2, dtype=np.int64))
         t = _nb.types
         f32, i64, f64 = (t.Array(dt, 1, "C") for dt in (t.float32, t.int64, t.float64))
         cres = _decide_jit.overloads.get((f32, t.Array(t.boolean, 2, "C"), f32, f32, t.int64, t.boolean, i64, f64, i64,
-                                          f64, i64))
+                                          f64, i64, i64))
         self._entry = cres.entry_point if cres is not None else None  # (None: every call goes through the dispatcher)
