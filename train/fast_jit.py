@@ -568,22 +568,27 @@ def _logits_of_classes(crow: np.ndarray, counts: np.ndarray, n: int, dc32: np.nd
     a1 = np.empty(D)
     a3 = np.empty(D)
     acc = np.empty(D)
+    pre_s = np.empty(D)  # (the two datacenter columns read per class, as contiguous vectors)
+    wait_s = np.empty(D)
+    for d in range(D):
+        pre_s[d] = dc[d, c_prefill]
+        wait_s[d] = dc[d, c_wait]
     for c in range(C):
         prompt = crow[c, 0]
         waited = crow[c, 2]
         best = 1e3
         if n_up:
             best = np.inf
-            for d in range(D):
-                if up[d] and crow[c, 3 + d] < best:
-                    best = crow[c, 3 + d]
+            for d in range(D):  # (without a branch per datacenter: which one is nearest varies)
+                v = crow[c, 3 + d] if up[d] else np.inf
+                best = v if v < best else best
         for d in range(D):
             net = crow[c, 3 + d]
             x1 = net - best
             a0[d] = net
             a1[d] = min(0.0 if x1 < 0.0 else x1, 10.0)
-            server = dc[d, c_prefill] * prompt
-            server += dc[d, c_wait]
+            server = pre_s[d] * prompt
+            server += wait_s[d]
             hr = 1.0 - (waited + net + server)
             head[c, d] = min(max(hr, -10.0), 2.0)
             a3[d] = min(server, 10.0)
@@ -611,23 +616,30 @@ def _logits_of_classes(crow: np.ndarray, counts: np.ndarray, n: int, dc32: np.nd
     if load_feedback:
         e_part = _affine(e, W_f_e, b_f1)  # (D, h)
         for _ in range(load_feedback):
-            load = np.zeros((D, 3))
+            # the requests, prompt tokens and output tokens each datacenter would get (three
+            # vectors rather than a (D, 3) array: the loop over datacenters vectorises)
+            load_n = np.zeros(D)
+            load_p = np.zeros(D)
+            load_o = np.zeros(D)
             zc = np.empty(D + 1)
             for c in range(C):
                 tot = _softmax_row(logits, c, up, zc)
                 cnt = np.float64(counts[c])
+                cnt_p = cnt * crow[c, 0]
+                cnt_o = cnt * crow[c, 1]
                 for d in range(D):
                     p = zc[d] / tot
-                    load[d, 0] += p * cnt
-                    load[d, 1] += p * (cnt * crow[c, 0])
-                    load[d, 2] += p * (cnt * crow[c, 1])
+                    load_n[d] += p * cnt
+                    load_p[d] += p * cnt_p
+                    load_o[d] += p * cnt_o
             corr = np.empty(D)
             for d in range(D):
-                for t in range(3):
-                    load[d, t] *= inv_engines[d]
+                load_n[d] *= inv_engines[d]
+                load_p[d] *= inv_engines[d]
+                load_o[d] *= inv_engines[d]
                 acc = 0.0
                 for j in range(h):
-                    v = e_part[d, j] + (load[d, 0] * W_f_l[0, j] + load[d, 1] * W_f_l[1, j] + load[d, 2] * W_f_l[2, j])
+                    v = e_part[d, j] + (load_n[d] * W_f_l[0, j] + load_p[d] * W_f_l[1, j] + load_o[d] * W_f_l[2, j])
                     if not v < 0.0:
                         acc += v * w_f2[j]
                 corr[d] = acc + b_f2
@@ -685,13 +697,16 @@ def _class_quotas(logits: np.ndarray, mask_row: np.ndarray, counts: np.ndarray, 
             cdf[d] = acc
         last = cdf[C1 - 1]
         nc = counts[c]
+        uc = u[c]
+        for d in range(C1):  # (the float part in a loop of its own: it vectorises)
+            x = cdf[d] / last
+            x *= nc
+            x -= uc
+            cdf[d] = np.ceil(x)
         prev_edge = 0
         given = 0
         for d in range(C1):
-            x = cdf[d] / last
-            x *= nc
-            x -= u[c]
-            edge = np.int64(np.ceil(x))
+            edge = np.int64(cdf[d])
             k = edge - prev_edge
             if d == C1 - 1:
                 k += nc - edge
