@@ -184,10 +184,9 @@ def _softmax_row(logits: np.ndarray, c: int, up: np.ndarray, zc: np.ndarray) -> 
     the exponentials by :func:`_exp`, in a loop of their own so that it vectorises)."""
     D = up.shape[0]
     mx = logits[c, D]
-    for d in range(D):
+    for d in range(D):  # (selects, not branches)
         v = logits[c, d] if up[d] else MASKED_LOGIT
-        if v > mx:
-            mx = v
+        mx = v if v > mx else mx
     for d in range(D):
         v = logits[c, d] if up[d] else MASKED_LOGIT
         zc[d] = _exp(v - mx)
@@ -684,10 +683,9 @@ def _class_quotas(logits: np.ndarray, mask_row: np.ndarray, counts: np.ndarray, 
     cdf = np.empty(C1)
     for c in range(C):
         mx = -np.inf
-        for d in range(C1):
+        for d in range(C1):  # (selects, not branches: where the maximum lies varies)
             v = logits[c, d] if mask_row[d] else MASKED_LOGIT
-            if v > mx:
-                mx = v
+            mx = v if v > mx else mx
         for d in range(C1):  # (a loop of its own: it vectorises)
             v = logits[c, d] if mask_row[d] else MASKED_LOGIT
             cdf[d] = _exp(v - mx)
@@ -705,15 +703,16 @@ def _class_quotas(logits: np.ndarray, mask_row: np.ndarray, counts: np.ndarray, 
             cdf[d] = np.ceil(x)
         prev_edge = 0
         given = 0
-        for d in range(C1):
+        for d in range(C1 - 1):  # (without branches: most choices of a small class get no member)
             edge = np.int64(cdf[d])
             k = edge - prev_edge
-            if d == C1 - 1:
-                k += nc - edge
             prev_edge = edge
-            if k > 0:
-                given += k
-            bound[c, d] = min(given, nc)
+            given += k if k > 0 else 0
+            bound[c, d] = given if given < nc else nc
+        edge = np.int64(cdf[C1 - 1])
+        k = edge - prev_edge + (nc - edge)  # (the last choice takes the rest)
+        given += k if k > 0 else 0
+        bound[c, C1 - 1] = given if given < nc else nc
     return bound
 
 
