@@ -12,7 +12,9 @@ call - the dispatcher, cold code - weigh as much as the arithmetic: about 25 us 
 and 5-60 us per numpy call, against 0.1-0.2 ms of work. For the same reason the hot loops avoid
 data-dependent branches (a real observation defeats the branch predictor that a benchmark
 repeating one input trains) and signed computed indices (numba's wrap-around check keeps a
-loop from vectorising), and the call returns only the action.
+loop from vectorising), the softmaxes' exponentials come from a polynomial (:func:`_exp`, whose
+loops vectorise, unlike calls into libm), and the call fills an action array the caller
+allocates and returns two integers.
 :meth:`JitSetScorer.class_logits` and :meth:`JitSetScorer.systematic` do the same in two steps
 for any rows (they sort the rows by class); the policy uses them when the requests are not in
 slots 0..n-1, the masks differ between requests, or the mode is not ``systematic``.
@@ -20,8 +22,9 @@ slots 0..n-1, the masks differ between requests, or the mode is not ``systematic
 Same results as the numpy path in float64 (``NumpySetScorer(net, dtype=numpy.float64)``): the
 same classes (keys computed with the same float32 / float64 operations, classes in key order,
 members in row order like numpy's stable sort), logits equal up to the order of floating-point
-sums (~1e-12; the numpy path's matrix products use BLAS), and the same systematic split given
-the same uniform draws. The two compiled paths give the same logits to the bit.
+sums (~1e-12; the numpy path's matrix products use BLAS) and the last bit of an exponential (at
+most 1 ulp), and the same systematic split given the same uniform draws (checked on whole
+episodes). The two compiled paths give the same logits to the bit.
 ``tests/test_train_fast.py`` checks classes, logits and actions.
 
 numba is optional (``pip install -e '.[fast]'``, included in ``[train]``);
