@@ -41,8 +41,6 @@ from carbon_gym.errors import ConfigError
 
 from .fast import UniformStream
 
-_F32 = np.dtype(np.float32)
-
 __all__ = ["LearnedPolicy", "make_learned_policy", "is_learned_name", "export_checkpoint", "write_policy_meta", "SHIPPED_CHECKPOINT", "MODES", "POLICY_META_NAME"]
 
 SHIPPED_CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "llama8b_set.zip"
@@ -277,7 +275,7 @@ class LearnedPolicy:
         K, D = jit.K, jit.D
         action.fill(D)
         mask = np.asarray(mask, dtype=bool)
-        rows = _flat32(observation["slots"]).reshape(K, jit.F_S)
+        rows = np.ascontiguousarray(observation["slots"], dtype=np.float32).reshape(K, jit.F_S)  # (no copy if it is one)
         if status == 1:
             idx: Any = slice(0, n)
         else:
@@ -344,13 +342,6 @@ class LearnedPolicy:
 #: Training-time state that a shipped checkpoint does not need (the last observations alone are
 #: n_envs x K x F_S floats).
 _EXPORT_EXCLUDE = ["_last_obs", "_last_original_obs", "_last_episode_starts", "ep_info_buffer", "ep_success_buffer"]
-
-
-def _flat32(a: Any) -> np.ndarray:
-    """``a`` as a flat C-contiguous float32 array (itself when it already is one)."""
-    if type(a) is np.ndarray and a.dtype is _F32 and a.ndim == 1 and a.flags.c_contiguous:
-        return a
-    return np.ascontiguousarray(a, dtype=np.float32).reshape(-1)
 
 
 def export_checkpoint(src: str | Path, dst: str | Path, mode: str | None = None,
