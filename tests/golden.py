@@ -1,0 +1,215 @@
+"""Golden results: every metric of every shipped scenario (quick preset), pinned.
+
+``python -m tests.golden --write`` runs the matrix (shipped scenarios x deterministic policies x
+seeds 0-2, 60 simulated seconds, the harness's episode starts) and writes
+``tests/data/golden_quick.json``; ``python -m tests.golden`` reruns it and lists every cell that
+differs (exit status 1). ``tests/test_golden.py`` checks a CI-sized subset the same way, and the
+whole matrix when ``CARBON_GYM_GOLDEN=full``.
+
+A cell is the episode's ``episode_metrics`` (every key, floats compared exactly) plus SHA-256
+digests of the per-request records and of the per-step columns (decision times left out: wall
+clock). The facility MILP runs with a generous time limit (``time_limit_s=60``) so that no solve
+is cut by the wall clock: the default 0.2 s limit makes its rows depend on the machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import sys
+from typing import Any
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+GOLDEN_PATH = os.path.join(HERE, "data", "golden_quick.json")
+
+SCENARIOS = (
+    "dev", "dev-fault", "dev-fault-region",
+    "llama8b-low", "llama8b-moderate", "llama8b-high",
+    "qwen7b-low", "qwen7b-moderate", "qwen7b-high",
+    "mixtral8x7b-low", "mixtral8x7b-moderate", "mixtral8x7b-high",
+    "llama8b-diurnal",
+)
+POLICIES = ("rr", "greedy", "least-loaded", "planner", "planner-1h", "ilp", "ilp-state", "milp", "milp-greedy",
+            "clairvoyant", "learned")
+SEEDS = (0, 1, 2)
+DURATION_S = 60.0
+POLICY_KWARGS: dict[str, dict[str, Any]] = {"milp": {"time_limit_s": 60.0}}
+
+#: The subset tests/test_golden.py checks in CI: every policy on the dev scenarios (three seeds),
+#: round-robin on every paper-scale scenario and every policy on llama8b-moderate (seed 0).
+def ci_cells() -> list[tuple[str, str, int]]:
+    cells = [(s, p, k) for s in SCENARIOS[:3] for p in POLICIES for k in SEEDS]
+    cells += [(s, "rr", 0) for s in SCENARIOS[3:]]
+    cells += [("llama8b-moderate", p, 0) for p in POLICIES if p != "rr"]
+    return cells
+
+
+def all_cells() -> list[tuple[str, str, int]]:
+    return [(s, p, k) for s in SCENARIOS for p in POLICIES for k in SEEDS]
+
+
+def key(cell: tuple[str, str, int]) -> str:
+    return f"{cell[0]}|{cell[1]}|{cell[2]}"
+
+
+def _plain(v: Any) -> Any:
+    """JSON form that keeps every float exactly (repr), NaN/inf included."""
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in sorted(v.items())}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, np.ndarray):
+        return [_plain(x) for x in v.tolist()]
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
+        return repr(float(v))
+    if v is None or isinstance(v, str):
+        return v
+    return repr(v)
+
+
+def _digest(columns: dict[str, np.ndarray], skip: tuple[str, ...] = ()) -> str:
+    h = hashlib.sha256()
+    for name in sorted(columns):
+        if name in skip:
+            continue
+        a = np.ascontiguousarray(np.asarray(columns[name]))
+        if a.dtype.kind == "f":
+            a = a.astype(np.float64)
+        elif a.dtype.kind in "iub":
+            a = a.astype(np.int64)
+        h.update(name.encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def run_cell(cell: tuple[str, str, int]) -> dict[str, Any]:
+    """One episode through the evaluation harness (as ``carbon-gym eval`` runs it)."""
+    import gymnasium as gym
+
+    from eval import harness
+    from eval.harness import RunSpec, run_one
+
+    final: dict[str, Any] = {}
+
+    class Capture(gym.Wrapper):
+        """Keeps the final step's ``episode_metrics`` (the harness reports only some of them)."""
+
+        def step(self, action: Any) -> Any:
+            out = self.env.step(action)
+            if "episode_metrics" in out[4]:
+                final["em"] = out[4]["episode_metrics"]
+            return out
+
+    make_env = harness.make_env
+    harness.make_env = lambda sc: Capture(make_env(sc))  # type: ignore[assignment]
+    scenario, policy, seed = cell
+    spec = RunSpec(scenario=scenario, policy=policy, seed=seed, overrides=(("duration_s", DURATION_S),),
+                   policy_kwargs=tuple(sorted(POLICY_KWARGS.get(policy, {}).items())))
+    try:
+        res = run_one(spec, keep_requests=True)
+    finally:
+        harness.make_env = make_env  # type: ignore[assignment]
+    em = final.get("em")
+    metrics = {k: v for k, v in res.metrics.items() if not k.startswith("decision_") and k not in ("wall_s", "cpu_s")}
+    return {
+        "metrics": _plain(metrics),
+        "episode_metrics": _plain(em) if em is not None else None,
+        "meta": _plain({k: v for k, v in res.meta.items() if k not in ("warnings", "episode_metrics")}),
+        "requests_sha256": _digest(res.requests),
+        "steps_sha256": _digest(res.steps, skip=("decision_s",)),
+        "n_requests": int(len(next(iter(res.requests.values())))) if res.requests else 0,
+    }
+
+
+def _worker(cell: tuple[str, str, int]) -> tuple[str, dict[str, Any]]:
+    import warnings
+
+    warnings.simplefilter("ignore")
+    return key(cell), run_cell(cell)
+
+
+def run_cells(cells: list[tuple[str, str, int]], workers: int = 2) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    if workers <= 1:
+        for c in cells:
+            k, v = _worker(c)
+            out[k] = v
+        return out
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(workers) as pool:
+        for i, (k, v) in enumerate(pool.imap_unordered(_worker, cells)):
+            out[k] = v
+            print(f"[{i + 1}/{len(cells)}] {k}", file=sys.stderr, flush=True)
+    return out
+
+
+def diff(expected: dict[str, Any], got: dict[str, Any], path: str = "") -> list[str]:
+    """Entries that differ, as ``path: expected != got``."""
+    out: list[str] = []
+    if isinstance(expected, dict) and isinstance(got, dict):
+        for k in sorted(set(expected) | set(got)):
+            if k not in got:
+                out.append(f"{path}/{k}: missing")
+            elif k not in expected:
+                out.append(f"{path}/{k}: new")
+            else:
+                out += diff(expected[k], got[k], f"{path}/{k}")
+        return out
+    if expected != got:
+        out.append(f"{path}: {expected!r} != {got!r}")
+    return out
+
+
+def load_golden() -> dict[str, Any]:
+    with open(GOLDEN_PATH) as f:
+        return json.load(f)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--write", action="store_true", help="write tests/data/golden_quick.json")
+    ap.add_argument("--ci", action="store_true", help="only the CI subset")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--only", default="", help="comma-separated scenario names")
+    ap.add_argument("--policies", default="", help="comma-separated policy names")
+    a = ap.parse_args(argv)
+    cells = ci_cells() if a.ci else all_cells()
+    if a.only:
+        keep = set(a.only.split(","))
+        cells = [c for c in cells if c[0] in keep]
+    if a.policies:
+        keep_p = set(a.policies.split(","))
+        cells = [c for c in cells if c[1] in keep_p]
+    got = run_cells(cells, a.workers)
+    if a.write:
+        old = load_golden() if os.path.exists(GOLDEN_PATH) else {}
+        old.update(got)
+        with open(GOLDEN_PATH, "w") as f:
+            json.dump({k: old[k] for k in sorted(old)}, f, indent=0, sort_keys=True)
+            f.write("\n")
+        print(f"wrote {len(got)} cells to {GOLDEN_PATH}")
+        return 0
+    gold = load_golden()
+    bad = 0
+    for k in sorted(got):
+        d = diff(gold.get(k, {}), got[k]) if k in gold else ["not in the golden file"]
+        if d:
+            bad += 1
+            print(f"{k}:\n  " + "\n  ".join(d[:12]))
+    print(f"golden_cells={len(got)} differing={bad}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
