@@ -18,7 +18,6 @@ this for the study's models and writes ``carbon_gym/data/load_levels.toml``.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Any
 

@@ -53,9 +53,9 @@ the episode start, ``end_s`` is optional (default: the fault lasts to the end of
   the datacenter complete normally.
 * *Carbon-feed gap*: the observation's carbon columns (now and forecast) for the listed
   datacenters freeze at their values at ``start_s`` ("stale") or are unknown ("missing": 0 in
-  the raw observation, NaN from :func:`carbon_gym.env.decode_observation`); the env adds two
-  flag columns (``carbon_stale``, ``carbon_missing``) to the datacenter rows of scenarios that
-  have a gap. The simulator still accounts the real emissions.
+  the raw observation, NaN in the typed state and from :func:`carbon_gym.observation.decode_observation`);
+  the env adds two flag columns (``carbon_stale``, ``carbon_missing``) to the datacenter rows of
+  scenarios that have a gap (the env builds that view from :meth:`FaultRuntime.feed_state`). The simulator still accounts the real emissions.
 * *Engine drain*: the last ``engines`` engines (by index) of the datacenter take no new
   requests (their queued ones move to the other engines), finish their running batches, then
   draw 0 W (``power_off``) until ``end_s``. A datacenter whose engines all drain is masked
@@ -75,14 +75,13 @@ scheduling decision: the simulator only aborts and reports (see
 from __future__ import annotations
 
 import dataclasses
-import math
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from .scenario import _Ctx, _parse, boolean, integer, list_of, num, spec, string
+from .schema import Ctx, boolean, integer, list_of, num, parse_table, spec, string
 
 __all__ = [
     "FAULT_KINDS",
@@ -179,7 +178,7 @@ def parse_faults(raw: Sequence[Any], topology: Any, *, duration_s: float, tp: in
     Errors are :class:`~carbon_gym.errors.ConfigError` naming the field (``faults[i].name``),
     with the allowed values (fault kinds, datacenter or region names, ranges).
     """
-    ctx = _Ctx(source)
+    ctx = Ctx(source)
     dc_names = [d.name for d in topology.datacenters]
     regions = list(topology.regions)
     if not isinstance(raw, (list, tuple)):
@@ -194,7 +193,7 @@ def parse_faults(raw: Sequence[Any], topology: Any, *, duration_s: float, tp: in
             raise ctx.err(f"{path}.kind", "required field is missing", allowed=list(FAULT_KINDS))
         if not isinstance(kind, str) or kind not in FAULT_KINDS:
             raise ctx.err(f"{path}.kind", f"unknown fault kind {kind!r}", allowed=list(FAULT_KINDS))
-        f = _parse(FAULT_KINDS[kind], item, path, ctx)
+        f = parse_table(FAULT_KINDS[kind], item, path, ctx)
         if f.end_s is not None and f.end_s <= f.start_s:
             raise ctx.err(f"{path}.end_s", f"must be after start_s = {f.start_s}, got {f.end_s}", allowed=f"> {f.start_s}")
         if f.start_s >= duration_s and warn:
@@ -284,10 +283,6 @@ class FaultRuntime:
         self._frozen: dict[float, np.ndarray] = {}
 
     # ------------------------------------------------------------------ time
-    def next_time(self) -> float:
-        """Time of the next fault event (``inf`` if none)."""
-        return self.events[self._pos].time_s if self._pos < len(self.events) else math.inf
-
     def advance(self, t_s: float) -> list[Any]:
         """Advance the simulator to ``t_s``, applying every fault event with time <= ``t_s`` at
         its time; return the :class:`~carbon_gym.sim.AbortedRequests` of the outages that began."""
@@ -408,56 +403,6 @@ class FaultRuntime:
         if dc.accepting_engines == 0:
             return "all its engines are drained for maintenance"
         return None
-
-    def adjust_observation(self, now: float, layout: Any, dc: np.ndarray, slots: np.ndarray, mask: np.ndarray,
-                           origins: np.ndarray, forecast_fn: Callable[[float], np.ndarray] | None) -> None:
-        """Apply the fault state to one observation in place.
-
-        Args:
-            now: simulated time of the observation.
-            layout: the env's :class:`~carbon_gym.env.ObservationLayout`.
-            dc: (D, F_D) datacenter rows (scaled as in the observation).
-            slots: (n, F_S) rows of the n visible pending requests.
-            mask: (n, D + 1) their action-mask rows.
-            origins: (n,) their origin regions.
-            forecast_fn: sim time -> (D, H) scaled forecast (None when H = 0).
-        """
-        from .env import CARBON_SCALE_G_PER_KWH
-
-        cols = layout.dc_columns
-        H = layout.forecast_hours
-        D = self.D
-        if "carbon_stale" in cols:
-            since, missing = self.feed_state()
-            stale = ~np.isnan(since)
-            dc[:, cols["carbon_stale"]] = stale & ~missing
-            dc[:, cols["carbon_missing"]] = missing
-            c0 = cols["carbon_now"]
-            for d in np.flatnonzero(stale):
-                if missing[d]:
-                    dc[d, c0:c0 + 1 + H] = 0.0
-                    continue
-                t0 = float(since[d])
-                frozen = self._frozen.get(t0)
-                if frozen is None:
-                    now_vals = np.array([x.intensity(t0) for x in self.sim.datacenters]) / CARBON_SCALE_G_PER_KWH
-                    fc = forecast_fn(t0) if (H and forecast_fn is not None) else np.zeros((D, 0))
-                    frozen = self._frozen[t0] = np.concatenate([now_vals[:, None], fc], axis=1)
-                dc[d, c0:c0 + 1 + H] = frozen[d]
-        n = slots.shape[0]
-        if n == 0:
-            return
-        delta = self.one_way_delta_s()
-        if np.any(delta != 0.0):
-            net = layout.slot_columns["network"]
-            slots[:, net:net + D] += (2.0 * delta[origins] / layout.ttft_target_s).astype(slots.dtype)
-        ok = self.accepting()[None, :] & ~self.link_cut[origins]
-        mask[:, :D] &= ok
-
-
-def carbon_feed_columns() -> tuple[str, str]:
-    """Names of the two flag columns a scenario with a carbon-feed gap adds to the datacenter rows."""
-    return ("carbon_stale", "carbon_missing")
 
 
 def without_faults(scenario: Any) -> Any:

@@ -32,18 +32,16 @@ Each region's clients sit at its first zone (Los Angeles, Frankfurt, Tokyo, Sydn
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import math
-import re
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ._csv import parse_float, read_rows
 from ._toml import data_path, load_toml, loads_toml, toml_value
 from .errors import ConfigError, DataError
+from .schema import Ctx, boolean, integer, list_of, num, parse_table, raw_tables, spec, string, table_of, tables_of
 from .topology import DatacenterSpec, Topology
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
@@ -154,177 +152,6 @@ def default_region_specs(regions: Sequence[str] | None = None) -> tuple[RegionSp
     return tuple(RegionSpec(r, DEFAULT_REGIONS[r][0], zone_info(DEFAULT_REGIONS[r][0]).utc_offset_h) for r in names)
 
 
-# --------------------------------------------------------------------------- schema helpers
-
-_UNIT_WORDS = {"_s": "seconds", "_h": "hours", "_ms": "milliseconds", "_tokens": "tokens", "_per_s": "per second",
-               "_frac": "a fraction", "_g_per_kwh": "gCO2eq/kWh"}
-
-
-def _unit_of(name: str) -> str:
-    for suf in sorted(_UNIT_WORDS, key=len, reverse=True):
-        if name.endswith(suf):
-            return _UNIT_WORDS[suf]
-    return ""
-
-
-@dataclass(frozen=True)
-class _Ctx:
-    source: str | None
-
-    def err(self, path: str, msg: str, allowed: Any = None) -> ConfigError:
-        return ConfigError(path, msg, allowed=allowed, source=self.source)
-
-
-Check = Callable[[Any, str, _Ctx], Any]
-
-
-def num(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False) -> Check:
-    """A real number in a range (ints accepted; bools and strings refused)."""
-
-    def check(v: Any, path: str, ctx: _Ctx) -> float:
-        unit = _unit_of(path)
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            hint = f" in {unit}" if unit else ""
-            if isinstance(v, str) and re.match(r"^\s*[-+0-9.eE]+\s*[a-zA-Z%/]+\s*$", v):
-                hint += " (write a plain number; the unit is in the field name)"
-            raise ctx.err(path, f"expected a number{hint}, got {v!r}")
-        x = float(v)
-        if not math.isfinite(x):
-            raise ctx.err(path, f"must be finite, got {v!r}")
-        bad_lo = lo is not None and (x <= lo if lo_open else x < lo)
-        bad_hi = hi is not None and (x >= hi if hi_open else x > hi)
-        if bad_lo or bad_hi:
-            rng = f"{'(' if lo_open else '['}{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}{')' if hi_open else ']'}"
-            hint = ""
-            if bad_hi and path.endswith("_s") and hi is not None and x / 1000 <= hi:
-                hint = " (is it in milliseconds? this field is in seconds)"
-            raise ctx.err(path, f"{x} is out of range{hint}", allowed=f"{rng}{' ' + unit if unit else ''}")
-        return x
-
-    return check
-
-
-def integer(lo: int | None = None, hi: int | None = None) -> Check:
-    """An integer in ``[lo, hi]``."""
-
-    def check(v: Any, path: str, ctx: _Ctx) -> int:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ctx.err(path, f"expected an integer, got {v!r}")
-        if (lo is not None and v < lo) or (hi is not None and v > hi):
-            raise ctx.err(path, f"{v} is out of range", allowed=f"[{lo}, {hi if hi is not None else 'inf'}]")
-        return int(v)
-
-    return check
-
-
-def string(choices: Sequence[str] | None = None, *, pattern: str | None = None) -> Check:
-    """A string, optionally one of ``choices``."""
-
-    def check(v: Any, path: str, ctx: _Ctx) -> str:
-        if not isinstance(v, str):
-            raise ctx.err(path, f"expected a string, got {v!r}")
-        if choices is not None and v not in choices:
-            raise ctx.err(path, f"unknown value {v!r}", allowed=list(choices))
-        if pattern is not None and not re.fullmatch(pattern, v):
-            raise ctx.err(path, f"{v!r} does not match {pattern}")
-        return v
-
-    return check
-
-
-def boolean() -> Check:
-    """``true`` or ``false``."""
-
-    def check(v: Any, path: str, ctx: _Ctx) -> bool:
-        if not isinstance(v, bool):
-            raise ctx.err(path, f"expected true or false, got {v!r}")
-        return v
-
-    return check
-
-
-def list_of(item: Check, *, min_len: int = 0) -> Check:
-    """A TOML array whose items pass ``item``; returned as a tuple."""
-
-    def check(v: Any, path: str, ctx: _Ctx) -> tuple:
-        if not isinstance(v, (list, tuple)):
-            raise ctx.err(path, f"expected an array, got {v!r}")
-        if len(v) < min_len:
-            raise ctx.err(path, f"needs at least {min_len} item(s)")
-        return tuple(item(x, f"{path}[{i}]", ctx) for i, x in enumerate(v))
-
-    return check
-
-
-def table_of(cls: type) -> Check:
-    """A TOML table parsed as dataclass ``cls``."""
-
-    def check(v: Any, path: str, ctx: _Ctx) -> Any:
-        return _parse(cls, v, path, ctx)
-
-    return check
-
-
-def tables_of(cls: type) -> Check:
-    """An array of TOML tables, each parsed as ``cls``; returned as a tuple."""
-
-    def check(v: Any, path: str, ctx: _Ctx) -> tuple:
-        if not isinstance(v, (list, tuple)):
-            raise ctx.err(path, f"expected an array of tables ([[{path}]]), got {v!r}")
-        return tuple(_parse(cls, x, f"{path}[{i}]", ctx) for i, x in enumerate(v))
-
-    return check
-
-
-def raw_tables() -> Check:
-    """An array of tables kept as plain dicts (for sections validated elsewhere)."""
-
-    def check(v: Any, path: str, ctx: _Ctx) -> tuple:
-        if not isinstance(v, (list, tuple)) or not all(isinstance(x, dict) for x in v):
-            raise ctx.err(path, f"expected an array of tables, got {v!r}")
-        return tuple(dict(x) for x in v)
-
-    return check
-
-
-def spec(check: Check, doc: str = "", default: Any = dataclasses.MISSING) -> Any:
-    """Dataclass field carrying its validator and a one-line doc."""
-    if default is dataclasses.MISSING:
-        return field(metadata={"check": check, "doc": doc})
-    if isinstance(default, (list, dict, set)):
-        raise TypeError("use tuples for defaults")
-    return field(default=default, metadata={"check": check, "doc": doc})
-
-
-def _parse(cls: type, raw: Any, path: str, ctx: _Ctx) -> Any:
-    where = path or "scenario"
-    if not isinstance(raw, Mapping):
-        raise ctx.err(where, f"expected a table, got {raw!r}")
-    fields = {f.name: f for f in dataclasses.fields(cls) if "check" in f.metadata}
-    for key in raw:
-        if key not in fields:
-            dotted = f"{path}.{key}" if path else key
-            hint = _suggest(key, list(fields))
-            raise ctx.err(dotted, f"unknown field{hint}", allowed=sorted(fields))
-    kwargs = {}
-    for name, f in fields.items():
-        dotted = f"{path}.{name}" if path else name
-        if name in raw:
-            kwargs[name] = f.metadata["check"](raw[name], dotted, ctx)
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:  # type: ignore[misc]
-            raise ctx.err(dotted, "required field is missing")
-    return cls(**kwargs)
-
-
-def _suggest(key: str, names: list[str]) -> str:
-    stem = re.sub(r"_(ms|s|sec|secs|seconds|min|mins|minutes|h|hr|hours|us)$", "", key)
-    same_stem = [n for n in names if re.sub(r"_(ms|s|h)$", "", n) == stem and n != key]
-    if same_stem:
-        return f"; did you mean {same_stem[0]!r}? (its unit is {_unit_of(same_stem[0]) or 'in its name'})"
-    close = difflib.get_close_matches(key, names, n=1)
-    return f"; did you mean {close[0]!r}?" if close else ""
-
-
 # ----------------------------------------------------------------------------- sections
 
 
@@ -415,7 +242,9 @@ class EngineSection:
     max_num_batched_tokens: int = spec(integer(1, 1_000_000), "per-iteration token budget", 2048)
     chunked_prefill: bool = spec(boolean(), "mix prefill chunks with decodes", True)
     max_model_len: int = spec(integer(2, 10_000_000), "prompt + output cap of the engine, tokens", 32768)
-    dispatcher: str = spec(string(("least_work", "most_free_kv")), "engine choice inside a datacenter", "least_work")
+    dispatcher: str = spec(string(), "engine choice inside a datacenter: a registered dispatcher "
+                           "(carbon_gym.sim.dispatch: least_work, most_free_kv, or one added with register_dispatcher)",
+                           "least_work")
 
 
 @dataclass(frozen=True)
@@ -456,6 +285,7 @@ class Scenario:
     faults: tuple[dict, ...] = spec(raw_tables(), "[[faults]]: outages, links, carbon-feed gaps, drains (see carbon_gym.faults)", ())
     source: str = ""
     resolved_rate_per_s: float = 0.0
+    rate_source: str = ""
 
     @property
     def tp(self) -> int:
@@ -478,7 +308,8 @@ class Scenario:
     @property
     def rate_per_s(self) -> float:
         """Mean total request rate, requests/s: ``workload.rate_per_s``, or the rate ``workload.load``
-        gives on this cluster, or the replayed trace's rate."""
+        gives on this cluster (the capacity measured for this model, GPU and TP), or the replayed
+        trace's rate; :attr:`rate_source` says which, with the numbers."""
         return self.resolved_rate_per_s
 
     def replace(self, **changes: Any) -> "Scenario":
@@ -558,21 +389,60 @@ def dumps_toml(data: Mapping[str, Any]) -> str:
 # ----------------------------------------------------------------------------- load levels
 
 
+def capacity_key(model: str, gpu: str, tp: int) -> str:
+    """Key of a measured capacity in ``load_levels.toml``: ``"<model>/<gpu>/tp<k>"``."""
+    return f"{model}/{gpu}/tp{int(tp)}"
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Measured serving capacity of one engine of ``model`` on ``gpu`` with tensor parallelism ``tp``.
+
+    Attributes:
+        per_engine_rate_per_s: requests/s one engine serves within the SLO targets.
+        provisional: True while the figure is a placeholder, not a simulator measurement.
+        conditions: the measurement's settings (lengths, SLO, probes, command...).
+    """
+
+    model: str
+    gpu: str
+    tp: int
+    per_engine_rate_per_s: float
+    provisional: bool
+    conditions: dict[str, Any]
+
+    @property
+    def key(self) -> str:
+        """``"<model>/<gpu>/tp<k>"``."""
+        return capacity_key(self.model, self.gpu, self.tp)
+
+
 @dataclass(frozen=True)
 class LoadLevels:
     """Measured capacities and the load fractions (``carbon_gym/data/load_levels.toml``).
 
     Attributes:
         fractions: {"low": f, "moderate": f, "high": f} of capacity.
-        per_engine_rate_per_s: {model: requests/s one engine serves within the SLO}.
-        provisional: True while the capacities are placeholders, not simulator measurements.
-        conditions: {model: dict of the measurement's settings (lengths, tp, ...)}.
+        capacities: {"<model>/<gpu>/tp<k>": :class:`Capacity`}.
     """
 
     fractions: dict[str, float]
-    per_engine_rate_per_s: dict[str, float]
-    provisional: dict[str, bool]
-    conditions: dict[str, dict[str, Any]]
+    capacities: dict[str, Capacity]
+
+    def find(self, model: str, gpu: str, tp: int) -> Capacity | None:
+        """The capacity measured for (model, GPU, TP), or None."""
+        return self.capacities.get(capacity_key(model, gpu, tp))
+
+    def capacity(self, model: str, gpu: str, tp: int) -> Capacity:
+        """The capacity measured for (model, GPU, TP); a :class:`ConfigError` naming
+        ``workload.load`` and listing the measured ones if there is none."""
+        cap = self.find(model, gpu, tp)
+        if cap is None:
+            raise ConfigError(
+                "workload.load",
+                f"no measured capacity for {capacity_key(model, gpu, tp)} (model / gpu / engine.tp): give "
+                "workload.rate_per_s, or measure it (python eval/measure_capacity.py --write)", allowed=sorted(self.capacities))
+        return cap
 
 
 def load_levels_path() -> Path:
@@ -586,28 +456,38 @@ def load_load_levels(path: str | Path | None = None) -> LoadLevels:
     raw = load_toml(p)
     try:
         fractions = {k: float(v) for k, v in raw["fractions"].items()}
-        caps, prov, cond = {}, {}, {}
-        for model, t in raw["capacity"].items():
-            caps[model] = float(t["per_engine_rate_per_s"])
-            prov[model] = str(t.get("status", "")).upper() == "PROVISIONAL"
-            cond[model] = {k: v for k, v in t.items() if k not in ("per_engine_rate_per_s",)}
+        caps = {}
+        for key, t in raw["capacity"].items():
+            cap = Capacity(
+                model=str(t["model"]), gpu=str(t["gpu"]), tp=int(t["tp"]),
+                per_engine_rate_per_s=float(t["per_engine_rate_per_s"]),
+                provisional=str(t.get("status", "")).upper() == "PROVISIONAL",
+                conditions={k: v for k, v in t.items() if k not in ("per_engine_rate_per_s", "model", "gpu", "tp")},
+            )
+            if cap.key != key:
+                raise ValueError(f"section [capacity.{key!r}] holds {cap.key!r}")
+            caps[key] = cap
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise DataError(str(p), f"malformed load-level file: {exc!r}") from None
     for k in ("low", "moderate", "high"):
         if not (0 < fractions.get(k, -1) <= 2):
             raise DataError(str(p), f"fractions.{k} missing or out of (0, 2]")
-    return LoadLevels(fractions, caps, prov, cond)
+    return LoadLevels(fractions, caps)
 
 
-def load_rate_per_s(model: str, level: str, n_engines: int, levels: LoadLevels | None = None) -> float:
-    """Total request rate for ``level`` of ``model`` on ``n_engines`` engines."""
+def load_rate_per_s(model: str, gpu: str, tp: int, level: str, n_engines: int,
+                    levels: LoadLevels | None = None) -> tuple[float, str]:
+    """Total request rate (requests/s) for ``level`` of ``model`` on ``n_engines`` engines of
+    ``gpu`` with tensor parallelism ``tp``, and a sentence saying where it comes from."""
     levels = levels or load_load_levels()
     if level not in levels.fractions:
         raise ConfigError("workload.load", f"unknown load level {level!r}", allowed=sorted(levels.fractions))
-    if model not in levels.per_engine_rate_per_s:
-        raise ConfigError("workload.load", f"no measured capacity for model {model!r}; give workload.rate_per_s",
-                          allowed=sorted(levels.per_engine_rate_per_s))
-    return levels.fractions[level] * levels.per_engine_rate_per_s[model] * n_engines
+    cap = levels.capacity(model, gpu, tp)
+    f = levels.fractions[level]
+    status = "PROVISIONAL" if cap.provisional else "measured"
+    text = (f"workload.load = {level!r}: {f} x {cap.per_engine_rate_per_s} requests/s per engine ({status} capacity "
+            f"of {cap.key}, carbon_gym/data/load_levels.toml) x {n_engines} engines")
+    return f * cap.per_engine_rate_per_s * n_engines, text
 
 
 # ----------------------------------------------------------------------------- topology
@@ -622,7 +502,7 @@ def resolve_topology(s: Scenario) -> tuple[Topology, tuple[RegionSpec, ...]]:
 def _resolve_topology(t: TopologyConfig, gpu: str, source: str | None) -> tuple[Topology, tuple[RegionSpec, ...]]:
     from .specs import load_gpu_spec
 
-    ctx = _Ctx(source)
+    ctx = Ctx(source)
     gpus_per_node = load_gpu_spec(gpu).gpus_per_node
     if t.preset == "default":
         if t.regions or t.datacenters:
@@ -657,7 +537,7 @@ def _resolve_topology(t: TopologyConfig, gpu: str, source: str | None) -> tuple[
     return Topology(regions=tuple(region_names), datacenters=tuple(dcs), gpu=gpu), tuple(regions)
 
 
-def _zone_fact(zone: str, path: str, ctx: _Ctx) -> ZoneInfo:
+def _zone_fact(zone: str, path: str, ctx: Ctx) -> ZoneInfo:
     table = zone_table()
     if zone not in table:
         raise ctx.err(path, f"zone {zone!r} has no packaged PUE / UTC offset; set them explicitly (pue, utc_offset_h)", allowed=sorted(table))
@@ -759,7 +639,7 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str | None = None, bas
         raise ConfigError("overrides", f"expected a dict of dotted field names to values, got {type(overrides).__name__}",
                           source=source)
     raw = _deep_copy(dict(raw))
-    ctx = _Ctx(source)
+    ctx = Ctx(source)
     for key, value in (overrides or {}).items():
         if not isinstance(key, str) or not key:
             raise ConfigError("overrides", f"override keys must be dotted field names, got {key!r}")
@@ -770,7 +650,7 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str | None = None, bas
                 wl.pop("load", None)
             elif key == "workload.load":
                 wl.pop("rate_per_s", None)
-    s: Scenario = _parse(Scenario, raw, "", ctx)
+    s: Scenario = parse_table(Scenario, raw, "", ctx)
     return _resolve(s, ctx, base_dir)
 
 
@@ -788,7 +668,7 @@ def load_scenario(name_or_path: str | Path, overrides: Mapping[str, Any] | None 
     return scenario_from_dict(raw, source=str(path), base_dir=path.resolve().parent, overrides=overrides)
 
 
-def _resolve(s: Scenario, ctx: _Ctx, base_dir: Path | None) -> Scenario:
+def _resolve(s: Scenario, ctx: Ctx, base_dir: Path | None) -> Scenario:
     """Cross-field checks; fill model-dependent defaults; resolve relative paths and the rate."""
     from .specs import load_gpu_spec, load_model_spec
 
@@ -809,6 +689,11 @@ def _resolve(s: Scenario, ctx: _Ctx, base_dir: Path | None) -> Scenario:
         raise ctx.err("engine.tp", f"tp={tp} does not divide the {gpu.gpus_per_node} GPUs of a {s.gpu} node",
                       allowed=[k for k in range(1, gpu.gpus_per_node + 1) if gpu.gpus_per_node % k == 0])
     eng = dataclasses.replace(eng, tp=tp)
+    from .sim.dispatch import available_dispatchers
+
+    if eng.dispatcher not in available_dispatchers():
+        raise ctx.err("engine.dispatcher", f"unknown dispatcher {eng.dispatcher!r} (register your own with "
+                      "carbon_gym.sim.register_dispatcher before loading the scenario)", allowed=available_dispatchers())
 
     # slo
     slo = s.slo
@@ -883,21 +768,26 @@ def _resolve(s: Scenario, ctx: _Ctx, base_dir: Path | None) -> Scenario:
         raise ctx.err("workload.rate_per_s", "give either workload.load or workload.rate_per_s, not both")
     if w.load is not None:
         levels = load_load_levels()
-        rate = load_rate_per_s(s.model, w.load, n_engines, levels)
-        if levels.provisional.get(s.model):
-            warnings.warn(f"load level {w.load!r} for {s.model} uses a PROVISIONAL capacity (not yet measured with the simulator)", UserWarning, stacklevel=3)
+        try:
+            rate, rate_source = load_rate_per_s(s.model, s.gpu, tp, w.load, n_engines, levels)
+        except ConfigError as e:
+            raise ctx.err("workload.load", str(e).split(": ", 1)[-1].split(" (allowed")[0], allowed=e.allowed) from None
+        cap = levels.capacity(s.model, s.gpu, tp)
+        if cap.provisional:
+            warnings.warn(f"load level {w.load!r} for {cap.key} uses a PROVISIONAL capacity (not yet measured with the simulator)", UserWarning, stacklevel=3)
     elif w.rate_per_s is not None:
-        rate = w.rate_per_s
+        rate, rate_source = w.rate_per_s, "workload.rate_per_s"
     elif w.arrival == "replay":
         from .workload import make_trace_replay
 
         rate = make_trace_replay(w.trace, time_scale=w.time_scale or 1.0).rate_per_s / (1.0 + w.diurnal_amplitude)
+        rate_source = f"the replayed trace {w.trace!r} (time_scale {w.time_scale or 1.0})"
     else:
         raise ctx.err("workload.rate_per_s", "set workload.rate_per_s or workload.load")
-    return dataclasses.replace(s, workload=w, resolved_rate_per_s=float(rate))
+    return dataclasses.replace(s, workload=w, resolved_rate_per_s=float(rate), rate_source=rate_source)
 
 
-def _resolve_data_path(value: str, field_name: str, names: list[str], base_dir: Path | None, ctx: _Ctx) -> str:
+def _resolve_data_path(value: str, field_name: str, names: list[str], base_dir: Path | None, ctx: Ctx) -> str:
     if value in names:
         return value
     p = Path(value)

@@ -153,7 +153,8 @@ class ClairvoyantPolicy:
         try:
             from carbon_gym.scenario import load_load_levels
 
-            rate = load_load_levels().per_engine_rate_per_s.get(sc.model)
+            cap = load_load_levels().find(sc.model, sc.gpu, sc.tp)
+            rate = cap.per_engine_rate_per_s if cap is not None else None
         except Exception:  # noqa: BLE001 - no measured capacity: fall back to the latency model
             rate = None
         # engine capacity in "mean requests" per second; a request costs w / mean(w) of them

@@ -20,11 +20,11 @@ from pathlib import Path
 STUDY = {"llama-3.1-8b": "llama8b", "qwen2.5-7b": "qwen7b", "mixtral-8x7b": "mixtral8x7b"}
 
 
-def _toml_entry(model: str, fields: dict) -> str:
-    from carbon_gym.scenario import _toml_value
+def _toml_entry(key: str, fields: dict) -> str:
+    from carbon_gym._toml import toml_value
 
-    lines = [f'[capacity."{model}"]']
-    lines += [f"{k} = {_toml_value(v)}" for k, v in fields.items()]
+    lines = [f'[capacity."{key}"]']
+    lines += [f"{k} = {toml_value(v)}" for k, v in fields.items()]
     return "\n".join(lines)
 
 
@@ -42,19 +42,20 @@ def main(argv: list[str] | None = None) -> int:
 
     from carbon_gym.capacity import measure_capacity
     from carbon_gym.errors import CarbonGymError
-    from carbon_gym.scenario import load_levels_path, load_load_levels, load_scenario
+    from carbon_gym.scenario import capacity_key, load_levels_path, load_load_levels, load_scenario
 
     warnings.simplefilter("ignore", UserWarning)
     old = load_load_levels()
     command = "python eval/measure_capacity.py " + " ".join(argv if argv is not None else sys.argv[1:])
     entries: dict[str, dict] = {}
-    for model in STUDY:
-        prev = {"status": "PROVISIONAL", "per_engine_rate_per_s": old.per_engine_rate_per_s.get(model, 1.0), **old.conditions.get(model, {})}
-        prev["status"] = "PROVISIONAL" if old.provisional.get(model, True) else prev.get("status", "MEASURED")
-        entries[model] = prev
+    for key, cap in old.capacities.items():  # kept unless re-measured below
+        entries[key] = {"model": cap.model, "gpu": cap.gpu, "status": "PROVISIONAL" if cap.provisional else
+                        cap.conditions.get("status", "MEASURED"), "per_engine_rate_per_s": cap.per_engine_rate_per_s,
+                        "tp": cap.tp, **{k: v for k, v in cap.conditions.items() if k != "status"}}
     for model in args.models:
         scenario = load_scenario(f"{STUDY[model]}-moderate", overrides={"workload.rate_per_s": 1.0})
-        print(f"{model} (tp={scenario.tp}, SLO TTFT {scenario.ttft_s} s / TPOT {scenario.tpot_s} s):", flush=True)
+        key = capacity_key(model, scenario.gpu, scenario.tp)
+        print(f"{key} (SLO TTFT {scenario.ttft_s} s / TPOT {scenario.tpot_s} s):", flush=True)
         t0 = time.perf_counter()
         try:
             res = measure_capacity(scenario, rel_tol=args.rel_tol, duration_s=args.duration, warmup_s=args.warmup,
@@ -65,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
         wall = time.perf_counter() - t0
         best = max((p for p in res.probes if p.ok), key=lambda p: p.rate_per_s)
         print(f"  capacity {res.per_engine_rate_per_s:.3f} requests/s per engine ({wall:.1f} s wall)")
-        entries[model] = {
+        entries[key] = {
+            "model": model,
+            "gpu": scenario.gpu,
             "status": "MEASURED",
             "per_engine_rate_per_s": round(res.per_engine_rate_per_s, 4),
             "tp": res.tp,
@@ -87,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         head = text[: text.index("[fractions]")]
         fr = old.fractions
         body = f"[fractions]\nlow = {fr['low']}\nmoderate = {fr['moderate']}\nhigh = {fr['high']}\n"
-        for model, fields in entries.items():
-            body += "\n" + _toml_entry(model, fields) + "\n"
+        for key, fields in entries.items():
+            body += "\n" + _toml_entry(key, fields) + "\n"
         Path(path).write_text(head + body)
         print(f"wrote {path}")
     return 0

@@ -142,14 +142,15 @@ class LeastLoaded(Scheduler):
 
 
 def _per_engine_capacity_rps(env: Any, default: float) -> float:
-    """Measured per-engine serving capacity of the env's model, requests/s (or ``default``)."""
-    try:
-        from carbon_gym.scenario import load_load_levels
-
-        model = getattr(getattr(env, "unwrapped", env), "scenario").model
-        return float(load_load_levels().per_engine_rate_per_s[model])
-    except Exception:  # noqa: BLE001 - no env / model not measured: documented default
+    """Measured per-engine serving capacity of the env's (model, GPU, TP), requests/s (or
+    ``default`` without an env or a measurement)."""
+    if env is None:
         return float(default)
+    from carbon_gym.scenario import load_load_levels
+
+    sc = env.unwrapped.scenario
+    cap = load_load_levels().find(sc.model, sc.gpu, sc.tp)
+    return float(cap.per_engine_rate_per_s) if cap is not None else float(default)
 
 
 class SharePlanner(Scheduler):

@@ -98,13 +98,14 @@ def test_mid_episode_ledger_holds_at_every_step_fast_and_step_mode():
 
 def _inputs(env):
     sim = env.simulator
+    t = env._tally
     return dict(
-        arrived=env._arrived, placed=env._placed, completed=env._completed, failed_over=env._aborted,
-        failed_over_completed=env._failed_over_completed, in_flight=env._placed - env._completed - env._aborted,
-        unplaced=int(env._pending.shape[0]), totals=sim.totals(), attribution=sim.energy_attribution(),
-        completed_energy_j=env._done_energy_j.copy(), completed_carbon_g=env._done_carbon_g.copy(),
-        failed_over_energy_j=env._fo_energy_j.copy(), failed_over_carbon_g=env._fo_carbon_g.copy(),
-        reported_energy_j=env._reported_energy_j, reported_carbon_g=env._reported_carbon_g,
+        arrived=t.arrived, placed=t.placed, completed=t.completed, failed_over=t.aborted,
+        failed_over_completed=t.failed_over_completed, in_flight=t.in_flight,
+        unplaced=len(env._pending), totals=sim.totals(), attribution=sim.energy_attribution(),
+        completed_energy_j=t.done_energy_j.copy(), completed_carbon_g=t.done_carbon_g.copy(),
+        failed_over_energy_j=t.fo_energy_j.copy(), failed_over_carbon_g=t.fo_carbon_g.copy(),
+        reported_energy_j=t.reported_energy_j, reported_carbon_g=t.reported_carbon_g,
         pue=np.array([d.pue for d in sim.datacenters]),
     )
 
@@ -146,7 +147,7 @@ def test_env_strict_ledger_raises_and_lenient_env_warns():
         rr = RoundRobinPolicy()
         for _ in range(3):
             obs, *_, info = env.step(rr.act(obs, info))
-        env._done_energy_j[0] += 5.0  # a joule goes missing
+        env._tally.done_energy_j[0] += 5.0  # a joule goes missing
         a = rr.act(obs, info)
         env.step(a)
         if strict:

@@ -1,22 +1,18 @@
 """The performance shortcuts give exactly the results of the straightforward code they replace:
 pure-Python copies of the latency / power / carbon models, Simulator.fresh(), the snapshot
-variants, the cheap totals, Workload.with_seed, and the env's small-size Python paths."""
+variants, the cheap totals and Workload.with_seed."""
 
 from __future__ import annotations
 
-import warnings
 from datetime import datetime
 
-import gymnasium as gym
 import numpy as np
 import pytest
 
 import carbon_gym  # noqa: F401  (registers the envs)
-import carbon_gym.env as env_mod
 from carbon_gym.physics.carbon import CarbonTrace
 from carbon_gym.physics.latency import TableLatencyModel, latency_params_path
 from carbon_gym.physics.power import load_power_model
-from carbon_gym.policy import RoundRobinPolicy
 from carbon_gym.scenario import load_scenario
 from carbon_gym.sim import RECORD_COLUMNS, SNAPSHOT_ARRAY_ROWS
 from carbon_gym.sim.datacenter import ZoneClock
@@ -183,41 +179,6 @@ def test_reseeded_workload_equals_a_new_one():
             x, y = a.arrivals_between(t0, t1), b.arrivals_between(t0, t1)
             for f in ("origin", "arrival_s", "prompt_tokens", "output_tokens"):
                 np.testing.assert_array_equal(getattr(x, f), getattr(y, f))
-
-
-def _trajectory(scenario: str, seed: int, steps: int) -> list:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        env = gym.make(carbon_gym.env_id_for_scenario(scenario), disable_env_checker=True)
-    pol = RoundRobinPolicy()
-    obs, info = env.reset(seed=seed)
-    pol.reset(env)
-    out = [obs, info["action_mask"]]
-    for _ in range(steps):
-        obs, reward, _, trunc, info = env.step(pol.act(obs, info))
-        out += [obs, reward, info["action_mask"], info["violations"], info["ttft_mean_s"], info["ttft_max_s"],
-                info["tpot_max_s"], info["carbon_g"]]
-        if trunc:
-            m = info["episode_metrics"]
-            out += [{k: np.asarray(m[k]) for k in ("dc_completed", "dc_carbon_g", "violations", "ttft_p99_s")}]
-            break
-    return out
-
-
-@pytest.mark.parametrize("scenario", ["dev", "dev-fault"])
-def test_env_small_python_paths_equal_the_vectorised_paths(scenario, monkeypatch):
-    fast = _trajectory(scenario, 3, 100)
-    monkeypatch.setattr(env_mod, "_SLOTS_IN_PYTHON", 0)
-    monkeypatch.setattr(env_mod, "_DC_IN_PYTHON", 0)
-    monkeypatch.setattr(env_mod, "_STATS_IN_PYTHON", 0)
-    slow = _trajectory(scenario, 3, 100)
-    assert len(fast) == len(slow)
-    for a, b in zip(fast, slow):
-        if isinstance(a, dict):
-            for k in a:
-                np.testing.assert_array_equal(a[k], b[k], err_msg=k)
-        else:
-            np.testing.assert_array_equal(a, b)
 
 
 def test_records_concat_of_tables_equals_the_column_wise_concat():

@@ -278,7 +278,7 @@ def test_env_step_with_random_actions(env, action, mode):
     env._invalid_action = mode
     if env._done:
         env.reset(seed=1)
-    before = (env._placed, env._step_index, env._pending.shape[0])
+    before = (env._tally.placed, env._step_index, len(env._pending))
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -286,7 +286,7 @@ def test_env_step_with_random_actions(env, action, mode):
     except ActionError as e:
         assert "action" in str(e)
         # a refused action changes nothing
-        assert (env._placed, env._step_index, env._pending.shape[0]) == before
+        assert (env._tally.placed, env._step_index, len(env._pending)) == before
         return
     assert env.observation_space.contains(obs) and np.isfinite(r)
     assert info["placed"] + info["deferred"] <= before[2]

@@ -9,7 +9,9 @@ import warnings
 import numpy as np
 import pytest
 
+from carbon_gym.env import GeoServeEnv
 from carbon_gym.errors import CarbonGymError, ConfigError, DataError
+from carbon_gym.policy import RoundRobinPolicy, rollout
 from carbon_gym.scenario import (
     DEFAULT_REGIONS,
     MLPERF_SLO,
@@ -19,6 +21,8 @@ from carbon_gym.scenario import (
     parse_override,
     parse_overrides,
 )
+from carbon_gym.sim import register_dispatcher
+from carbon_gym.sim.dispatch import _DISPATCHERS
 from carbon_gym.world import build_carbon, build_forecaster, build_network, build_predictor, build_topology, build_workload
 
 STUDY = [f"{m}-{lvl}" for m in ("llama8b", "qwen7b", "mixtral8x7b") for lvl in ("low", "moderate", "high")]
@@ -86,9 +90,37 @@ def test_load_levels_scale_with_measured_capacity():
     for short, model in (("llama8b", "llama-3.1-8b"), ("qwen7b", "qwen2.5-7b"), ("mixtral8x7b", "mixtral-8x7b")):
         for lvl in ("low", "moderate", "high"):
             s = scen(f"{short}-{lvl}")
-            expected = levels.fractions[lvl] * levels.per_engine_rate_per_s[model] * s.n_engines()
+            expected = levels.fractions[lvl] * levels.capacity(model, "a100-80gb", s.tp).per_engine_rate_per_s * s.n_engines()
             assert s.rate_per_s == pytest.approx(expected)
+            assert f"{model}/a100-80gb/tp{s.tp}" in s.rate_source
             assert s.workload.load == lvl and s.workload.rate_per_s is None
+
+
+def test_load_levels_come_from_the_capacity_of_that_model_gpu_and_tp():
+    """A load level needs the capacity measured for the scenario's (model, GPU, TP): another GPU or
+    TP is a named error (never the A100 TP1 rate, nor that rate halved by a larger TP)."""
+    base = scen("llama8b-moderate")
+    assert "llama-3.1-8b/a100-80gb/tp1" in base.rate_source and "x 512 engines" in base.rate_source
+    for ov, key in (({"gpu": "h100-80gb"}, "llama-3.1-8b/h100-80gb/tp1"), ({"engine.tp": 2}, "llama-3.1-8b/a100-80gb/tp2")):
+        with pytest.raises(ConfigError, match="workload.load") as e:
+            scen("llama8b-moderate", ov)
+        assert key in str(e.value) and "llama-3.1-8b/a100-80gb/tp1" in str(e.value)  # names the measured ones
+    s = scen("llama8b-moderate", {"engine.tp": 2, "workload.load": None, "workload.rate_per_s": 100.0})
+    assert s.rate_per_s == 100.0 and s.rate_source == "workload.rate_per_s"
+
+
+def test_a_registered_dispatcher_is_accepted_by_the_scenario_schema():
+    with pytest.raises(ConfigError, match="engine.dispatcher") as e:
+        scen("dev", {"engine.dispatcher": "fewest_running"})
+    assert "least_work" in str(e.value)
+    register_dispatcher("fewest_running", lambda engine: len(engine.running))
+    try:
+        s = scen("dev", {"engine.dispatcher": "fewest_running", "duration_s": 5.0})
+        assert s.engine.dispatcher == "fewest_running"
+        m = rollout(GeoServeEnv(s), RoundRobinPolicy(), seed=0)
+        assert m["completed"] > 0 and m["ledger"]["ok"]
+    finally:
+        _DISPATCHERS.pop("fewest_running", None)
 
 
 def test_dev_scenario_is_tiny():
@@ -107,7 +139,7 @@ def test_overrides_by_dotted_key():
     assert s.rate_per_s == 50.0 and s.workload.load is None  # the rate override replaces the load level
     assert s.duration_s == 600.0 and s.carbon.kind == "direct" and s.engine.chunked_prefill is False
     s2 = scen("dev", {"workload.load": "high"})
-    assert s2.workload.rate_per_s is None and s2.rate_per_s == pytest.approx(load_load_levels().fractions["high"] * load_load_levels().per_engine_rate_per_s["llama-3.1-8b"] * 16)
+    assert s2.workload.rate_per_s is None and s2.rate_per_s == pytest.approx(load_load_levels().fractions["high"] * load_load_levels().capacity("llama-3.1-8b", "a100-80gb", 1).per_engine_rate_per_s * 16)
     s3 = scen("dev", {"topology.datacenters.1.zone": "NO"})
     assert [d.zone for d in s3.topology_spec().datacenters] == ["DE", "NO"]
     with pytest.raises(ConfigError) as exc:

@@ -23,11 +23,12 @@ def scen(name, overrides=None):
 @pytest.mark.parametrize("model", list(SHORT))
 def test_stored_capacity_is_the_slo_knee(model):
     levels = load_load_levels()
-    if levels.provisional[model]:
-        pytest.skip(f"{model}: capacity still PROVISIONAL")
-    cond = levels.conditions[model]
-    cap = levels.per_engine_rate_per_s[model]
     s = scen(f"{SHORT[model]}-moderate", {"workload.rate_per_s": 1.0})
+    entry = levels.capacity(model, s.gpu, s.tp)
+    if entry.provisional:
+        pytest.skip(f"{entry.key}: capacity still PROVISIONAL")
+    cond = entry.conditions
+    cap = entry.per_engine_rate_per_s
     kw = dict(duration_s=cond["probe_duration_s"], warmup_s=cond["probe_warmup_s"], seeds=tuple(cond["probe_seeds"]))
     at = probe_slo(s, cap, **kw)
     assert at.ok, at  # the stored rate meets both p99 targets ...
@@ -40,7 +41,7 @@ def test_stored_capacity_is_the_slo_knee(model):
 @pytest.mark.slow
 def test_round_robin_at_presets_runs_at_the_intended_fraction():
     levels = load_load_levels()
-    cap = levels.per_engine_rate_per_s["llama-3.1-8b"]
+    cap = levels.capacity("llama-3.1-8b", "a100-80gb", 1).per_engine_rate_per_s
     results = {}
     for level in ("moderate", "high"):
         # dev topology (2 datacenters x 8 engines), placement every 0.1 s so that the engines, not

@@ -80,7 +80,7 @@ def test_streaming_gives_the_same_metrics_and_every_record(tmp_path):
               "carbon_g", "violations", "failed_over"):
         assert m1[k] == m2[k], k
     assert m2["ttft_mean_s"] == pytest.approx(m1["ttft_mean_s"], rel=1e-12)
-    assert m2["ledger"]["ok"] and streamed._ttft_parts == []
+    assert m2["ledger"]["ok"] and streamed._tally._ttft_parts == []
     streamed.close()
     back = load_record_dir(tmp_path / "episode-00000")
     ref = RequestRecords.concat(kept)
@@ -101,9 +101,9 @@ def _sizes(env) -> dict[str, int]:
         "rows": len(sim._rows),
         "fin_heaps": sum(len(e.fin_heap) for e in engines),
         "queues": sum(len(e.waiting) + len(e.running) for e in engines),
-        "pending": int(env._pending.shape[0]),
-        "failover_ids": len(env._failover_ids),
-        "latency_parts": len(env._ttft_parts),
+        "pending": len(env._pending),
+        "failover_ids": len(env._tally._failover_ids),
+        "latency_parts": len(env._tally._ttft_parts),
     }
 
 

@@ -15,9 +15,8 @@ IMPLEMENTATION = _select_implementation(__name__)
 from .config import EngineConfig
 from .dispatch import available_dispatchers, get_dispatcher, register_dispatcher
 from .records import RECORD_COLUMNS, AbortedRequests, RecordWriter, RequestRecords, load_record_dir
-from .simulator import (
-    SNAPSHOT_ARRAY_ROWS, ClusterSnapshot, EnergyAttribution, LatencyEstimates, SimTotals, Simulator,
-)
+from .results import SNAPSHOT_ARRAY_ROWS, ClusterSnapshot, EnergyAttribution, LatencyEstimates, SimTotals
+from .simulator import Simulator
 
 __all__ = [
     "Simulator",

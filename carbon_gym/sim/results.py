@@ -6,11 +6,18 @@ stay plain dataclasses (copyable, picklable, ``dataclasses.replace``-able) whate
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import numpy as np
 
-__all__ = ["ClusterSnapshot", "LatencyEstimates", "EnergyAttribution", "SimTotals"]
+__all__ = ["ClusterSnapshot", "LatencyEstimates", "EnergyAttribution", "SimTotals", "SNAPSHOT_ARRAY_ROWS",
+           "snapshot_from_array"]
+
+
+def _state(unit: str, doc: str, kind: str = "float") -> Any:
+    """A per-datacenter state field (array of length D): its unit, one-line doc and decoded type."""
+    return field(metadata={"unit": unit, "doc": doc, "kind": kind})
 
 
 @dataclass(frozen=True)
@@ -39,27 +46,43 @@ class ClusterSnapshot:
 
     A datacenter that is down has ``up=False`` and infinite estimates. ``accepting_engines``
     (int): engines that take new requests (0 when down; engines drained for maintenance
-    excluded).
+    excluded). Field units and docs: ``dataclasses.fields(ClusterSnapshot)[i].metadata``.
     """
 
-    time_s: float
-    carbon_g_per_kwh: np.ndarray
-    pue: np.ndarray
-    queue_len: np.ndarray
-    running: np.ndarray
-    free_kv_blocks: np.ndarray
-    total_kv_blocks: np.ndarray
-    power_w: np.ndarray
-    busy_engines: np.ndarray
-    n_engines: np.ndarray
-    est_queue_wait_s: np.ndarray
-    est_prefill_s_per_token: np.ndarray
-    est_tpot_s: np.ndarray
-    tpot_slope_s_per_seq: np.ndarray
-    up: np.ndarray
-    est_iteration_s: np.ndarray
-    est_prefill_chunk_tokens: np.ndarray
-    accepting_engines: np.ndarray
+    time_s: float = field(metadata={"unit": "s", "doc": "simulated time of the snapshot"})
+    carbon_g_per_kwh: np.ndarray = _state("g/kWh", "grid carbon intensity now")
+    pue: np.ndarray = _state("-", "power usage effectiveness (facility / IT power)")
+    queue_len: np.ndarray = _state("requests", "requests waiting in engine queues + in transit to the datacenter", "int")
+    running: np.ndarray = _state("sequences", "sequences in running batches", "int")
+    free_kv_blocks: np.ndarray = _state("blocks", "free KV blocks (published)", "int")
+    total_kv_blocks: np.ndarray = _state("blocks", "KV blocks of all engines", "int")
+    power_w: np.ndarray = _state("W", "facility power now")
+    busy_engines: np.ndarray = _state("engines", "engines with work", "int")
+    n_engines: np.ndarray = _state("engines", "engines serving the model", "int")
+    est_queue_wait_s: np.ndarray = _state("s", "estimated queueing wait of a new request")
+    est_prefill_s_per_token: np.ndarray = _state("s/token", "estimated marginal prefill time per prompt token")
+    est_tpot_s: np.ndarray = _state("s", "estimated per-token decode time of a new request")
+    tpot_slope_s_per_seq: np.ndarray = _state("s/sequence", "decode time added per extra sequence")
+    up: np.ndarray = _state("flag", "datacenter up", "bool")
+    est_iteration_s: np.ndarray = _state("s", "estimated fixed time of one prefill-chunk iteration")
+    est_prefill_chunk_tokens: np.ndarray = _state("tokens", "prompt tokens per prefill chunk", "int")
+    accepting_engines: np.ndarray = _state("engines", "engines taking new requests", "int")
+
+
+#: Row names of ``Simulator.snapshot_array()``: the per-datacenter :class:`ClusterSnapshot` fields
+#: in declaration order (the order ``Simulator.snapshot_rows`` produces them in).
+SNAPSHOT_ARRAY_ROWS: tuple[str, ...] = tuple(f.name for f in fields(ClusterSnapshot) if f.name != "time_s")
+#: Decoded type of each snapshot row ("float", "int" or "bool").
+SNAPSHOT_ROW_KINDS: tuple[str, ...] = tuple(f.metadata["kind"] for f in fields(ClusterSnapshot) if f.name != "time_s")
+
+
+def snapshot_from_array(time_s: float, m: np.ndarray) -> ClusterSnapshot:
+    """The :class:`ClusterSnapshot` of a ``(len(SNAPSHOT_ARRAY_ROWS), D)`` float64 array."""
+    kw: dict[str, np.ndarray] = {}
+    for i, (name, kind) in enumerate(zip(SNAPSHOT_ARRAY_ROWS, SNAPSHOT_ROW_KINDS)):
+        row = m[i]
+        kw[name] = row.astype(np.int64) if kind == "int" else (row > 0.5 if kind == "bool" else row)
+    return ClusterSnapshot(time_s=time_s, **kw)
 
 
 @dataclass(frozen=True)

@@ -29,19 +29,10 @@ from .datacenter import Datacenter
 from .dispatch import get_dispatcher
 from .engine import IDLE, ITER, RUN, CopyableState, EngineConfig, EngineModels, RequestState, mypyc_attr
 from .records import AbortedRequests, RequestRecords
-from .results import ClusterSnapshot, EnergyAttribution, LatencyEstimates, SimTotals
+from .results import ClusterSnapshot, EnergyAttribution, LatencyEstimates, SimTotals, snapshot_from_array
 
 _VIEW_FREE = operator.attrgetter("view_free_blocks")
 _OUTPUT_TOKENS = operator.itemgetter(11)  # output_tokens in a completed-request row
-#: Row names of :meth:`Simulator.snapshot_array` (:class:`ClusterSnapshot` fields, in this order).
-SNAPSHOT_ARRAY_ROWS = (
-    "carbon_g_per_kwh", "pue", "queue_len", "running", "free_kv_blocks", "total_kv_blocks", "power_w",
-    "busy_engines", "n_engines", "est_queue_wait_s", "est_prefill_s_per_token", "est_tpot_s",
-    "tpot_slope_s_per_seq", "up", "est_iteration_s", "est_prefill_chunk_tokens", "accepting_engines",
-)
-#: Rows of the snapshot array that hold integers: queue, running, free, total, busy, engines, chunk, accepting.
-_SNAP_INT_ROWS = [2, 3, 4, 5, 7, 8, 15, 16]
-
 #: Type of the public methods' scalar arguments (an int, float or numpy scalar, as the docstring
 #: says): each method checks and converts its arguments itself, naming a bad one in a
 #: ConfigError, so they are not typed narrowly - a compiled build would reject, say, a float
@@ -671,8 +662,9 @@ class Simulator(CopyableState):
 
     def snapshot_rows(self) -> list[tuple]:
         """The snapshot as Python numbers: one tuple per datacenter, in ``SNAPSHOT_ARRAY_ROWS``
-        order (counts are ints; ``up`` is 1.0 / 0.0); the rows of :meth:`snapshot_array`
-        transposed. For callers that handle a few datacenters without numpy."""
+        order (the :class:`ClusterSnapshot` field order; counts are ints; ``up`` is 1.0 / 0.0);
+        the rows of :meth:`snapshot_array` transposed. A new state field is a new
+        ``ClusterSnapshot`` field and its value here, at the same position."""
         now = self.now_s
         rows = []
         kv = self.kv_blocks_per_engine
@@ -698,15 +690,7 @@ class Simulator(CopyableState):
 
     def snapshot(self) -> ClusterSnapshot:
         """Per-datacenter state and estimates now (see :class:`ClusterSnapshot`)."""
-        m = self.snapshot_array()
-        ints = m[_SNAP_INT_ROWS].astype(np.int64)
-        return ClusterSnapshot(
-            time_s=self.now_s, carbon_g_per_kwh=m[0], pue=m[1], queue_len=ints[0], running=ints[1],
-            free_kv_blocks=ints[2], total_kv_blocks=ints[3], power_w=m[6], busy_engines=ints[4],
-            n_engines=ints[5], est_queue_wait_s=m[9], est_prefill_s_per_token=m[10], est_tpot_s=m[11],
-            tpot_slope_s_per_seq=m[12], up=m[13] > 0.5, est_iteration_s=m[14],
-            est_prefill_chunk_tokens=ints[6], accepting_engines=ints[7],
-        )
+        return snapshot_from_array(self.now_s, self.snapshot_array())
 
     def estimate(self, prompt_tokens: Any, origins: Any) -> LatencyEstimates:
         """Latency estimates for R candidate requests (prompt lengths, origin regions) at every

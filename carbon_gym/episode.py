@@ -1,0 +1,201 @@
+"""The env's episode tally: request counts, SLO violations, latency percentiles, per-datacenter
+sums, and the end-of-episode metrics and ledger built from them (:class:`EpisodeTally`)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+
+from .ledger import check_ledger
+
+__all__ = ["EpisodeTally"]
+
+_SUM, _MAX = np.add.reduce, np.maximum.reduce  # the ufunc reductions behind ndarray.sum/max
+
+
+class EpisodeTally:
+    """Counters of one episode (units: requests, seconds, joules, grams CO2eq).
+
+    Args:
+        n_datacenters: D.
+        ttft_target_s, tpot_target_s: SLO targets; a completed request violates its SLO when its
+            TTFT or its TPOT exceeds its target.
+        writer: a :class:`~carbon_gym.sim.records.RecordWriter` streaming completed records to
+            disk (latency percentiles then come from the files), or None (kept in memory).
+    """
+
+    def __init__(self, n_datacenters: int, ttft_target_s: float, tpot_target_s: float, writer: Any = None) -> None:
+        D = n_datacenters
+        self.D = D
+        self.ttft_target_s = ttft_target_s
+        self.tpot_target_s = tpot_target_s
+        self.writer = writer
+        self.arrived = 0
+        self.placed = 0
+        self.aborted = 0
+        self.completed = 0
+        self.violations = 0
+        self.ttft_violations = 0
+        self.tpot_violations = 0
+        self.deferred = 0
+        self.invalid_actions = 0
+        self.max_output_placed = 0
+        self.failed_over_completed = 0
+        self._failover_ids: set[int] = set()
+        self._ttft_parts: list[np.ndarray] = []
+        self._tpot_parts: list[np.ndarray] = []
+        self._ttft_sum = 0.0
+        self._tpot_sum = 0.0
+        self.dc_placed = np.zeros(D, dtype=np.int64)
+        self.dc_completed = np.zeros(D, dtype=np.int64)
+        self.done_energy_j = np.zeros(D)
+        self.done_carbon_g = np.zeros(D)
+        self.fo_energy_j = np.zeros(D)
+        self.fo_carbon_g = np.zeros(D)
+        self.reported_energy_j = 0.0
+        self.reported_carbon_g = 0.0
+
+    @property
+    def in_flight(self) -> int:
+        """Placed requests neither completed nor aborted."""
+        return self.placed - self.completed - self.aborted
+
+    def add_placed(self, ids: np.ndarray, failed_over: np.ndarray, datacenters: np.ndarray, output_tokens: np.ndarray) -> None:
+        """``ids`` (simulator request ids) were submitted to ``datacenters``; ``failed_over``
+        marks re-submissions of failed-over requests (tracked until they complete)."""
+        if self.aborted:
+            fo = failed_over > 0
+            if fo.any():
+                self._failover_ids.update(ids[fo].tolist())
+        self.placed += int(ids.shape[0])
+        self.dc_placed += np.bincount(datacenters, minlength=self.D)
+        mo = int(_MAX(output_tokens))
+        if mo > self.max_output_placed:
+            self.max_output_placed = mo
+
+    def add_aborted(self, ab: Any) -> None:
+        """Requests an outage aborted (``AbortedRequests``): their shares are wasted work."""
+        n = len(ab)
+        self.aborted += n
+        self.fo_energy_j += np.bincount(ab.datacenter, weights=ab.energy_j, minlength=self.D)
+        self.fo_carbon_g += np.bincount(ab.datacenter, weights=ab.carbon_g, minlength=self.D)
+        lost = set(ab.request_id.tolist()) & self._failover_ids
+        if lost:  # failed over again: the new submission is the one that counts
+            self._failover_ids.difference_update(lost)
+
+    def add_reported(self, carbon_g: float, energy_j: float) -> None:
+        """Carbon (g) and facility energy (J) reported in one step's info (or the reset's)."""
+        self.reported_carbon_g += carbon_g
+        self.reported_energy_j += energy_j
+
+    def add_completed(self, records: Any) -> tuple[int, tuple[float, float, float, float]]:
+        """Tally one step's completed ``RequestRecords``; return (violations, (TTFT mean, TPOT
+        mean, TTFT max, TPOT max)) of those records (zeros when there are none)."""
+        n = len(records)
+        if not n:
+            return 0, (0.0, 0.0, 0.0, 0.0)
+        D = self.D
+        ttft = records.ttft_s
+        tpot = records.tpot_s
+        v_ttft = ttft > self.ttft_target_s
+        v_tpot = tpot > self.tpot_target_s
+        violations = int(np.count_nonzero(v_ttft | v_tpot))
+        self.ttft_violations += int(np.count_nonzero(v_ttft))
+        self.tpot_violations += int(np.count_nonzero(v_tpot))
+        self.violations += violations
+        self.completed += n
+        self.dc_completed += np.bincount(records.datacenter, minlength=D)
+        self.done_energy_j += np.bincount(records.datacenter, weights=records.energy_j, minlength=D)
+        self.done_carbon_g += np.bincount(records.datacenter, weights=records.carbon_g, minlength=D)
+        if self.writer is not None:
+            self.writer.append(records)
+            self._ttft_sum += float(_SUM(ttft))
+            self._tpot_sum += float(_SUM(tpot))
+        else:
+            # copies: the record columns are views of one table holding every column
+            self._ttft_parts.append(ttft.copy())
+            self._tpot_parts.append(tpot.copy())
+        if self._failover_ids:
+            hit = [i for i in records.request_id.tolist() if i in self._failover_ids]
+            if hit:
+                self._failover_ids.difference_update(hit)
+                self.failed_over_completed += len(hit)
+        # sum / n is what ndarray.mean computes (same floats)
+        return violations, (float(_SUM(ttft)) / n, float(_SUM(tpot)) / n, float(_MAX(ttft)), float(_MAX(tpot)))
+
+    def latency_stats(self) -> tuple[list[float], list[float], float, float]:
+        """(TTFT p50/p90/p99, TPOT p50/p90/p99, TTFT mean, TPOT mean) over completed requests, s."""
+        c = self.completed
+        if self.writer is not None:
+            tq = self.writer.percentiles("ttft_s", (50, 90, 99))
+            pq = self.writer.percentiles("tpot_s", (50, 90, 99))
+            return tq, pq, (self._ttft_sum / c if c else float("nan")), (self._tpot_sum / c if c else float("nan"))
+        ttft = np.concatenate(self._ttft_parts) if self._ttft_parts else np.zeros(0)
+        tpot = np.concatenate(self._tpot_parts) if self._tpot_parts else np.zeros(0)
+        # (one call per array: the same values as one call per percentile)
+        tq = np.percentile(ttft, (50, 90, 99)).tolist() if ttft.size else [float("nan")] * 3
+        pq = np.percentile(tpot, (50, 90, 99)).tolist() if tpot.size else [float("nan")] * 3
+        return tq, pq, (float(ttft.mean()) if c else float("nan")), (float(tpot.mean()) if c else float("nan"))
+
+    def ledger(self, sim: Any, unplaced: int, pue: np.ndarray, strict: bool = False) -> dict[str, Any]:
+        """:func:`carbon_gym.ledger.check_ledger` of the episode so far."""
+        return check_ledger(
+            arrived=self.arrived, placed=self.placed, completed=self.completed, failed_over=self.aborted,
+            failed_over_completed=self.failed_over_completed, in_flight=self.in_flight, unplaced=unplaced,
+            totals=sim.totals(), attribution=sim.energy_attribution(),
+            completed_energy_j=self.done_energy_j, completed_carbon_g=self.done_carbon_g,
+            failed_over_energy_j=self.fo_energy_j, failed_over_carbon_g=self.fo_carbon_g,
+            reported_energy_j=self.reported_energy_j, reported_carbon_g=self.reported_carbon_g,
+            pue=pue, strict=strict,
+        )
+
+    def metrics(self, sim: Any, *, unplaced: int, steps: int, drain_s: float, world_seed: Any, pue: np.ndarray,
+                check_ledger: bool, strict: bool) -> dict[str, Any]:
+        """The episode metrics (see :meth:`GeoServeEnv.episode_metrics` for the keys)."""
+        totals = sim.totals()
+        ledger = self.ledger(sim, unplaced, pue, strict=check_ledger and strict)
+        if check_ledger and not ledger["ok"]:
+            warnings.warn(f"episode ledger check failed: {ledger['problems']}", RuntimeWarning, stacklevel=3)
+        c = self.completed
+        tq, pq, ttft_mean, tpot_mean = self.latency_stats()
+        dc_carbon = np.asarray(totals.carbon_g, dtype=np.float64).copy()
+        dc_energy = np.asarray(totals.facility_energy_j, dtype=np.float64) / 3.6e6
+        return {
+            "steps": steps,
+            "sim_time_s": float(sim.now_s),
+            "drain_s": drain_s,
+            "arrived": self.arrived,
+            "placed": self.placed,
+            "completed": c,
+            "in_flight_at_truncation": self.in_flight,
+            "aborted": self.aborted,
+            "failed_over": self.aborted,
+            "failed_over_completed": self.failed_over_completed,
+            "unplaced_at_end": unplaced,
+            "deferred": self.deferred,
+            "invalid_actions": self.invalid_actions,
+            "carbon_g": float(dc_carbon.sum()),
+            "energy_kwh": float(dc_energy.sum()),
+            "it_energy_kwh": float(np.sum(totals.it_energy_j) / 3.6e6),
+            "carbon_g_per_request": float(dc_carbon.sum() / c) if c else float("nan"),
+            "ttft_mean_s": ttft_mean,
+            "ttft_p50_s": tq[0],
+            "ttft_p90_s": tq[1],
+            "ttft_p99_s": tq[2],
+            "tpot_mean_s": tpot_mean,
+            "tpot_p50_s": pq[0],
+            "tpot_p90_s": pq[1],
+            "tpot_p99_s": pq[2],
+            "violations": self.violations,
+            "violation_rate": self.violations / c if c else float("nan"),
+            "ttft_violation_rate": self.ttft_violations / c if c else float("nan"),
+            "tpot_violation_rate": self.tpot_violations / c if c else float("nan"),
+            "dc_carbon_g": dc_carbon,
+            "dc_energy_kwh": dc_energy,
+            "dc_placed": self.dc_placed.copy(),
+            "dc_completed": self.dc_completed.copy(),
+            "world_seed": world_seed,
+            "ledger": ledger,
+        }

@@ -1,0 +1,102 @@
+"""The feature table: the observation encodes the typed state, decode inverts it, the docs are
+generated from it, and a datacenter feature is one table row."""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import carbon_gym.observation as obs_mod
+from carbon_gym.env import GeoServeEnv
+from carbon_gym.observation import DC_FEATURES, ESTIMATE_CAP, Feature, decode_observation, features_markdown
+from carbon_gym.policy import RoundRobinPolicy
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "observation.md"
+
+
+def _episode(scenario: str, steps: int, seed: int = 0, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        env = GeoServeEnv(scenario, **kw)
+    pol = RoundRobinPolicy()
+    obs, info = env.reset(seed=seed)
+    for _ in range(steps):
+        yield env, obs
+        obs, _, _, trunc, info = env.step(pol.act(obs, info))
+        if trunc:
+            break
+
+
+def test_docs_hold_the_generated_feature_tables():
+    text = DOCS.read_text()
+    block = re.search(r"-->\n(.*)<!-- end generated -->", text, re.S)
+    assert block is not None and block.group(1) == features_markdown()
+    assert "`est_queue_wait` | est. queueing wait" in features_markdown()
+    assert features_markdown().replace("\n", "\n    ") in (GeoServeEnv.__doc__ or "")
+
+
+@pytest.mark.parametrize("scenario", ["dev", "dev-fault"])
+def test_decoded_observation_equals_the_typed_state_to_float32(scenario):
+    seen_gap = False
+    for env, obs in _episode(scenario, 40, overrides={"duration_s": 40.0}):
+        st = env.state()
+        dec = decode_observation(obs, env)
+        ds = st.datacenters
+        L = env.layout
+        for f in DC_FEATURES:
+            if not L.width(f):
+                continue
+            want = np.asarray(getattr(ds, f.source))
+            got = dec[f.source]
+            if f.kind in ("int", "bool"):
+                np.testing.assert_array_equal(got, want, err_msg=f.source)
+                continue
+            if f.estimate:
+                target = L.ttft_target_s if f.scale == "ttft" else L.tpot_target_s
+                if f.scale == "prefill_ref":
+                    target = L.ttft_target_s / 1024.0
+                elif f.scale == "tpot_slope_ref":
+                    target = L.tpot_target_s / 64.0
+                want = np.where(ds.up, np.minimum(want, ESTIMATE_CAP * target), np.inf)
+            np.testing.assert_allclose(got, want, rtol=2e-7, atol=1e-30, err_msg=f.source)
+        seen_gap |= bool(ds.carbon_stale.any() or ds.carbon_missing.any())
+        n = len(st.pending)
+        assert n == int(dec["slot_valid"].sum()) and st.action_mask.shape == (n, L.n_datacenters + 1)
+        np.testing.assert_allclose(dec["slot_network_s"][:n], st.pending.network_s, rtol=1e-6)
+        np.testing.assert_allclose(dec["slot_waited_s"][:n], st.pending.waited_s, rtol=1e-6, atol=1e-12)
+        np.testing.assert_array_equal(dec["slot_origin"][:n], st.pending.origin)
+        assert st.pending_total == dec["pending_total"]
+        pr = env.pending_requests()
+        np.testing.assert_array_equal(pr["seq"], st.pending.seq)
+        np.testing.assert_array_equal(pr["network_s"], st.pending.network_s)
+    assert seen_gap == (scenario == "dev-fault")  # dev-fault has a stale carbon feed
+
+
+def test_a_datacenter_feature_is_one_table_row(monkeypatch):
+    """``accepting_engines`` is a state field but no feature: one row makes it one."""
+    row = Feature("accepting", "accepting_engines", "engines", "engines", "engines taking new requests", kind="int")
+    monkeypatch.setattr(obs_mod, "DC_FEATURES", DC_FEATURES + (row,))
+    for env, obs in _episode("dev-fault", 30, overrides={"duration_s": 30.0}):
+        L = env.layout
+        assert L.dc_columns["accepting"] == L.n_dc_features - 1 and env.observation_space.contains(obs)
+        st = env.state()
+        col = obs["datacenters"].reshape(L.n_datacenters, -1)[:, L.dc_columns["accepting"]]
+        np.testing.assert_array_equal(col, (st.datacenters.accepting_engines / L.n_engines).astype(np.float32))
+        np.testing.assert_array_equal(decode_observation(obs, env)["accepting_engines"], st.datacenters.accepting_engines)
+    assert "`accepting` | engines taking new requests" in features_markdown()
+    assert st.datacenters.accepting_engines.min() < L.n_engines.max()  # dev-fault drains engines: not a constant
+
+
+def test_state_is_exact_where_the_observation_is_capped():
+    """With a TPOT target of 0.1 ms the decode-time estimates exceed the observation's cap (100 x
+    the target); the state keeps the true values."""
+    for env, obs in _episode("dev", 5, overrides={"duration_s": 5.0, "slo.tpot_s": 1e-4}):
+        pass
+    st = env.state()
+    cap = ESTIMATE_CAP * env.layout.tpot_target_s
+    assert st.datacenters.est_tpot_s.min() > 1.2 * cap
+    np.testing.assert_allclose(decode_observation(obs, env)["est_tpot_s"], cap, rtol=1e-7)
