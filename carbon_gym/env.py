@@ -394,6 +394,13 @@ class GeoServeEnv(gym.Env):
         return self._sim
 
     @property
+    def world_parts(self) -> Any:
+        """The static parts of the world (:class:`carbon_gym.world.WorldParts`: topology, model and
+        GPU specs, engine settings, latency, power and network models, carbon trace), shared by
+        every episode. Read them, do not change them."""
+        return self._parts
+
+    @property
     def max_episode_steps(self) -> int:
         """Steps in an episode: ceil(duration_s / polling_period_s)."""
         return self._n_steps

@@ -1,11 +1,12 @@
 """Common base of every scheduler in :mod:`solvers`: a :class:`carbon_gym.policy.Policy`.
 
 A scheduler implements :meth:`Scheduler.place` (``PlacementProblem -> assignment``) and inherits
-:meth:`Scheduler.act`, which builds the problem from the env's observation, calls ``place``,
+:meth:`Scheduler.act`, which builds the problem from the env's typed state (``env.unwrapped.state()``,
+physical units; never the scaled observation), calls ``place``,
 times it, and turns the assignment into the env's action. ``stats["decision_s"]`` holds the
 wall time of every ``act`` call (problem building included); it is kept on the policy, never in
 the env's ``info``. Schedulers draw no random numbers; they are deterministic functions of the
-observation sequence (the facility MILP: as long as HiGHS finishes within its time limit).
+state sequence (the facility MILP: as long as HiGHS finishes within its time limit).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 
 from carbon_gym.errors import ConfigError
 
-from .envadapter import EnvFacts, action_from_assignment, problem_from_observation
+from .envadapter import EnvFacts, action_from_assignment, problem_from_state
 from .problem import PlacementProblem
 
 
@@ -74,13 +75,14 @@ class Scheduler:
         """Assignment (R,) of ``problem``'s requests: datacenter index, or D to defer."""
         raise NotImplementedError
 
-    def problem(self, observation: Any, info: dict | None = None) -> PlacementProblem:
-        """The :class:`PlacementProblem` of an observation of ``self.env``."""
+    def problem(self, observation: Any = None, info: dict | None = None) -> PlacementProblem:
+        """The :class:`PlacementProblem` of ``self.env``'s current step, built from its typed state
+        (:meth:`carbon_gym.env.GeoServeEnv.state`; ``observation`` and ``info`` are not read)."""
         if self.env is None:
             raise RuntimeError(f"{self.name}: no env; pass env= or call reset(env)")
         if self._facts is None:
             self._facts = EnvFacts(self.env)
-        p = problem_from_observation(observation, self.env, info, self._facts)
+        p = problem_from_state(self.env.unwrapped.state(), self._facts)
         p.ttft_slo_s *= 1.0 - self.ttft_margin
         p.tpot_slo_s *= 1.0 - self.tpot_margin
         return p

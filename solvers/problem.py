@@ -5,7 +5,7 @@ requests (origin, prompt length, predicted output length, time already waited, n
 to every datacenter, which datacenters are allowed) and D datacenters (carbon intensity, PUE,
 load, the simulator's latency estimates, engine counts, power figures), plus the SLO targets.
 Schedulers map a problem to an ``assignment`` (int array of length R; a datacenter index, or
-``D`` = defer). :meth:`PlacementProblem.from_observation` builds one from the env's observation;
+``D`` = defer). :func:`solvers.envadapter.problem_from_state` builds one from the env's typed state;
 :func:`synthetic_problem` builds realistic random ones for tests and benchmarks.
 
 All the energy/latency arithmetic the schedulers share sits here too (one place to check it):
@@ -296,13 +296,6 @@ class PlacementProblem:
         """(R, D) TTFT estimate: waited + network + queue wait (default the simulator's) + prefill."""
         q = self.est_queue_wait_s if queue_wait_s is None else queue_wait_s
         return self.waited_s[:, None] + self.network_s + q[None, :] + self.prefill_s
-
-    @classmethod
-    def from_observation(cls, observation: Any, env: Any, info: dict | None = None) -> "PlacementProblem":
-        """Build the problem of one env step (see :mod:`solvers.envadapter`)."""
-        from .envadapter import problem_from_observation
-
-        return problem_from_observation(observation, env, info)
 
 
 def synthetic_problem(

@@ -26,10 +26,15 @@ from ..errors import ConfigError, DataError, check_finite_nonneg
 
 
 class PowerModel(Protocol):
-    """Watts drawn per GPU by an engine in a given state."""
+    """Watts drawn per GPU by an engine in a given state, and the phase parameters the schedulers'
+    energy estimates use (watts; sequences)."""
 
     idle_w: float
     host_w: float
+    prefill_w: float
+    decode_min_w: float
+    decode_max_w: float
+    decode_sat_seqs: float
 
     def gpu_power_w(self, prefill_tokens: int, n_decode: int) -> float:
         """Per-GPU watts during an iteration with this batch (``idle_w`` if both are 0)."""
