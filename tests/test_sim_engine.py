@@ -116,17 +116,17 @@ def test_least_work_dispatch_spreads_over_engines():
 def _check_kv(sim):
     for dc in sim.datacenters:
         for e in dc.engines:
-            assert 0 <= e.free <= e.total_blocks
+            assert 0 <= e.free_blocks <= e.total_blocks
             held = 0
             # an iteration in progress has already allocated the slot of its decode token
-            ahead = 1 if (e.state == ITER and e.n_iter_dec) else 0
+            ahead = 1 if (e.state == ITER and e.iter_decodes) else 0
             for r in e.running.values():
                 if r.decoding:
-                    ctx = r.ctx if e.step else r.base + e.dit
+                    ctx = r.ctx_tokens if e.step_mode else r.ctx_offset + e.decode_iters
                     held += math.ceil((ctx + ahead) / e.block_tokens)
                 else:
-                    held += r.blocks
-            assert held == e.total_blocks - e.free
+                    held += r.kv_blocks
+            assert held == e.total_blocks - e.free_blocks
             assert len(e.running) <= e.max_seqs
 
 
@@ -145,7 +145,7 @@ def test_kv_blocks_never_exceed_capacity_and_preemption_recovers(step_mode, chun
     assert tot.preemptions > 0 and r.preemptions.sum() == tot.preemptions
     assert sorted(r.request_id.tolist()) == list(range(60))
     e = sim.datacenters[0].engines[0]
-    assert e.free == e.total_blocks and not e.running and not e.waiting
+    assert e.free_blocks == e.total_blocks and not e.running and not e.waiting
 
 
 def test_preempted_request_recomputes_prompt_plus_generated():
