@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from carbon_gym.sim import EngineConfig
-from carbon_gym.sim.engine import ITER
+from carbon_gym.sim.engine import ITER, RequestState
 from test_sim_fixtures import LAT, POW, drive, make_sim, random_workload, starved_gpu
 
 
@@ -162,3 +162,28 @@ def test_preempted_request_recomputes_prompt_plus_generated():
     # the victim's first token came before its preemption; it finished after the survivor
     assert r.done_s[1] > r.done_s[0]
     assert r.first_token_s[1] < r.done_s[0]
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+def test_admission_rule_sequences_blocks_and_budget(chunked):
+    """Engine._head_admission, the one rule every planning path admits by: the head's blocks when
+    a sequence slot is free, all its prompt blocks fit and its first chunk fits the budget."""
+    eng = EngineConfig(max_model_len=1024, max_num_seqs=2, max_num_batched_tokens=256, chunked_prefill=chunked)
+    e = make_sim(n_dc=1, gpus_per_node=1, engine=eng).datacenters[0].engines[0]
+    assert e._head_admission(1000, 256) == 0  # empty queue
+    e._queue(RequestState(0, 0, 0, 0.0, 0.0, 0.01, 0.01, 300, 5))  # 300 tokens: ceil(300 / 16) = 19 blocks
+    assert e.pending_tokens == 300 and e.waiting_blocks == 19
+    assert e._head_admission(19, 256) == 19  # nothing scheduled yet: a prompt longer than the budget goes
+    assert e._head_admission(18, 256) == 0  # its blocks do not fit
+    # part of the budget left: a chunk of it with chunked prefill, never part of a whole prompt
+    assert e._head_admission(19, 1) == (19 if chunked else 0)
+    assert e._head_admission(19, 255) == (19 if chunked else 0)
+    assert e._head_admission(19, 0) == 0
+    e._queue(RequestState(1, 0, 0, 0.0, 0.0, 0.01, 0.01, 40, 5))
+    e.waiting.popleft()  # the 40-token prompt is the head: 3 blocks
+    assert e._head_admission(3, 40) == 3 and e._head_admission(3, 39) == (3 if chunked else 0)
+    other = RequestState(2, 0, 0, 0.0, 0.0, 0.01, 0.01, 8, 5)
+    e.running = {2: other}
+    assert e._head_admission(3, 40) == 3
+    e.running = {2: other, 3: other}  # max_num_seqs sequences running
+    assert e._head_admission(1000, 256) == 0

@@ -229,7 +229,7 @@ class Engine(CopyableState):
         "ctx_offset_sum",       # sum of their ctx_offset, tokens
         "ctx_phase_counts",     # [p]: decoders with (ctx_offset - 1) % block_tokens == p
         "finish_heap",          # (decode_iters at the last token, seq, request); seq != finish_seq: stale
-        "decode_iters",         # iterations in which the decoding sequences advanced
+        "decode_iters",         # iterations in which the decoding sequences advanced (kept by reset)
         "decode_share_j", "decode_share_g",  # energy (J) / carbon (g) attributed per decoding sequence so far
         # the iteration (ITER) or run of decode iterations (RUN) in progress
         "state",                # IDLE, WAKE, ITER or RUN
