@@ -125,11 +125,12 @@ def test_run_iterations_done_is_the_largest_finished_iteration():
             for e in dc.engines:
                 if e.state != RUN:
                     continue
-                ts = [e.t0, e.t_end, np.nextafter(e.t_end, 0.0), e.t0 + e.T0] + list(rng.uniform(e.t0, e.t_end, 10))
-                ts += [e._run_end(k) for k in range(0, e.K + 1, max(1, e.K // 10))]
+                ts = [e.start_s, e.end_s, np.nextafter(e.end_s, 0.0), e.start_s + e.run_first_s]
+                ts += list(rng.uniform(e.start_s, e.end_s, 10))
+                ts += [e._run_end(k) for k in range(0, e.run_iters + 1, max(1, e.run_iters // 10))]
                 for t in ts:
                     t = float(t)
-                    lo, hi = 0, e.K  # reference: binary search for the largest k with run_end(k) <= t
+                    lo, hi = 0, e.run_iters  # reference: binary search for the largest k with run_end(k) <= t
                     while lo < hi:
                         mid = (lo + hi + 1) // 2
                         if e._run_end(mid) <= t:

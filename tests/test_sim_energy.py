@@ -52,9 +52,9 @@ def _model_power_w(sim) -> np.ndarray:
         p = dc.spec.nodes * POW.host_w
         for e in dc.engines:
             if e.state == ITER:
-                p += POW.gpu_power_w(e.prefill_tokens, e.n_iter_dec)
+                p += POW.gpu_power_w(e.iter_prefill_tokens, e.iter_decodes)
             elif e.state == RUN:
-                p += POW.gpu_power_w(0, e.n_dec)
+                p += POW.gpu_power_w(0, e.n_decoding)
             else:
                 p += POW.idle_w
         out.append(p)

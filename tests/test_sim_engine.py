@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from carbon_gym.sim import EngineConfig
-from carbon_gym.sim.engine import ITER
+from carbon_gym.sim.engine import ITER, RequestState
 from test_sim_fixtures import LAT, POW, drive, make_sim, random_workload, starved_gpu
 
 
@@ -116,17 +116,17 @@ def test_least_work_dispatch_spreads_over_engines():
 def _check_kv(sim):
     for dc in sim.datacenters:
         for e in dc.engines:
-            assert 0 <= e.free <= e.total_blocks
+            assert 0 <= e.free_blocks <= e.total_blocks
             held = 0
             # an iteration in progress has already allocated the slot of its decode token
-            ahead = 1 if (e.state == ITER and e.n_iter_dec) else 0
+            ahead = 1 if (e.state == ITER and e.iter_decodes) else 0
             for r in e.running.values():
                 if r.decoding:
-                    ctx = r.ctx if e.step else r.base + e.dit
+                    ctx = r.ctx_tokens if e.step_mode else r.ctx_offset + e.decode_iters
                     held += math.ceil((ctx + ahead) / e.block_tokens)
                 else:
-                    held += r.blocks
-            assert held == e.total_blocks - e.free
+                    held += r.kv_blocks
+            assert held == e.total_blocks - e.free_blocks
             assert len(e.running) <= e.max_seqs
 
 
@@ -145,7 +145,7 @@ def test_kv_blocks_never_exceed_capacity_and_preemption_recovers(step_mode, chun
     assert tot.preemptions > 0 and r.preemptions.sum() == tot.preemptions
     assert sorted(r.request_id.tolist()) == list(range(60))
     e = sim.datacenters[0].engines[0]
-    assert e.free == e.total_blocks and not e.running and not e.waiting
+    assert e.free_blocks == e.total_blocks and not e.running and not e.waiting
 
 
 def test_preempted_request_recomputes_prompt_plus_generated():
@@ -162,3 +162,28 @@ def test_preempted_request_recomputes_prompt_plus_generated():
     # the victim's first token came before its preemption; it finished after the survivor
     assert r.done_s[1] > r.done_s[0]
     assert r.first_token_s[1] < r.done_s[0]
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+def test_admission_rule_sequences_blocks_and_budget(chunked):
+    """Engine._head_admission, the one rule every planning path admits by: the head's blocks when
+    a sequence slot is free, all its prompt blocks fit and its first chunk fits the budget."""
+    eng = EngineConfig(max_model_len=1024, max_num_seqs=2, max_num_batched_tokens=256, chunked_prefill=chunked)
+    e = make_sim(n_dc=1, gpus_per_node=1, engine=eng).datacenters[0].engines[0]
+    assert e._head_admission(1000, 256) == 0  # empty queue
+    e._queue(RequestState(0, 0, 0, 0.0, 0.0, 0.01, 0.01, 300, 5))  # 300 tokens: ceil(300 / 16) = 19 blocks
+    assert e.pending_tokens == 300 and e.waiting_blocks == 19
+    assert e._head_admission(19, 256) == 19  # nothing scheduled yet: a prompt longer than the budget goes
+    assert e._head_admission(18, 256) == 0  # its blocks do not fit
+    # part of the budget left: a chunk of it with chunked prefill, never part of a whole prompt
+    assert e._head_admission(19, 1) == (19 if chunked else 0)
+    assert e._head_admission(19, 255) == (19 if chunked else 0)
+    assert e._head_admission(19, 0) == 0
+    e._queue(RequestState(1, 0, 0, 0.0, 0.0, 0.01, 0.01, 40, 5))
+    e.waiting.popleft()  # the 40-token prompt is the head: 3 blocks
+    assert e._head_admission(3, 40) == 3 and e._head_admission(3, 39) == (3 if chunked else 0)
+    other = RequestState(2, 0, 0, 0.0, 0.0, 0.01, 0.01, 8, 5)
+    e.running = {2: other}
+    assert e._head_admission(3, 40) == 3
+    e.running = {2: other, 3: other}  # max_num_seqs sequences running
+    assert e._head_admission(1000, 256) == 0

@@ -114,7 +114,7 @@ def test_property_every_request_completes_once_and_paths_agree(case):
         np.testing.assert_array_equal(recs.prompt_tokens, wl["prompt"][recs.request_id])
         np.testing.assert_array_equal(recs.output_tokens, wl["output"][recs.request_id])
         for e in (e for dc in sim.datacenters for e in dc.engines):
-            assert e.free == e.total_blocks and not e.running and not e.waiting
+            assert e.free_blocks == e.total_blocks and not e.running and not e.waiting
     assert_same(a, b)
 
 

@@ -99,7 +99,7 @@ def _sizes(env) -> dict[str, int]:
         "heap": len(sim._heap),
         "in_transit": len(sim._in_transit),
         "rows": len(sim._rows),
-        "fin_heaps": sum(len(e.fin_heap) for e in engines),
+        "fin_heaps": sum(len(e.finish_heap) for e in engines),
         "queues": sum(len(e.waiting) + len(e.running) for e in engines),
         "pending": len(env._pending),
         "failover_ids": len(env._tally._failover_ids),

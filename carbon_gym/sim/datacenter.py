@@ -39,8 +39,17 @@ class ZoneClock(CopyableState):
     otherwise falls back to ``trace.integral(zone, 0, offset + t)``.
     """
 
-    __slots__ = ("carbon", "zone", "offset_s", "fast", "period", "total", "cum", "v", "slope", "linear", "hours",
-                 "seg_lo", "seg_hi", "seg_start", "seg_cum", "seg_v", "seg_slope")
+    __slots__ = (
+        "carbon", "zone", "offset_s",  # the trace, the zone's column in it, carbon time of time 0 (s)
+        "fast",                   # the pure-Python evaluation below matches trace.integral (else call it)
+        "hours", "period_s",      # trace length, hours and seconds (the trace repeats)
+        "hour_g_per_kwh",         # [h]: intensity at the start of hour h, gCO2eq/kWh
+        "hour_slope",             # [h]: its slope over hour h (linear interpolation), gCO2eq/kWh per s
+        "hour_cum",               # [h]: integral from the trace start to hour h, (gCO2eq/kWh) x s
+        "period_cum",             # integral over one period, (gCO2eq/kWh) x s
+        "linear",                 # linear interpolation (else step)
+        "seg_lo", "seg_hi", "seg_start", "seg_cum", "seg_v", "seg_slope",  # memo of the last hour (below)
+    )
 
     def __init__(self, carbon: Any, zone: int, offset_s: float) -> None:
         self.carbon = carbon
@@ -65,15 +74,15 @@ class ZoneClock(CopyableState):
             np.cumsum(per_hour, out=cum_arr[1:])
             v = va.tolist()
             cum = cum_arr.tolist()
-            self.v = v
-            self.slope = ((nxt - va) / SECONDS_PER_HOUR).tolist()
-            self.cum = cum
-            self.total = cum[-1]
+            self.hour_g_per_kwh = v
+            self.hour_slope = ((nxt - va) / SECONDS_PER_HOUR).tolist()
+            self.hour_cum = cum
+            self.period_cum = cum[-1]
             self.hours = H
-            self.period = H * SECONDS_PER_HOUR
+            self.period_s = H * SECONDS_PER_HOUR
             self.linear = interp == "linear"
             self.fast = True
-            for x in (0.0, 1234.5, 0.37 * self.period + 17.0, 2.5 * self.period + 3599.9):
+            for x in (0.0, 1234.5, 0.37 * self.period_s + 17.0, 2.5 * self.period_s + 3599.9):
                 ref = float(carbon.integral(zone, 0.0, x)) if x > 0 else 0.0
                 if abs(self._fast(x) - ref) > 1e-9 * max(abs(ref), 1.0):
                     self.fast = False
@@ -85,30 +94,30 @@ class ZoneClock(CopyableState):
             if self.linear:
                 return self.seg_cum + self.seg_v * dt + 0.5 * self.seg_slope * dt * dt
             return self.seg_cum + self.seg_v * dt
-        periods, rem = divmod(x, self.period)
+        periods, rem = divmod(x, self.period_s)
         h = int(rem / SECONDS_PER_HOUR)
         if h >= self.hours:
             h = self.hours - 1
         start = h * SECONDS_PER_HOUR
         dt = rem - start
-        base = periods * self.total + self.cum[h]
+        base = periods * self.period_cum + self.hour_cum[h]
         if periods == 0.0:
             self.seg_lo = start + 1e-3
             self.seg_hi = start + (SECONDS_PER_HOUR - 1e-3)
             self.seg_start = start
             self.seg_cum = base
-            self.seg_v = self.v[h]
-            self.seg_slope = self.slope[h]
+            self.seg_v = self.hour_g_per_kwh[h]
+            self.seg_slope = self.hour_slope[h]
         if self.linear:
-            return base + self.v[h] * dt + 0.5 * self.slope[h] * dt * dt
-        return base + self.v[h] * dt
+            return base + self.hour_g_per_kwh[h] * dt + 0.5 * self.hour_slope[h] * dt * dt
+        return base + self.hour_g_per_kwh[h] * dt
 
     def intensity(self, x: float) -> float:
         """Intensity (gCO2eq/kWh) at carbon time ``x`` (fast clocks only), computed exactly as
         :meth:`CarbonTrace.intensity` does."""
-        h_float = (x % self.period) / SECONDS_PER_HOUR
+        h_float = (x % self.period_s) / SECONDS_PER_HOUR
         h = int(h_float)
-        v = self.v
+        v = self.hour_g_per_kwh
         if not self.linear:
             return v[h]
         f = h_float - h
@@ -133,11 +142,38 @@ class Datacenter(CopyableState):
 
     # Slots, not a __dict__ (see Engine.__slots__): a new attribute needs its name here.
     __slots__ = (
-        "index", "spec", "name", "zone", "carbon", "offset_s", "pue", "score_fn", "n_engines", "scores", "engines",
-        "models", "host_on_w", "up", "host_w", "p_gpu", "p_idle", "n_idle", "_ct", "_cc", "clock",
-        "_exact_intensity", "t_last", "c_last", "gpu_j", "idle_j", "host_j", "carbon_g", "active_carbon_g",
-        "aborted_active_j", "aborted_active_carbon_g", "base_score_fn", "n_draining", "in_transit", "waiting",
-        "running", "iterations", "completed", "preemptions", "tok_rate_sum", "tok_rate_t", "est_key", "est_val",
+        # set-up
+        "index", "spec", "name",  # position in Simulator.datacenters, its DatacenterSpec, its name
+        "zone", "carbon", "offset_s",  # zone column in the carbon trace, the trace, carbon time of time 0 (s)
+        "pue",                    # power usage effectiveness (facility / IT power)
+        "n_engines", "engines",   # its Engines
+        "models",                 # EngineModels shared by the engines
+        "clock",                  # ZoneClock: the zone's intensity integral
+        "_exact_intensity",       # the clock's intensity replicates CarbonTrace.intensity (same floats)
+        # dispatch
+        "score_fn",               # dispatcher score (engine -> float, lowest wins), draining-aware
+        "base_score_fn",          # the dispatcher's own score
+        "scores",                 # [i]: score_fn(engines[i]), refreshed when engine i changes
+        "n_draining",             # engines draining (the last ones)
+        # power now
+        "up",                     # False during an outage (draws nothing)
+        "host_on_w", "host_w",    # non-GPU node power when up / now, W
+        "gpu_w",                  # GPU power of all engines now (tp x per-GPU watts), W
+        "idle_gpu_w",             # the part of gpu_w drawn by idle engines, W
+        "n_idle",                 # idle engines
+        # ledger (since time 0)
+        "_cum_memo_t_s", "_cum_memo",  # the last time cum(t) was evaluated at, and its value
+        "ledger_t_s", "ledger_cum",  # the time the ledger was integrated to, and cum(ledger_t_s)
+        "gpu_j", "idle_j", "host_j",  # GPU (all, of idle engines) and host energy, IT level, J
+        "carbon_g",               # facility carbon, gCO2eq
+        "active_carbon_g",        # carbon of the power drawn by engines with work (split per request), g
+        "aborted_active_j", "aborted_active_carbon_g",  # of iterations cut by outages (no request's), J / g
+        # counters
+        "in_transit", "waiting", "running",  # requests travelling to it, in engine queues, running
+        "iterations", "completed", "preemptions",  # sums of its engines' (decode runs in progress excluded)
+        # estimates
+        "tok_rate_sum", "tok_rate_t",  # EWMA of prompt tokens arriving: sum (tokens), last update (s)
+        "est_key", "est_val",     # memo of the simulator's latency estimates for (running, used blocks)
     )
 
     def __init__(
@@ -177,17 +213,17 @@ class Datacenter(CopyableState):
         self.host_on_w = spec.nodes * float(host_w_per_node)
         self.up = True
         self.host_w = self.host_on_w
-        self.p_gpu = self.n_engines * models.idle_engine_w
-        self.p_idle = self.p_gpu
+        self.gpu_w = self.n_engines * models.idle_engine_w
+        self.idle_gpu_w = self.gpu_w
         self.n_idle = self.n_engines
-        self._ct = -1.0
-        self._cc = 0.0
+        self._cum_memo_t_s = -1.0
+        self._cum_memo = 0.0
         # a ZoneClock is immutable once built: simulators of the same world share it (see Simulator.fresh)
         self.clock = clock if clock is not None else ZoneClock(carbon, zone, self.offset_s)
         # the clock's pure-Python intensity replicates CarbonTrace.intensity (same floats)
         self._exact_intensity = self.clock.fast and type(carbon) is CarbonTrace
-        self.t_last = 0.0
-        self.c_last = self.cum(0.0)
+        self.ledger_t_s = 0.0
+        self.ledger_cum = self.cum(0.0)
         self.gpu_j = 0.0
         self.idle_j = 0.0
         self.host_j = 0.0
@@ -216,8 +252,8 @@ class Datacenter(CopyableState):
     # ------------------------------------------------------------------ carbon / ledger
     def cum(self, t: float) -> float:
         """Integral of the zone's intensity from the trace start to ``off + t`` (g/kWh x s)."""
-        if t == self._ct:
-            return self._cc
+        if t == self._cum_memo_t_s:
+            return self._cum_memo
         clock = self.clock
         if clock.fast:
             x = clock.offset_s + t
@@ -227,8 +263,8 @@ class Datacenter(CopyableState):
                 v = clock._fast(x)
         else:
             v = clock(t)
-        self._ct = t
-        self._cc = v
+        self._cum_memo_t_s = t
+        self._cum_memo = v
         return v
 
     def intensity(self, t: float) -> float:
@@ -239,49 +275,37 @@ class Datacenter(CopyableState):
 
     def flush(self, t: float) -> None:
         """Integrate the current (constant) power from the last change up to ``t``."""
-        dt = t - self.t_last
+        dt = t - self.ledger_t_s
         if dt <= 0.0:
             return
-        p_gpu = self.p_gpu
+        gpu_w = self.gpu_w
         host = self.host_w
-        self.gpu_j += p_gpu * dt
-        self.idle_j += self.p_idle * dt
+        self.gpu_j += gpu_w * dt
+        self.idle_j += self.idle_gpu_w * dt
         self.host_j += host * dt
         c = self.cum(t)
-        k = self.pue * (c - self.c_last) / J_PER_KWH
-        self.carbon_g += (p_gpu + host) * k
-        self.active_carbon_g += (p_gpu - self.p_idle) * k
-        self.c_last = c
-        self.t_last = t
+        k = self.pue * (c - self.ledger_cum) / J_PER_KWH
+        self.carbon_g += (gpu_w + host) * k
+        self.active_carbon_g += (gpu_w - self.idle_gpu_w) * k
+        self.ledger_cum = c
+        self.ledger_t_s = t
 
     def engine_power_changed(self, t: float, old_w: float, new_w: float, old_idle: bool, new_idle: bool) -> None:
         """An engine's power changes at ``t`` (flush the ledger first)."""
         if not self.up:
             return
-        dt = t - self.t_last
-        if dt > 0.0:  # self.flush(t), inlined
-            p_gpu = self.p_gpu
-            host = self.host_w
-            self.gpu_j += p_gpu * dt
-            self.idle_j += self.p_idle * dt
-            self.host_j += host * dt
-            c = self._cc if t == self._ct else self.cum(t)
-            k = self.pue * (c - self.c_last) / J_PER_KWH
-            self.carbon_g += (p_gpu + host) * k
-            self.active_carbon_g += (p_gpu - self.p_idle) * k
-            self.c_last = c
-            self.t_last = t
-        self.p_gpu += new_w - old_w
+        self.flush(t)
+        self.gpu_w += new_w - old_w
         if old_idle:
-            self.p_idle -= old_w
+            self.idle_gpu_w -= old_w
             self.n_idle -= 1
         if new_idle:
-            self.p_idle += new_w
+            self.idle_gpu_w += new_w
             self.n_idle += 1
 
     def power_w(self) -> float:
         """Facility power now, watts."""
-        return (self.p_gpu + self.host_w) * self.pue
+        return (self.gpu_w + self.host_w) * self.pue
 
     # ------------------------------------------------------------------ dispatch
     def pick(self) -> Engine:
@@ -308,8 +332,8 @@ class Datacenter(CopyableState):
                 aborted.extend(e.abort_all(t))
             self.waiting = 0
             self.running = 0
-            self.p_gpu = 0.0
-            self.p_idle = 0.0
+            self.gpu_w = 0.0
+            self.idle_gpu_w = 0.0
             self.host_w = 0.0
         else:
             p = 0.0
@@ -317,8 +341,8 @@ class Datacenter(CopyableState):
                 e.reset()
                 e.power_w = e.rest_w  # drained engines stay off
                 p += e.rest_w
-            self.p_gpu = p
-            self.p_idle = p
+            self.gpu_w = p
+            self.idle_gpu_w = p
             self.host_w = self.host_on_w
         self.n_idle = self.n_engines
         for e in self.engines:

@@ -27,13 +27,14 @@ token completes at the end of its prefill.
 
 **Fast path.** When an iteration has no prefill work, no preemption, and the queue head cannot be
 admitted (or the queue is empty), the batch stays fixed until the next completion, arrival or
-KV-block shortage: iteration ``k`` of the run takes ``T0 + k * n * decode_ctx_coeff_s``. The
-engine jumps over ``K`` iterations at once, with ``K`` = iterations to the earliest completion
-(heap of finish iterations) capped so that the blocks the run allocates - computed exactly from a
-histogram of ``(context - iteration) mod block_tokens`` - fit in the free blocks. An arrival at
-an engine whose queue was empty truncates the run at the first iteration boundary at or after
-the arrival. ``step_mode=True`` runs every iteration as its own event with explicit per-sequence
-bookkeeping (the slow reference); both give the same results.
+KV-block shortage: iteration ``k`` (1-based) of the run lasts ``run_first_s + (k - 1) *
+run_growth_s``, with ``run_growth_s = n * decode_ctx_coeff_s``. The engine jumps over
+``run_iters`` iterations at once: the iterations to the earliest completion (``finish_heap``)
+capped so that the blocks the run allocates - computed exactly from ``ctx_phase_counts``, the
+decoders counted by ``(context - decode_iters) mod block_tokens`` - fit in the free blocks. An
+arrival at an engine whose queue was empty truncates the run at the first iteration boundary at
+or after the arrival. ``step_mode=True`` runs every iteration as its own event with explicit
+per-sequence bookkeeping (the slow reference); both give the same results.
 
 **Published state.** Dispatch scores and snapshots read ``view_free_blocks`` /
 ``view_used_blocks``, refreshed at the end of every iteration that admitted, prefilled,
@@ -42,7 +43,8 @@ do not depend on how decode runs were cut.
 
 **Energy shares.** Each iteration's facility energy (engine power x duration x PUE) is split over
 its batch in proportion to the tokens computed (a decode = 1 token); decoding sequences collect
-theirs through engine-level cumulative per-sequence counters (O(1) per sequence).
+theirs through engine-level cumulative per-sequence counters (``decode_share_j`` / ``_g``, O(1)
+per sequence).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
 
 from .config import EngineConfig
-from .kernels import iteration_time_fn, prefill_power_fn
+from .kernels import blank_instance, iteration_time_fn, prefill_power_fn, slot_state
 
 try:  # compile-time class options for mypyc (setup.py); a no-op when the module runs as Python
     from mypy_extensions import mypyc_attr
@@ -71,30 +73,6 @@ J_PER_KWH = 3.6e6
 IDLE, WAKE, ITER, RUN = 0, 1, 2, 3
 
 
-def _blank(cls: Any) -> Any:
-    """An instance of ``cls`` whose ``__init__`` has not run (copy / pickle support)."""
-    return cls.__new__(cls)
-
-
-def _slot_state(obj: Any) -> dict[str, Any]:
-    """The attributes set on ``obj``, an instance of a class of the simulator, compiled (mypyc
-    lists them in ``__mypyc_attrs__``) or not (the ``__slots__`` along its classes, and its
-    ``__dict__`` if it has one), for copy / pickle."""
-    cls = type(obj)
-    names = getattr(cls, "__mypyc_attrs__", None)
-    if names is None:
-        names = [n for k in cls.__mro__ for n in k.__dict__.get("__slots__", ())]
-    state: dict[str, Any] = {}
-    for name in names:
-        try:
-            state[name] = getattr(obj, name)
-        except AttributeError:  # never set
-            pass
-    if hasattr(obj, "__dict__"):
-        state.update(vars(obj))
-    return state
-
-
 @mypyc_attr(allow_interpreted_subclasses=True)
 class CopyableState:
     """Base of the simulator's stateful classes: ``copy`` / ``pickle`` through their attributes,
@@ -104,7 +82,7 @@ class CopyableState:
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Copy / pickle support that also works when this module is compiled (no ``__dict__``)."""
-        return (_blank, (type(self),), _slot_state(self))
+        return (blank_instance, (type(self),), slot_state(self))
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         for name, value in state.items():
@@ -113,45 +91,55 @@ class CopyableState:
 
 @mypyc_attr(allow_interpreted_subclasses=True)
 class RequestState(CopyableState):
-    """Mutable state of one in-flight request (internal; results come out as RequestRecords)."""
+    """Mutable state of one in-flight request (internal; results come out as RequestRecords).
+
+    The decode fields come in two sets: the fast path (``step_mode=False``) keeps a decoding
+    request's context and output count as offsets from its engine's ``decode_iters`` (nothing is
+    updated per iteration); step mode counts ``ctx_tokens`` and ``generated`` explicitly.
+    """
 
     __slots__ = (
-        "rid", "origin", "dc", "eng", "arrival_s", "sent_s", "dc_arrival_s", "up_s", "down_s",
-        "prompt", "output", "prefill_len", "prefilled", "blocks", "gen", "decoding",
-        "base", "gbase", "fin", "fseq", "ctx", "e_mark", "c_mark",
-        "first_sched_s", "first_token_s", "preemptions", "energy_j", "carbon_g", "alive",
+        "rid", "origin", "dc",      # request id (submission order), origin region and datacenter indices
+        "arrival_s", "sent_s", "dc_arrival_s",  # issued by the client, placed, reached the datacenter, s
+        "up_s", "down_s",           # uplink (one way + prompt transfer) and downlink delays, s
+        "prompt_tokens",            # prompt length, tokens
+        "output_tokens",            # true output length, tokens (hidden from schedulers)
+        "prefill_len",              # tokens to prefill: the prompt, or prompt + generated after a preemption
+        "prefilled",                # tokens of prefill_len computed so far
+        "kv_blocks",                # KV blocks allocated at admission (for all of prefill_len), while prefilling
+        "generated",                # output tokens sampled (fast path: up to date only while not decoding)
+        "decoding",                 # prefill done: decoding, holding ceil(context / block_tokens) blocks
+        "ctx_offset",               # fast path, decoding: context tokens minus the engine's decode_iters
+        "gen_offset",               # fast path, decoding: generated minus the engine's decode_iters
+        "finish_seq",               # fast path: sequence number of its live finish_heap entry (-1: none)
+        "ctx_tokens",               # step mode, decoding: context tokens in the KV cache
+        "share_mark_j", "share_mark_g",  # fast path: the engine's decode_share_j / _g when it began decoding
+        "first_sched_s",            # engine time of its first prefill chunk (-1 before), s
+        "first_token_s",            # engine time its first output token was sampled (-1 before), s
+        "preemptions",              # times it was preempted (and recomputed)
+        "energy_j", "carbon_g",     # facility energy (J) and carbon (gCO2eq) attributed so far
+        "alive",                    # False once completed or aborted (its heap entries are stale)
     )
 
     def __init__(self, rid: int, origin: int, dc: int, arrival_s: float, sent_s: float,
-                 up_s: float, down_s: float, prompt: int, output: int) -> None:
+                 up_s: float, down_s: float, prompt_tokens: int, output_tokens: int) -> None:
         self.rid = rid
         self.origin = origin
         self.dc = dc
-        self.eng = -1
         self.arrival_s = arrival_s
         self.sent_s = sent_s
         self.up_s = up_s
         self.down_s = down_s
         self.dc_arrival_s = sent_s + up_s
-        self.prompt = prompt
-        self.output = output
-        self.prefill_len = prompt
-        self.prefilled = 0
-        self.blocks = 0
-        self.gen = 0
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+        self.prefill_len = prompt_tokens
+        self.prefilled = self.kv_blocks = self.generated = self.preemptions = 0
         self.decoding = False
-        self.base = 0
-        self.gbase = 0
-        self.fin = -1
-        self.fseq = -1
-        self.ctx = 0
-        self.e_mark = 0.0
-        self.c_mark = 0.0
-        self.first_sched_s = -1.0
-        self.first_token_s = -1.0
-        self.preemptions = 0
-        self.energy_j = 0.0
-        self.carbon_g = 0.0
+        self.ctx_offset = self.gen_offset = self.ctx_tokens = 0
+        self.finish_seq = -1
+        self.share_mark_j = self.share_mark_g = self.energy_j = self.carbon_g = 0.0
+        self.first_sched_s = self.first_token_s = -1.0
         self.alive = True
 
 
@@ -164,35 +152,39 @@ class EngineModels(CopyableState):
     ``decode_power_w(n)`` the engine's (all TP GPUs) power while decoding ``n`` sequences.
     """
 
-    __slots__ = ("latency", "power", "tp", "coeff", "idle_engine_w", "_fixed", "_pow", "iteration_time_s",
-                 "prefill_engine_w")
+    __slots__ = (
+        "latency", "power", "tp",  # the latency model (for tp GPUs), the per-GPU power model, GPUs per engine
+        "decode_ctx_coeff_s",      # seconds a decode iteration gains per context token
+        "idle_engine_w",           # engine watts with no work (tp x idle GPU power)
+        "iteration_time_s",        # (prefill_tokens, pairs, n_decode, ctx_sum, n_sampled) -> seconds
+        "prefill_engine_w",        # (prefill_tokens > 0, n_decode) -> engine watts of that iteration
+        "_decode_fixed", "_decode_power",  # caches of decode_fixed_s / decode_power_w, by sequences
+    )
 
     def __init__(self, latency: Any, power: Any, tp: int) -> None:
         self.latency = latency
         self.power = power
         self.tp = tp
-        self.coeff = float(latency.decode_ctx_coeff_s())
-        #: ``iteration_time_s(prefill_tokens, pairs, n_decode, ctx_sum, n_sampled) -> float``: the
-        #: latency model's (a pure-Python copy for the table model, same floats; see kernels.iteration_time_fn)
+        self.decode_ctx_coeff_s = float(latency.decode_ctx_coeff_s())
+        # the latency model's (a pure-Python copy for the table model, same floats; see kernels.iteration_time_fn)
         self.iteration_time_s = iteration_time_fn(latency)
-        #: ``prefill_engine_w(prefill_tokens > 0, n_decode) -> float``: engine watts of that iteration
         self.prefill_engine_w = prefill_power_fn(power, tp)
         self.idle_engine_w = tp * float(power.idle_w)
-        self._fixed: dict[int, float] = {}
-        self._pow: dict[int, float] = {}
+        self._decode_fixed: dict[int, float] = {}
+        self._decode_power: dict[int, float] = {}
 
     def decode_fixed_s(self, n: int) -> float:
         """Seconds of a pure-decode iteration of ``n`` sequences with zero context."""
-        v = self._fixed.get(n)
+        v = self._decode_fixed.get(n)
         if v is None:
-            v = self._fixed[n] = self.iteration_time_s(0, 0.0, n, 0.0, n)
+            v = self._decode_fixed[n] = self.iteration_time_s(0, 0.0, n, 0.0, n)
         return v
 
     def decode_power_w(self, n: int) -> float:
         """Engine watts during a pure-decode iteration of ``n`` sequences."""
-        v = self._pow.get(n)
+        v = self._decode_power.get(n)
         if v is None:
-            v = self._pow[n] = self.tp * float(self.power.gpu_power_w(0, n))
+            v = self._decode_power[n] = self.tp * float(self.power.gpu_power_w(0, n))
         return v
 
 
@@ -200,49 +192,80 @@ class EngineModels(CopyableState):
 class Engine(CopyableState):
     """One tensor-parallel group serving the model (see the module docstring for the rules).
 
-    Created by :class:`~carbon_gym.sim.datacenter.Datacenter`; driven by the simulator through
-    :meth:`enqueue` (a request reaches the engine) and :meth:`on_event` (an iteration or a run
-    of iterations ends, or an idle engine wakes up).
+    Created by :class:`~carbon_gym.sim.datacenter.Datacenter`. The simulator drives it with
+    :meth:`enqueue` when a request reaches it (:meth:`enqueue_and_plan` when the engine is idle
+    and its wake-up would be the next event anyway), and :meth:`on_event` when the engine's
+    event pops from the heap with the engine's current ``version`` (older entries are stale:
+    a decode run was cut short or the engine was reset): the iteration or run in progress ends
+    (or an idle engine wakes up), and the engine plans what it does next and pushes that event.
     """
 
     # Slots, not a __dict__: CPython's specialised attribute access works for slots whatever
     # their number (an instance dict with more than 30 keys falls back to slower lookups), and
     # the hot path is mostly attribute access. A new attribute needs its name here.
     __slots__ = (
-        "dc", "index", "block_tokens", "max_seqs", "budget", "chunked", "step", "models", "heap", "counter",
-        "rows", "total_blocks", "draining", "rest_w", "waiting", "running", "prefilling", "n_dec", "base_sum",
-        "hist", "fin_heap", "free", "pending_tokens", "waiting_blocks", "cum_e", "cum_c", "state", "version",
-        "t0", "c0", "t_end", "K", "T0", "B", "power_w", "is_idle", "chunks", "n_iter_dec", "prefill_tokens",
-        "sig", "last_prefill_only", "view_free_blocks", "view_used_blocks", "it", "dit", "preemptions",
-        "completed",
+        # set-up
+        "dc", "index",          # the Datacenter it belongs to (ledger, counters, scores); index in dc.engines
+        "block_tokens",         # tokens per KV block
+        "max_seqs",             # max_num_seqs: most running (prefilling + decoding) sequences
+        "token_budget",         # max_num_batched_tokens: tokens per iteration (decodes + prefill chunks)
+        "chunked_prefill",      # mix prefill chunks with decodes (else prefill-only iterations)
+        "step_mode",            # every iteration its own event, per-sequence bookkeeping (the reference)
+        "models",               # EngineModels: latency and power
+        "heap", "counter",      # the simulator's event heap and sequence numbers (heap tie-breaks), shared
+        "rows",                 # completed-request tuples in RECORD_COLUMNS order, shared with the simulator
+        "total_blocks",         # KV blocks of the engine
+        "draining",             # fault: takes no new requests (the dispatcher skips it)
+        "rest_w",               # watts with no work: idle power, or 0 once drained with power-off
+        # requests
+        "waiting",              # FCFS queue (a deque of RequestState)
+        "running",              # rid -> RequestState, prefilling and decoding, oldest first
+        "prefilling",           # the running requests still prefilling, oldest first
+        "pending_tokens",       # sum of prefill_len over the queue, tokens
+        "waiting_blocks",       # KV blocks the queued prompts need at admission
+        "free_blocks",          # KV blocks not allocated
+        # decoding sequences (fast path: aggregates; each sequence's state is an offset)
+        "n_decoding",           # sequences decoding
+        "ctx_offset_sum",       # sum of their ctx_offset, tokens
+        "ctx_phase_counts",     # [p]: decoders with (ctx_offset - 1) % block_tokens == p
+        "finish_heap",          # (decode_iters at the last token, seq, request); seq != finish_seq: stale
+        "decode_iters",         # iterations in which the decoding sequences advanced (kept by reset)
+        "decode_share_j", "decode_share_g",  # energy (J) / carbon (g) attributed per decoding sequence so far
+        # the iteration (ITER) or run of decode iterations (RUN) in progress
+        "state",                # IDLE, WAKE, ITER or RUN
+        "version",              # bumped at every event it pushes: older heap entries are stale
+        "start_s", "end_s",     # when it started / ends (the time of its event), s
+        "start_cum",            # dc.cum(start_s): the intensity integral then, (gCO2eq/kWh) x s
+        "run_iters",            # RUN: decode iterations in the run
+        "run_first_s",          # RUN: duration of its first iteration, s
+        "run_growth_s",         # RUN: each iteration lasts this much longer than the previous one, s
+        "power_w", "is_idle",   # engine watts now; drawing rest power (the ledger counts it idle)
+        "iter_chunks",          # ITER: prefill chunks, (request, tokens)
+        "iter_decodes",         # ITER: sequences decoding one token
+        "iter_prefill_tokens",  # ITER: sum of the chunks, tokens
+        "iter_publish",         # ITER: admitted, prefilled, preempted or completed: publish at its end
+        "last_prefill_only",    # without chunked prefill: the last iteration was prefill-only
+        # published state (what dispatch scores and snapshots read)
+        "view_free_blocks", "view_used_blocks",  # free_blocks when last published; total_blocks - that
+        # counters (kept by reset)
+        "iterations",           # iterations run (all kinds)
+        "preemptions", "completed",  # requests preempted / completed
     )
 
-    def __init__(
-        self,
-        dc: "Datacenter",
-        index: int,
-        cfg: EngineConfig,
-        total_blocks: int,
-        models: EngineModels,
-        step_mode: bool,
-        heap: list,
-        counter: Callable[[], int],
-        rows: list,
-    ) -> None:
+    def __init__(self, dc: "Datacenter", index: int, cfg: EngineConfig, total_blocks: int, models: EngineModels,
+                 step_mode: bool, heap: list, counter: Callable[[], int], rows: list) -> None:
         self.dc = dc
         self.index = index
         self.block_tokens = cfg.block_tokens
         self.max_seqs = cfg.max_num_seqs
-        self.budget = cfg.max_num_batched_tokens
-        self.chunked = cfg.chunked_prefill
-        self.step = step_mode
+        self.token_budget = cfg.max_num_batched_tokens
+        self.chunked_prefill = cfg.chunked_prefill
+        self.step_mode = step_mode
         self.models = models
         self.heap = heap
         self.counter = counter
         self.rows = rows
         self.total_blocks = total_blocks
-        # faults (engine drain): a draining engine receives no new requests from the dispatcher;
-        # ``rest_w`` is what it draws when it has no work (0 W once drained with power-off)
         self.draining = False
         self.rest_w = models.idle_engine_w
         self.reset()
@@ -252,55 +275,47 @@ class Engine(CopyableState):
         self.waiting: deque[RequestState] = deque()
         self.running: dict[int, RequestState] = {}
         self.prefilling: list[RequestState] = []
-        self.n_dec = 0
-        self.base_sum = 0
-        self.hist = [0] * self.block_tokens
-        self.fin_heap: list[tuple[int, int, RequestState]] = []
-        self.free = self.total_blocks
-        self.pending_tokens = 0
-        self.waiting_blocks = 0
-        self.cum_e = 0.0
-        self.cum_c = 0.0
+        self.pending_tokens = self.waiting_blocks = 0
+        self.free_blocks = self.total_blocks
+        self.n_decoding = self.ctx_offset_sum = 0
+        self.ctx_phase_counts = [0] * self.block_tokens
+        self.finish_heap: list[tuple[int, int, RequestState]] = []
+        self.decode_share_j = self.decode_share_g = 0.0
         self.state = IDLE
         self.version = getattr(self, "version", 0) + 1
-        self.t0 = 0.0
-        self.c0 = 0.0
-        self.t_end = 0.0
-        self.K = 0
-        self.T0 = 0.0
-        self.B = 0.0
+        self.start_s = self.start_cum = self.end_s = 0.0
+        self.run_iters = 0
+        self.run_first_s = self.run_growth_s = 0.0
         self.power_w = self.models.idle_engine_w
         self.is_idle = True
-        self.chunks: list[tuple[RequestState, int]] = []
-        self.n_iter_dec = 0
-        self.prefill_tokens = 0
-        self.sig = False
-        self.last_prefill_only = False
+        self.iter_chunks: list[tuple[RequestState, int]] = []
+        self.iter_decodes = self.iter_prefill_tokens = 0
+        self.iter_publish = self.last_prefill_only = False
         self.view_free_blocks = self.total_blocks
         self.view_used_blocks = 0
-        if not hasattr(self, "it"):
-            self.it = 0  # iterations run (all kinds)
-            self.dit = 0  # iterations in which the decoding sequences advanced
-            self.preemptions = 0
-            self.completed = 0
+        if not hasattr(self, "iterations"):
+            self.iterations = self.decode_iters = self.preemptions = self.completed = 0
 
-    # ------------------------------------------------------------------ queries
     def _blocks_for(self, tokens: int) -> int:
+        """KV blocks holding ``tokens`` tokens."""
         bt = self.block_tokens
         return (tokens + bt - 1) // bt
 
     # ------------------------------------------------------------------ arrivals
-    def enqueue(self, req: RequestState, t: float) -> None:
-        """A request reaches this engine's waiting queue at time ``t``."""
-        waiting = self.waiting
-        was_empty = not waiting
-        waiting.append(req)
+    def _queue(self, req: RequestState) -> None:
+        """Append ``req`` to the waiting queue (and count it in the queue totals and the score)."""
+        self.waiting.append(req)
         L = req.prefill_len
         self.pending_tokens += L
         self.waiting_blocks += (L + self.block_tokens - 1) // self.block_tokens
         dc = self.dc
         dc.waiting += 1
         dc.scores[self.index] = dc.score_fn(self)
+
+    def enqueue(self, req: RequestState, t: float) -> None:
+        """A request reaches this engine's waiting queue at time ``t``."""
+        was_empty = not self.waiting
+        self._queue(req)
         state = self.state
         if state == IDLE:
             self.state = WAKE
@@ -313,35 +328,34 @@ class Engine(CopyableState):
         """A request reaches this IDLE engine at ``t`` and the engine plans at once: the same as
         :meth:`enqueue` followed by its wake-up event, for a caller that knows that wake-up
         event would be the next event processed (no other event at time ``t`` or earlier)."""
-        self.waiting.append(req)
-        L = req.prefill_len
-        self.pending_tokens += L
-        self.waiting_blocks += (L + self.block_tokens - 1) // self.block_tokens
-        dc = self.dc
-        dc.waiting += 1
-        dc.scores[self.index] = dc.score_fn(self)
+        self._queue(req)
         self.state = WAKE
         self.version += 1
         self._plan(t)
 
+    # ------------------------------------------------------------------ decode runs
     def _run_end(self, k: int) -> float:
-        return self.t0 + (k * self.T0 + 0.5 * self.B * k * (k - 1))
+        """When iteration ``k`` (1-based; 0: the start) of the decode run in progress ends, s."""
+        return self.start_s + (k * self.run_first_s + 0.5 * self.run_growth_s * k * (k - 1))
+
+    def _run_root(self, x: float) -> float:
+        """The positive root k of ``k * run_first_s + run_growth_s * k * (k - 1) / 2 = x`` (an
+        estimate of the iterations ending ``x`` seconds into the run; cancellation-free form)."""
+        T0, B = self.run_first_s, self.run_growth_s
+        b = T0 - 0.5 * B
+        if B > 0.0:
+            disc = b * b + 2.0 * B * x
+            return 2.0 * x / (b + disc ** 0.5) if b > 0.0 else (-b + disc ** 0.5) / B
+        return x / T0
 
     def _truncate(self, a: float) -> None:
         """Cut the current decode run at the first iteration boundary at or after ``a``."""
-        K = self.K
-        x = a - self.t0
-        T0, B = self.T0, self.B
+        K = self.run_iters
+        x = a - self.start_s
         if x <= 0.0:
             k = 1
-        else:
-            # smallest k with k*T0 + B*k*(k-1)/2 >= x  (positive root, cancellation-free form)
-            b = T0 - 0.5 * B
-            if B > 0.0:
-                disc = b * b + 2.0 * B * x
-                root = 2.0 * x / (b + disc ** 0.5) if b > 0.0 else (-b + disc ** 0.5) / B
-            else:
-                root = x / T0
+        else:  # the smallest k with run_end(k) >= a
+            root = self._run_root(x)
             k = int(root) if root < K else K
             if k < 1:
                 k = 1
@@ -350,30 +364,23 @@ class Engine(CopyableState):
             while k < K and self._run_end(k) < a:
                 k += 1
         if k < K:
-            self.K = k
-            self.t_end = self._run_end(k)
+            self.run_iters = k
+            self.end_s = self._run_end(k)
             self.version += 1
-            heapq.heappush(self.heap, (self.t_end, 1, self.counter(), self, self.version))
+            heapq.heappush(self.heap, (self.end_s, 1, self.counter(), self, self.version))
 
     def run_iterations_done(self, t: float) -> int:
         """Iterations of the decode run in progress that have ended by ``t`` (0 if none): the
-        largest k in [0, K] with run_end(k) <= t (run_end is increasing in k)."""
+        largest k in [0, run_iters] with run_end(k) <= t (run_end is increasing in k)."""
         if self.state != RUN:
             return 0
-        K = self.K
-        if t >= self.t_end:  # t_end == run_end(K)
+        K = self.run_iters
+        if t >= self.end_s:  # end_s == run_end(K)
             return K
-        t0, T0, B = self.t0, self.T0, self.B
-        if t < t0 + (T0 + 0.0):  # run_end(1)
+        if t < self.start_s + (self.run_first_s + 0.0):  # run_end(1)
             return 0
         # here run_end(1) <= t < run_end(K): estimate from the positive root, then correct exactly
-        x = t - t0
-        b = T0 - 0.5 * B
-        if B > 0.0:
-            disc = b * b + 2.0 * B * x
-            root = 2.0 * x / (b + disc ** 0.5) if b > 0.0 else (-b + disc ** 0.5) / B
-        else:
-            root = x / T0
+        root = self._run_root(t - self.start_s)
         k = int(root) if root < K else K - 1
         if k < 1:
             k = 1
@@ -384,9 +391,27 @@ class Engine(CopyableState):
             k -= 1
         return k
 
+    def _allocs(self, K: int) -> int:
+        """Blocks the decoding sequences allocate over the next ``K`` decode iterations."""
+        bt = self.block_tokens
+        q, r = divmod(K, bt)
+        total = self.n_decoding * q
+        if r:
+            # iterations decode_iters+1..decode_iters+r need counts[s], counts[s-1], ...,
+            # counts[s-r+1] (cyclically)
+            counts = self.ctx_phase_counts
+            s = (-(self.decode_iters + 1)) % bt
+            lo = s - r + 1
+            if lo >= 0:
+                total += sum(counts[lo:s + 1])
+            else:
+                total += sum(counts[:s + 1]) + sum(counts[bt + lo:])
+        return total
+
     # ------------------------------------------------------------------ events
     def on_event(self, t: float) -> None:
-        """The current iteration/run ends (or an idle engine wakes) at ``t``: account, then plan."""
+        """The engine's event at ``t``: the iteration or decode run in progress ends (its
+        requests are accounted for), or an idle engine wakes up; then plan the next one."""
         state = self.state
         if state == RUN:
             self._finish_run(t)
@@ -395,178 +420,136 @@ class Engine(CopyableState):
         self._plan(t)
 
     def _publish(self) -> None:
-        self.view_free_blocks = self.free
-        self.view_used_blocks = self.total_blocks - self.free
+        """Publish the KV occupancy (``view_*``) and refresh the dispatch score."""
+        self.view_free_blocks = self.free_blocks
+        self.view_used_blocks = self.total_blocks - self.free_blocks
         dc = self.dc
         dc.scores[self.index] = dc.score_fn(self)
 
-    def _allocs(self, K: int) -> int:
-        """Blocks the decoding sequences allocate over the next ``K`` decode iterations."""
-        bt = self.block_tokens
-        q, r = divmod(K, bt)
-        total = self.n_dec * q
-        if r:
-            # iterations dit+1..dit+r need hist[s], hist[s-1], ..., hist[s-r+1] (cyclically)
-            hist = self.hist
-            s = (-(self.dit + 1)) % bt
-            lo = s - r + 1
-            if lo >= 0:
-                total += sum(hist[lo:s + 1])
-            else:
-                total += sum(hist[:s + 1]) + sum(hist[bt + lo:])
-        return total
-
-    def _finish_run(self, t: float) -> None:
-        n = self.n_dec
-        K = self.K
-        dc = self.dc
-        c1 = dc._cc if t == dc._ct else dc.cum(t)
-        pf = self.power_w * dc.pue
-        self.cum_e += pf * (t - self.t0) / n
-        self.cum_c += pf * (c1 - self.c0) / (J_PER_KWH * n)
-        self.free -= self._allocs(K)
-        self.dit += K
-        self.it += K
-        dc.iterations += K
-        fh = self.fin_heap
-        dit = self.dit
+    def _complete_finished(self, t: float) -> bool:
+        """Complete the decoders whose last token came at ``decode_iters`` (at ``t``); whether any did."""
+        fh = self.finish_heap
+        it = self.decode_iters
         done = False
-        while fh and fh[0][0] <= dit:
+        while fh and fh[0][0] <= it:
             fin, seq, req = heapq.heappop(fh)
-            if req.fseq != seq:
+            if req.finish_seq != seq:
                 continue
             self._complete(req, t)
             done = True
-        if done:
+        return done
+
+    def _finish_run(self, t: float) -> None:
+        """The decode run ends at ``t`` (possibly cut short): account for its iterations."""
+        n = self.n_decoding
+        K = self.run_iters
+        dc = self.dc
+        c1 = dc._cum_memo if t == dc._cum_memo_t_s else dc.cum(t)
+        pf = self.power_w * dc.pue
+        self.decode_share_j += pf * (t - self.start_s) / n
+        self.decode_share_g += pf * (c1 - self.start_cum) / (J_PER_KWH * n)
+        self.free_blocks -= self._allocs(K)
+        self.decode_iters += K
+        self.iterations += K
+        dc.iterations += K
+        if self._complete_finished(t):
             self._publish()
 
     def _finish_iter(self, t: float) -> None:
+        """The iteration ends at ``t``: account for its decodes and chunks; publish if it changed
+        the batch."""
         dc = self.dc
-        c1 = dc._cc if t == dc._ct else dc.cum(t)
+        c1 = dc._cum_memo if t == dc._cum_memo_t_s else dc.cum(t)
         pf = self.power_w * dc.pue
-        e = pf * (t - self.t0)
-        c = pf * (c1 - self.c0) / J_PER_KWH
-        nd = self.n_iter_dec
-        tot = nd + self.prefill_tokens
-        self.it += 1
+        e = pf * (t - self.start_s)
+        c = pf * (c1 - self.start_cum) / J_PER_KWH
+        nd = self.iter_decodes
+        tot = nd + self.iter_prefill_tokens
+        self.iterations += 1
         dc.iterations += 1
-        if self.step:
-            self._finish_iter_step(t, e, c, nd, tot)
-            return
+        step = self.step_mode
         if nd:
-            self.dit += 1
-            self.cum_e += e / tot
-            self.cum_c += c / tot
-        for req, ch in self.chunks:
+            self.decode_iters += 1
+            if step:  # explicit per-sequence bookkeeping
+                ei, ci = e / tot, c / tot
+                for r in self.running.values():
+                    if r.decoding:
+                        r.energy_j += ei
+                        r.carbon_g += ci
+                        r.ctx_tokens += 1
+                        r.generated += 1
+            else:
+                self.decode_share_j += e / tot
+                self.decode_share_g += c / tot
+        for req, ch in self.iter_chunks:
             f = ch / tot
             req.energy_j += e * f
             req.carbon_g += c * f
             req.prefilled += ch
             if req.prefilled == req.prefill_len:
                 self._prompt_done(req, t)
-        self.chunks = []
-        fh = self.fin_heap
-        if fh:
-            dit = self.dit
-            while fh and fh[0][0] <= dit:
-                fin, seq, req = heapq.heappop(fh)
-                if req.fseq != seq:
-                    continue
-                self._complete(req, t)
-                self.sig = True
-        if self.sig:
-            self._publish()
-
-    def _finish_iter_step(self, t: float, e: float, c: float, nd: int, tot: int) -> None:
-        """:meth:`_finish_iter` in step mode (explicit per-sequence bookkeeping)."""
-        if nd:
-            self.dit += 1
-            ei, ci = e / tot, c / tot
-            for r in self.running.values():
-                if r.decoding:
-                    r.energy_j += ei
-                    r.carbon_g += ci
-                    r.ctx += 1
-                    r.gen += 1
-        for req, ch in self.chunks:
-            f = ch / tot
-            req.energy_j += e * f
-            req.carbon_g += c * f
-            req.prefilled += ch
-            if req.prefilled == req.prefill_len:
-                self._prompt_done(req, t)
-        self.chunks = []
-        if nd:
-            done = [r for r in self.running.values() if r.decoding and r.gen >= r.output]
-            for r in done:
-                self._complete(r, t)
-                self.sig = True
-        if self.sig:
+        self.iter_chunks = []
+        if step:
+            if nd:
+                done = [r for r in self.running.values() if r.decoding and r.generated >= r.output_tokens]
+                for r in done:
+                    self._complete(r, t)
+                    self.iter_publish = True
+        elif self.finish_heap and self._complete_finished(t):
+            self.iter_publish = True
+        if self.iter_publish:
             self._publish()
 
     def _prompt_done(self, req: RequestState, t: float) -> None:
         """``req`` computed its last prompt token in the iteration ending at ``t``."""
         self.prefilling.remove(req)
-        req.gen += 1
+        req.generated += 1
         if req.first_token_s < 0.0:
             req.first_token_s = t
-        if req.gen >= req.output:
+        if req.generated >= req.output_tokens:
             self._complete(req, t)
-            self.sig = True
+            self.iter_publish = True
             return
         req.decoding = True
         ctx = req.prefill_len
-        if self.step:
-            req.ctx = ctx
+        if self.step_mode:
+            req.ctx_tokens = ctx
             return
-        dit = self.dit
-        req.base = ctx - dit
-        req.gbase = req.gen - dit
-        self.n_dec += 1
-        self.base_sum += req.base
-        self.hist[(req.base - 1) % self.block_tokens] += 1
-        req.e_mark = self.cum_e
-        req.c_mark = self.cum_c
-        req.fin = req.output - req.gbase
+        it = self.decode_iters
+        req.ctx_offset = ctx - it
+        req.gen_offset = req.generated - it
+        self.n_decoding += 1
+        self.ctx_offset_sum += req.ctx_offset
+        self.ctx_phase_counts[(req.ctx_offset - 1) % self.block_tokens] += 1
+        req.share_mark_j = self.decode_share_j
+        req.share_mark_g = self.decode_share_g
         seq = self.counter()
-        req.fseq = seq
-        heapq.heappush(self.fin_heap, (req.fin, seq, req))
+        req.finish_seq = seq
+        heapq.heappush(self.finish_heap, (req.output_tokens - req.gen_offset, seq, req))
 
     def _drop_decoder(self, req: RequestState) -> int:
         """Remove a decoding ``req`` from the decode aggregates; return the blocks it holds."""
-        if self.step:
-            ctx = req.ctx
+        if self.step_mode:
+            ctx = req.ctx_tokens
         else:
-            ctx = req.base + self.dit
-            self.n_dec -= 1
-            self.base_sum -= req.base
-            self.hist[(req.base - 1) % self.block_tokens] -= 1
-            req.energy_j += self.cum_e - req.e_mark
-            req.carbon_g += self.cum_c - req.c_mark
-            req.fseq = -1
-            req.gen = req.gbase + self.dit
+            it = self.decode_iters
+            ctx = req.ctx_offset + it
+            self.n_decoding -= 1
+            self.ctx_offset_sum -= req.ctx_offset
+            self.ctx_phase_counts[(req.ctx_offset - 1) % self.block_tokens] -= 1
+            req.energy_j += self.decode_share_j - req.share_mark_j
+            req.carbon_g += self.decode_share_g - req.share_mark_g
+            req.finish_seq = -1
+            req.generated = req.gen_offset + it
         req.decoding = False
         return self._blocks_for(ctx)
 
     def _complete(self, req: RequestState, t: float) -> None:
         """``req`` produced its last token at engine time ``t``: free it and record it."""
         if req.decoding:
-            if self.step:
-                self.free += self._drop_decoder(req)
-            else:
-                base = req.base
-                bt = self.block_tokens
-                self.free += (base + self.dit + bt - 1) // bt
-                self.n_dec -= 1
-                self.base_sum -= base
-                self.hist[(base - 1) % bt] -= 1
-                req.energy_j += self.cum_e - req.e_mark
-                req.carbon_g += self.cum_c - req.c_mark
-                req.fseq = -1
-                req.decoding = False
-                req.gen = req.output
+            self.free_blocks += self._drop_decoder(req)
         else:
-            self.free += req.blocks
+            self.free_blocks += req.kv_blocks
         del self.running[req.rid]
         req.alive = False
         dc = self.dc
@@ -577,27 +560,28 @@ class Engine(CopyableState):
         arrival = req.arrival_s
         ttft = req.first_token_s + down - arrival
         e2e = t + down - arrival
-        out = req.output
+        out = req.output_tokens
         tpot = (e2e - ttft) / (out - 1) if out > 1 else 0.0
         self.rows.append((
             req.rid, req.origin, req.dc, self.index, arrival, req.sent_s, req.dc_arrival_s,
-            req.first_sched_s, req.first_token_s + down, t + down, req.prompt, out, ttft, tpot, e2e,
+            req.first_sched_s, req.first_token_s + down, t + down, req.prompt_tokens, out, ttft, tpot, e2e,
             req.first_sched_s - req.dc_arrival_s, req.first_token_s - req.first_sched_s,
             req.up_s + down, req.preemptions, req.energy_j, req.carbon_g,
         ))
 
+    # ------------------------------------------------------------------ preemption
     def _preempt_newest(self) -> RequestState:
         """Preempt the newest running request (recompute later); return it."""
         victim = next(reversed(self.running.values()))
         if victim.decoding:
-            self.free += self._drop_decoder(victim)
+            self.free_blocks += self._drop_decoder(victim)
         else:
-            self.free += victim.blocks
+            self.free_blocks += victim.kv_blocks
             self.prefilling.remove(victim)
         del self.running[victim.rid]
-        victim.prefill_len = victim.prompt + victim.gen
+        victim.prefill_len = victim.prompt_tokens + victim.generated
         victim.prefilled = 0
-        victim.blocks = 0
+        victim.kv_blocks = 0
         victim.preemptions += 1
         self.preemptions += 1
         self.dc.preemptions += 1
@@ -609,23 +593,29 @@ class Engine(CopyableState):
         dc.waiting += 1
         return victim
 
+    def _decoding_count(self) -> int:
+        """Sequences decoding."""
+        if self.step_mode:
+            return sum(1 for r in self.running.values() if r.decoding)
+        return self.n_decoding
+
     def _decode_need(self) -> int:
         """Blocks the decoding sequences need for the next decode iteration."""
         bt = self.block_tokens
-        if self.step:
-            return sum(1 for r in self.running.values() if r.decoding and r.ctx % bt == 0)
-        return self.hist[(-(self.dit + 1)) % bt]
+        if self.step_mode:
+            return sum(1 for r in self.running.values() if r.decoding and r.ctx_tokens % bt == 0)
+        return self.ctx_phase_counts[(-(self.decode_iters + 1)) % bt]
 
     def _preempt_for_decode(self) -> int:
         """Preempt newest requests until the next decode's blocks fit; return blocks needed."""
         bt = self.block_tokens
-        if self.step:
+        if self.step_mode:
             # explicit vLLM order: walk decoders oldest first, allocate, preempt from the back
             need = 0
             for r in list(self.running.values()):
-                if r.rid not in self.running or not r.decoding or r.ctx % bt:
+                if r.rid not in self.running or not r.decoding or r.ctx_tokens % bt:
                     continue
-                while self.free - need < 1:
+                while self.free_blocks - need < 1:
                     v = self._preempt_newest()
                     if v is r:
                         break
@@ -635,227 +625,136 @@ class Engine(CopyableState):
                     break
             return need
         need = self._decode_need()
-        j = self.dit + 1
-        while need > self.free:
+        j = self.decode_iters + 1
+        while need > self.free_blocks:
             v = next(reversed(self.running.values()))
-            if v.decoding and (v.base + j - 1) % bt == 0:
+            if v.decoding and (v.ctx_offset + j - 1) % bt == 0:
                 need -= 1
             self._preempt_newest()
         return need
 
-    def _head_fits(self, free: int) -> bool:
-        head = self.waiting[0]
-        return len(self.running) < self.max_seqs and self._blocks_for(head.prefill_len) <= free
+    # ------------------------------------------------------------------ admission
+    def _head_admission(self, free_blocks: int, budget_tokens: int) -> int:
+        """The admission rule: the KV blocks the head of the waiting queue takes if it can be
+        admitted now, with ``free_blocks`` blocks and ``budget_tokens`` tokens of the iteration's
+        budget left; 0 if it cannot (or the queue is empty).
 
-    def _admit(self, t: float) -> RequestState:
-        head = self.waiting.popleft()
-        b = self._blocks_for(head.prefill_len)
-        self.running[head.rid] = head
-        self.prefilling.append(head)
-        head.blocks = b
-        self.free -= b
-        self.pending_tokens -= head.prefill_len
-        self.waiting_blocks -= b
-        if head.first_sched_s < 0.0:
-            head.first_sched_s = t
-        dc = self.dc
-        dc.waiting -= 1
-        dc.running += 1
-        return head
-
-    def _plan(self, t: float) -> None:
-        """Schedule the next iteration (or run of decode iterations) starting at ``t``."""
-        if not self.running:
-            if not self.waiting:
-                # nothing to run: go idle (what _plan_general concludes, without its set-up)
-                self.last_prefill_only = False
-                self.state = IDLE
-                self._set_power(t, self.rest_w, True)
-                self.sig = False
-                return
-            if self.chunked and not self.step:
-                self._plan_chunks(t, 0, 0)
-                return
-        n = self.n_dec
-        if n and not self.step and self.chunked and not self.prefilling:
-            # common case first: a pure decode run (no partial prefill, the head cannot be admitted)
-            bt = self.block_tokens
-            free = self.free
-            need = self.hist[(-(self.dit + 1)) % bt]
-            if need <= free:
-                waiting = self.waiting
-                if not waiting or len(self.running) >= self.max_seqs or self.budget <= n or (
-                        (waiting[0].prefill_len + bt - 1) // bt > free - need):
-                    self._plan_run(t, n)
-                else:  # the head joins the running decodes
-                    self._plan_chunks(t, n, need)
-                return
-        self._plan_general(t)
-
-    def _admit_chunks(self, t: float, budget: int, free_after: int, chunks: list) -> None:
-        """Chunked prefill admission: admit requests from the head of the queue (FCFS) while
-        sequences, ``free_after`` blocks and the ``budget`` of tokens allow, appending each one's
-        first chunk ``(request, tokens)`` to ``chunks``."""
+        FCFS, no skipping: the head gets in when a sequence slot is free (running < max_num_seqs),
+        all its prompt blocks ``ceil(prefill_len / block_tokens)`` fit in ``free_blocks``, and
+        its first chunk fits the budget: with chunked prefill any budget left (the chunk is
+        ``min(prefill_len, budget_tokens)``); without, the whole prompt, unless nothing is
+        scheduled in the iteration yet (``budget_tokens == max_num_batched_tokens``: a prompt
+        longer than the budget still goes, alone).
+        """
         waiting = self.waiting
-        running = self.running
-        max_seqs = self.max_seqs
+        if not waiting or len(self.running) >= self.max_seqs:
+            return 0
+        L = waiting[0].prefill_len
+        if self.chunked_prefill:
+            if budget_tokens <= 0:
+                return 0
+        elif L > budget_tokens and budget_tokens != self.token_budget:
+            return 0
         bt = self.block_tokens
+        blocks = (L + bt - 1) // bt
+        return blocks if blocks <= free_blocks else 0
+
+    def _admit(self, t: float, budget_tokens: int, free_blocks: int, chunks: list[tuple[RequestState, int]]) -> None:
+        """Admit requests from the head of the queue at ``t`` while :meth:`_head_admission`
+        lets them in (``budget_tokens`` and ``free_blocks`` shrink with each), appending each
+        one's first chunk ``(request, tokens)`` to ``chunks``: ``min(prefill_len, budget left)``
+        with chunked prefill, else the whole prompt."""
+        waiting = self.waiting
+        whole = not self.chunked_prefill
         dc = self.dc
-        while waiting and budget > 0 and len(running) < max_seqs:
-            head = waiting[0]
-            L = head.prefill_len
-            b = (L + bt - 1) // bt
-            if b > free_after:
-                break
-            # self._admit(t), inlined
-            waiting.popleft()
-            running[head.rid] = head
+        while True:
+            b = self._head_admission(free_blocks, budget_tokens)
+            if not b:
+                return
+            head = waiting.popleft()
+            self.running[head.rid] = head
             self.prefilling.append(head)
-            head.blocks = b
-            self.free -= b
+            L = head.prefill_len
+            head.kv_blocks = b
+            self.free_blocks -= b
             self.pending_tokens -= L
             self.waiting_blocks -= b
             if head.first_sched_s < 0.0:
                 head.first_sched_s = t
             dc.waiting -= 1
             dc.running += 1
-            free_after -= b
-            ch = L if L < budget else budget
+            free_blocks -= b
+            ch = L if (whole or L < budget_tokens) else budget_tokens
             chunks.append((head, ch))
-            budget -= ch
+            budget_tokens -= ch
+
+    # ------------------------------------------------------------------ planning
+    def _plan(self, t: float) -> None:
+        """Schedule the next iteration (or run of decode iterations) starting at ``t``."""
+        if not self.running:
+            if not self.waiting:
+                # nothing to run: go idle (what _plan_general concludes, without its set-up)
+                self.last_prefill_only = False
+                self._go_idle(t)
+                return
+            if self.chunked_prefill and not self.step_mode:
+                self._plan_chunks(t, 0, 0)
+                return
+        n = self.n_decoding
+        if n and not self.step_mode and self.chunked_prefill and not self.prefilling:
+            # common case first: a pure decode run (no partial prefill, the head cannot be admitted)
+            need = self.ctx_phase_counts[(-(self.decode_iters + 1)) % self.block_tokens]
+            if need <= self.free_blocks:
+                if self._head_admission(self.free_blocks - need, self.token_budget - n):
+                    self._plan_chunks(t, n, need)  # the head joins the running decodes
+                else:
+                    self._plan_run(t, n)
+                return
+        self._plan_general(t)
 
     def _plan_chunks(self, t: float, n: int, need: int) -> None:
-        """:meth:`_plan_general` in fast-path mode with chunked prefill when nothing is partially
-        prefilled and no preemption is needed: ``n`` decoding sequences (possibly 0) that need
-        ``need`` new blocks in the next iteration (``need <= free``); admit from the queue and
-        plan one iteration with their first chunks, or a decode run (or idle) if none fits.
-        The same steps as the general case, without its set-up."""
+        """:meth:`_plan_general` without its set-up, for the fast path with chunked prefill when
+        nothing is partially prefilled and ``n`` decoders (maybe 0) need ``need <= free_blocks``
+        new blocks: admit, and plan one iteration with the first chunks, else a decode run or idle."""
         chunks: list[tuple[RequestState, int]] = []
-        self._admit_chunks(t, self.budget - n, self.free - need, chunks)
+        self._admit(t, self.token_budget - n, self.free_blocks - need, chunks)
         self.last_prefill_only = False
         if not chunks:
             if n:
                 self._plan_run(t, n)
             else:
-                self.state = IDLE
-                self._set_power(t, self.rest_w, True)
-                self.sig = False
+                self._go_idle(t)
             return
         dc = self.dc
         dc.scores[self.index] = dc.score_fn(self)
-        self.free -= need
-        pt = 0
-        pairs = 0.0
-        sampled = n
-        for req, ch in chunks:
-            pt += ch
-            pairs += ch * (req.prefilled + 0.5 * (ch + 1))
-            if req.prefilled + ch == req.prefill_len:
-                sampled += 1
-        ctx_sum = self.base_sum + n * (self.dit + 1) if n else 0
-        models = self.models
-        T = models.iteration_time_s(pt, pairs, n, float(ctx_sum), sampled)
-        p = models.prefill_engine_w(pt, n)
-        self.chunks = chunks
-        self.n_iter_dec = n
-        self.prefill_tokens = pt
-        self.sig = True
-        self.t0 = t
-        self.t_end = t_end = t + T
-        self.state = ITER
-        if p != self.power_w or self.is_idle:  # self._set_power(t, p, False), inlined
-            dc.engine_power_changed(t, self.power_w, p, self.is_idle, False)
-            self.power_w = p
-            self.is_idle = False
-        self.c0 = dc._cc if t == dc._ct else dc.cum(t)
-        self.version = v = self.version + 1
-        heapq.heappush(self.heap, (t_end, 1, self.counter(), self, v))
-
-    def _plan_run(self, t: float, n: int) -> None:
-        """Plan a closed-form run of pure decode iterations of the ``n`` decoding sequences."""
-        fh = self.fin_heap
-        while fh[0][2].fseq != fh[0][1]:
-            heapq.heappop(fh)
-        dit = self.dit
-        K = fh[0][0] - dit
-        bt = self.block_tokens
-        free = self.free
-        full = free // n
-        if bt * full < K:
-            rem = free - n * full
-            hist = self.hist
-            j = dit + bt * full
-            i = 0
-            while True:
-                a = hist[(-(j + i + 1)) % bt]
-                if a > rem:
-                    break
-                rem -= a
-                i += 1
-            kkv = bt * full + i
-            if kkv < K:
-                K = kkv
-        models = self.models
-        coeff = models.coeff
-        fixed = models._fixed.get(n)
-        if fixed is None:
-            fixed = models.decode_fixed_s(n)
-        T0 = fixed + coeff * (self.base_sum + n * (dit + 1))
-        B = n * coeff
-        self.t0 = t
-        self.K = K
-        self.T0 = T0
-        self.B = B
-        t_end = self.t_end = t + (K * T0 + 0.5 * B * K * (K - 1))
-        self.state = RUN
-        self.last_prefill_only = False
-        self.sig = False
-        watts = models._pow.get(n)
-        if watts is None:
-            watts = models.decode_power_w(n)
-        dc = self.dc
-        if watts != self.power_w or self.is_idle:
-            dc.engine_power_changed(t, self.power_w, watts, self.is_idle, False)
-            self.power_w = watts
-            self.is_idle = False
-        self.c0 = dc._cc if t == dc._ct else dc.cum(t)
-        self.version = v = self.version + 1
-        heapq.heappush(self.heap, (t_end, 1, self.counter(), self, v))
+        self._start_iteration(t, chunks, n, need, True)
 
     def _plan_general(self, t: float) -> None:
         """Schedule the next iteration in the general case (or a run, via :meth:`_plan_run`)."""
-        waiting = self.waiting
-        n = self.n_dec if not self.step else sum(1 for r in self.running.values() if r.decoding)
+        n = self._decoding_count()
         chunks: list[tuple[RequestState, int]] = []
         preempted = False
         prefill_only = False
         dec = n > 0
         need = 0
-        if not self.chunked and waiting and (n == 0 or not self.last_prefill_only) and self._head_fits(self.free):
+        if (not self.chunked_prefill and (n == 0 or not self.last_prefill_only)
+                and self._head_admission(self.free_blocks, self.token_budget)):
             prefill_only = True
             dec = False
         if dec:
             need = self._decode_need()
-            if need > self.free:
+            if need > self.free_blocks:
                 need = self._preempt_for_decode()
                 preempted = True
-                n = self.n_dec if not self.step else sum(1 for r in self.running.values() if r.decoding)
+                n = self._decoding_count()
                 dec = n > 0
-        budget = self.budget - (n if dec else 0)
-        free_after = self.free - need
-        if prefill_only or (not self.chunked and not dec and waiting):
+        budget = self.token_budget - (n if dec else 0)
+        free_after = self.free_blocks - need
+        if prefill_only or (not self.chunked_prefill and not dec and self.waiting):
             # prefill-only iteration: whole prompts while they fit the budget (at least one)
             prefill_only = True
-            while waiting and len(self.running) < self.max_seqs:
-                head = waiting[0]
-                b = self._blocks_for(head.prefill_len)
-                if b > free_after or (chunks and head.prefill_len > budget):
-                    break
-                self._admit(t)
-                free_after -= b
-                budget -= head.prefill_len
-                chunks.append((head, head.prefill_len))
-        elif self.chunked:
+            self._admit(t, budget, free_after, chunks)
+        elif self.chunked_prefill:
             for req in self.prefilling:
                 if budget <= 0:
                     break
@@ -865,61 +764,105 @@ class Engine(CopyableState):
                 chunks.append((req, ch))
                 budget -= ch
             if not preempted or (not dec and not chunks):
-                self._admit_chunks(t, budget, free_after, chunks)
+                self._admit(t, budget, free_after, chunks)
         self.last_prefill_only = prefill_only
         dc = self.dc
         if chunks or preempted:
             dc.scores[self.index] = dc.score_fn(self)
         if not dec and not chunks:
-            self.state = IDLE
-            self._set_power(t, self.rest_w, True)
-            self.sig = False
+            self._go_idle(t)
             return
-        models = self.models
-        if (not self.step and dec and not chunks and not preempted
-                and (self.chunked or not (waiting and self._head_fits(free_after)))):
+        if (not self.step_mode and dec and not chunks and not preempted
+                and (self.chunked_prefill or not self._head_admission(free_after, self.token_budget))):
             # closed-form run of pure decode iterations
             self._plan_run(t, n)
             return
-        # one iteration, explicit
-        self.free -= need
+        self._start_iteration(t, chunks, n if dec else 0, need, bool(chunks) or preempted)
+
+    def _start_iteration(self, t: float, chunks: list[tuple[RequestState, int]], nd: int, need: int,
+                         publish: bool) -> None:
+        """Start one iteration at ``t``: ``nd`` sequences decode a token (taking ``need`` new
+        blocks) and ``chunks`` ``(request, tokens)`` prefill; ``publish`` at its end."""
+        self.free_blocks -= need
         pt = 0
         pairs = 0.0
-        sampled = n if dec else 0
+        sampled = nd
         for req, ch in chunks:
             pt += ch
             pairs += ch * (req.prefilled + 0.5 * (ch + 1))
             if req.prefilled + ch == req.prefill_len:
                 sampled += 1
-        nd = n if dec else 0
-        if nd:
-            if self.step:
-                ctx_sum = sum(r.ctx + 1 for r in self.running.values() if r.decoding)
-            else:
-                ctx_sum = self.base_sum + n * (self.dit + 1)
-        else:
+        if not nd:
             ctx_sum = 0
-        T = models.iteration_time_s(pt, pairs, nd, float(ctx_sum), sampled)
-        if pt:
-            p = models.prefill_engine_w(pt, nd)
+        elif self.step_mode:
+            ctx_sum = sum(r.ctx_tokens + 1 for r in self.running.values() if r.decoding)
         else:
-            p = models.decode_power_w(nd) if not self.step else models.tp * float(models.power.gpu_power_w(0, nd))
-        self.chunks = chunks
-        self.n_iter_dec = nd
-        self.prefill_tokens = pt
-        self.sig = bool(chunks) or preempted
-        self.t0 = t
-        self.t_end = t_end = t + T
-        self.state = ITER
-        if p != self.power_w or self.is_idle:  # self._set_power(t, p, False), inlined
-            dc.engine_power_changed(t, self.power_w, p, self.is_idle, False)
-            self.power_w = p
-            self.is_idle = False
-        self.c0 = dc._cc if t == dc._ct else dc.cum(t)
+            ctx_sum = self.ctx_offset_sum + nd * (self.decode_iters + 1)
+        models = self.models
+        T = models.iteration_time_s(pt, pairs, nd, float(ctx_sum), sampled)
+        p = models.prefill_engine_w(pt, nd) if pt else models.decode_power_w(nd)
+        self.iter_chunks = chunks
+        self.iter_decodes = nd
+        self.iter_prefill_tokens = pt
+        self.iter_publish = publish
+        self._begin(t, t + T, ITER, p)
+
+    def _plan_run(self, t: float, n: int) -> None:
+        """Plan a closed-form run of pure decode iterations of the ``n`` decoding sequences."""
+        fh = self.finish_heap
+        while fh[0][2].finish_seq != fh[0][1]:
+            heapq.heappop(fh)
+        it = self.decode_iters
+        K = fh[0][0] - it  # iterations to the earliest completion
+        bt = self.block_tokens
+        free = self.free_blocks
+        full = free // n
+        if bt * full < K:
+            # cap K where the blocks the run allocates would exceed the free ones: every
+            # sequence takes one block each block_tokens iterations, the rest follow the counts
+            rem = free - n * full
+            counts = self.ctx_phase_counts
+            j = it + bt * full
+            i = 0
+            while True:
+                a = counts[(-(j + i + 1)) % bt]
+                if a > rem:
+                    break
+                rem -= a
+                i += 1
+            kkv = bt * full + i
+            if kkv < K:
+                K = kkv
+        models = self.models
+        coeff = models.decode_ctx_coeff_s
+        T0 = models.decode_fixed_s(n) + coeff * (self.ctx_offset_sum + n * (it + 1))
+        B = n * coeff
+        self.run_iters = K
+        self.run_first_s = T0
+        self.run_growth_s = B
+        self.last_prefill_only = False
+        self.iter_publish = False
+        self._begin(t, t + (K * T0 + 0.5 * B * K * (K - 1)), RUN, models.decode_power_w(n))
+
+    def _begin(self, t: float, end_s: float, state: int, watts: float) -> None:
+        """Start an iteration or run (``state``) at ``t`` drawing ``watts``; push its end event."""
+        self.start_s = t
+        self.end_s = end_s
+        self.state = state
+        self._set_power(t, watts, False)
+        dc = self.dc
+        self.start_cum = dc._cum_memo if t == dc._cum_memo_t_s else dc.cum(t)
         self.version = v = self.version + 1
-        heapq.heappush(self.heap, (t_end, 1, self.counter(), self, v))
+        heapq.heappush(self.heap, (end_s, 1, self.counter(), self, v))
+
+    def _go_idle(self, t: float) -> None:
+        """Nothing to run at ``t``: idle (rest power) until a request arrives."""
+        self.state = IDLE
+        self._set_power(t, self.rest_w, True)
+        self.iter_publish = False
 
     def _set_power(self, t: float, watts: float, idle: bool) -> None:
+        """The engine draws ``watts`` from ``t`` on (``idle``: rest power); tell the ledger."""
         if watts != self.power_w or idle != self.is_idle:
             self.dc.engine_power_changed(t, self.power_w, watts, self.is_idle, idle)
             self.power_w = watts
@@ -939,9 +882,9 @@ class Engine(CopyableState):
             self.dc.aborted_active_carbon_g += c
         reqs = list(self.running.values()) + list(self.waiting)
         for r in reqs:
-            if r.decoding and not self.step:
-                r.energy_j += self.cum_e - r.e_mark
-                r.carbon_g += self.cum_c - r.c_mark
+            if r.decoding and not self.step_mode:
+                r.energy_j += self.decode_share_j - r.share_mark_j
+                r.carbon_g += self.decode_share_g - r.share_mark_g
             r.alive = False
         self.reset()
         return reqs
@@ -949,11 +892,11 @@ class Engine(CopyableState):
     def in_progress_share(self, t: float) -> tuple[float, float]:
         """Facility energy (J) and carbon (g) of the iteration or decode run in progress from its
         start to ``t`` (not yet attributed to requests; (0, 0) when none is in progress)."""
-        if self.state not in (ITER, RUN) or t <= self.t0:
+        if self.state not in (ITER, RUN) or t <= self.start_s:
             return 0.0, 0.0
         dc = self.dc
         pf = self.power_w * dc.pue
-        return pf * (t - self.t0), pf * (dc.cum(t) - self.c0) / J_PER_KWH
+        return pf * (t - self.start_s), pf * (dc.cum(t) - self.start_cum) / J_PER_KWH
 
     def request_shares(self) -> tuple[float, float, int]:
         """(energy J, carbon g, count) already attributed to the requests on this engine
@@ -963,9 +906,9 @@ class Engine(CopyableState):
         for r in list(self.running.values()) + list(self.waiting):
             e += r.energy_j
             c += r.carbon_g
-            if r.decoding and not self.step:
-                e += self.cum_e - r.e_mark
-                c += self.cum_c - r.c_mark
+            if r.decoding and not self.step_mode:
+                e += self.decode_share_j - r.share_mark_j
+                c += self.decode_share_g - r.share_mark_g
             n += 1
         return e, c, n
 

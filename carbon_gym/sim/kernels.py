@@ -1,4 +1,5 @@
-"""Functions that the simulator builds per simulation (closures over a model's parameters).
+"""Functions that the simulator builds per simulation (closures over a model's parameters), and
+the copy / pickle helpers of its classes (:func:`slot_state`).
 
 They live here, outside the modules that ``setup.py`` may compile (:mod:`carbon_gym.sim._native`),
 so that they are ordinary Python functions whatever the build: a compiled closure would be an
@@ -14,7 +15,7 @@ from typing import Any, Callable
 from ..physics.latency import TableLatencyModel
 from ..physics.power import PhasePowerModel
 
-__all__ = ["iteration_time_fn", "prefill_power_fn", "draining_score_fn"]
+__all__ = ["iteration_time_fn", "prefill_power_fn", "draining_score_fn", "blank_instance", "slot_state"]
 
 
 def iteration_time_fn(latency: Any) -> Callable[[int, float, int, float, int], float]:
@@ -113,3 +114,27 @@ def _phase_prefill_power_fn(power: Any, tp: int) -> Callable[[int, int], float] 
         return tp * float(base + (prefill_w - base) * frac)
 
     return prefill_engine_w
+
+
+def blank_instance(cls: Any) -> Any:
+    """An instance of ``cls`` whose ``__init__`` has not run (copy / pickle support)."""
+    return cls.__new__(cls)
+
+
+def slot_state(obj: Any) -> dict[str, Any]:
+    """The attributes set on ``obj``, an instance of a class of the simulator, compiled (mypyc
+    lists them in ``__mypyc_attrs__``) or not (the ``__slots__`` along its classes, and its
+    ``__dict__`` if it has one), for copy / pickle (``engine.CopyableState.__reduce__``)."""
+    cls = type(obj)
+    names = getattr(cls, "__mypyc_attrs__", None)
+    if names is None:
+        names = [n for k in cls.__mro__ for n in k.__dict__.get("__slots__", ())]
+    state: dict[str, Any] = {}
+    for name in names:
+        try:
+            state[name] = getattr(obj, name)
+        except AttributeError:  # never set
+            pass
+    if hasattr(obj, "__dict__"):
+        state.update(vars(obj))
+    return state

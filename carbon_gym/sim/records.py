@@ -1,9 +1,10 @@
 """Per-request results: :class:`RequestRecords`, a struct of numpy arrays (one row per request).
 
-The simulator appends one tuple per completed request to a :class:`RecordBuffer` (cheap on the
-hot path) and turns the buffer into a :class:`RequestRecords` when the caller pops it, so memory
-does not grow with completed requests once they have been popped. Records can be concatenated
-and written to / read from ``.npz`` files by the caller (the simulator itself does no I/O).
+The engines append one tuple per completed request (:data:`RECORD_COLUMNS` order) to a list the
+simulator holds (cheap on the hot path); :meth:`Simulator.pop_completed` turns the list into a
+:class:`RequestRecords` and empties it, so memory does not grow with completed requests once they
+have been popped. Records can be concatenated, and streamed to / read from ``.npz`` files by the
+caller (:class:`RecordWriter`, :func:`load_record_dir`; the simulator itself does no I/O).
 """
 
 from __future__ import annotations
@@ -140,13 +141,10 @@ class RequestRecords:
         """Rows ordered by ``request_id``."""
         return self.take(np.argsort(self.request_id, kind="stable"))
 
-    def save_npz(self, path: str | Path) -> None:
-        """Write the records to a compressed ``.npz`` file."""
-        np.savez_compressed(path, **self.to_dict())
-
     @classmethod
     def load_npz(cls, path: str | Path) -> "RequestRecords":
-        """Read records written by :meth:`save_npz`."""
+        """Read records from an ``.npz`` file holding one array per column (as
+        :class:`RecordWriter` writes them)."""
         with np.load(path) as z:
             return cls(**{name: np.asarray(z[name], dtype=dt) for name, dt in RECORD_COLUMNS})
 
@@ -170,23 +168,6 @@ class _TableRecords(RequestRecords):
     def __len__(self) -> int:
         d = self.__dict__
         return int(d["_table"].shape[1]) if "_table" in d else int(self.request_id.shape[0])
-
-
-class RecordBuffer:
-    """Append-only list of record tuples; :meth:`pop` returns and clears them as records."""
-
-    __slots__ = ("rows",)
-
-    def __init__(self) -> None:
-        self.rows: list[tuple] = []
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def pop(self) -> RequestRecords:
-        """Return the buffered rows as :class:`RequestRecords` and empty the buffer."""
-        rows, self.rows = self.rows, []
-        return RequestRecords.from_rows(rows)
 
 
 @dataclass(frozen=True)

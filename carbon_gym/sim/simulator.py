@@ -27,7 +27,7 @@ import numpy as np
 from ..errors import ConfigError
 from .datacenter import Datacenter
 from .dispatch import get_dispatcher
-from .engine import IDLE, ITER, RUN, CopyableState, EngineConfig, EngineModels, RequestState, mypyc_attr
+from .engine import IDLE, RUN, CopyableState, EngineConfig, EngineModels, RequestState, mypyc_attr
 from .records import AbortedRequests, RequestRecords
 from .results import ClusterSnapshot, EnergyAttribution, LatencyEstimates, SimTotals, snapshot_from_array
 
@@ -368,13 +368,8 @@ class Simulator(CopyableState):
             time, prio, _, obj, ver = pop(heap)
             n_ev += 1
             if prio:
-                if ver == obj.version:  # Engine.on_event, inlined
-                    state = obj.state
-                    if state == RUN:
-                        obj._finish_run(time)
-                    elif state == ITER:
-                        obj._finish_iter(time)
-                    obj._plan(time)
+                if ver == obj.version:  # not a stale entry
+                    obj.on_event(time)
             else:
                 if not obj.alive:
                     continue
@@ -386,10 +381,9 @@ class Simulator(CopyableState):
                 if dt > 0.0:
                     dc.tok_rate_sum *= exp(-dt / RATE_TAU_S)
                     dc.tok_rate_t = time
-                dc.tok_rate_sum += obj.prompt
+                dc.tok_rate_sum += obj.prompt_tokens
                 s = dc.scores
                 eng = dc.engines[s.index(min(s))] if len(s) > 1 else dc.engines[0]
-                obj.eng = eng.index
                 if eng.state == IDLE and (not heap or heap[0][0] > time):
                     # its wake-up event would be the next one popped: run it now (counted as one)
                     n_ev += 1
@@ -531,8 +525,8 @@ class Simulator(CopyableState):
             request_id=np.array([r.rid for r in reqs], dtype=np.int64),
             origin=np.array([r.origin for r in reqs], dtype=np.int64),
             arrival_s=np.array([r.arrival_s for r in reqs], dtype=np.float64),
-            prompt_tokens=np.array([r.prompt for r in reqs], dtype=np.int64),
-            output_tokens=np.array([r.output for r in reqs], dtype=np.int64),
+            prompt_tokens=np.array([r.prompt_tokens for r in reqs], dtype=np.int64),
+            output_tokens=np.array([r.output_tokens for r in reqs], dtype=np.int64),
             datacenter=np.full(len(reqs), d, dtype=np.int64),
             preemptions=np.array([r.preemptions for r in reqs], dtype=np.int64),
             energy_j=np.array([r.energy_j for r in reqs], dtype=np.float64),
@@ -605,11 +599,6 @@ class Simulator(CopyableState):
         )
 
     # ------------------------------------------------------------------ snapshot / estimates
-    def _mean_output(self) -> float:
-        if self._out_n:
-            return self._out_sum / self._out_n
-        return DEFAULT_MEAN_OUTPUT_TOKENS
-
     def _engine_estimates(self, dc: Datacenter) -> tuple:
         """(queue_wait_s, prefill_per_token_s, tpot_s, slope_s, iteration_s, chunk_tokens,
         deficit_blocks_without_new, release_blocks_per_s) for the engine the dispatcher picks."""
@@ -625,7 +614,7 @@ class Simulator(CopyableState):
             bt = cfg.block_tokens
             mean_ctx = used * bt / n if n else 0.0
             ctx_sum = n * mean_ctx
-            coeff = models.coeff
+            coeff = models.decode_ctx_coeff_s
             t_dec_new = models.decode_fixed_s(n + 1) + coeff * (n + 1) * (mean_ctx + 1.0)
             t_dec_now = models.decode_fixed_s(n) + coeff * ctx_sum if n else 0.0
             c = max(cfg.max_num_batched_tokens - n, 1) if cfg.chunked_prefill else cfg.max_num_batched_tokens
