@@ -472,7 +472,7 @@ def cmd_policies(args: argparse.Namespace, argv: Sequence[str]) -> int:
         rows.append((name, alias, info.doc + ("" if info.in_all else "   (not in 'all')")))
     for prefix in registry.available_prefixes():
         info = registry.policy_info(prefix + ":x")
-        rows.append((f"{prefix}:<path>", "", info.doc))
+        rows.append((f"{prefix}:<checkpoint.zip>", "", info.doc))
     rows.append(("package.module:Class", "", "a policy class of your own on the Python path (built as Class(env, **kw) or Class(**kw))"))
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)

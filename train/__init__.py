@@ -57,4 +57,4 @@ def register_policies() -> None:
                     doc="the shipped trained agent (train/checkpoints/llama8b_set.zip)")
     for prefix in ("learned", "ppo"):
         register_policy_prefix(prefix, _learned_path, check=_check, replace=True,
-                               doc=f"{prefix}:<checkpoint.zip>: a trained agent from carbon-gym train")
+                               doc="a trained agent: checkpoint .zip written by carbon-gym train")
