@@ -11,7 +11,10 @@ environment is made):
 
 Public names (imported lazily): :class:`GeoServeEnv`, :func:`decode_observation`,
 :class:`RoutingWeightsWrapper`, :class:`Policy`, :class:`RoundRobinPolicy`, :func:`rollout`,
-:func:`load_scenario`, :func:`build_world`, :func:`registered_env_ids`.
+:func:`run_episode`, :func:`load_scenario`, :func:`build_world`, :func:`registered_env_ids`, and
+the policy registry (:mod:`carbon_gym.registry`): :func:`make_policy` (every layer's policies by
+name, e.g. ``carbon_gym.make_policy("milp", env)``), :func:`register_policy`,
+:func:`register_policy_prefix`, :func:`available_policies`.
 """
 
 from __future__ import annotations
@@ -33,6 +36,11 @@ _LAZY = {
     "Policy": "carbon_gym.policy",
     "RoundRobinPolicy": "carbon_gym.policy",
     "rollout": "carbon_gym.policy",
+    "run_episode": "carbon_gym.policy",
+    "make_policy": "carbon_gym.registry",
+    "register_policy": "carbon_gym.registry",
+    "register_policy_prefix": "carbon_gym.registry",
+    "available_policies": "carbon_gym.registry",
     "load_scenario": "carbon_gym.scenario",
     "build_world": "carbon_gym.world",
 }

@@ -1,4 +1,4 @@
-"""The policy interface every scheduler implements, a rollout helper, and round-robin.
+"""The policy interface every scheduler implements, the one rollout loop, and round-robin.
 
 Every scheduler in this project — baselines, per-request ILPs, the facility MILP and learned
 agents — is a :class:`Policy`: it maps the observation (and the ``info`` dict) that
@@ -7,7 +7,9 @@ a scheduler touches the simulation, so all of them are compared on equal terms.
 
 ``info["action_mask"]`` (shape ``(K, D + 1)``, bool) says which choices are allowed for each
 pending-request slot; :func:`carbon_gym.env.decode_observation` turns the observation back into
-physical units.
+physical units. :func:`run_episode` is the one rollout loop of the project (:func:`rollout`, the
+evaluation harness and training evaluation all run it); :class:`RoundRobinPolicy` is the
+reference scheduler, registered as ``rr`` / ``round-robin`` in :mod:`carbon_gym.registry`.
 
 Example::
 
@@ -23,11 +25,12 @@ Example::
 from __future__ import annotations
 
 import time
-from typing import Any, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-__all__ = ["Policy", "RoundRobinPolicy", "rollout"]
+__all__ = ["Policy", "RoundRobinPolicy", "EpisodeObserver", "Episode", "run_episode", "rollout"]
 
 
 @runtime_checkable
@@ -47,7 +50,7 @@ class Policy(Protocol):
 
 
 class RoundRobinPolicy:
-    """Reference scheduler: cycles over the datacenters, one request at a time.
+    """Reference scheduler (``rr``): cycles over the datacenters, one request at a time.
 
     Slots are taken in order (oldest request first). Request ``i`` goes to the first datacenter
     at or after the cursor that its row of ``info["action_mask"]`` allows; the cursor then moves
@@ -115,6 +118,106 @@ class RoundRobinPolicy:
         return action
 
 
+class EpisodeObserver:
+    """Hooks into :func:`run_episode` (subclass and override what you need; all are no-ops).
+
+    Observers only read: they must not step the env or change the policy, so an episode run
+    with observers is the same episode as one without.
+    """
+
+    def on_reset(self, env: Any, observation: Any, info: dict[str, Any]) -> None:
+        """After ``env.reset`` and the policy's ``reset(env)``."""
+
+    def before_step(self, env: Any, step: int) -> None:
+        """Before the policy decides step ``step`` (0-based); the env is at the step's start."""
+
+    def after_step(self, env: Any, step: int, action: Any, reward: float, terminated: bool, truncated: bool,
+                   info: dict[str, Any], decision_s: float) -> None:
+        """After ``env.step(action)``; ``decision_s`` is the wall time of ``policy.act`` (s)."""
+
+
+@dataclass
+class Episode:
+    """What :func:`run_episode` returns.
+
+    Attributes:
+        steps: env steps taken.
+        ended: whether the episode terminated or was truncated (False: stopped by ``max_steps``).
+        total_reward: sum of the step rewards.
+        decision_s: wall-clock seconds of each ``policy.act`` call (measured outside the env).
+        info: the ``info`` dict of the last step (of the reset when no step was taken).
+    """
+
+    steps: int
+    ended: bool
+    total_reward: float
+    decision_s: np.ndarray
+    info: dict[str, Any]
+
+
+def run_episode(
+    env: Any,
+    policy: Policy,
+    *,
+    seed: int | None = None,
+    options: dict[str, Any] | None = None,
+    max_steps: int | None = None,
+    observers: Sequence[EpisodeObserver] = (),
+    progress: bool = False,
+) -> Episode:
+    """The one rollout loop: ``env.reset``, the policy's ``reset(env)`` (if it has one), then
+    ``policy.act`` / ``env.step`` until the episode ends or ``max_steps`` steps were taken.
+
+    ``policy.act`` is timed here, outside the env (wall-clock values never enter the env's
+    ``info``). ``observers`` (:class:`EpisodeObserver`) see the reset and every step, e.g. the
+    evaluation harness's per-step and per-request recording. ``progress`` shows a tqdm bar.
+    """
+    obs, info = env.reset(seed=seed, options=options)
+    reset_fn = getattr(policy, "reset", None)
+    if callable(reset_fn):
+        reset_fn(env)
+    for o in observers:
+        o.on_reset(env, obs, info)
+    before = [o.before_step for o in observers if type(o).before_step is not EpisodeObserver.before_step]
+    after = [o.after_step for o in observers]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        total_steps = getattr(env.unwrapped, "max_episode_steps", None)
+        if max_steps is not None:
+            total_steps = max_steps if total_steps is None else min(total_steps, max_steps)
+        bar = tqdm(total=total_steps, unit="step")
+    act = policy.act
+    decision_s: list[float] = []
+    total_reward = 0.0
+    steps = 0
+    ended = False
+    try:
+        while max_steps is None or steps < max_steps:
+            for hook in before:
+                hook(env, steps)
+            t0 = time.perf_counter()
+            action = act(obs, info)
+            dt = time.perf_counter() - t0
+            decision_s.append(dt)
+            obs, reward, terminated, truncated, info = env.step(action)
+            total_reward += float(reward)
+            for hook in after:
+                hook(env, steps, action, reward, terminated, truncated, info, dt)
+            steps += 1
+            if bar is not None:
+                bar.update(1)
+            if terminated or truncated:
+                ended = True
+                break
+    finally:
+        if bar is not None:
+            bar.close()
+    return Episode(steps=steps, ended=ended, total_reward=total_reward,
+                   decision_s=np.asarray(decision_s, dtype=np.float64), info=info)
+
+
 def rollout(
     env: Any,
     policy: Policy,
@@ -123,7 +226,7 @@ def rollout(
     progress: bool = False,
     options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run one episode of ``policy`` on ``env`` and return the episode metrics.
+    """Run one episode of ``policy`` on ``env`` (:func:`run_episode`) and return the episode metrics.
 
     Args:
         env: a :class:`~carbon_gym.env.GeoServeEnv`, possibly wrapped (e.g. by ``gymnasium.make``).
@@ -141,48 +244,17 @@ def rollout(
         ``decision_s`` (array, seconds), ``decision_s_mean``, ``decision_s_p95``,
         ``decision_s_max``. Wall-clock values never enter the env's ``info``.
     """
-    obs, info = env.reset(seed=seed, options=options)
-    reset_fn = getattr(policy, "reset", None)
-    if callable(reset_fn):
-        reset_fn(env)
-    total_steps = getattr(env.unwrapped, "max_episode_steps", None)
-    if max_steps is not None:
-        total_steps = max_steps if total_steps is None else min(total_steps, max_steps)
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=total_steps, unit="step")
-    decision_s: list[float] = []
-    total_reward = 0.0
-    steps = 0
-    ended = False
-    try:
-        while max_steps is None or steps < max_steps:
-            t0 = time.perf_counter()
-            action = policy.act(obs, info)
-            decision_s.append(time.perf_counter() - t0)
-            obs, reward, terminated, truncated, info = env.step(action)
-            total_reward += float(reward)
-            steps += 1
-            if bar is not None:
-                bar.update(1)
-            if terminated or truncated:
-                ended = True
-                break
-    finally:
-        if bar is not None:
-            bar.close()
-    if ended and "episode_metrics" in info:
-        metrics = dict(info["episode_metrics"])
+    ep = run_episode(env, policy, seed=seed, options=options, max_steps=max_steps, progress=progress)
+    if ep.ended and "episode_metrics" in ep.info:
+        metrics = dict(ep.info["episode_metrics"])
     else:
         metrics = dict(env.unwrapped.episode_metrics())
-    dec = np.asarray(decision_s, dtype=np.float64)
+    dec = ep.decision_s
     metrics.update(
         {
-            "return": total_reward,
-            "steps": steps,
-            "truncated": ended,
+            "return": ep.total_reward,
+            "steps": ep.steps,
+            "truncated": ep.ended,
             "decision_s": dec,
             "decision_s_mean": float(dec.mean()) if dec.size else 0.0,
             "decision_s_p95": float(np.percentile(dec, 95)) if dec.size else 0.0,

@@ -46,7 +46,7 @@ def collect_problems(scenario: str, warmup: int, samples: int, stride: int, max_
     import gymnasium as gym
 
     import carbon_gym  # noqa: F401
-    from solvers import make_policy
+    from carbon_gym.registry import make_policy
 
     steps = warmup + samples * stride
     with warnings.catch_warnings():
@@ -82,7 +82,7 @@ def synthetic_problems(level: str, samples: int, seed: int = 0) -> tuple[list[An
 
 def time_schedulers(problems: list[Any], build_s: list[float], env: Any, names: list[str]) -> dict[str, Any]:
     """Decision times (build + place) of each scheduler on the problems, and MILP statistics."""
-    from solvers import make_policy
+    from carbon_gym.registry import make_policy
 
     out: dict[str, Any] = {}
     for name in names:
@@ -126,9 +126,13 @@ def main(argv: list[str] | None = None) -> int:
     import logging
 
     logging.getLogger("solvers").setLevel(logging.ERROR)
-    from solvers import available_policies
+    from carbon_gym import registry
 
-    names = available_policies() if args.policies == "all" else [s.strip() for s in args.policies.split(",")]
+    # 'all': solvers' schedulers (the ones with place(problem); round-robin is carbon_gym's own),
+    # under their long names (``facility-milp``: the first alias)
+    infos = [registry.policy_info(n) for n in registry.default_policies()]
+    names = ([(i.aliases[0] if i.aliases else i.name) for i in infos if i.source == "solvers"]
+             if args.policies == "all" else [s.strip() for s in args.policies.split(",")])
     levels = [s.strip() for s in args.levels.split(",") if s.strip()]
     for lv in levels:
         if lv not in LEVEL_SCENARIOS:

@@ -7,7 +7,7 @@ Subcommands (each imports what it needs only when it runs, so ``carbon-gym --hel
     carbon-gym experiment headline|milp-vs-ilp|predictor|polling|tradeoff|bound|all  (or a..f)
     carbon-gym report results/headline            # regenerate RESULTS.md from a headline run
     carbon-gym scenarios                           # shipped scenarios
-    carbon-gym policies                            # policy names the harness accepts
+    carbon-gym policies                            # policy names (carbon_gym.registry)
     carbon-gym calibrate ...                       # calibration.cli
     carbon-gym train ...                           # train.cli
     carbon-gym bench env|solvers|soak|sim|faults|compare|capacity ...   # eval/bench_*.py, fault_report, ...
@@ -96,15 +96,15 @@ def parse_assignments(items: Sequence[str] | None, argument: str) -> dict[str, A
 
 
 def parse_policy_args(items: Sequence[str] | None) -> dict[str, dict[str, Any]]:
-    """``["milp.slo_weight=10"]`` -> ``{"milp": {"slo_weight": 10}}``."""
-    from eval.harness import canonical_policy
+    """``["milp.slo_weight=10"]`` -> ``{"milp": {"slo_weight": 10}}`` (policy names as in tables)."""
+    from carbon_gym.registry import canonical_policy_name
 
     out: dict[str, dict[str, Any]] = {}
     for key, value in parse_assignments(items, "--policy-arg").items():
         pol, dot, kw = key.rpartition(".") if key.count(".") > 1 else key.partition(".")
         if not dot or not kw or not pol:
             raise UsageError("--policy-arg", f"expected POLICY.KEY=VALUE, got {key!r}")
-        out.setdefault(canonical_policy(pol), {})[kw] = value
+        out.setdefault(canonical_policy_name(pol), {})[kw] = value
     return out
 
 
@@ -132,12 +132,24 @@ def parse_seeds(n: int | None, seed_list: str | None, start: int = 0) -> list[in
     return list(range(start, start + n))
 
 
-def _positive_int(text: str) -> int:
+def _int(text: str, minimum: int) -> int:
     try:
         v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < minimum:
+        raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {v}")
     return v
+
+
+def _positive_int(text: str) -> int:
+    """An integer >= 1 (``--seeds``, ``--workers``)."""
+    return _int(text, 1)
+
+
+def _nonnegative_int(text: str) -> int:
+    """An integer >= 0 (``--seed-start``)."""
+    return _int(text, 0)
 
 
 def _float(text: str) -> float:
@@ -153,42 +165,47 @@ def split_list(text: str | None) -> list[str]:
 
 
 def resolve_policies(text: str) -> list[str]:
-    """Comma list (or ``all``) -> validated policy names, ``rr`` first (the reference)."""
-    from eval import harness
+    """Comma list (or ``all``) -> validated policy names as in tables, ``rr`` first (the
+    reference). Names are checked by the policy registry (:func:`carbon_gym.registry.check_policy_name`:
+    registered names and aliases, ``learned:<checkpoint.zip>`` with an existing file,
+    importable ``package.module:Class``) before any run starts."""
+    from carbon_gym import registry
+    from carbon_gym.errors import ConfigError
+
+    from eval.tables import REFERENCE_POLICY
 
     names = split_list(text)
     if not names:
-        raise UsageError("--policies", "no policy given", harness.available_policies())
-    allowed = harness.available_policies()
+        raise UsageError("--policies", "no policy given", registry.available_policies() + ["all"])
     out: list[str] = []
     for n in names:
         if n == "all":
-            out.extend(p for p in harness.default_policies() if p not in out)
+            out.extend(p for p in registry.default_policies() if p not in out)
             continue
-        n = harness.canonical_policy(n)
-        if harness.is_learned(n):
-            _check_checkpoint(n)
-            out.append(n)
-            continue
-        if n not in allowed:
-            raise UsageError("--policies", f"unknown policy {n!r}", allowed + ["all", "learned", "learned:<checkpoint.zip>"])
-        if n not in out:
-            out.append(n)
-    if harness.REFERENCE_POLICY not in out:
-        print(f"{PROG}: note: adding '{harness.REFERENCE_POLICY}' (the reference for 'vs rr')", file=sys.stderr)
-        out.insert(0, harness.REFERENCE_POLICY)
+        if ":" in n and registry.split_prefix(n) is None:
+            _import_from_cwd()
+        try:
+            name = registry.check_policy_name(n)
+        except ConfigError as exc:
+            text_ = str(exc).removeprefix(f"{exc.field}: ")
+            if exc.allowed is not None and isinstance(exc.allowed, list):
+                raise UsageError("--policies", text_.split(" (allowed: ")[0], [*exc.allowed, "all"]) from None
+            raise UsageError("--policies", text_) from None
+        if name not in out:
+            out.append(name)
+    if REFERENCE_POLICY not in out:
+        print(f"{PROG}: note: adding '{REFERENCE_POLICY}' (the reference for 'vs rr')", file=sys.stderr)
+        out.insert(0, REFERENCE_POLICY)
     return out
 
 
-def _check_checkpoint(name: str) -> None:
-    """A learned policy's checkpoint must exist (and train/ must be installed)."""
-    try:
-        from train.policy import SHIPPED_CHECKPOINT
-    except ImportError:
-        raise UsageError("--policies", f"{name!r} needs the training extra: pip install 'carbon-gym[train]'") from None
-    path = str(SHIPPED_CHECKPOINT) if name == "learned" else name.split(":", 1)[1]
-    if not os.path.isfile(path):
-        raise UsageError("--policies", f"{name!r}: no checkpoint at {path!r}")
+def _import_from_cwd() -> None:
+    """Make modules in the working directory importable for ``--policies package.module:Class``,
+    as ``python -m`` does (the ``carbon-gym`` script does not); spawned worker processes
+    inherit the path."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
 
 
 def list_scenarios() -> list[str]:
@@ -248,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser("eval", help="run a policy x scenario x seed matrix and write tables", description="Run every policy on every scenario and seed (common random numbers) and write summary.csv/.md, per-run, per-step and per-request records and TensorBoard scalars.")
     add_run_args(ev, out_default=os.path.join("results", "eval"))
-    ev.add_argument("--policies", default="all", help="comma list of policy names, or 'all' (default); rr is always added as the reference")
+    ev.add_argument("--policies", default="all", help="comma list of policy names (see `carbon-gym policies`; also learned:<checkpoint.zip> and package.module:Class), or 'all' (default); rr is always added as the reference")
     ev.add_argument("--scenarios", default="dev", help="comma list of shipped scenario names or TOML paths (default: dev)")
     ev.add_argument("--no-fault-baseline", action="store_true", help="do not also run scenarios with [[faults]] without them (no fault report)")
 
@@ -269,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--replot", action="store_true", help="redraw the headline figures from its files first")
 
     sub.add_parser("scenarios", help="list the shipped scenarios")
-    sub.add_parser("policies", help="list the policy names the harness accepts")
+    sub.add_parser("policies", help="list the policy names (registered names, learned:<path>, package.module:Class)")
     sub.add_parser("calibrate", help="fit latency/power parameters and write the validation report (calibration.cli)", add_help=False)
     sub.add_parser("train", help="train learned policies (train.cli)", add_help=False)
     bp = sub.add_parser("bench", help="benchmarks and reports: " + ", ".join(BENCHES) + " (e.g. bench faults = fault report)", add_help=False)
@@ -280,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
 def add_run_args(p: argparse.ArgumentParser, *, out_default: str) -> None:
     g = p.add_argument_group("matrix")
     g.add_argument("--seeds", type=_positive_int, default=None, help="number of seeds (default: 3 for eval; preset-dependent for experiments)")
-    g.add_argument("--seed-start", type=_positive_int, default=0, help="first seed (default 0)")
+    g.add_argument("--seed-start", type=_nonnegative_int, default=0, help="first seed (default 0)")
     g.add_argument("--seed-list", default=None, help="explicit comma list of seeds (overrides --seeds)")
     g.add_argument("--preset", default=None, help="quick (short episodes, for CI and laptops) or full (the scenario's own durations)")
     g.add_argument("--duration-s", type=_float, default=None, help="simulated seconds per episode (overrides the preset)")
@@ -304,8 +321,6 @@ def add_run_args(p: argparse.ArgumentParser, *, out_default: str) -> None:
 
 
 def _check_run_args(args: argparse.Namespace) -> None:
-    if args.workers is not None and args.workers < 1:
-        raise UsageError("--workers", f"must be >= 1, got {args.workers}")
     if args.duration_s is not None and not (args.duration_s > 0):
         raise UsageError("--duration-s", f"must be > 0, got {args.duration_s}")
     from eval.experiments import PRESETS
@@ -321,10 +336,13 @@ def cmd_eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
     scenarios = resolve_scenarios(args.scenarios)
     overrides = parse_assignments(args.overrides, "--set")
     policy_kwargs = parse_policy_args(args.policy_args)
-    from eval import experiments, harness
+    from carbon_gym.registry import split_prefix
 
+    from eval import experiments
+
+    prefixes = {pre[0] for pre in map(split_prefix, policies) if pre is not None}
     for pol in policy_kwargs:
-        if pol not in policies and not (pol == "learned" and any(harness.is_learned(p) for p in policies)):
+        if pol not in policies and pol not in prefixes:  # (``learned.x=`` also serves ``learned:<path>``)
             raise UsageError("--policy-arg", f"policy {pol!r} is not in --policies", policies)
     check_scenarios(scenarios, experiments.preset_overrides(args.preset, args.duration_s, overrides))
 
@@ -348,7 +366,7 @@ def cmd_eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
         fault_baseline=not args.no_fault_baseline,
         command=_command_line(argv),
     )
-    from eval.harness import fault_markdown, summary_markdown
+    from eval.tables import fault_markdown, summary_markdown
 
     print(summary_markdown(res.summary), end="")
     print(f"wrote {os.path.join(args.out, 'summary.md')}")
@@ -419,7 +437,9 @@ def cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
         raise UsageError("results_dir", f"{os.path.join(args.results_dir, 'headline')!r} not found; run `carbon-gym experiment headline --out {args.results_dir}` first")
     if args.replot:
         experiments.replot_headline(os.path.join(args.results_dir, "headline"))
-    path = experiments.write_results_md(args.results_dir, out=args.out, figures_dir=args.figures, command=args.run_command)
+    from eval.report import write_results_md
+
+    path = write_results_md(args.results_dir, out=args.out, figures_dir=args.figures, command=args.run_command)
     print(f"wrote {path}")
     return 0
 
@@ -441,11 +461,23 @@ def cmd_scenarios(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 def cmd_policies(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from eval import harness
+    """One line per registered policy (name, aliases, what it is), then the prefix and
+    ``module:Class`` forms."""
+    from carbon_gym import registry
 
-    defaults = set(harness.default_policies())
-    for name in harness.available_policies():
-        print(name + ("" if name in defaults else "   (not in 'all')"))
+    rows = []
+    for name in registry.available_policies():
+        info = registry.policy_info(name)
+        alias = f"(= {', '.join(info.aliases)})" if info.aliases else ""
+        rows.append((name, alias, info.doc + ("" if info.in_all else "   (not in 'all')")))
+    for prefix in registry.available_prefixes():
+        info = registry.policy_info(prefix + ":x")
+        rows.append((f"{prefix}:<checkpoint.zip>", "", info.doc))
+    rows.append(("package.module:Class", "", "a policy class of your own on the Python path (built as Class(env, **kw) or Class(**kw))"))
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len(r[1]) for r in rows)
+    for name, alias, doc in rows:
+        print(f"{name:{w0}s}  {alias:{w1}s}  {doc}".rstrip())
     return 0
 
 
@@ -511,7 +543,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _report_error(exc: BaseException) -> int:
     from carbon_gym.errors import CarbonGymError, ConfigError
 
-    from eval.harness import RunFailed
+    from eval.backends import RunFailed
 
     if isinstance(exc, RunFailed):
         if exc.kind in ("config", "carbon_gym"):

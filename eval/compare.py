@@ -31,7 +31,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-REFERENCE = "round-robin"
+REFERENCE = "rr"
 
 
 def run_policy(name: str, scenario: str, duration_s: float, seed: int, max_pending: int) -> dict[str, Any]:
@@ -42,7 +42,7 @@ def run_policy(name: str, scenario: str, duration_s: float, seed: int, max_pendi
 
     import carbon_gym  # noqa: F401
     from carbon_gym.policy import rollout
-    from solvers import make_policy
+    from carbon_gym.registry import make_policy
 
     logging.getLogger("solvers").setLevel(logging.ERROR)
     with warnings.catch_warnings():
@@ -55,7 +55,7 @@ def run_policy(name: str, scenario: str, duration_s: float, seed: int, max_pendi
     wall = time.perf_counter() - t0
     out = {k: v for k, v in m.items() if np.isscalar(v)}
     out["wall_s"] = wall
-    out["fallbacks"] = int(policy.stats.get("fallbacks", 0) or 0)
+    out["fallbacks"] = int(getattr(policy, "stats", {}).get("fallbacks", 0) or 0)
     env.close()
     return out
 
@@ -87,9 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-pending", type=int, default=4096, help="env.max_pending (K)")
     ap.add_argument("--out", default="results/compare.md", help="where to save the Markdown table")
     args = ap.parse_args(argv)
-    from solvers import available_policies
+    from carbon_gym.registry import canonical_policy_name, default_policies
 
-    names = available_policies() if args.policies == "all" else [s.strip() for s in args.policies.split(",")]
+    names = default_policies() if args.policies == "all" else [canonical_policy_name(s.strip()) for s in args.policies.split(",")]
     if REFERENCE in names:
         names.remove(REFERENCE)
     names.insert(0, REFERENCE)

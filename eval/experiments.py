@@ -1,7 +1,8 @@
-"""The study's experiments (a-f), the ``carbon-gym eval`` driver, the clairvoyant bound and RESULTS.md.
+"""The study's experiments (a-f), the ``carbon-gym eval`` driver and the figures they share.
 
-Each experiment is one command (``carbon-gym experiment <name>``) that runs its matrix through
-:mod:`eval.harness` and writes, under ``results/<name>/``: the harness outputs (summary.csv/.md,
+Each experiment is one command (``carbon-gym experiment <name>``) that runs its matrix
+(:func:`eval.backends.run_matrix`) and writes, under ``results/<name>/``: the matrix outputs
+(:mod:`eval.writers`: summary.csv/.md,
 runs.csv, records, TensorBoard), the experiment's own table ``<name>.md``/``.csv`` and figures
 (PNG + PDF).
 
@@ -17,26 +18,31 @@ runs.csv, records, TensorBoard), the experiment's own table ``<name>.md``/``.csv
 =====  ============  ==========================================================================
 
 Presets: ``quick`` (short episodes: the whole headline matrix in under an hour on 2 cores) and
-``full`` (the scenarios' own durations).
+``full`` (the scenarios' own durations). The clairvoyant policy of experiment f is
+:mod:`eval.clairvoyant`; RESULTS.md is written by :mod:`eval.report`.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
-import shutil
 import sys
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from eval import harness
-from eval.harness import REFERENCE_POLICY, RunSpec, mean_ci95
+from carbon_gym.registry import available_policies
+
+from eval import backends, writers
+from eval.runner import OVERRIDE_DURATION, OVERRIDE_POLLING, OVERRIDE_PREDICTOR, RunResult, RunSpec, fault_twin, freeze, make_specs
+from eval.stats import mean_ci95, paired_difference
+from eval.tables import REFERENCE_POLICY, runs_table, summary_markdown
 
 MODELS = ("llama8b", "qwen7b", "mixtral8x7b")
 LOADS = ("low", "moderate", "high")
+#: The study's comparison (experiment a's default policy list).
+STUDY_POLICIES = ("rr", "greedy", "least-loaded", "planner", "ilp", "ilp-state", "milp")
 
 
 @dataclass(frozen=True)
@@ -55,12 +61,7 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-# ----------------------------------------------------------------------------------------------
-# scenario override keys (one place to adapt to carbon_gym.scenario)
-
-OVERRIDE_DURATION = "duration_s"
-OVERRIDE_PREDICTOR = harness.OVERRIDE_PREDICTOR
-OVERRIDE_POLLING = harness.OVERRIDE_POLLING
+# (scenario override keys: eval.runner's OVERRIDE_*)
 ORACLE = "oracle"
 LATENCY_WEIGHT_KWARG = "violation_penalty_g"  # facility MILP: grams of CO2 charged per SLO violation
 
@@ -77,152 +78,6 @@ def preset_overrides(preset: str | None, duration_s: float | None, overrides: Ma
 
 
 # ----------------------------------------------------------------------------------------------
-# the clairvoyant bound (experiment f)
-
-
-class ClairvoyantPolicy:
-    """Clairvoyant greedy: the cleanest capacity filled first, SLOs ignored (experiment f).
-
-    Knows what no real scheduler can: every request's true output length and the whole episode's
-    arrivals (a twin of the env's workload, built from the same scenario and world seed) and the
-    actual carbon trace ahead. It acts through ``env.step`` like every policy, so the simulator
-    charges it the same physics, idle and host power included (power no routing can avoid).
-
-    Capacity (from the simulator's throughput): each engine serves the per-engine rate measured
-    with the simulator in ``carbon_gym/data/load_levels.toml`` (requests/s at the scenario's
-    lengths) times ``utilisation``; a request costs ``w / mean(w)`` of a mean request, with
-    ``w = prompt x t_prefill_per_token + output x t_iter(B) / B`` from the latency model at a
-    saturated batch ``B = min(max_num_seqs, KV tokens x kv_fill / mean(prompt + output))``. When
-    no measured rate exists, the capacity is the latency model's ``1 / mean(w)`` alone.
-    Every step, requests (longest first) go to the datacenter with the lowest
-    ``intensity x PUE`` over the next polling period whose backlog still fits in
-    ``horizon_steps`` polling periods of its capacity; when every datacenter is full, to the
-    least-backlogged one. Backlogs drain at capacity between steps (a fluid model).
-
-    It is a *bound* in spirit, not a proof: a latency-ignorant packing of the cleanest capacity
-    with perfect information. Reductions are reported as a share of its reduction; a share above
-    100% means a policy found savings this packing misses.
-
-    Args:
-        utilisation: multiple of the measured per-engine capacity the packing may use (> 0).
-        kv_fill: share of an engine's KV cache the saturated batch may occupy.
-        horizon_steps: backlog allowed per datacenter, in polling periods of its capacity.
-    """
-
-    def __init__(self, utilisation: float = 1.0, kv_fill: float = 0.9, horizon_steps: float = 2.0):
-        from carbon_gym.errors import ConfigError
-
-        for name, v, hi in (("utilisation", utilisation, 10.0), ("kv_fill", kv_fill, 1.0), ("horizon_steps", horizon_steps, 1e6)):
-            if not (0 < float(v) <= hi):
-                raise ConfigError(f"clairvoyant.{name}", f"must be in (0, {hi:g}], got {v!r}")
-        self.utilisation = float(utilisation)
-        self.kv_fill = float(kv_fill)
-        self.horizon_steps = float(horizon_steps)
-        self._env = None
-        self.mismatches = 0  # pending requests whose twin lengths did not match (predicted used)
-
-    def reset(self, env: Any) -> None:
-        """Build the workload twin and the capacity model for this episode."""
-        from carbon_gym.world import build_workload
-
-        u = env.unwrapped
-        self._env = u
-        sc = u.scenario
-        sim = u.simulator
-        seed = int(u.episode_metrics()["world_seed"])
-        twin = build_workload(sc, seed).arrivals_between(0.0, float(sc.duration_s))
-        self._prompt = np.asarray(twin.prompt_tokens, dtype=np.int64)
-        self._output = np.asarray(twin.output_tokens, dtype=np.int64)
-        cfg = sim.engine_config
-        mean_p = float(self._prompt.mean()) if self._prompt.size else 512.0
-        mean_o = float(self._output.mean()) if self._output.size else 128.0
-        kv_tokens = float(sim.kv_blocks_per_engine * cfg.block_tokens)
-        batch = int(max(1, min(cfg.max_num_seqs, math.floor(kv_tokens * self.kv_fill / max(mean_p + mean_o, 1.0)))))
-        ctx = mean_p + mean_o / 2.0
-        lat = sim.latency
-        t_iter = float(lat.iteration_time_s(0, 0.0, batch, batch * ctx, batch))
-        chunk = int(cfg.max_num_batched_tokens)
-        p_tok = max(1, int(round(mean_p)))
-        t_prefill = float(lat.prefill_time_s(p_tok, chunk)) / p_tok
-        self.batch = batch
-        self.t_decode_per_token_s = t_iter / batch
-        self.t_prefill_per_token_s = t_prefill
-        w = self._work_s(self._prompt.astype(np.float64), self._output.astype(np.float64))
-        mean_w = float(w.mean()) if w.size else 1.0
-        rate = None
-        try:
-            from carbon_gym.scenario import load_load_levels
-
-            cap = load_load_levels().find(sc.model, sc.gpu, sc.tp)
-            rate = cap.per_engine_rate_per_s if cap is not None else None
-        except Exception:  # noqa: BLE001 - no measured capacity: fall back to the latency model
-            rate = None
-        # engine capacity in "mean requests" per second; a request costs w / mean(w) of them
-        self.engine_rate_per_s = float(rate) if rate else 1.0 / mean_w
-        self.capacity_source = "measured (load_levels.toml)" if rate else "latency model"
-        self._work_scale = 1.0 / (mean_w * self.engine_rate_per_s)  # engine-seconds per work-second
-        snap = sim.snapshot()
-        self._n_engines = np.asarray(snap.n_engines, dtype=np.float64)
-        self._pue = np.asarray(snap.pue, dtype=np.float64)
-        trace = sim.carbon
-        self._trace = trace
-        self._zones = np.array([trace.zone_index(d.zone) for d in sim.topology.datacenters], dtype=np.int64)
-        self._offset = float(sim.carbon_offset_s)
-        self._P = float(sc.polling_period_s)
-        self._backlog = np.zeros(self._n_engines.size)
-        self._last_t = float(sim.now_s)
-
-    def _work_s(self, prompt: np.ndarray, output: np.ndarray) -> np.ndarray:
-        """Latency-model engine-seconds of each request at the saturated batch."""
-        return prompt * self.t_prefill_per_token_s + output * self.t_decode_per_token_s
-
-    def act(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
-        """Per-slot datacenter (or defer for padded slots / nothing allowed)."""
-        u = self._env
-        if u is None:
-            raise RuntimeError("ClairvoyantPolicy.reset(env) must be called after env.reset")
-        mask = np.asarray(info["action_mask"], dtype=bool)
-        k, choices = mask.shape
-        D = choices - 1
-        action = np.full(k, D, dtype=np.int64)
-        pend = u.pending_requests()
-        n = int(pend["seq"].shape[0])
-        now = float(u.simulator.now_s)
-        cap_rate = self._n_engines * self.utilisation  # engine-seconds per second
-        self._backlog = np.maximum(0.0, self._backlog - cap_rate * max(0.0, now - self._last_t))
-        self._last_t = now
-        if n == 0:
-            return action
-        seq = pend["seq"]
-        prompt = pend["prompt_tokens"].astype(np.int64)
-        ok = (seq < self._prompt.size)
-        ok[ok] &= self._prompt[seq[ok]] == prompt[ok]
-        self.mismatches += int(n - np.count_nonzero(ok))
-        output = np.where(ok, self._output[np.minimum(seq, max(self._prompt.size - 1, 0))] if self._prompt.size else 0, np.rint(pend["predicted_output_tokens"])).astype(np.float64)
-        work = self._work_s(prompt.astype(np.float64), output) * self._work_scale
-        t0 = self._offset + now
-        ci = np.array([self._trace.mean_intensity(int(z), t0, t0 + self._P) for z in self._zones]) * self._pue
-        order = np.argsort(ci, kind="stable")
-        limit = cap_rate * self._P * self.horizon_steps
-        allowed = mask[:n, :D]
-        for i in np.argsort(-work, kind="stable"):
-            row = allowed[i]
-            if not row.any():
-                continue
-            pick = -1
-            for d in order:
-                if row[d] and self._backlog[d] + work[i] <= limit[d]:
-                    pick = int(d)
-                    break
-            if pick < 0:  # every allowed datacenter is full: least relative backlog
-                rel = np.where(row, self._backlog / np.maximum(limit, 1e-12), np.inf)
-                pick = int(np.argmin(rel))
-            action[i] = pick
-            self._backlog[pick] += work[i]
-        return action
-
-
-# ----------------------------------------------------------------------------------------------
 # running a matrix and writing its outputs
 
 
@@ -230,7 +85,7 @@ class ClairvoyantPolicy:
 class Executed:
     """A finished matrix: results (records already on disk), the runs and summary tables."""
 
-    results: list[harness.RunResult]
+    results: list[RunResult]
     runs: Any
     summary: Any
     out: str
@@ -250,29 +105,29 @@ def execute(
     command: str | None = None,
     extra_config: Mapping[str, Any] | None = None,
 ) -> Executed:
-    """Run ``specs`` and write the harness outputs under ``out``.
+    """Run ``specs`` and write the matrix outputs (:mod:`eval.writers`) under ``out``.
 
     ``requests``: write per-request records for every run (True), none (False), or the runs a
     callable selects (experiments keep them only where a figure needs them).
     """
     import time
 
-    writer = harness.OutputWriter(out, requests=bool(requests), fmt=fmt)
-    versions = harness.versions()  # at the start: the code that runs (git revision included)
+    writer = writers.OutputWriter(out, requests=bool(requests), fmt=fmt)
+    versions = writers.versions()  # at the start: the code that runs (git revision included)
     t0 = time.perf_counter()
-    results = harness.run_matrix(specs, workers=workers, ray_address=ray_address, progress=progress, keep_requests=requests, on_result=writer)
+    results = backends.run_matrix(specs, workers=workers, ray_address=ray_address, progress=progress, keep_requests=requests, on_result=writer)
     elapsed = time.perf_counter() - t0
-    harness.report_warnings(results)
+    writers.report_warnings(results)
     cfg = dict(extra_config or {})
     cfg.update({
         "versions": versions,
         "elapsed_s": elapsed,
         "backend": f"ray:{ray_address}" if ray_address else "local",
-        "workers": workers if workers is not None else harness.default_workers(),
+        "workers": workers if workers is not None else backends.default_workers(),
         "cpu_count": os.cpu_count(),
     })
-    summary = harness.write_outputs(results, out, command=command, tensorboard=tensorboard, extra_config=cfg)
-    runs = harness.runs_table(results)
+    summary = writers.write_outputs(results, out, command=command, tensorboard=tensorboard, extra_config=cfg)
+    runs = runs_table(results)
     return Executed(results, runs, summary, out, writer.paths)
 
 
@@ -332,15 +187,15 @@ def eval_matrix(
     """``carbon-gym eval``: the matrix, its tables, the fault report and (optionally) figures.
 
     With ``fault_baseline`` (default), every scenario with ``[[faults]]`` is also run without
-    them (:func:`harness.fault_twin`: same policies, seeds and episode starts, labelled
+    them (:func:`eval.runner.fault_twin`: same policies, seeds and episode starts, labelled
     ``<scenario>+no-faults``) in the same matrix; the fault runs themselves are the matrix's own.
     The twins' runs appear in runs.csv / summary.csv like any scenario, and
-    :func:`harness.write_fault_report` writes fault_report.csv/.md and fault_runs.csv. A line
+    :func:`eval.writers.write_fault_report` writes fault_report.csv/.md and fault_runs.csv. A line
     saying which twins were added goes to ``notes`` (a text stream; default stderr). Figures are
     drawn for the requested scenarios only.
     """
     ov = preset_overrides(preset, duration_s, overrides)
-    specs = harness.make_specs(scenarios, policies, seeds, overrides=ov, policy_kwargs=policy_kwargs)
+    specs = make_specs(scenarios, policies, seeds, overrides=ov, policy_kwargs=policy_kwargs)
     specs = with_carbon_start(specs, carbon_start)
     shown = {s.scenario_name for s in specs}
     twins: dict[str, str] = {}
@@ -350,7 +205,7 @@ def eval_matrix(
         extra = []
         for s in specs:
             if s.scenario in faulty:
-                t = harness.fault_twin(s)
+                t = fault_twin(s)
                 if t.run_id not in have:  # a run already in the matrix is shared, not run twice
                     have.add(t.run_id)
                     extra.append(t)
@@ -366,17 +221,12 @@ def eval_matrix(
             os.remove(path)
     ex = execute(specs, out, workers=workers, ray_address=ray_address, tensorboard=tensorboard, fmt=fmt, requests=requests,
                  progress=progress, command=command, extra_config={"fault_twins": twins} if twins else None)
-    report = harness.write_fault_report(ex.results, out) if twins else None
+    report = writers.write_fault_report(ex.results, out) if twins else None
     if plots:
         for scen in dict.fromkeys(ex.runs["scenario"]):
             if scen in shown:
                 standard_figures(ex, scen, os.path.join(out, "figures"), tag=scen)
     return EvalResult(ex.summary, report, twins, ex)
-
-
-def run_eval(**kwargs: Any):
-    """:func:`eval_matrix` returning only the summary DataFrame (same keyword arguments)."""
-    return eval_matrix(**kwargs).summary
 
 
 # ----------------------------------------------------------------------------------------------
@@ -394,7 +244,7 @@ def _load(ex: Executed, spec: RunSpec, kind: str):
     path = ex.paths.get(spec.run_id, {}).get(kind)
     if path is None:
         return None
-    return harness.read_table(path)
+    return writers.read_table(path)
 
 
 TIME_PLOT_POLICIES = ("rr", "greedy", "planner", "ilp-state", "milp", "clairvoyant")
@@ -458,8 +308,8 @@ def load_executed(out: str) -> Executed:
     results, paths = [], {}
     for entry, (_, row) in zip(cfg["runs"], runs.iterrows()):
         kw = {k: v for k, v in entry.items() if k in spec_fields}
-        kw["overrides"] = harness._freeze(kw.get("overrides"))
-        kw["policy_kwargs"] = harness._freeze(kw.get("policy_kwargs"))
+        kw["overrides"] = freeze(kw.get("overrides"))
+        kw["policy_kwargs"] = freeze(kw.get("policy_kwargs"))
         spec = RunSpec(**kw)
         meta = {k: v for k, v in entry.items() if k not in spec_fields}
         p: dict[str, str] = {}
@@ -469,8 +319,8 @@ def load_executed(out: str) -> Executed:
                 if os.path.isfile(path):
                     p[kind] = path
                     break
-        steps = {c: harness.read_table(p["steps"])[c].to_numpy() for c in harness.read_table(p["steps"]).columns} if "steps" in p else {}
-        results.append(harness.RunResult(spec=spec, metrics=row.to_dict(), steps=steps, requests={}, meta=meta))
+        steps = {c: writers.read_table(p["steps"])[c].to_numpy() for c in writers.read_table(p["steps"]).columns} if "steps" in p else {}
+        results.append(RunResult(spec=spec, metrics=row.to_dict(), steps=steps, requests={}, meta=meta))
         paths[spec.run_id] = p
     return Executed(results, runs, summary, out, paths)
 
@@ -492,16 +342,6 @@ def replot_headline(out: str) -> None:
 
 # ----------------------------------------------------------------------------------------------
 # analysis helpers on runs tables
-
-
-def paired_difference(runs, scenario_col: str, a: str, b: str, metric: str) -> tuple[float, float, int]:
-    """Mean and 95% CI half-width over seeds of ``metric[a] - metric[b]`` (same scenario+seed)."""
-    ra = runs[runs["policy"] == a].set_index([scenario_col, "seed"])[metric]
-    rb = runs[runs["policy"] == b].set_index([scenario_col, "seed"])[metric]
-    common = ra.index.intersection(rb.index)
-    diff = (ra.loc[common] - rb.loc[common]).to_numpy(np.float64)
-    m, ci = mean_ci95(diff)
-    return m, ci, int(np.isfinite(diff).sum())
 
 
 def _fmt(m: float, ci: float = float("nan"), d: int = 1) -> str:
@@ -608,7 +448,7 @@ def _variant_specs(
             ov.update(extra)
             for p in pols:
                 for k in seeds:
-                    specs.append(RunSpec(scenario=scen, policy=p, seed=int(k), overrides=harness._freeze(ov), policy_kwargs=harness._freeze(pk.get(p)), scenario_label=f"{scen}[{suffix}]" if suffix else "", start_key=scen))
+                    specs.append(RunSpec(scenario=scen, policy=p, seed=int(k), overrides=freeze(ov), policy_kwargs=freeze(pk.get(p)), scenario_label=f"{scen}[{suffix}]" if suffix else "", start_key=scen))
     return specs
 
 
@@ -622,12 +462,12 @@ def _variant(label: str) -> str:
 
 def exp_headline(ctx: "Ctx") -> str:
     scens = ctx.scenario_list(LOADS)
-    pols = ctx.policies or [p for p in harness.STUDY_POLICIES if p in harness.available_policies()]
-    specs = harness.make_specs(scens, pols, ctx.seeds, overrides=ctx.overrides, policy_kwargs=ctx.policy_kwargs)
+    pols = ctx.policies or [p for p in STUDY_POLICIES if p in available_policies()]
+    specs = make_specs(scens, pols, ctx.seeds, overrides=ctx.overrides, policy_kwargs=ctx.policy_kwargs)
     focus = next((sc for sc in scens if sc.endswith("-moderate")), scens[0])
     ex = ctx.execute(specs, requests_for=[focus])
     table = headline_table(ex.summary)
-    ctx.write_text("headline.md", table + "\n" + harness.summary_markdown(ex.summary))
+    ctx.write_text("headline.md", table + "\n" + summary_markdown(ex.summary))
     if ctx.plots:
         from eval import plots
 
@@ -642,7 +482,7 @@ def exp_headline(ctx: "Ctx") -> str:
 def exp_milp_vs_ilp(ctx: "Ctx") -> str:
     scens = ctx.scenario_list(("moderate", "high"))
     pols = ctx.policies or [REFERENCE_POLICY, "ilp", "ilp-state", "milp"]
-    specs = harness.make_specs(scens, pols, ctx.seeds, overrides=ctx.overrides, policy_kwargs=ctx.policy_kwargs)
+    specs = make_specs(scens, pols, ctx.seeds, overrides=ctx.overrides, policy_kwargs=ctx.policy_kwargs)
     ex = ctx.execute(specs)
     ilps = [p for p in ("ilp", "ilp-state") if p in pols]
     table = milp_vs_ilp_table(ex.runs, ilps=ilps)
@@ -744,15 +584,15 @@ def exp_tradeoff(ctx: "Ctx") -> str:
     import pandas as pd
 
     scens = ctx.scenario_list(("moderate",), ("llama8b",))
-    others = [p for p in (ctx.policies or harness.STUDY_POLICIES) if p not in (REFERENCE_POLICY, "milp")]
+    others = [p for p in (ctx.policies or STUDY_POLICIES) if p not in (REFERENCE_POLICY, "milp")]
     specs: list[RunSpec] = []
     for scen in scens:
-        specs += harness.make_specs([scen], [REFERENCE_POLICY] + others, ctx.seeds, overrides=ctx.overrides, policy_kwargs=ctx.policy_kwargs)
+        specs += make_specs([scen], [REFERENCE_POLICY] + others, ctx.seeds, overrides=ctx.overrides, policy_kwargs=ctx.policy_kwargs)
         for w in ctx.preset.weights:
             kw = dict(ctx.policy_kwargs.get("milp", {}))
             kw[LATENCY_WEIGHT_KWARG] = float(w)
             for k in ctx.seeds:
-                specs.append(RunSpec(scenario=scen, policy="milp", seed=int(k), overrides=harness._freeze(ctx.overrides), policy_kwargs=harness._freeze(kw), label=f"milp[w={w:g}]"))
+                specs.append(RunSpec(scenario=scen, policy="milp", seed=int(k), overrides=freeze(ctx.overrides), policy_kwargs=freeze(kw), label=f"milp[w={w:g}]"))
     ex = ctx.execute(specs)
     s = ex.summary.copy()
     s["weight"] = s["policy"].map(lambda p: float(p.split("=")[1].rstrip("]")) if p.startswith("milp[w=") else np.nan)
@@ -778,8 +618,8 @@ def exp_bound(ctx: "Ctx") -> str:
     import pandas as pd
 
     scens = ctx.scenario_list(("moderate",))
-    pols = [p for p in (ctx.policies or harness.STUDY_POLICIES) if p != "clairvoyant"] + ["clairvoyant"]
-    specs = harness.make_specs(scens, pols, ctx.seeds, overrides=ctx.overrides, policy_kwargs=ctx.policy_kwargs)
+    pols = [p for p in (ctx.policies or STUDY_POLICIES) if p != "clairvoyant"] + ["clairvoyant"]
+    specs = make_specs(scens, pols, ctx.seeds, overrides=ctx.overrides, policy_kwargs=ctx.policy_kwargs)
     ex = ctx.execute(specs)
     s = ex.summary.copy()
     rows = []
@@ -921,181 +761,3 @@ def run_experiment(
         command=command,
     )
     return EXPERIMENT_FUNCS[name](ctx)
-
-
-# ----------------------------------------------------------------------------------------------
-# RESULTS.md
-
-NOTES_BEGIN = "<!-- notes:begin (kept when RESULTS.md is regenerated) -->"
-NOTES_END = "<!-- notes:end -->"
-
-STUDY_CLAIMS = (
-    ("carbon", "Carbon reduction vs round-robin, best load (facility MILP)", "up to 60%"),
-    ("violation", "Average SLO violation of the facility MILP", "about 3%"),
-    ("milp_ilp", "Facility MILP minus best per-request ILP, Mixtral-8x7B", "up to 8.6 pp, at 1.3% violation"),
-    ("predictor", "Predicted vs oracle output lengths (carbon / violation)", "within 4.1 pp / 1.1 pp"),
-    ("polling", "SLO violation vs polling period", "rises noticeably past 2 s"),
-)
-
-
-def _read_csv(path: str):
-    import pandas as pd
-
-    return pd.read_csv(path) if os.path.isfile(path) else None
-
-
-def _claims(results_dir: str) -> dict[str, str]:
-    """Our numbers for each study claim, computed from the result tables that exist."""
-    out: dict[str, str] = {}
-    h_runs = _read_csv(os.path.join(results_dir, "headline", "runs.csv"))
-    h_sum = _read_csv(os.path.join(results_dir, "headline", "summary.csv"))
-    if h_sum is not None and "milp" in set(h_sum["policy"]):
-        m = h_sum[h_sum["policy"] == "milp"]
-        ok = m[m.get("unfinished_pct", 0 * m["carbon_g"]).fillna(0) < 1.0]
-        bad = [s for s in m["scenario"] if s not in set(ok["scenario"])]
-        note = f" (excluding {', '.join(bad)}, where the MILP left >= 1% of requests unfinished)" if bad else ""
-        if not ok.empty:
-            best = ok.loc[ok["reduction_vs_rr_pct"].idxmax()]
-            out["carbon"] = (f"up to {best['reduction_vs_rr_pct']:.1f}% ({best['scenario']}, {best['slo_violation_pct']:.1f}% violation); "
-                             f"range {ok['reduction_vs_rr_pct'].min():.1f}–{ok['reduction_vs_rr_pct'].max():.1f}%{note}")
-            out["violation"] = (f"{ok['slo_violation_pct'].mean():.2f}% on average over {len(ok)} scenarios (range "
-                                f"{ok['slo_violation_pct'].min():.2f}–{ok['slo_violation_pct'].max():.2f}%){note}"
-                                + (f"; {m['slo_violation_pct'].mean():.2f}% over all {len(m)}" if bad else ""))
-    gap_src = _read_csv(os.path.join(results_dir, "milp-vs-ilp", "runs.csv"))
-    src = gap_src if gap_src is not None else h_runs
-    if src is not None and "milp" in set(src["policy"]):
-        ilps = [p for p in ("ilp", "ilp-state") if p in set(src["policy"])]
-        t = milp_vs_ilp_table(src, ilps=ilps)
-        t = t[t["scenario"].str.startswith("mixtral")]
-        if "unfinished_pct" in src:
-            unf = src[src["policy"] == "milp"].groupby("scenario")["unfinished_pct"].mean()
-            t = t[t["scenario"].map(lambda sc: float(unf.get(sc, 0.0)) < 1.0)]
-        if not t.empty and ilps:
-            parts = []
-            for _, r in t.iterrows():
-                gaps = ", ".join(f"{r[f'gap_vs_{i}_pp']:+.1f} pp vs {i}" for i in ilps)
-                parts.append(f"{r['scenario']}: {gaps} (MILP violation {r['milp_violation_pct']:.2f}%)")
-            out["milp_ilp"] = "; ".join(parts)
-    pred = _read_csv(os.path.join(results_dir, "predictor", "predictor.csv"))
-    if pred is not None and not pred.empty:
-        out["predictor"] = f"within {pred['reduction_diff_pp'].abs().max():.1f} pp / {pred['violation_diff_pp'].abs().max():.2f} pp (max over {len(pred)} scenario x policy cases)"
-    poll = _read_csv(os.path.join(results_dir, "polling", "polling.csv"))
-    if poll is not None and "milp" in set(poll["policy"]):
-        p = poll[poll["policy"] == "milp"].sort_values("polling_s")
-        out["polling"] = "MILP violation %: " + ", ".join(f"{r.polling_s:g} s: {r.slo_violation_pct:.2f}" for r in p.itertuples())
-    return out
-
-
-def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", figures_dir: str = "docs/figures", command: str | None = None) -> str:
-    """Write RESULTS.md from ``results_dir/headline`` (+ the other experiments found there).
-
-    Figures are copied (PNG) into ``figures_dir`` so the Markdown links work from the repo root.
-    Hand-written notes between the ``notes`` markers of an existing ``out`` are kept.
-    """
-    head_dir = os.path.join(results_dir, "headline")
-    with open(os.path.join(head_dir, "config.json"), encoding="utf-8") as f:
-        cfg = json.load(f)
-    summary = _read_csv(os.path.join(head_dir, "summary.csv"))
-    runs = _read_csv(os.path.join(head_dir, "runs.csv"))
-    notes = ""
-    if os.path.isfile(out):
-        old = open(out, encoding="utf-8").read()
-        if NOTES_BEGIN in old:  # (an end marker lost in a hand edit: the notes run to the end of the file)
-            notes = old.split(NOTES_BEGIN, 1)[1].split(NOTES_END, 1)[0].strip("\n")
-    os.makedirs(figures_dir, exist_ok=True)
-    rel = os.path.relpath(figures_dir, os.path.dirname(os.path.abspath(out)) or ".")
-
-    def fig(exp: str, stem: str) -> str | None:
-        src = os.path.join(results_dir, exp, "figures", stem + ".png")
-        if not os.path.isfile(src):
-            return None
-        dst_name = f"{exp}_{stem}.png" if not stem.startswith(exp) else stem + ".png"
-        shutil.copyfile(src, os.path.join(figures_dir, dst_name))
-        return f"{rel}/{dst_name}".replace(os.sep, "/")
-
-    v = cfg.get("versions", {})
-    runs_meta = cfg.get("runs", [])
-    durations = sorted({r.get("duration_s") for r in runs_meta if r.get("duration_s") is not None})
-    seeds = sorted({r.get("seed") for r in runs_meta})
-    scen = list(dict.fromkeys(summary["scenario"]))
-    pols = list(dict.fromkeys(summary["policy"]))
-    lines: list[str] = []
-    add = lines.append
-    add("# Results\n")
-    add("Generated by `carbon-gym report` from a real run of the headline experiment (and the other experiments")
-    add("whose outputs were present). Numbers are means over seeds with 95% t-intervals; every policy saw the")
-    add("same requests and the same carbon for a given seed (common random numbers); episode starts are spread")
-    add("over the 2023 carbon year (day of year x hour of day, the same for every policy).\n")
-    add("## How it was produced\n")
-    add("```bash")
-    add(command or cfg.get("command") or "carbon-gym experiment headline --preset quick")
-    add(f"carbon-gym report {results_dir}")
-    add("```\n")
-    add(f"- scenarios: {', '.join(scen)}")
-    add(f"- policies: {', '.join(pols)}")
-    add(f"- seeds: {', '.join(map(str, seeds))}; simulated seconds per episode: {', '.join(f'{d:g}' for d in durations)} (preset `{cfg.get('preset', '?')}`; arrivals stop there, then placed requests drain)")
-    if "elapsed_s" in cfg:
-        add(f"- wall time: {cfg['elapsed_s'] / 60:.1f} min on {cfg.get('workers')} worker process(es), {cfg.get('cpu_count')} CPU cores ({cfg.get('backend')})")
-    if runs is not None and "cpu_s" in runs:
-        add(f"- CPU time of the runs: {runs['cpu_s'].sum() / 60:.1f} min in total ({runs['cpu_s'].sum() / 120:.1f} min of wall time on 2 dedicated cores)")
-    add("- versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if k != "platform"))
-    add(f"- platform: {v.get('platform', '?')}\n")
-    add("## Headline: carbon reduction vs round-robin (SLO violation %)\n")
-    add(headline_table(summary))
-    add("Full table (carbon in kg, latencies in ms; decision time is wall clock per step):\n")
-    from eval.harness import summary_markdown
-
-    add(summary_markdown(summary))
-    for exp, stem, caption in (
-        ("headline", "headline_reduction", "Carbon reduction vs round-robin per scenario and policy."),
-        ("headline", "headline_violations", "SLO violation rate per scenario and policy."),
-    ):
-        p = fig(exp, stem)
-        if p:
-            add(f"![{caption}]({p})\n\n*{caption}*\n")
-    focus = next((s for s in scen if s.endswith("-moderate")), scen[0])
-    for stem, caption in (
-        (f"{focus}_carbon_over_time_seed0", f"{focus}, seed 0: carbon emission rate per datacenter (lines, one per policy) over grid intensity (shaded)."),
-        (f"{focus}_load_by_hour", f"{focus}: share of requests each policy sends to each datacenter, by UTC hour (all seeds)."),
-        (f"{focus}_latency_cdf", f"{focus}: TTFT and TPOT distributions (seeds pooled); dashed = SLO target."),
-    ):
-        p = fig("headline", stem)
-        if p:
-            add(f"![{caption}]({p})\n\n*{caption}*\n")
-    if not os.path.isfile(os.path.join(results_dir, "milp-vs-ilp", "milp-vs-ilp.md")) and runs is not None and "milp" in set(runs["policy"]):
-        ilps = [p for p in ("ilp", "ilp-state") if p in set(runs["policy"])]
-        if ilps:
-            add("## Facility MILP vs per-request ILPs (from the headline runs)\n")
-            add("Reduction vs rr, % (SLO violation %), and the paired gap MILP - ILP in percentage points (mean ± 95% CI over seeds).\n")
-            add(milp_vs_ilp_markdown(milp_vs_ilp_table(runs, ilps=ilps), ilps))
-    for exp, title in (("milp-vs-ilp", "Facility MILP vs per-request ILPs"), ("predictor", "Predictor vs oracle"), ("polling", "Polling period"), ("tradeoff", "Carbon vs SLO trade-off"), ("bound", "Share of the clairvoyant bound")):
-        md_path = os.path.join(results_dir, exp, f"{exp}.md")
-        if not os.path.isfile(md_path):
-            continue
-        add(f"## {title}\n")
-        econf = os.path.join(results_dir, exp, "config.json")
-        if os.path.isfile(econf):
-            with open(econf, encoding="utf-8") as f:
-                add(f"`{json.load(f).get('command')}`\n")
-        add(open(md_path, encoding="utf-8").read())
-        fdir = os.path.join(results_dir, exp, "figures")
-        for name in sorted(os.listdir(fdir)) if os.path.isdir(fdir) else []:
-            if name.endswith(".png"):
-                p = fig(exp, name[:-4])
-                if p:
-                    add(f"![{exp}: {name[:-4]}]({p})\n")
-    add("## Comparison with the study\n")
-    ours = _claims(results_dir)
-    add("| claim | study | this run |")
-    add("|---|---|---|")
-    for key, claim, study in STUDY_CLAIMS:
-        add(f"| {claim} | {study} | {ours.get(key, 'not run')} |")
-    add("")
-    add("## Discussion\n")
-    add(NOTES_BEGIN)
-    add(notes or "(to be written: where and why these numbers differ from the study's)")
-    add(NOTES_END)
-    text = "\n".join(lines) + "\n"
-    with open(out, "w", encoding="utf-8") as f:
-        f.write(text)
-    return out

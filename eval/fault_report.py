@@ -10,8 +10,8 @@ carbon can be negative: a datacenter that is down draws nothing, not even idle a
 
 ``carbon-gym eval --scenarios <fault scenario>`` produces the same report (fault_report.md /
 .csv next to its summary) for a whole policy x seed matrix; this script is the one-seed form,
-built on the same harness code (:func:`eval.harness.fault_twin`,
-:func:`eval.harness.fault_pairs`, :func:`eval.harness.fault_markdown`). Unlike ``eval`` it keeps
+built on the same code (:func:`eval.runner.fault_twin`, :func:`eval.tables.fault_pairs`,
+:func:`eval.tables.fault_markdown`). Unlike ``eval`` it keeps
 the scenario's own carbon start (``carbon.start_utc``) instead of sampling one.
 
 Usage::
@@ -49,38 +49,43 @@ def fault_report(scenario: str = "dev-fault", policies: Sequence[str] | None = N
 
     Args:
         scenario: a scenario name or TOML path with ``[[faults]]``.
-        policies: scheduler names, short or solvers' (default: :func:`eval.harness.default_policies`).
+        policies: policy names, short or long (default: :func:`carbon_gym.registry.default_policies`).
         seed: episode seed of both runs.
         overrides: scenario overrides (dotted keys) applied to both runs.
 
     Returns:
-        the rows of :func:`eval.harness.fault_pairs` (``policy`` is the harness's short name),
+        the rows of :func:`eval.tables.fault_pairs` (``policy`` is the table's short name),
         plus the wall time ``wall_s`` of the pair of runs.
 
     Raises:
         ConfigError: the scenario has no faults (or an unknown scenario / policy / override).
     """
     from carbon_gym.errors import ConfigError
-    from eval import harness
+    from carbon_gym import registry
+
+    from eval.backends import run_matrix
     from eval.experiments import fault_scenarios
+    from eval.runner import fault_twin, make_specs
+    from eval.tables import fault_pairs
 
     if not fault_scenarios([scenario], overrides):
         raise ConfigError("scenario", f"{scenario!r} has no [[faults]]: nothing to report",
                           allowed="a scenario with faults, e.g. dev-fault, dev-fault-region")
-    names = list(policies) if policies else harness.default_policies()
-    allowed = harness.available_policies()
+    names = list(policies) if policies else registry.default_policies()
     for n in names:
-        if harness.canonical_policy(n) not in allowed and not harness.is_learned(n):
-            raise ConfigError("policies", f"unknown policy {n!r}", allowed=allowed)
-    specs = harness.make_specs([scenario], names, [seed], overrides=overrides)
+        try:
+            registry.check_policy_name(n)
+        except ConfigError as exc:
+            raise ConfigError("policies", str(exc).removeprefix(f"{exc.field}: ")) from None
+    specs = make_specs([scenario], names, [seed], overrides=overrides)
     specs = [replace(s, carbon_start=False) for s in specs]
     results = []
     wall: dict[str, float] = {}
     for s in specs:
-        pair = harness.run_matrix([s, harness.fault_twin(s)], workers=1, progress=False, keep_requests=False)
+        pair = run_matrix([s, fault_twin(s)], workers=1, progress=False, keep_requests=False)
         wall[s.policy_name] = sum(r.metrics["wall_s"] for r in pair)
         results.extend(pair)
-    rows = harness.fault_pairs(results).to_dict("records")
+    rows = fault_pairs(results).to_dict("records")
     for r in rows:
         r["wall_s"] = wall[r["policy"]]
     return rows
@@ -90,7 +95,7 @@ def format_fault_report(rows: Sequence[dict[str, Any]], title: str = "") -> str:
     """The rows as a Markdown table (one line per scheduler), optionally under a title line."""
     import pandas as pd
 
-    from eval.harness import fault_markdown
+    from eval.tables import fault_markdown
 
     text = fault_markdown(pd.DataFrame(list(rows)))
     return (title + "\n\n" + text if title else text).rstrip("\n")
@@ -109,7 +114,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     from carbon_gym.errors import CarbonGymError
     from carbon_gym.scenario import parse_overrides
 
-    from eval.harness import RunFailed
+    from eval.backends import RunFailed
 
     try:
         overrides = parse_overrides(args.override)

@@ -1,7 +1,7 @@
-"""Figures of the evaluation harness (matplotlib, Agg backend, PNG + PDF).
+"""Figures of the evaluation (matplotlib, Agg backend, PNG + PDF).
 
 Every function takes plain tables (pandas DataFrames or column dicts) produced by
-:mod:`eval.harness` and writes ``<stem>.png`` and ``<stem>.pdf``, returning the two paths.
+:mod:`eval.tables` / :mod:`eval.runner` and writes ``<stem>.png`` and ``<stem>.pdf``, returning the two paths.
 matplotlib is imported lazily (``import eval.plots`` is cheap).
 """
 

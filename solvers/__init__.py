@@ -6,89 +6,102 @@ assignment``, usable without an env (see :mod:`solvers.problem`).
 
     import gymnasium as gym, carbon_gym
     from carbon_gym.policy import rollout
-    from solvers import make_policy
 
     env = gym.make("carbon_gym/GeoServe-v0", scenario="dev")
-    metrics = rollout(env, make_policy("facility-milp", env), seed=0)
+    metrics = rollout(env, carbon_gym.make_policy("milp", env), seed=0)
 
-Registered names (:func:`available_policies`):
+Names in the one policy registry (:mod:`carbon_gym.registry`; :func:`register_policies` is this
+package's entry point in the ``carbon_gym.policies`` group, so ``carbon_gym.make_policy`` finds
+them after a plain ``import carbon_gym``); the reference round-robin (``rr``) is carbon_gym's own:
 
-================  ==========================================================================
-round-robin       reference: cycle over the allowed datacenters
-carbon-greedy     lowest current carbon intensity, load-blind
-least-loaded      lowest estimated latency (state updated per placement), carbon-blind
-planner           "earlier studies": shares re-planned every 15 min from carbon + static latency
-planner-1h        the same, re-planned every hour
-ilp-static        per-request ILP, load-independent latency
-ilp-state         per-request ILP, state-aware latency (estimates updated after each placement)
-facility-milp     facility MILP (shared per-datacenter engine energy), HiGHS
-facility-greedy   state-aware greedy on the facility objective (the MILP's fallback)
-================  ==========================================================================
+=============  ================  ==============================================================
+name           alias             scheduler
+=============  ================  ==============================================================
+greedy         carbon-greedy     lowest current carbon intensity, load-blind
+least-loaded                     lowest estimated latency (state updated per placement), carbon-blind
+planner                          "earlier studies": shares re-planned every 15 min from carbon + static latency
+planner-1h                       the same, re-planned every hour
+ilp            ilp-static        per-request ILP, load-independent latency
+ilp-state                        per-request ILP, state-aware latency (estimates updated after each placement)
+milp           facility-milp     facility MILP (shared per-datacenter engine energy), HiGHS
+milp-greedy    facility-greedy   state-aware greedy on the facility objective (the MILP's fallback)
+=============  ================  ==============================================================
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
-from carbon_gym.errors import ConfigError
+from typing import Any
 
 from .problem import PlacementProblem, synthetic_problem
 
-__all__ = ["make_policy", "available_policies", "POLICY_ALIASES", "PlacementProblem", "synthetic_problem"]
+__all__ = ["register_policies", "PlacementProblem", "synthetic_problem"]
 
 
-def _factories() -> dict[str, Callable[..., Any]]:
-    from .baselines import CarbonGreedy, LeastLoaded, RoundRobin, SharePlanner
-    from .facility import FacilityGreedy, FacilityMILP
+def _greedy(env: Any = None, **kw: Any) -> Any:
+    from .baselines import CarbonGreedy
+
+    return CarbonGreedy(env, **kw)
+
+
+def _least_loaded(env: Any = None, **kw: Any) -> Any:
+    from .baselines import LeastLoaded
+
+    return LeastLoaded(env, **kw)
+
+
+def _planner(env: Any = None, **kw: Any) -> Any:
+    from .baselines import SharePlanner
+
+    return SharePlanner(env, **kw)
+
+
+def _planner_1h(env: Any = None, **kw: Any) -> Any:
+    from .baselines import SharePlanner
+
+    kw.setdefault("replan_s", 3600.0)
+    pol = SharePlanner(env, **kw)
+    pol.name = "planner-1h"
+    return pol
+
+
+def _ilp_static(env: Any = None, **kw: Any) -> Any:
     from .per_request import PerRequestILP
 
-    def planner(env: Any = None, **kw: Any) -> Any:
-        return SharePlanner(env, **kw)
-
-    def planner_1h(env: Any = None, **kw: Any) -> Any:
-        kw.setdefault("replan_s", 3600.0)
-        pol = SharePlanner(env, **kw)
-        pol.name = "planner-1h"
-        return pol
-
-    return {
-        "round-robin": RoundRobin,
-        "carbon-greedy": CarbonGreedy,
-        "least-loaded": LeastLoaded,
-        "planner": planner,
-        "planner-1h": planner_1h,
-        "ilp-static": lambda env=None, **kw: PerRequestILP(env, state_aware=False, **kw),
-        "ilp-state": lambda env=None, **kw: PerRequestILP(env, state_aware=True, **kw),
-        "facility-milp": FacilityMILP,
-        "facility-greedy": FacilityGreedy,
-    }
+    return PerRequestILP(env, state_aware=False, **kw)
 
 
-POLICY_ALIASES: dict[str, str] = {
-    "rr": "round-robin",
-    "greedy": "carbon-greedy",
-    "ilp": "ilp-static",
-    "milp": "facility-milp",
-    "milp-greedy": "facility-greedy",
-}
-"""Short names (used in result tables and on command lines) -> registry names; the one table
-that ``make_policy``, the evaluation harness and the training evaluation all resolve with."""
+def _ilp_state(env: Any = None, **kw: Any) -> Any:
+    from .per_request import PerRequestILP
+
+    return PerRequestILP(env, state_aware=True, **kw)
 
 
-def available_policies() -> list[str]:
-    """Names accepted by :func:`make_policy`, in the order of the comparison table."""
-    return list(_factories())
+def _milp(env: Any = None, **kw: Any) -> Any:
+    from .facility import FacilityMILP
+
+    return FacilityMILP(env, **kw)
 
 
-def make_policy(name: str, env: Any = None, **kwargs: Any) -> Any:
-    """Build the scheduler registered as ``name`` for ``env`` (keyword arguments go to its
-    constructor, e.g. ``make_policy("facility-milp", env, time_limit_s=0.1)``)."""
-    factories = _factories()
-    name = POLICY_ALIASES.get(name, name)
-    if name not in factories:
-        raise ConfigError("policy", f"unknown policy {name!r}",
-                          allowed=list(factories) + [f"{k} (= {v})" for k, v in POLICY_ALIASES.items()])
-    try:
-        return factories[name](env, **kwargs)
-    except TypeError as exc:
-        raise ConfigError("policy", f"bad arguments for {name!r}: {exc}") from None
+def _milp_greedy(env: Any = None, **kw: Any) -> Any:
+    from .facility import FacilityGreedy
+
+    return FacilityGreedy(env, **kw)
+
+
+def register_policies() -> None:
+    """Register solvers' schedulers in :mod:`carbon_gym.registry` (the ``carbon_gym.policies``
+    entry point; idempotent). Nothing heavy is imported here: each factory imports its
+    scheduler (and Pyomo / HiGHS) when it is called."""
+    from carbon_gym.registry import register_policy
+
+    for name, factory, aliases, doc in (
+        ("greedy", _greedy, ("carbon-greedy",), "lowest current carbon intensity, blind to load"),
+        ("least-loaded", _least_loaded, (), "lowest estimated latency, blind to carbon"),
+        ("planner", _planner, (), "earlier studies: datacenter shares re-planned every 15 min"),
+        ("planner-1h", _planner_1h, (), "the same, re-planned every hour"),
+        ("ilp", _ilp_static, ("ilp-static",), "per-request ILP, load-independent latency"),
+        ("ilp-state", _ilp_state, (), "per-request ILP, state-aware latency"),
+        ("milp", _milp, ("facility-milp",), "facility MILP (shared engine energy), HiGHS"),
+        ("milp-greedy", _milp_greedy, ("facility-greedy",), "greedy on the facility objective (the MILP's fallback)"),
+    ):
+        register_policy(name, factory, aliases=aliases, doc=doc, replace=True)

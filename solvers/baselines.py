@@ -1,7 +1,7 @@
-"""Baseline schedulers: round-robin, carbon-greedy, least-loaded, and the "earlier studies" planner.
+"""Baseline schedulers: carbon-greedy, least-loaded, and the "earlier studies" planner.
 
-* :class:`RoundRobin` — the reference: :class:`carbon_gym.policy.RoundRobinPolicy` (cycles over
-  the allowed datacenters, one request at a time).
+(The reference round-robin is :class:`carbon_gym.policy.RoundRobinPolicy`, registered as ``rr``.)
+
 * :class:`CarbonGreedy` — every request to the allowed datacenter with the lowest grid carbon
   intensity now (ties: lower PUE, then lower index). Blind to load.
 * :class:`LeastLoaded` — every request (oldest first) to the allowed datacenter with the lowest
@@ -41,59 +41,7 @@ from .problem import PlacementProblem
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RoundRobin", "CarbonGreedy", "LeastLoaded", "SharePlanner"]
-
-
-class RoundRobin(Scheduler):
-    """Round-robin over the allowed datacenters (wraps :class:`carbon_gym.policy.RoundRobinPolicy`
-    when acting on an env; :meth:`place` is the same rule on a problem)."""
-
-    name = "round-robin"
-
-    def __init__(self, env: Any = None, **kwargs: Any) -> None:
-        from carbon_gym.policy import RoundRobinPolicy
-
-        self._rr = RoundRobinPolicy()
-        self._cursor = 0
-        super().__init__(env, **kwargs)
-
-    def reset_state(self) -> None:
-        """Restart the cycle at datacenter 0."""
-        self._rr.reset()
-        self._cursor = 0
-
-    def act(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
-        """The reference implementation's action (timed)."""
-        import time
-
-        t0 = time.perf_counter()
-        action = self._rr.act(observation, info)
-        self.stats["decision_s"].append(time.perf_counter() - t0)
-        return action
-
-    def place(self, problem: PlacementProblem) -> np.ndarray:
-        """Cycle over the allowed datacenters in request order."""
-        d_n = problem.n_datacenters
-        allowed = first_allowed(problem)
-        out = np.full(problem.n_requests, d_n, dtype=np.int64)
-        rows = np.flatnonzero(allowed.any(axis=1))
-        if rows.size == 0:
-            return out
-        sub = allowed[rows]
-        if (sub == sub[0]).all():  # same datacenters allowed for everyone: vectorised
-            dcs = np.flatnonzero(sub[0])
-            start = int(np.searchsorted(dcs, self._cursor) % dcs.size)
-            picks = dcs[(start + np.arange(rows.size)) % dcs.size]
-            out[rows] = picks
-            self._cursor = int((picks[-1] + 1) % d_n)
-            return out
-        order = np.arange(d_n)
-        for i, r in enumerate(rows):
-            cand = (self._cursor + order) % d_n
-            d = int(cand[np.argmax(sub[i][cand])])
-            out[r] = d
-            self._cursor = (d + 1) % d_n
-        return out
+__all__ = ["CarbonGreedy", "LeastLoaded", "SharePlanner"]
 
 
 class CarbonGreedy(Scheduler):

@@ -1020,14 +1020,6 @@ def assignment_from_counts(problem: PlacementProblem, data: FacilityData, x: np.
     return out
 
 
-def _smooth_round_robin(counts: np.ndarray) -> np.ndarray:
-    """Sequence of indices i, each appearing counts[i] times, evenly interleaved."""
-    total = int(counts.sum())
-    pos = (np.concatenate([(np.arange(k) + 0.5) / k for k in counts]) if total else np.zeros(0))
-    idx = np.repeat(np.arange(counts.size), counts)
-    return idx[np.lexsort((idx, pos))]
-
-
 class FacilityMILP(Scheduler):
     """The facility MILP scheduler (``name = "facility-milp"``).
 

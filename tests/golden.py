@@ -1,7 +1,7 @@
 """Golden results: every metric of every shipped scenario (quick preset), pinned.
 
 ``python -m tests.golden --write`` runs the matrix (shipped scenarios x deterministic policies x
-seeds 0-2, 60 simulated seconds, the harness's episode starts) and writes
+seeds 0-2, 60 simulated seconds, the evaluation's episode starts) and writes
 ``tests/data/golden_quick.json``; ``python -m tests.golden`` reruns it and lists every cell that
 differs (exit status 1). ``tests/test_golden.py`` checks a CI-sized subset the same way, and the
 whole matrix when ``CARBON_GYM_GOLDEN=full``.
@@ -92,32 +92,24 @@ def _digest(columns: dict[str, np.ndarray], skip: tuple[str, ...] = ()) -> str:
 
 
 def run_cell(cell: tuple[str, str, int]) -> dict[str, Any]:
-    """One episode through the evaluation harness (as ``carbon-gym eval`` runs it)."""
-    import gymnasium as gym
-
-    from eval import harness
-    from eval.harness import RunSpec, run_one
+    """One episode through the evaluation runner (as ``carbon-gym eval`` runs it)."""
+    from carbon_gym.policy import EpisodeObserver
+    from eval.runner import RunSpec, run_one
 
     final: dict[str, Any] = {}
 
-    class Capture(gym.Wrapper):
-        """Keeps the final step's ``episode_metrics`` (the harness reports only some of them)."""
+    class Capture(EpisodeObserver):
+        """Keeps the final step's ``episode_metrics`` (the runner reports only some of them)."""
 
-        def step(self, action: Any) -> Any:
-            out = self.env.step(action)
-            if "episode_metrics" in out[4]:
-                final["em"] = out[4]["episode_metrics"]
-            return out
+        def after_step(self, env: Any, step: int, action: Any, reward: float, terminated: bool, truncated: bool,
+                       info: dict[str, Any], decision_s: float) -> None:
+            if "episode_metrics" in info:
+                final["em"] = info["episode_metrics"]
 
-    make_env = harness.make_env
-    harness.make_env = lambda sc: Capture(make_env(sc))  # type: ignore[assignment]
     scenario, policy, seed = cell
     spec = RunSpec(scenario=scenario, policy=policy, seed=seed, overrides=(("duration_s", DURATION_S),),
                    policy_kwargs=tuple(sorted(POLICY_KWARGS.get(policy, {}).items())))
-    try:
-        res = run_one(spec, keep_requests=True)
-    finally:
-        harness.make_env = make_env  # type: ignore[assignment]
+    res = run_one(spec, keep_requests=True, observers=[Capture()])
     em = final.get("em")
     metrics = {k: v for k, v in res.metrics.items() if not k.startswith("decision_") and k not in ("wall_s", "cpu_s")}
     return {

@@ -13,14 +13,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from eval import cli, harness
+from carbon_gym import registry
+
+from eval import backends, cli, runner, stats, tables
 
 POLICIES = "rr,clairvoyant"
 
 
 def _second_policy() -> str:
     """A scheduler from solvers when they are installed (greedy), else the clairvoyant policy."""
-    return "greedy" if "greedy" in harness.available_policies() else "clairvoyant"
+    return "greedy" if "greedy" in registry.available_policies() else "clairvoyant"
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +64,7 @@ def test_reduction_is_computed_from_the_same_runs(eval_run):
         expected = 100.0 * (rr - sub["carbon_g"]) / rr
         np.testing.assert_allclose(sub["reduction_vs_rr_pct"], expected, rtol=1e-12)
         row = summary[summary.policy == p].iloc[0]
-        m, ci = harness.mean_ci95(expected.to_numpy())
+        m, ci = stats.mean_ci95(expected.to_numpy())
         assert row["reduction_vs_rr_pct"] == pytest.approx(m, rel=1e-12, abs=1e-12)
         assert row["carbon_g"] == pytest.approx(sub["carbon_g"].mean(), rel=1e-12)
         # per-request records agree with the per-run numbers
@@ -97,7 +99,7 @@ def test_rerun_reproduces_the_table_exactly(eval_run, tmp_path):
     for name in ("summary.csv", "runs.csv"):
         a = pd.read_csv(out / name)
         b = pd.read_csv(tmp_path / name)
-        keep = [c for c in a.columns if not c.startswith(harness.NONDETERMINISTIC_PREFIXES)]
+        keep = [c for c in a.columns if not c.startswith(tables.NONDETERMINISTIC_PREFIXES)]
         pd.testing.assert_frame_equal(a[keep], b[keep], check_exact=True)
     ra = pd.read_parquet(out / "requests" / f"dev__{pols[1]}__seed1.parquet")
     rb = pd.read_parquet(tmp_path / "requests" / f"dev__{pols[1]}__seed1.parquet")
@@ -113,7 +115,14 @@ def test_rerun_reproduces_the_table_exactly(eval_run, tmp_path):
         (["eval", "--policies", "rr,nosuch", "--scenarios", "dev"], "--policies: unknown policy 'nosuch' (allowed: rr"),
         (["eval", "--policies", "rr", "--scenarios", "nowhere"], "--scenarios: unknown scenario 'nowhere' (allowed: "),
         (["eval", "--policies", "rr", "--scenarios", "missing/file.toml"], "--scenarios: no such scenario file"),
-        (["eval", "--policies", "rr", "--seeds", "0"], "--seeds: must be a positive number of seeds, got 0"),
+        (["eval", "--policies", "rr", "--seeds", "0"], "--seeds: must be >= 1, got 0"),
+        (["eval", "--policies", "rr", "--seeds", "-2"], "--seeds: must be >= 1, got -2"),
+        (["experiment", "headline", "--seeds", "0"], "--seeds: must be >= 1, got 0"),  # (was silently the preset's)
+        (["eval", "--policies", "rr", "--seed-start", "-1"], "--seed-start: must be >= 0, got -1"),
+        (["eval", "--policies", "rr", "--workers", "-3"], "--workers: must be >= 1, got -3"),
+        (["eval", "--policies", "learned:/no/such/agent.zip"], "--policies: no checkpoint at '/no/such/agent.zip'"),
+        (["eval", "--policies", "no_such_module_x:MyPolicy"], "--policies: 'no_such_module_x:MyPolicy': no module 'no_such_module_x'"),
+        (["eval", "--policies", "json:dumps_nothing"], "--policies: 'json:dumps_nothing': module 'json' has no attribute 'dumps_nothing'"),
         (["eval", "--policies", "rr", "--seeds", "two"], "--seeds: expected an integer, got 'two'"),
         (["eval", "--policies", "rr", "--seed-list", "1,x"], "--seed-list: expected comma-separated integers, got 'x'"),
         (["eval", "--policies", "rr", "--set", "duration_s"], "--set: expected KEY=VALUE, got 'duration_s'"),
@@ -186,28 +195,35 @@ def test_ray_backend_equals_local():
     pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'carbon-gym[ray]'); not installed here")
     import ray
 
-    specs = [harness.RunSpec("dev", p, s, overrides=(("duration_s", 20.0),)) for p in ("rr", "clairvoyant") for s in (0, 1)]
-    local = harness.runs_table(harness.run_matrix(specs, workers=1, progress=False))
+    specs = [runner.RunSpec("dev", p, s, overrides=(("duration_s", 20.0),)) for p in ("rr", "clairvoyant") for s in (0, 1)]
+    local = tables.runs_table(backends.run_matrix(specs, workers=1, progress=False))
     try:
-        remote = harness.runs_table(harness.run_matrix(specs, ray_address="local", progress=False))
+        remote = tables.runs_table(backends.run_matrix(specs, ray_address="local", progress=False))
     finally:
         ray.shutdown()
-    keep = [c for c in local.columns if not c.startswith(harness.NONDETERMINISTIC_PREFIXES)]
+    keep = [c for c in local.columns if not c.startswith(tables.NONDETERMINISTIC_PREFIXES)]
     pd.testing.assert_frame_equal(local[keep], remote[keep], check_exact=True)
 
 
-def test_errors_inside_worker_processes_are_reported(capsys, tmp_path):
+def test_errors_inside_worker_processes_are_reported(capsys, tmp_path, monkeypatch):
     # a ConfigError raised by a policy inside a pool worker: one line naming the run, exit 2
-    argv = ["eval", "--policies", "rr,clairvoyant", "--scenarios", "dev", "--seeds", "1", "--duration-s", "5",
-            "--workers", "2", "--no-progress", "--no-plots", "--no-tensorboard", "--no-requests", "--out"]
-    rc = cli.main(argv + [str(tmp_path), "--policy-arg", "clairvoyant.utilisation=50"])
+    argv = ["eval", "--scenarios", "dev", "--seeds", "1", "--duration-s", "5",
+            "--workers", "2", "--no-progress", "--no-plots", "--no-tensorboard", "--no-requests", "--out", str(tmp_path)]
+    rc = cli.main(argv + ["--policies", "rr,clairvoyant", "--policy-arg", "clairvoyant.utilisation=50"])
     err = capsys.readouterr().err
     assert rc == 2 and "Traceback" not in err
     assert "dev__clairvoyant__seed0: clairvoyant.utilisation: must be in (0, 10]" in err
-    # an unexpected error (a bug, here an unknown keyword): exit 1 with the worker's traceback
-    rc = cli.main(argv + [str(tmp_path), "--policy-arg", "clairvoyant.bogus=1"])
+    # an unknown keyword is bad input too (the registry names the policy), for every policy alike
+    rc = cli.main(argv + ["--policies", "rr,clairvoyant", "--policy-arg", "clairvoyant.bogus=1"])
     err = capsys.readouterr().err
-    assert rc == 1 and "TypeError" in err and "Traceback" in err
+    assert rc == 2 and "Traceback" not in err
+    assert "dev__clairvoyant__seed0: policy: bad arguments for 'clairvoyant': " in err and "'bogus'" in err
+    # an unexpected error (a bug in a policy): exit 1 with the worker's traceback
+    (tmp_path / "buggy_policy_mod.py").write_text("class Buggy:\n    def act(self, observation, info):\n        return 1 / 0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))  # (spawned workers inherit sys.path)
+    rc = cli.main(argv + ["--policies", "rr,buggy_policy_mod:Buggy"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "ZeroDivisionError" in err and "Traceback" in err and "buggy_policy_mod.py" in err
 
 
 @pytest.mark.slow

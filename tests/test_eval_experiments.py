@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from eval import cli, experiments, harness
+from eval import cli, experiments, report, stats
 
 COMMON = ["--scenarios", "dev", "--duration-s", "8", "--seeds", "2", "--workers", "2", "--no-progress", "--no-tensorboard"]
 
@@ -47,7 +47,7 @@ def test_milp_vs_ilp_gap_is_paired_difference(results):
     r = runs.set_index(["policy", "seed"])["reduction_vs_rr_pct"]
     for ilp in ("ilp", "ilp-state"):
         diff = [r[("milp", s)] - r[(ilp, s)] for s in (0, 1)]
-        m, ci = harness.mean_ci95(diff)
+        m, ci = stats.mean_ci95(diff)
         assert table[f"gap_vs_{ilp}_pp"].iloc[0] == pytest.approx(m, abs=1e-9)
         assert table[f"gap_vs_{ilp}_pp_ci95"].iloc[0] == pytest.approx(ci, abs=1e-9)
 
@@ -108,11 +108,11 @@ def test_results_md_from_the_runs(results, tmp_path):
     assert cli.main(["report", str(results), "--out", str(out), "--figures", str(figs)]) == 0
     assert "OUR NOTES" in out.read_text()
     # a hand edit that drops the end marker loses nothing: the notes run to the end of the file
-    text = out.read_text().replace(experiments.NOTES_END, "").rstrip("\n") + "\n\n## Added section\n\nMORE NOTES\n"
+    text = out.read_text().replace(report.NOTES_END, "").rstrip("\n") + "\n\n## Added section\n\nMORE NOTES\n"
     out.write_text(text)
     assert cli.main(["report", str(results), "--out", str(out), "--figures", str(figs)]) == 0
     again = out.read_text()
-    assert "OUR NOTES" in again and "MORE NOTES" in again and again.rstrip("\n").endswith(experiments.NOTES_END)
+    assert "OUR NOTES" in again and "MORE NOTES" in again and again.rstrip("\n").endswith(report.NOTES_END)
 
 
 def test_replot_from_files(results):

@@ -12,12 +12,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from eval import cli, harness
+from eval import cli, runner, tables
 
 pytest.importorskip("solvers")
 
 SCEN = "dev-fault-region"
-TWIN = SCEN + harness.FAULT_TWIN_SUFFIX
+TWIN = SCEN + runner.FAULT_TWIN_SUFFIX
 # --no-carbon-start: the scenario's own start (June, noon UTC), when Europe is clean enough that
 # every scheduler sends work there, so the European outage fails some over under each of them
 ARGS = ["--policies", "rr,greedy", "--scenarios", SCEN, "--seeds", "2", "--duration-s", "30", "--workers", "1",
@@ -84,11 +84,11 @@ def test_fault_table_is_built_from_the_matrix_runs(fault_eval):
 
 
 def test_twin_has_the_same_episode_without_faults():
-    spec = harness.RunSpec(SCEN, "rr", 1, overrides=(("duration_s", 30.0),))
-    twin = harness.fault_twin(spec)
+    spec = runner.RunSpec(SCEN, "rr", 1, overrides=(("duration_s", 30.0),))
+    twin = runner.fault_twin(spec)
     assert twin.run_id == f"{TWIN}__rr__seed1" and twin.start_offset_s() == spec.start_offset_s()
-    sc, ov = harness.resolve_run_scenario(spec)
-    sc_twin, ov_twin = harness.resolve_run_scenario(twin)
+    sc, ov = runner.resolve_run_scenario(spec)
+    sc_twin, ov_twin = runner.resolve_run_scenario(twin)
     assert len(sc.faults) == 3 and sc_twin.faults == ()
     assert ov == ov_twin and sc_twin.carbon.start_utc == sc.carbon.start_utc
 
@@ -102,8 +102,8 @@ def test_summary_has_fault_columns(fault_eval):
     # a summary of runs without faults has no fault columns
     plain = pd.DataFrame({"scenario": ["dev"] * 2, "policy": ["rr"] * 2, "seed": [0, 1], "carbon_g": [1.0, 2.0],
                           "scenario_faults": [0, 0], "failed_over": [0, 0], "ledger_ok": [True, True]})
-    s = harness.summarise(plain)
-    assert "failed_over" not in s and "failed over" not in harness.summary_markdown(s)
+    s = tables.summarise(plain)
+    assert "failed_over" not in s and "failed over" not in tables.summary_markdown(s)
 
 
 def test_no_fault_baseline_skips_the_twin(tmp_path, capsys):

@@ -1,18 +1,18 @@
-"""End-to-end tests of the evaluation harness on the dev scenario (real env + simulator)."""
+"""End-to-end tests of the evaluation runner and backends on the dev scenario (real env + simulator)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from eval import harness
-from eval.harness import RunSpec
+from eval import backends, runner, tables
+from eval.runner import RunSpec
 
 
 @pytest.fixture(scope="module")
 def dev_runs():
     specs = [RunSpec("dev", p, s) for p in ("rr", "clairvoyant") for s in (0, 1)]
-    return harness.run_matrix(specs, workers=1, progress=False)
+    return backends.run_matrix(specs, workers=1, progress=False)
 
 
 def test_records_are_consistent_with_episode_metrics(dev_runs):
@@ -45,7 +45,7 @@ def test_common_random_numbers_and_sampled_starts(dev_runs):
         np.testing.assert_array_equal(rr.steps["intensity_g_per_kwh_dc0"], cv.steps["intensity_g_per_kwh_dc0"])
     assert by[("rr", 0)].meta["start_utc"] != by[("rr", 1)].meta["start_utc"]
     # the start is the sampled offset into the packaged 2023 trace
-    assert by[("rr", 0)].meta["carbon_offset_s"] == harness.episode_start_offset_s("dev", 0, period_s=8760 * 3600.0)
+    assert by[("rr", 0)].meta["carbon_offset_s"] == runner.episode_start_offset_s("dev", 0, period_s=8760 * 3600.0)
 
 
 def test_clairvoyant_fills_the_cleanest_datacenter(dev_runs):
@@ -56,15 +56,15 @@ def test_clairvoyant_fills_the_cleanest_datacenter(dev_runs):
             continue
         fr = r.meta["datacenters"].index("fr")
         assert r.meta["dc_placed"][fr] == r.metrics["requests_arrived"]
-    runs = harness.runs_table(dev_runs)
+    runs = tables.runs_table(dev_runs)
     red = runs[runs.policy == "clairvoyant"]["reduction_vs_rr_pct"]
     assert (red > 10).all()
 
 
 def test_clairvoyant_twin_workload_matches_env():
-    from eval.experiments import ClairvoyantPolicy
+    from eval.clairvoyant import ClairvoyantPolicy
 
-    env = harness.make_env(harness.resolve_run_scenario(RunSpec("dev", "clairvoyant", 3))[0])
+    env = runner.make_env(runner.resolve_run_scenario(RunSpec("dev", "clairvoyant", 3))[0])
     pol = ClairvoyantPolicy()
     obs, info = env.reset(seed=3)
     pol.reset(env)

@@ -9,8 +9,8 @@ import os
 import numpy as np
 import pytest
 
-from eval import harness
-from eval.harness import RunResult, RunSpec
+from eval import runner, stats, tables, writers
+from eval.runner import RunResult, RunSpec
 
 
 # ---------------------------------------------------------------- statistics
@@ -18,19 +18,19 @@ from eval.harness import RunResult, RunSpec
 
 @pytest.mark.parametrize("df,expected", [(1, 12.706), (2, 4.303), (9, 2.262), (30, 2.042), (60, 2.0003), (120, 1.9799)])
 def test_t_critical_matches_tables(df, expected):
-    assert harness.t_critical_95(df) == pytest.approx(expected, abs=2e-3)
+    assert stats.t_critical_95(df) == pytest.approx(expected, abs=2e-3)
 
 
 def test_mean_ci95_analytic():
     # x = 1, 2, 3: mean 2, sd 1, half-width = 4.303 / sqrt(3)
-    m, ci = harness.mean_ci95([1.0, 2.0, 3.0])
+    m, ci = stats.mean_ci95([1.0, 2.0, 3.0])
     assert m == 2.0
     assert ci == pytest.approx(4.303 / math.sqrt(3), rel=1e-9)
-    m, ci = harness.mean_ci95([5.0])
+    m, ci = stats.mean_ci95([5.0])
     assert m == 5.0 and math.isnan(ci)
-    m, ci = harness.mean_ci95([2.0, float("nan"), 4.0])  # NaN ignored
+    m, ci = stats.mean_ci95([2.0, float("nan"), 4.0])  # NaN ignored
     assert m == 3.0 and ci == pytest.approx(12.706 * math.sqrt(2) / math.sqrt(2), rel=1e-9)
-    m, ci = harness.mean_ci95([])
+    m, ci = stats.mean_ci95([])
     assert math.isnan(m) and math.isnan(ci)
 
 
@@ -38,11 +38,11 @@ def test_mean_ci95_analytic():
 
 
 def test_episode_starts_deterministic_and_spread():
-    a = [harness.episode_start_offset_s("llama8b-moderate", s) for s in range(24)]
-    b = [harness.episode_start_offset_s("llama8b-moderate", s) for s in range(24)]
+    a = [runner.episode_start_offset_s("llama8b-moderate", s) for s in range(24)]
+    b = [runner.episode_start_offset_s("llama8b-moderate", s) for s in range(24)]
     assert a == b
     # adding seeds never moves earlier ones
-    assert a[:5] == [harness.episode_start_offset_s("llama8b-moderate", s) for s in range(5)]
+    assert a[:5] == [runner.episode_start_offset_s("llama8b-moderate", s) for s in range(5)]
     year = 365 * 86400.0
     assert all(0 <= x < year for x in a)
     assert all(x % 60 == 0 for x in a)
@@ -52,7 +52,7 @@ def test_episode_starts_deterministic_and_spread():
     assert set((hours // 6).astype(int)) == {0, 1, 2, 3}
     assert set((days // 92).astype(int)) == {0, 1, 2, 3}
     # different scenarios get different starts; a spec's start uses its start_key
-    assert harness.episode_start_offset_s("dev", 0) != a[0]
+    assert runner.episode_start_offset_s("dev", 0) != a[0]
     spec = RunSpec("llama8b-moderate", "milp", 3, scenario_label="llama8b-moderate[poll=2s]", start_key="llama8b-moderate")
     assert spec.start_offset_s() == a[3]
 
@@ -82,14 +82,14 @@ def test_reduction_is_paired_by_seed_and_rr_is_zero():
         results.append(_result("dev", "rr", s, c))
         results.append(_result("dev", "milp", s, c * (0.5 if s == 0 else 0.75)))
     results.append(_result("other", "milp", 0, 10.0))  # no rr for this scenario -> NaN
-    runs = harness.runs_table(results)
+    runs = tables.runs_table(results)
     milp = runs[(runs.scenario == "dev") & (runs.policy == "milp")].set_index("seed")["reduction_vs_rr_pct"]
     assert milp.to_dict() == pytest.approx({0: 50.0, 1: 25.0, 2: 25.0})
     assert (runs[runs.policy == "rr"]["reduction_vs_rr_pct"] == 0).all()
     assert math.isnan(runs[runs.scenario == "other"]["reduction_vs_rr_pct"].iloc[0])
-    summary = harness.summarise(runs)
+    summary = tables.summarise(runs)
     row = summary[(summary.scenario == "dev") & (summary.policy == "milp")].iloc[0]
-    m, ci = harness.mean_ci95([50.0, 25.0, 25.0])
+    m, ci = stats.mean_ci95([50.0, 25.0, 25.0])
     assert row["reduction_vs_rr_pct"] == pytest.approx(m)
     assert row["reduction_vs_rr_pct_ci95"] == pytest.approx(ci)
     assert row["seeds"] == 3
@@ -97,14 +97,14 @@ def test_reduction_is_paired_by_seed_and_rr_is_zero():
     rrrow = summary[(summary.scenario == "dev") & (summary.policy == "rr")].iloc[0]
     assert rrrow["reduction_vs_rr_pct"] == 0.0 and rrrow["reduction_vs_rr_pct_ci95"] == 0.0
     assert list(summary["policy"][:2]) == ["rr", "milp"]  # first-appearance order
-    md = harness.summary_markdown(summary)
+    md = tables.summary_markdown(summary)
     assert "| dev | milp | 3 |" in md and "2/3" in md
     assert md.count("\n") == 2 + len(summary)
 
 
 def test_summary_markdown_formats_units():
-    s = harness.summarise([_result("dev", "rr", 0, 12345.0), _result("dev", "rr", 1, 12345.0)])
-    md = harness.summary_markdown(s)
+    s = tables.summarise([_result("dev", "rr", 0, 12345.0), _result("dev", "rr", 1, 12345.0)])
+    md = tables.summary_markdown(s)
     assert "12.3 ± 0" in md  # carbon in kg, CI 0
     assert "200/500/" in md  # TTFT in ms
 
@@ -114,11 +114,11 @@ def test_summary_markdown_formats_units():
 
 def test_write_table_roundtrip(tmp_path):
     cols = {"a": np.arange(5), "b": np.linspace(0, 1, 5)}
-    p = harness.write_table(cols, str(tmp_path / "x" / "t"))
-    df = harness.read_table(p)
+    p = writers.write_table(cols, str(tmp_path / "x" / "t"))
+    df = writers.read_table(p)
     assert list(df["a"]) == [0, 1, 2, 3, 4]
-    p2 = harness.write_table(cols, str(tmp_path / "t2"), fmt="csv")
-    assert p2.endswith(".csv") and list(harness.read_table(str(tmp_path / "t2"))["a"]) == [0, 1, 2, 3, 4]
+    p2 = writers.write_table(cols, str(tmp_path / "t2"), fmt="csv")
+    assert p2.endswith(".csv") and list(writers.read_table(str(tmp_path / "t2"))["a"]) == [0, 1, 2, 3, 4]
 
 
 def test_tensorboard_tags_and_roundtrip(tmp_path):
@@ -141,7 +141,7 @@ def test_tensorboard_tags_and_roundtrip(tmp_path):
         "decision_s": np.full(n, 0.001),
     }
     res = RunResult(spec=RunSpec("dev", "milp", 1), metrics={}, steps=steps, requests={})
-    d = harness.write_tensorboard(res, str(tmp_path), reduction_pct=12.5)
+    d = writers.write_tensorboard(res, str(tmp_path), reduction_pct=12.5)
     assert d == os.path.join(str(tmp_path), "dev", "milp", "seed_1")
     sc = read_scalars(d)
     assert set(sc) == set(TAGS)

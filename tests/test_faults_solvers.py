@@ -10,16 +10,17 @@ import pytest
 from carbon_gym.env import GeoServeEnv
 from carbon_gym.policy import rollout
 
-solvers = pytest.importorskip("solvers")
+pytest.importorskip("solvers")
+from carbon_gym.registry import default_policies, make_policy  # noqa: E402
 
-POLICIES = solvers.available_policies()
+POLICIES = default_policies()  # rr + every scheduler of solvers
 
 
 @pytest.mark.parametrize("scenario", ["dev-fault", "dev-fault-region"])
 @pytest.mark.parametrize("name", POLICIES)
 def test_scheduler_under_outage_loses_nothing_and_the_ledger_balances(scenario, name):
     env = GeoServeEnv(scenario, invalid_action="raise", strict_ledger=True)
-    policy = solvers.make_policy(name, env)
+    policy = make_policy(name, env)
     m = rollout(env, policy, seed=0)
     assert m["truncated"]
     assert m["arrived"] > 600
@@ -32,7 +33,7 @@ def test_scheduler_under_outage_loses_nothing_and_the_ledger_balances(scenario, 
     assert led["attributed_energy_j"] + led["unattributed_energy_j"] == pytest.approx(led["energy_j"], rel=1e-12)
     # fr (dev-fault) / de + fr (dev-fault-region) go down at 15 s: every scheduler had work there
     assert m["failed_over"] > 0
-    if name == "facility-milp":
+    if name == "milp":
         assert policy.stats["solves"] > 0 and policy.stats["fallbacks"] == 0, policy.stats["fallback_reasons"][:3]
 
 
@@ -41,7 +42,7 @@ def test_every_scheduler_meets_an_empty_feasible_set_with_defer():
     # requests have no datacenter; the only valid action is defer, and they wait.
     for name in POLICIES:
         env = GeoServeEnv("dev-fault-region", overrides={"duration_s": 30.0})
-        policy = solvers.make_policy(name, env)
+        policy = make_policy(name, env)
         obs, info = env.reset(seed=0)
         policy.reset(env)
         waited = 0
@@ -61,17 +62,17 @@ def test_every_scheduler_meets_an_empty_feasible_set_with_defer():
         assert m["completed"] + m["in_flight_at_truncation"] + m["unplaced_at_end"] == m["arrived"]
 
 
-@pytest.mark.parametrize("name", [n for n in POLICIES if n != "round-robin"])
+@pytest.mark.parametrize("name", [n for n in POLICIES if n != "rr"])
 def test_scheduler_survives_a_missing_carbon_feed(name):
     env = GeoServeEnv("dev-fault", overrides={"faults.2.mode": "missing", "duration_s": 25.0,
                                               "faults.2.end_s": 15.0})
-    m = rollout(env, solvers.make_policy(name, env), seed=0)
+    m = rollout(env, make_policy(name, env), seed=0)
     assert m["completed"] == m["arrived"] and m["ledger"]["ok"]
 
 
 def test_round_robin_survives_a_missing_carbon_feed():
     env = GeoServeEnv("dev-fault", overrides={"faults.2.mode": "missing", "duration_s": 25.0, "faults.2.end_s": 15.0})
-    m = rollout(env, solvers.make_policy("round-robin", env), seed=0)
+    m = rollout(env, make_policy("rr", env), seed=0)
     assert m["completed"] == m["arrived"] and m["ledger"]["ok"]
 
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from carbon_gym.errors import ConfigError
-from solvers import available_policies, make_policy
-from solvers.baselines import CarbonGreedy, LeastLoaded, RoundRobin, SharePlanner
+from carbon_gym.registry import make_policy, policy_info
+from solvers.baselines import CarbonGreedy, LeastLoaded, SharePlanner
 from solvers.per_request import PerRequestILP, per_request_costs
 from solvers.problem import PlacementProblem, synthetic_problem
 
@@ -27,11 +27,14 @@ def small_problem(**over) -> PlacementProblem:
     return PlacementProblem(**kw)
 
 
+#: solvers' schedulers under their long names (aliases of the registry's short table names)
+SOLVER_POLICIES = ["carbon-greedy", "least-loaded", "planner", "planner-1h", "ilp-static", "ilp-state",
+                   "facility-milp", "facility-greedy"]
+
+
 def test_registry() -> None:
-    names = available_policies()
-    assert names[0] == "round-robin"
-    for n in ("carbon-greedy", "least-loaded", "planner", "planner-1h", "ilp-static", "ilp-state", "facility-milp"):
-        assert n in names
+    for n in SOLVER_POLICIES:
+        assert policy_info(n).source == "solvers"
         assert make_policy(n).name == n
     with pytest.raises(ConfigError, match="unknown policy"):
         make_policy("nope")
@@ -85,15 +88,6 @@ def test_least_loaded_is_carbon_blind_and_updates_state() -> None:
     assert len(np.unique(a)) == 4
 
 
-def test_round_robin_cycles_and_respects_mask() -> None:
-    p = small_problem(allowed=[[True, False, True]] * 3)
-    rr = RoundRobin()
-    assert list(rr.place(p)) == [0, 2, 0]
-    assert list(rr.place(p)) == [2, 0, 2]
-    rr.reset()
-    assert list(rr.place(p)) == [0, 2, 0]
-
-
 def test_per_request_ilp_enumeration_equals_highs() -> None:
     rng = np.random.default_rng(2)
     p = synthetic_problem(rng, 25, n_datacenters=5, load=0.8, down_fraction=0.2)
@@ -143,8 +137,7 @@ def test_planner_lp_respects_capacity_and_replans() -> None:
         SharePlanner(replan_s=0)
 
 
-@pytest.mark.parametrize("name", ["round-robin", "carbon-greedy", "least-loaded", "planner", "ilp-static",
-                                  "ilp-state", "facility-milp", "facility-greedy"])
+@pytest.mark.parametrize("name", SOLVER_POLICIES)
 def test_deterministic_on_problems(name: str) -> None:
     rng = np.random.default_rng(7)
     probs = [synthetic_problem(rng, 150, load=0.6, down_fraction=0.1) for _ in range(3)]
@@ -174,20 +167,21 @@ def dev_env():
     env.close()
 
 
-def test_problem_from_observation(dev_env) -> None:
-    from carbon_gym.env import decode_observation
-
+def test_problem_from_state(dev_env) -> None:
+    """The problem is the typed state in physical units, exactly (no float32 round trip)."""
     pol = make_policy("facility-milp", dev_env)
     obs, info = dev_env.reset(seed=3)
     pol.reset(dev_env)
-    p = pol.problem(obs, info)
-    raw = decode_observation(obs, dev_env)
-    valid = np.flatnonzero(raw["slot_valid"])
+    p = pol.problem()
+    st = dev_env.unwrapped.state()
+    valid = np.arange(len(st.pending))
     assert p.n_requests == valid.size > 0
     np.testing.assert_array_equal(p.slot, valid)
-    np.testing.assert_allclose(p.prompt_tokens, raw["slot_prompt_tokens"][valid])
-    np.testing.assert_allclose(p.carbon_g_per_kwh, raw["carbon_g_per_kwh"])
-    assert p.ttft_slo_s == pytest.approx(raw["ttft_target_s"] * (1 - pol.ttft_margin))
+    np.testing.assert_array_equal(p.prompt_tokens, st.pending.prompt_tokens)
+    np.testing.assert_array_equal(p.network_s, st.pending.network_s)
+    np.testing.assert_array_equal(p.output_tokens, np.maximum(st.pending.predicted_output_tokens, 1.0))
+    np.testing.assert_array_equal(p.carbon_g_per_kwh, st.datacenters.carbon_g_per_kwh)
+    assert p.ttft_slo_s == pytest.approx(st.layout.ttft_target_s * (1 - pol.ttft_margin))
     mask = np.asarray(info["action_mask"])
     np.testing.assert_array_equal(p.allowed, mask[valid, :-1])
     action = pol.act(obs, info)
@@ -199,20 +193,12 @@ def test_problem_from_observation(dev_env) -> None:
 def test_rollouts_through_env_are_deterministic(dev_env) -> None:
     from carbon_gym.policy import rollout
 
-    for name in available_policies():
+    for name in ["rr"] + SOLVER_POLICIES:
         m = [rollout(dev_env, make_policy(name, dev_env), seed=11) for _ in range(2)]
         assert m[0]["completed"] == m[1]["completed"] > 0, name
         assert m[0]["carbon_g"] == m[1]["carbon_g"], name
         assert m[0]["invalid_actions"] == 0, name
         assert m[0]["arrived"] == m[0]["completed"] + m[0]["in_flight_at_truncation"] + m[0]["unplaced_at_end"]
-
-
-def test_round_robin_matches_reference(dev_env) -> None:
-    from carbon_gym.policy import RoundRobinPolicy, rollout
-
-    a = rollout(dev_env, RoundRobinPolicy(), seed=5)
-    b = rollout(dev_env, make_policy("round-robin", dev_env), seed=5)
-    assert a["carbon_g"] == b["carbon_g"] and a["completed"] == b["completed"]
 
 
 def test_milp_at_high_load_is_no_worse_than_round_robin() -> None:
@@ -238,22 +224,19 @@ def test_solvers_print_nothing_not_even_the_highs_banner():
     import sys
 
     code = ("import gymnasium as gym, carbon_gym\n"
-            "from solvers import make_policy\n"
             "from carbon_gym.policy import rollout\n"
             "env = gym.make('carbon_gym/GeoServe-v0', scenario='dev', overrides={'duration_s': 3})\n"
-            "m = rollout(env, make_policy('facility-milp'), seed=0)\n"
+            "m = rollout(env, carbon_gym.make_policy('facility-milp'), seed=0)\n"
             "print('carbon_g', m['carbon_g'])\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("carbon_g ") and out.stdout.count("\n") == 1, out.stdout
 
 
-def test_short_names_resolve_through_one_alias_table():
-    from solvers import POLICY_ALIASES, available_policies, make_policy
+def test_short_names_resolve_through_the_one_registry():
+    from carbon_gym.registry import canonical_policy_name
 
-    from eval.harness import POLICY_ALIASES as EVAL_ALIASES
-
-    assert EVAL_ALIASES is POLICY_ALIASES and POLICY_ALIASES["ilp"] == "ilp-static"
-    assert set(POLICY_ALIASES.values()) <= set(available_policies())
+    assert canonical_policy_name("ilp-static") == "ilp" and canonical_policy_name("facility-milp") == "milp"
     assert type(make_policy("milp")) is type(make_policy("facility-milp"))
     assert type(make_policy("ilp")).__name__ == "PerRequestILP" and not make_policy("ilp").state_aware
+    assert make_policy("ilp-state").state_aware

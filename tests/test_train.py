@@ -152,16 +152,17 @@ def test_learned_policy_runs_in_rollout_and_is_seeded(maskable_run):
 
     import carbon_gym  # noqa: F401
     from carbon_gym.policy import rollout
-    from train.policy import LearnedPolicy, is_learned_name, make_learned_policy
+    from carbon_gym.registry import make_policy
+    from train.policy import LearnedPolicy
 
     path = Path(maskable_run["run"]) / "final.zip"
     env = gym.make("carbon_gym/GeoServe-v0", scenario="dev", overrides=DEV)
     a = rollout(env, LearnedPolicy.load(path, seed=1), seed=2)
-    b = rollout(env, make_learned_policy(f"learned:{path}", env, seed=1), seed=2)
+    b = rollout(env, make_policy(f"learned:{path}", env, seed=1), seed=2)
     assert a["carbon_g"] == b["carbon_g"] and a["violations"] == b["violations"]
     assert a["invalid_actions"] == 0 and a["placed"] > 0
     assert a["decision_s_mean"] < 0.05
-    assert is_learned_name("learned") and is_learned_name("ppo:x.zip") and not is_learned_name("facility-milp")
+    assert type(make_policy(f"ppo:{path}", env, seed=1)) is LearnedPolicy
     # The exported (shipped-style) checkpoint is smaller and acts the same.
     from train.policy import export_checkpoint
 

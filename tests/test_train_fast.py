@@ -232,12 +232,12 @@ def test_class_level_loss_equals_per_request_cross_entropy(layouts, feedback):
     assert abs(float(ce) - float(ref)) < 1e-4
 
 
-def test_evaluate_uses_the_harness_policy_aliases():
-    from eval.harness import POLICY_ALIASES
-    from train.evaluate import _solver_aliases
+def test_evaluate_resolves_names_with_the_one_registry():
+    from train.evaluate import policy_key
 
-    assert _solver_aliases() == dict(POLICY_ALIASES)
-    assert _solver_aliases()["ilp"] == "ilp-static"
+    # rows keep solvers' long names (as in the caches and JSON files written before)
+    assert [policy_key(n) for n in ("rr", "ilp", "milp", "facility-milp", "ilp-state", "learned")] == [
+        "round-robin", "ilp-static", "facility-milp", "facility-milp", "ilp-state", "learned"]
 
 
 def test_dagger_config_validation(tmp_path):

@@ -1,6 +1,6 @@
 """Behaviour cloning of the set policy on an expert's decisions, collected through ``env.step``.
 
-The expert (by default the facility MILP, ``solvers.make_policy("milp", env)``) acts in
+The expert (by default the facility MILP, ``carbon_gym.make_policy("milp", env)``) acts in
 training episodes (training scenarios, training days); every step's observation, action mask
 and the expert's per-request choices are stored. The set network is then fitted by masked
 cross-entropy over the pending requests (mean over requests), and its critic by regression on
@@ -44,16 +44,14 @@ class ExpertData:
 
 
 def make_expert(name: str, env: Any) -> Any:
-    """The expert policy ``name`` for ``env``: ``"rr"`` (round-robin) or any name of ``solvers.make_policy``."""
-    if name == "rr":
-        from carbon_gym.policy import RoundRobinPolicy
+    """The expert policy ``name`` for ``env``: any name of the policy registry
+    (:func:`carbon_gym.registry.make_policy`: ``"rr"``, ``"milp"``, ``"ilp-state"``, ...)."""
+    from carbon_gym.registry import make_policy
 
-        return RoundRobinPolicy()
     try:
-        from solvers import make_policy
-    except ImportError as exc:
-        raise ConfigError("bc.expert", f"expert {name!r} needs the solvers package ({exc})", allowed=["rr"]) from None
-    return make_policy(name, env)
+        return make_policy(name, env)
+    except ConfigError as exc:
+        raise ConfigError("bc.expert", str(exc)) from None
 
 
 def collect_expert(

@@ -16,10 +16,6 @@ from .tags import TAGS
 __all__ = ["DomainMetricsCallback", "CheckpointCallback", "evaluate_model", "save_checkpoint", "latest_checkpoint"]
 
 
-def _pct(x: np.ndarray, q: float) -> float:
-    return float(np.percentile(x, q)) if x.size else float("nan")
-
-
 def evaluate_model(model: Any, make_env: Callable[[], Any], seed: int) -> dict[str, Any]:
     """One episode of the current model (as a :class:`~train.policy.LearnedPolicy`) on a fresh env."""
     from carbon_gym.policy import rollout

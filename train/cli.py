@@ -40,7 +40,7 @@ def _eval_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"{PROG} evaluate", description="Evaluate a checkpoint against the schedulers on held-out days.")
     p.add_argument("--checkpoint", default=None, help="checkpoint .zip (default: the shipped one)")
     p.add_argument("--scenarios", default="llama8b-low,llama8b-moderate,llama8b-high")
-    p.add_argument("--policies", default="rr,greedy,ilp,milp", help="baselines to compare with (solvers names)")
+    p.add_argument("--policies", default="rr,greedy,ilp,milp", help="baselines to compare with (policy registry names, short or long)")
     p.add_argument("--days", type=int, default=3, help="held-out episode starts per scenario")
     p.add_argument("--skip-days", type=int, default=0,
                    help="leave out the first N held-out starts (already used), e.g. --days 5 --skip-days 3 for starts 3-7")

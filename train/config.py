@@ -62,7 +62,7 @@ class BCConfig:
     """Behaviour-cloning warm start.
 
     Attributes:
-        expert: policy name for ``solvers.make_policy`` (``"milp"``, ``"ilp-state"``, ...) or
+        expert: policy name for ``carbon_gym.make_policy`` (``"milp"``, ``"ilp-state"``, ...) or
             ``"rr"`` (round-robin, always available).
         episodes: expert episodes collected (each on a training scenario and day).
         epochs: passes over the collected steps.
@@ -85,7 +85,7 @@ class DaggerConfig:
     ``set_policy.classes``). Run with ``carbon-gym train imitate --config ...``.
 
     Attributes:
-        expert: expert policy name (``solvers.make_policy``).
+        expert: expert policy name (``carbon_gym.make_policy``).
         scenarios: imitation scenarios (each with its own ``env.max_pending``; default: the
             config's ``scenarios``).
         overrides: scenario overrides of the imitation and validation episodes.

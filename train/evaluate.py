@@ -37,26 +37,24 @@ LABELS = {
 }
 
 
-def _solver_aliases() -> dict[str, str]:
-    """Short policy names -> ``solvers`` registry names (``ilp`` = ``ilp-static``): the one table,
-    ``solvers.POLICY_ALIASES``, that the evaluation harness resolves with too."""
-    from solvers import POLICY_ALIASES
+def policy_key(name: str) -> str:
+    """Row key of policy ``name`` (short or long) in this table, its cache and its JSON files:
+    solvers' long name where the registry (:mod:`carbon_gym.registry`) has one (``milp`` ->
+    ``facility-milp``, ``rr`` -> ``round-robin``: its first alias), else the registered name."""
+    from carbon_gym.registry import policy_info
 
-    return dict(POLICY_ALIASES)
+    info = policy_info(name)
+    return info.aliases[0] if info.aliases else info.name
 
 
 def _policy(name: str, env: Any, checkpoint: str | None, mode: str | None = None) -> Any:
+    """Policy ``name`` from the registry; the learned one from ``checkpoint`` (default: the
+    shipped one), sampling seed 0."""
+    from carbon_gym.registry import make_policy
+
     if name == "learned":
-        from .policy import SHIPPED_CHECKPOINT, LearnedPolicy
-
-        kw = {"mode": mode} if mode else {}
-        return LearnedPolicy.load(checkpoint or SHIPPED_CHECKPOINT, seed=0, **kw)
-    if name == REFERENCE:
-        from carbon_gym.policy import RoundRobinPolicy
-
-        return RoundRobinPolicy()
-    from solvers import make_policy
-
+        kw: dict[str, Any] = {"mode": mode} if mode else {}
+        return make_policy("learned", env, path=checkpoint or None, seed=0, **kw)
     return make_policy(name, env)
 
 
@@ -145,8 +143,7 @@ def run_evaluation(*, checkpoint: str | None, scenarios: Sequence[str], baseline
     :func:`train.envs.heldout_starts` (world seed ``1000 + index``): ``skip_days`` leaves out
     starts already used, so that a later check runs on days nobody has looked at."""
     warnings.simplefilter("ignore", UserWarning)
-    aliases = _solver_aliases()
-    base = [aliases.get(b, b) for b in baselines]
+    base = [policy_key(b) for b in baselines]
     if REFERENCE not in base:
         base.insert(0, REFERENCE)
     policies = base + (["learned"] if learned else [])

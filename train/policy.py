@@ -23,7 +23,8 @@ torch call per step, each request class scored once); a per-request network runs
 (scoring n x D pairs is faster there). ``backend="torch"`` runs the torch network (the
 reference; same logits).
 
-Names for the harness (:func:`make_learned_policy`): ``"learned"`` (the shipped checkpoint,
+Names in the policy registry (:func:`train.register_policies`, factory
+:func:`make_learned_policy`): ``"learned"`` (the shipped checkpoint,
 ``train/checkpoints/llama8b_set.zip``), ``"learned:<path>"`` or ``"ppo:<path>"``; keyword
 ``path=`` overrides the path.
 """
@@ -41,12 +42,11 @@ from carbon_gym.errors import ConfigError
 
 from .fast import UniformStream
 
-__all__ = ["LearnedPolicy", "make_learned_policy", "is_learned_name", "export_checkpoint", "write_policy_meta", "SHIPPED_CHECKPOINT", "MODES", "POLICY_META_NAME"]
+__all__ = ["LearnedPolicy", "make_learned_policy", "export_checkpoint", "write_policy_meta", "SHIPPED_CHECKPOINT", "MODES", "POLICY_META_NAME"]
 
 SHIPPED_CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "llama8b_set.zip"
 MODES = ("sample", "argmax", "systematic")
 BACKENDS = ("auto", "numba", "numpy", "torch")
-_PREFIXES = ("learned:", "ppo:")
 
 
 class LearnedPolicy:
@@ -447,18 +447,11 @@ def check_checkpoint_env(stored: dict[str, Any] | None, source: str) -> None:
         raise ConfigError("checkpoint", f"{source} was trained for another env: " + "; ".join(diffs) + " (retrain or use a matching carbon_gym)")
 
 
-def is_learned_name(name: str) -> bool:
-    """Whether ``name`` is a learned-policy name (``learned``, ``learned:<path>``, ``ppo:<path>``)."""
-    return name == "learned" or any(str(name).startswith(p) for p in _PREFIXES)
-
-
-def make_learned_policy(name: str, env: Any = None, *, path: str | None = None, **kwargs: Any) -> LearnedPolicy:
-    """Harness factory: ``"learned"`` (shipped checkpoint), ``"learned:<path>"`` or ``"ppo:<path>"``."""
-    if not is_learned_name(name):
-        raise ConfigError("policy", f"not a learned-policy name: {name!r}", allowed=["learned", "learned:<path>", "ppo:<path>"])
-    if path is None:
-        path = str(SHIPPED_CHECKPOINT) if name == "learned" else name.split(":", 1)[1]
-    policy = LearnedPolicy.load(path, **kwargs)
+def make_learned_policy(path: str | None = None, env: Any = None, **kwargs: Any) -> LearnedPolicy:
+    """Registry factory of ``learned`` / ``learned:<path>`` / ``ppo:<path>`` (see
+    :func:`train.register_policies`): the checkpoint at ``path`` (None: the shipped one),
+    reset on ``env`` when given; ``kwargs`` as for :meth:`LearnedPolicy.load`."""
+    policy = LearnedPolicy.load(str(SHIPPED_CHECKPOINT) if path is None else path, **kwargs)
     if env is not None:
         policy.reset(env)
     return policy

@@ -1,0 +1,190 @@
+"""RESULTS.md: written by ``carbon-gym report`` from a finished headline run and the other
+experiments found next to it (:func:`write_results_md`).
+
+The headline tables come from :mod:`eval.experiments` and :mod:`eval.tables`; figures are
+copied next to RESULTS.md; hand-written notes between :data:`NOTES_BEGIN` and :data:`NOTES_END`
+survive a regeneration. :data:`STUDY_CLAIMS` lists the study's figures compared with ours.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+from eval.experiments import headline_table, milp_vs_ilp_markdown, milp_vs_ilp_table
+from eval.tables import summary_markdown
+
+__all__ = ["write_results_md", "STUDY_CLAIMS", "NOTES_BEGIN", "NOTES_END"]
+
+NOTES_BEGIN = "<!-- notes:begin (kept when RESULTS.md is regenerated) -->"
+NOTES_END = "<!-- notes:end -->"
+
+STUDY_CLAIMS = (
+    ("carbon", "Carbon reduction vs round-robin, best load (facility MILP)", "up to 60%"),
+    ("violation", "Average SLO violation of the facility MILP", "about 3%"),
+    ("milp_ilp", "Facility MILP minus best per-request ILP, Mixtral-8x7B", "up to 8.6 pp, at 1.3% violation"),
+    ("predictor", "Predicted vs oracle output lengths (carbon / violation)", "within 4.1 pp / 1.1 pp"),
+    ("polling", "SLO violation vs polling period", "rises noticeably past 2 s"),
+)
+
+
+def _read_csv(path: str):
+    import pandas as pd
+
+    return pd.read_csv(path) if os.path.isfile(path) else None
+
+
+def _claims(results_dir: str) -> dict[str, str]:
+    """Our numbers for each study claim, computed from the result tables that exist."""
+    out: dict[str, str] = {}
+    h_runs = _read_csv(os.path.join(results_dir, "headline", "runs.csv"))
+    h_sum = _read_csv(os.path.join(results_dir, "headline", "summary.csv"))
+    if h_sum is not None and "milp" in set(h_sum["policy"]):
+        m = h_sum[h_sum["policy"] == "milp"]
+        ok = m[m.get("unfinished_pct", 0 * m["carbon_g"]).fillna(0) < 1.0]
+        bad = [s for s in m["scenario"] if s not in set(ok["scenario"])]
+        note = f" (excluding {', '.join(bad)}, where the MILP left >= 1% of requests unfinished)" if bad else ""
+        if not ok.empty:
+            best = ok.loc[ok["reduction_vs_rr_pct"].idxmax()]
+            out["carbon"] = (f"up to {best['reduction_vs_rr_pct']:.1f}% ({best['scenario']}, {best['slo_violation_pct']:.1f}% violation); "
+                             f"range {ok['reduction_vs_rr_pct'].min():.1f}–{ok['reduction_vs_rr_pct'].max():.1f}%{note}")
+            out["violation"] = (f"{ok['slo_violation_pct'].mean():.2f}% on average over {len(ok)} scenarios (range "
+                                f"{ok['slo_violation_pct'].min():.2f}–{ok['slo_violation_pct'].max():.2f}%){note}"
+                                + (f"; {m['slo_violation_pct'].mean():.2f}% over all {len(m)}" if bad else ""))
+    gap_src = _read_csv(os.path.join(results_dir, "milp-vs-ilp", "runs.csv"))
+    src = gap_src if gap_src is not None else h_runs
+    if src is not None and "milp" in set(src["policy"]):
+        ilps = [p for p in ("ilp", "ilp-state") if p in set(src["policy"])]
+        t = milp_vs_ilp_table(src, ilps=ilps)
+        t = t[t["scenario"].str.startswith("mixtral")]
+        if "unfinished_pct" in src:
+            unf = src[src["policy"] == "milp"].groupby("scenario")["unfinished_pct"].mean()
+            t = t[t["scenario"].map(lambda sc: float(unf.get(sc, 0.0)) < 1.0)]
+        if not t.empty and ilps:
+            parts = []
+            for _, r in t.iterrows():
+                gaps = ", ".join(f"{r[f'gap_vs_{i}_pp']:+.1f} pp vs {i}" for i in ilps)
+                parts.append(f"{r['scenario']}: {gaps} (MILP violation {r['milp_violation_pct']:.2f}%)")
+            out["milp_ilp"] = "; ".join(parts)
+    pred = _read_csv(os.path.join(results_dir, "predictor", "predictor.csv"))
+    if pred is not None and not pred.empty:
+        out["predictor"] = f"within {pred['reduction_diff_pp'].abs().max():.1f} pp / {pred['violation_diff_pp'].abs().max():.2f} pp (max over {len(pred)} scenario x policy cases)"
+    poll = _read_csv(os.path.join(results_dir, "polling", "polling.csv"))
+    if poll is not None and "milp" in set(poll["policy"]):
+        p = poll[poll["policy"] == "milp"].sort_values("polling_s")
+        out["polling"] = "MILP violation %: " + ", ".join(f"{r.polling_s:g} s: {r.slo_violation_pct:.2f}" for r in p.itertuples())
+    return out
+
+
+def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", figures_dir: str = "docs/figures", command: str | None = None) -> str:
+    """Write RESULTS.md from ``results_dir/headline`` (+ the other experiments found there).
+
+    Figures are copied (PNG) into ``figures_dir`` so the Markdown links work from the repo root.
+    Hand-written notes between the ``notes`` markers of an existing ``out`` are kept.
+    """
+    head_dir = os.path.join(results_dir, "headline")
+    with open(os.path.join(head_dir, "config.json"), encoding="utf-8") as f:
+        cfg = json.load(f)
+    summary = _read_csv(os.path.join(head_dir, "summary.csv"))
+    runs = _read_csv(os.path.join(head_dir, "runs.csv"))
+    notes = ""
+    if os.path.isfile(out):
+        old = open(out, encoding="utf-8").read()
+        if NOTES_BEGIN in old:  # (an end marker lost in a hand edit: the notes run to the end of the file)
+            notes = old.split(NOTES_BEGIN, 1)[1].split(NOTES_END, 1)[0].strip("\n")
+    os.makedirs(figures_dir, exist_ok=True)
+    rel = os.path.relpath(figures_dir, os.path.dirname(os.path.abspath(out)) or ".")
+
+    def fig(exp: str, stem: str) -> str | None:
+        src = os.path.join(results_dir, exp, "figures", stem + ".png")
+        if not os.path.isfile(src):
+            return None
+        dst_name = f"{exp}_{stem}.png" if not stem.startswith(exp) else stem + ".png"
+        shutil.copyfile(src, os.path.join(figures_dir, dst_name))
+        return f"{rel}/{dst_name}".replace(os.sep, "/")
+
+    v = cfg.get("versions", {})
+    runs_meta = cfg.get("runs", [])
+    durations = sorted({r.get("duration_s") for r in runs_meta if r.get("duration_s") is not None})
+    seeds = sorted({r.get("seed") for r in runs_meta})
+    scen = list(dict.fromkeys(summary["scenario"]))
+    pols = list(dict.fromkeys(summary["policy"]))
+    lines: list[str] = []
+    add = lines.append
+    add("# Results\n")
+    add("Generated by `carbon-gym report` from a real run of the headline experiment (and the other experiments")
+    add("whose outputs were present). Numbers are means over seeds with 95% t-intervals; every policy saw the")
+    add("same requests and the same carbon for a given seed (common random numbers); episode starts are spread")
+    add("over the 2023 carbon year (day of year x hour of day, the same for every policy).\n")
+    add("## How it was produced\n")
+    add("```bash")
+    add(command or cfg.get("command") or "carbon-gym experiment headline --preset quick")
+    add(f"carbon-gym report {results_dir}")
+    add("```\n")
+    add(f"- scenarios: {', '.join(scen)}")
+    add(f"- policies: {', '.join(pols)}")
+    add(f"- seeds: {', '.join(map(str, seeds))}; simulated seconds per episode: {', '.join(f'{d:g}' for d in durations)} (preset `{cfg.get('preset', '?')}`; arrivals stop there, then placed requests drain)")
+    if "elapsed_s" in cfg:
+        add(f"- wall time: {cfg['elapsed_s'] / 60:.1f} min on {cfg.get('workers')} worker process(es), {cfg.get('cpu_count')} CPU cores ({cfg.get('backend')})")
+    if runs is not None and "cpu_s" in runs:
+        add(f"- CPU time of the runs: {runs['cpu_s'].sum() / 60:.1f} min in total ({runs['cpu_s'].sum() / 120:.1f} min of wall time on 2 dedicated cores)")
+    add("- versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if k != "platform"))
+    add(f"- platform: {v.get('platform', '?')}\n")
+    add("## Headline: carbon reduction vs round-robin (SLO violation %)\n")
+    add(headline_table(summary))
+    add("Full table (carbon in kg, latencies in ms; decision time is wall clock per step):\n")
+    add(summary_markdown(summary))
+    for exp, stem, caption in (
+        ("headline", "headline_reduction", "Carbon reduction vs round-robin per scenario and policy."),
+        ("headline", "headline_violations", "SLO violation rate per scenario and policy."),
+    ):
+        p = fig(exp, stem)
+        if p:
+            add(f"![{caption}]({p})\n\n*{caption}*\n")
+    focus = next((s for s in scen if s.endswith("-moderate")), scen[0])
+    for stem, caption in (
+        (f"{focus}_carbon_over_time_seed0", f"{focus}, seed 0: carbon emission rate per datacenter (lines, one per policy) over grid intensity (shaded)."),
+        (f"{focus}_load_by_hour", f"{focus}: share of requests each policy sends to each datacenter, by UTC hour (all seeds)."),
+        (f"{focus}_latency_cdf", f"{focus}: TTFT and TPOT distributions (seeds pooled); dashed = SLO target."),
+    ):
+        p = fig("headline", stem)
+        if p:
+            add(f"![{caption}]({p})\n\n*{caption}*\n")
+    if not os.path.isfile(os.path.join(results_dir, "milp-vs-ilp", "milp-vs-ilp.md")) and runs is not None and "milp" in set(runs["policy"]):
+        ilps = [p for p in ("ilp", "ilp-state") if p in set(runs["policy"])]
+        if ilps:
+            add("## Facility MILP vs per-request ILPs (from the headline runs)\n")
+            add("Reduction vs rr, % (SLO violation %), and the paired gap MILP - ILP in percentage points (mean ± 95% CI over seeds).\n")
+            add(milp_vs_ilp_markdown(milp_vs_ilp_table(runs, ilps=ilps), ilps))
+    for exp, title in (("milp-vs-ilp", "Facility MILP vs per-request ILPs"), ("predictor", "Predictor vs oracle"), ("polling", "Polling period"), ("tradeoff", "Carbon vs SLO trade-off"), ("bound", "Share of the clairvoyant bound")):
+        md_path = os.path.join(results_dir, exp, f"{exp}.md")
+        if not os.path.isfile(md_path):
+            continue
+        add(f"## {title}\n")
+        econf = os.path.join(results_dir, exp, "config.json")
+        if os.path.isfile(econf):
+            with open(econf, encoding="utf-8") as f:
+                add(f"`{json.load(f).get('command')}`\n")
+        add(open(md_path, encoding="utf-8").read())
+        fdir = os.path.join(results_dir, exp, "figures")
+        for name in sorted(os.listdir(fdir)) if os.path.isdir(fdir) else []:
+            if name.endswith(".png"):
+                p = fig(exp, name[:-4])
+                if p:
+                    add(f"![{exp}: {name[:-4]}]({p})\n")
+    add("## Comparison with the study\n")
+    ours = _claims(results_dir)
+    add("| claim | study | this run |")
+    add("|---|---|---|")
+    for key, claim, study in STUDY_CLAIMS:
+        add(f"| {claim} | {study} | {ours.get(key, 'not run')} |")
+    add("")
+    add("## Discussion\n")
+    add(NOTES_BEGIN)
+    add(notes or "(to be written: where and why these numbers differ from the study's)")
+    add(NOTES_END)
+    text = "\n".join(lines) + "\n"
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(text)
+    return out

@@ -1,0 +1,446 @@
+"""Runs of the evaluation: what one episode is (:class:`RunSpec`), its episode start, and
+:func:`run_one`, which runs it and records its metrics, per-step and per-request columns.
+
+One *run* is one episode of one policy on one scenario under one seed. For a given
+(scenario, seed) every policy sees exactly the same episode: the env is reset with the same seed
+(same requests, same lengths) and the episode starts at the same point of the carbon year. The
+start is drawn deterministically from (scenario, seed) with a low-discrepancy sequence over
+day-of-year x hour-of-day (:func:`episode_start_offset_s`), so a table with a few seeds averages
+over seasons and hours rather than one afternoon, and adding seeds never moves the earlier ones.
+
+Policies are built by name from the one registry (:func:`carbon_gym.registry.make_policy`); the
+episode is :func:`carbon_gym.policy.run_episode`'s loop with :class:`EpisodeRecorder` observing
+it. Everything except the decision (wall-clock) times is a deterministic function of the spec.
+Matrices of runs: :mod:`eval.backends`; tables: :mod:`eval.tables`; files: :mod:`eval.writers`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import time
+import zlib
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from carbon_gym.policy import EpisodeObserver, run_episode
+from carbon_gym.registry import canonical_policy_name, make_policy, split_prefix
+
+from eval.stats import percentile
+
+__all__ = [
+    "RunSpec", "RunResult", "EpisodeRecorder", "make_specs", "fault_twin", "episode_start_offset_s",
+    "make_env", "resolve_run_scenario", "run_one", "freeze", "policy_label", "FAULT_TWIN_SUFFIX",
+]
+
+# scenario override keys (carbon_gym.scenario field names)
+OVERRIDE_CARBON_START = "carbon.start_utc"  # ISO-8601 UTC episode start on the carbon trace
+OVERRIDE_POLLING = "polling_period_s"
+OVERRIDE_PREDICTOR = "env.predictor"
+OVERRIDE_DURATION = "duration_s"
+SECONDS_PER_DAY = 86400.0
+DAYS_PER_YEAR = 365
+
+
+# ----------------------------------------------------------------------------------------------
+# episode starts (common random numbers across policies)
+
+_PLASTIC = 1.324717957244746  # generalised golden ratio for the 2-D R2 sequence
+
+
+def episode_start_offset_s(scenario_key: str, seed: int, *, period_s: float = DAYS_PER_YEAR * SECONDS_PER_DAY) -> float:
+    """Carbon-trace offset (s since the trace's first hour) at which episode ``seed`` starts.
+
+    Day of year and hour of day follow the 2-D R2 low-discrepancy sequence indexed by ``seed``,
+    shifted by a hash of ``scenario_key``, so any number of consecutive seeds spreads evenly
+    over seasons and hours, every policy gets the same start for the same (scenario, seed), and
+    adding seeds never changes earlier ones. Rounded to the minute; wrapped into ``period_s``.
+    """
+    h = zlib.crc32(str(scenario_key).encode("utf-8"))
+    u0 = (h & 0xFFFF) / 65536.0
+    v0 = (h >> 16) / 65536.0
+    k = int(seed) + 1
+    u = (u0 + k / _PLASTIC) % 1.0  # season
+    v = (v0 + k / _PLASTIC**2) % 1.0  # hour of day
+    days = max(1, int(period_s // SECONDS_PER_DAY))
+    offset = math.floor(u * days) * SECONDS_PER_DAY + v * SECONDS_PER_DAY
+    offset = round(offset / 60.0) * 60.0
+    return float(offset % period_s) if period_s > 0 else 0.0
+
+
+# ----------------------------------------------------------------------------------------------
+# run specs
+
+
+def freeze(mapping: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ...]:
+    """A mapping as sorted ``(key, value)`` pairs (hashable, for :class:`RunSpec` fields)."""
+    if not mapping:
+        return ()
+    return tuple(sorted((str(k), v) for k, v in mapping.items()))
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One episode to run: a scenario, a policy (with keyword arguments) and a seed.
+
+    Attributes:
+        scenario: shipped scenario name or path to a scenario TOML file.
+        policy: policy registry name (``rr``, ``milp``, ``clairvoyant``, ...).
+        seed: env seed (workload, lengths) and episode-start index.
+        overrides: scenario overrides as sorted ``(dotted.key, value)`` pairs.
+        policy_kwargs: keyword arguments of the policy factory as sorted pairs.
+        label: name of this policy variant in tables (default: ``policy``).
+        scenario_label: name of the scenario variant in tables (default: ``scenario``).
+        start_key: key hashed for the episode start (default: ``scenario``); variants of one
+            scenario (a sweep) share it so they also share their episode starts.
+        carbon_start: whether to override the scenario's carbon start with the sampled one.
+        faults: False runs the scenario's fault-free twin (its ``[[faults]]`` removed with
+            :func:`carbon_gym.faults.without_faults`); see :func:`fault_twin`.
+    """
+
+    scenario: str
+    policy: str
+    seed: int
+    overrides: tuple[tuple[str, Any], ...] = ()
+    policy_kwargs: tuple[tuple[str, Any], ...] = ()
+    label: str = ""
+    scenario_label: str = ""
+    start_key: str = ""
+    carbon_start: bool = True
+    faults: bool = True
+
+    @property
+    def policy_name(self) -> str:
+        return self.label or self.policy
+
+    @property
+    def scenario_name(self) -> str:
+        return self.scenario_label or _scenario_stem(self.scenario)
+
+    @property
+    def run_id(self) -> str:
+        """File-safe id ``<scenario>__<policy>__seed<k>``."""
+        return f"{_safe(self.scenario_name)}__{_safe(self.policy_name)}__seed{int(self.seed)}"
+
+    def start_offset_s(self) -> float:
+        return episode_start_offset_s(self.start_key or self.scenario_name, self.seed)
+
+
+#: Table name of a fault scenario's fault-free twin: ``<scenario>`` + this suffix.
+FAULT_TWIN_SUFFIX = "+no-faults"
+
+
+def fault_twin(spec: RunSpec) -> RunSpec:
+    """The same run without the scenario's faults: same scenario file, overrides, policy, seed
+    and episode start (``start_key`` stays the fault scenario's), labelled
+    ``<scenario>+no-faults`` in tables and file names."""
+    return replace(spec, faults=False, scenario_label=spec.scenario_name + FAULT_TWIN_SUFFIX,
+                   start_key=spec.start_key or spec.scenario_name)
+
+
+def _scenario_stem(scenario: str) -> str:
+    s = str(scenario)
+    if s.endswith(".toml") or os.sep in s:
+        return os.path.splitext(os.path.basename(s))[0]
+    return s
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=+-]+", "_", str(name)) or "_"
+
+
+
+def policy_label(name: str) -> str:
+    """Table name of a policy: its registered (short) name (``facility-milp`` -> ``milp``); a
+    prefix form's is ``<prefix>:<file stem>`` (``learned:runs/x/best.zip`` -> ``learned:best``);
+    a ``module:Class`` form is its own label."""
+    pre = split_prefix(name)
+    if pre is not None:
+        return f"{pre[0]}:{os.path.splitext(os.path.basename(pre[1]))[0]}"
+    return canonical_policy_name(name)
+
+
+def make_specs(
+    scenarios: Sequence[str],
+    policies: Sequence[str],
+    seeds: Sequence[int],
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    policy_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+) -> list[RunSpec]:
+    """The full matrix, ordered scenario -> policy -> seed. ``policy_kwargs`` is per policy name
+    (short or long; a prefix form such as ``learned:<path>`` also takes those of its prefix)."""
+    pk = {canonical_policy_name(k): v for k, v in (policy_kwargs or {}).items()}
+
+    def kw(p: str) -> Any:
+        own = pk.get(canonical_policy_name(p))
+        if own is None and split_prefix(p) is not None:
+            own = pk.get(split_prefix(p)[0])
+        return own
+
+    def label(p: str) -> str:
+        return policy_label(p) if split_prefix(p) is not None else ""
+
+    return [
+        RunSpec(scenario=s, policy=canonical_policy_name(p), seed=int(k), overrides=freeze(overrides),
+                policy_kwargs=freeze(kw(p)), label=label(p))
+        for s in scenarios
+        for p in policies
+        for k in seeds
+    ]
+
+
+# ----------------------------------------------------------------------------------------------
+# one run
+
+
+@dataclass
+class RunResult:
+    """What one run returns: scalar metrics, per-step and per-request columns (numpy arrays)."""
+
+    spec: RunSpec
+    metrics: dict[str, Any]
+    steps: dict[str, np.ndarray]
+    requests: dict[str, np.ndarray]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+ENV_ID = "carbon_gym/GeoServe-v0"
+
+
+def make_env(scenario: Any) -> Any:
+    """The registered env for a :class:`~carbon_gym.scenario.Scenario` (or name), checker off."""
+    import gymnasium as gym
+
+    import carbon_gym  # noqa: F401 - registers the env ids
+
+    try:
+        return gym.make(ENV_ID, scenario=scenario, disable_env_checker=True)
+    except gym.error.Error:  # not registered (yet): construct the class directly
+        from carbon_gym.env import GeoServeEnv
+
+        return GeoServeEnv(scenario=scenario)
+
+
+def resolve_run_scenario(spec: RunSpec) -> tuple[Any, dict[str, Any]]:
+    """Load the spec's scenario with its overrides and, unless ``carbon_start`` is off, the
+    sampled episode start written into ``carbon.start_utc``; without its faults when
+    ``spec.faults`` is False. Returns (scenario, overrides used)."""
+    import warnings
+
+    from carbon_gym.faults import without_faults
+    from carbon_gym.scenario import load_scenario
+
+    def load(ov: dict[str, Any]) -> Any:
+        sc = load_scenario(spec.scenario, ov)
+        return sc if spec.faults else without_faults(sc)
+
+    overrides = dict(spec.overrides)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # e.g. provisional load levels: reported once by the CLI
+        scenario = load(overrides)
+        if spec.carbon_start and OVERRIDE_CARBON_START not in overrides:
+            from datetime import timedelta
+
+            from carbon_gym.world import build_carbon
+
+            trace, _ = build_carbon(scenario)
+            offset = episode_start_offset_s(spec.start_key or spec.scenario_name, spec.seed, period_s=trace.period_s)
+            start = trace.start_utc + timedelta(seconds=offset)
+            overrides[OVERRIDE_CARBON_START] = start.strftime("%Y-%m-%dT%H:%M:%SZ")
+            scenario = load(overrides)
+    return scenario, overrides
+
+
+#: Per-step columns of :class:`EpisodeRecorder`, in file order (then ``carbon_g_dc<d>`` and
+#: ``intensity_g_per_kwh_dc<d>`` per datacenter).
+STEP_COLUMNS = (
+    "step", "time_s", "carbon_g", "cumulative_carbon_g", "energy_j", "arrived", "placed", "deferred",
+    "overflow", "pending", "completed", "violations", "violation_rate", "ttft_p50_s", "ttft_p99_s",
+    "tpot_p50_s", "tpot_p99_s", "decision_s", "reward", "failed_over")
+
+
+class EpisodeRecorder(EpisodeObserver):
+    """Per-step and per-request recording of one episode (an observer of
+    :func:`carbon_gym.policy.run_episode`).
+
+    Per step (:data:`STEP_COLUMNS`): ``step``, ``time_s`` (end of the step), the env's step
+    ``info`` counters, the decision wall time, latency percentiles of the step's completions,
+    cumulative carbon and violation rate; per datacenter ``carbon_g_dc<d>`` (emitted in the
+    step) and ``intensity_g_per_kwh_dc<d>`` (grid intensity at the step's start). Per request:
+    the simulator's ``RequestRecords`` of every completion (when ``keep_requests``).
+    """
+
+    def __init__(self, keep_requests: bool = True) -> None:
+        self.keep_requests = bool(keep_requests)
+        self.cols: dict[str, list] = {k: [] for k in STEP_COLUMNS}
+        self._dc_carbon_rows: list[np.ndarray] = []
+        self._intensity_rows: list[np.ndarray] = []
+        self._req_parts: list[dict[str, np.ndarray]] = []
+
+    def on_reset(self, env: Any, observation: Any, info: dict[str, Any]) -> None:
+        u = env.unwrapped
+        self._u = u
+        sim = u.simulator
+        self.trace = sim.carbon
+        self.datacenters = sim.topology.datacenters
+        self._zone_idx = np.array([self.trace.zone_index(d.zone) for d in self.datacenters], dtype=np.int64)
+        self.n_dc = len(self.datacenters)
+        self.offset_s = float(sim.carbon_offset_s)
+        self._prev_dc_carbon = np.asarray(sim.totals().carbon_g, dtype=np.float64).copy()
+        self._cum_carbon = float(info.get("carbon_g", 0.0))  # the reset's first (idle) polling period
+        self.reset_carbon_g = self._cum_carbon
+        self._completed_total = 0
+        self._violations_total = 0
+
+    def before_step(self, env: Any, step: int) -> None:
+        t_start = float(self._u.simulator.now_s)
+        self._intensity_rows.append(self.trace.intensity_all(self.offset_s + t_start)[self._zone_idx])
+
+    def after_step(self, env: Any, step: int, action: Any, reward: float, terminated: bool, truncated: bool,
+                   info: dict[str, Any], decision_s: float) -> None:
+        u = self._u
+        sim = u.simulator
+        recs = u.last_completed
+        n_done = int(info.get("completed", 0))
+        viol = int(info.get("violations", 0))
+        self._completed_total += n_done
+        self._violations_total += viol
+        self._cum_carbon += float(info["carbon_g"])
+        dc_now = np.asarray(sim.totals().carbon_g, dtype=np.float64)
+        self._dc_carbon_rows.append(dc_now - self._prev_dc_carbon)
+        self._prev_dc_carbon = dc_now.copy()
+        if recs is not None and len(recs):
+            ttft, tpot = recs.ttft_s, recs.tpot_s
+            if self.keep_requests:
+                self._req_parts.append(recs.to_dict())
+        else:
+            ttft = tpot = np.zeros(0)
+        done, vt = self._completed_total, self._violations_total
+        cols = self.cols
+        for k, v in (
+            ("step", step), ("time_s", float(info.get("time_s", sim.now_s))), ("carbon_g", float(info["carbon_g"])),
+            ("cumulative_carbon_g", self._cum_carbon), ("energy_j", float(info["energy_j"])),
+            ("arrived", int(info.get("arrived", 0))), ("placed", int(info.get("placed", 0))),
+            ("deferred", int(info.get("deferred", 0))), ("overflow", int(info.get("overflow", 0))),
+            ("pending", int(info.get("pending", 0))), ("completed", n_done), ("violations", viol),
+            ("violation_rate", vt / done if done else float("nan")),
+            ("ttft_p50_s", percentile(ttft, 50)), ("ttft_p99_s", percentile(ttft, 99)),
+            ("tpot_p50_s", percentile(tpot, 50)), ("tpot_p99_s", percentile(tpot, 99)),
+            ("decision_s", decision_s), ("reward", float(reward)), ("failed_over", int(info.get("failed_over", 0))),
+        ):
+            cols[k].append(v)
+
+    def steps(self) -> dict[str, np.ndarray]:
+        """The per-step columns (numpy arrays)."""
+        out: dict[str, np.ndarray] = {k: np.asarray(v) for k, v in self.cols.items()}
+        dc_c = np.vstack(self._dc_carbon_rows) if self._dc_carbon_rows else np.zeros((0, self.n_dc))
+        ci = np.vstack(self._intensity_rows) if self._intensity_rows else np.zeros((0, self.n_dc))
+        for d in range(self.n_dc):
+            out[f"carbon_g_dc{d}"] = dc_c[:, d]
+            out[f"intensity_g_per_kwh_dc{d}"] = ci[:, d]
+        return out
+
+    def requests(self) -> dict[str, np.ndarray]:
+        """The per-request columns (empty dict unless ``keep_requests``)."""
+        if not self.keep_requests:
+            return {}
+        if self._req_parts:
+            return {k: np.concatenate([p[k] for p in self._req_parts]) for k in self._req_parts[0]}
+        from carbon_gym.sim.records import RequestRecords
+
+        return RequestRecords.empty().to_dict()
+
+
+def run_one(spec: RunSpec, *, keep_requests: bool = True, observers: Sequence[EpisodeObserver] = ()) -> RunResult:
+    """Run one episode of ``spec`` and collect its metrics and records.
+
+    The policy is built by name (:func:`carbon_gym.registry.make_policy`) before ``env.reset``;
+    the episode is :func:`carbon_gym.policy.run_episode` (``policy.reset(env)`` after
+    ``env.reset``, ``policy.act`` timed outside the env) observed by an :class:`EpisodeRecorder`
+    and then ``observers`` (extra read-only hooks, e.g. a test capturing the final ``info``).
+    """
+    import warnings
+
+    wall0 = time.perf_counter()
+    cpu0 = time.process_time()
+    scenario, overrides = resolve_run_scenario(spec)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        env = make_env(scenario)
+    rec = EpisodeRecorder(keep_requests)
+    try:
+        policy = make_policy(spec.policy, env, **dict(spec.policy_kwargs))
+        max_steps = int(getattr(env.unwrapped, "max_episode_steps", 10**9))
+        ep = run_episode(env, policy, seed=int(spec.seed), max_steps=max_steps + 1, observers=[rec, *observers])
+        if not ep.ended:
+            raise RuntimeError(f"episode did not end after {ep.steps} steps (max_episode_steps={max_steps})")
+        em = dict(ep.info["episode_metrics"])
+    finally:
+        env.close()
+
+    steps = rec.steps()
+    requests = rec.requests()
+    ttft_target = float(scenario.ttft_s)
+    tpot_target = float(scenario.tpot_s)
+    dec = steps["decision_s"].astype(np.float64)
+    ledger = dict(em.get("ledger") or {})
+    arrived = int(em.get("arrived", 0))
+    unfinished = int(em.get("in_flight_at_truncation", 0)) + int(em.get("unplaced_at_end", 0))
+    vr = em.get("violation_rate", float("nan"))
+    metrics: dict[str, Any] = {
+        "carbon_g": float(em["carbon_g"]),
+        "energy_kwh": float(em["energy_kwh"]),
+        "it_energy_kwh": float(em.get("it_energy_kwh", float("nan"))),
+        "ttft_p50_s": float(em["ttft_p50_s"]), "ttft_p90_s": float(em["ttft_p90_s"]), "ttft_p99_s": float(em["ttft_p99_s"]),
+        "tpot_p50_s": float(em["tpot_p50_s"]), "tpot_p90_s": float(em["tpot_p90_s"]), "tpot_p99_s": float(em["tpot_p99_s"]),
+        "slo_violation_pct": 100.0 * float(vr),
+        "ttft_violation_pct": 100.0 * float(em.get("ttft_violation_rate", float("nan"))),
+        "tpot_violation_pct": 100.0 * float(em.get("tpot_violation_rate", float("nan"))),
+        "mlperf_p99_pass": bool(float(em["ttft_p99_s"]) <= ttft_target and float(em["tpot_p99_s"]) <= tpot_target),
+        "requests_arrived": arrived,
+        "requests_completed": int(em.get("completed", 0)),
+        "requests_in_flight": int(em.get("in_flight_at_truncation", 0)),
+        "requests_unplaced": int(em.get("unplaced_at_end", 0)),
+        "unfinished_pct": 100.0 * unfinished / arrived if arrived else 0.0,
+        "slo_violations": int(em.get("violations", 0)),
+        "deferred_slot_steps": int(em.get("deferred", 0)),
+        "invalid_actions": int(em.get("invalid_actions", 0)),
+        # faults (carbon_gym.faults): counts and wasted work of requests aborted by outages
+        "scenario_faults": len(getattr(scenario, "faults", ()) or ()),
+        "failed_over": int(em.get("failed_over", 0)),
+        "failed_over_completed": int(em.get("failed_over_completed", 0)),
+        "wasted_energy_kj": float(ledger.get("wasted_energy_j", float("nan"))) / 1e3,
+        "wasted_carbon_g": float(ledger.get("wasted_carbon_g", float("nan"))),
+        "ledger_ok": bool(ledger.get("ok", False)),  # no ledger reported: not shown as balanced
+        "steps": int(em.get("steps", ep.steps)),
+        "decision_mean_s": float(dec.mean()) if dec.size else 0.0,
+        "decision_p95_s": float(np.percentile(dec, 95)) if dec.size else 0.0,
+        "decision_max_s": float(dec.max()) if dec.size else 0.0,
+        "wall_s": time.perf_counter() - wall0,
+        "cpu_s": time.process_time() - cpu0,
+    }
+    dcs, trace, offset = rec.datacenters, rec.trace, rec.offset_s
+    meta = {
+        "datacenters": [d.name for d in dcs],
+        "zones": [d.zone for d in dcs],
+        "start_utc": overrides.get(OVERRIDE_CARBON_START, scenario.carbon.start_utc),
+        # seconds since a UTC midnight at which the episode starts (for hour-of-day plots)
+        "start_offset_s": float(offset + trace.start_utc.hour * 3600 + trace.start_utc.minute * 60 + trace.start_utc.second),
+        "carbon_offset_s": offset,
+        "ttft_target_s": ttft_target,
+        "tpot_target_s": tpot_target,
+        "polling_period_s": float(scenario.polling_period_s),
+        "duration_s": float(scenario.duration_s),
+        "rate_per_s": float(scenario.rate_per_s),
+        "reset_carbon_g": rec.reset_carbon_g,
+        "world_seed": em.get("world_seed"),
+        "dc_carbon_g": [float(x) for x in np.asarray(em.get("dc_carbon_g", []), dtype=float)],
+        "dc_placed": [int(x) for x in np.asarray(em.get("dc_placed", []))],
+        "warnings": list(dict.fromkeys(str(w.message) for w in caught)),
+    }
+    return RunResult(spec=spec, metrics=metrics, steps=steps, requests=requests, meta=meta)
+

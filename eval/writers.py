@@ -1,0 +1,246 @@
+"""Files of a finished matrix (under ``out``).
+
+:class:`OutputWriter` (per run, as results arrive) and :func:`write_outputs` (at the end) write:
+
+``summary.csv`` / ``summary.md``
+    one row per (scenario, policy): means over seeds with 95% t-intervals (``*_ci95`` = half
+    width), carbon reduction vs round-robin computed per seed from the *same seeds'* round-robin
+    runs, SLO violation rate (per request), the MLPerf p99 verdict (share of seeds whose p99 TTFT
+    and p99 TPOT are within the targets), decision time (:func:`eval.tables.summarise`).
+``runs.csv``
+    one row per run (the per-seed numbers behind the summary).
+``requests/<scenario>__<policy>__seed<k>.parquet`` (``.csv`` if pyarrow is missing)
+    one row per completed request (the simulator's ``RequestRecords`` fields).
+``steps/<scenario>__<policy>__seed<k>.parquet``
+    one row per env step: carbon, energy, completions, violations, latencies, decision time,
+    per-datacenter carbon and grid intensity (:class:`eval.runner.EpisodeRecorder`).
+``config.json``
+    the command, the run specs, episode starts, package versions.
+``fault_report.csv`` / ``fault_report.md`` / ``fault_runs.csv`` (:func:`write_fault_report`)
+    for scenarios with ``[[faults]]`` run together with their fault-free twins
+    (:func:`eval.runner.fault_twin`): per (scenario, policy), requests failed over, SLO
+    violations, carbon and p99 TTFT with and without the faults, the differences, ledger
+    balanced; per seed in ``fault_runs.csv``. Runs of fault scenarios also carry the fault
+    counters (``failed_over``, ``failed_over_completed``, ``wasted_energy_kj``,
+    ``wasted_carbon_g``, ``ledger_ok``) in ``runs.csv``, their means in ``summary.csv``/``.md``,
+    and ``failed_over`` per step.
+``tensorboard/<scenario>/<policy>/seed_<k>/`` (:func:`write_tensorboard`)
+    per-step scalars under the tags shared with training (:data:`eval.tb.TAGS`).
+
+Everything except the decision (wall-clock) times is a deterministic function of the specs, so
+re-running reproduces ``summary.csv`` bit for bit in every column not starting with
+``decision_`` (:data:`eval.tables.NONDETERMINISTIC_PREFIXES`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from dataclasses import asdict
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from eval.runner import RunResult, RunSpec
+from eval.tables import fault_markdown, fault_pairs, fault_summary, runs_table, summarise, summary_markdown
+
+__all__ = [
+    "OutputWriter", "write_outputs", "write_fault_report", "write_table", "read_table", "write_tensorboard",
+    "report_warnings", "versions",
+]
+
+
+# ----------------------------------------------------------------------------------------------
+# fault report
+
+def write_fault_report(results: Sequence[RunResult], out: str):
+    """Write ``fault_report.csv`` / ``fault_report.md`` (:func:`fault_summary`) and
+    ``fault_runs.csv`` (:func:`fault_pairs`) under ``out``; returns the summary, or None (and
+    writes nothing) when no run of ``results`` has both faults and its fault-free twin."""
+    pairs = fault_pairs(results)
+    if pairs.empty:
+        return None
+    table = fault_summary(pairs)
+    os.makedirs(out, exist_ok=True)
+    pairs.to_csv(os.path.join(out, "fault_runs.csv"), index=False)
+    table.to_csv(os.path.join(out, "fault_report.csv"), index=False)
+    with open(os.path.join(out, "fault_report.md"), "w", encoding="utf-8") as f:
+        f.write(fault_markdown(table))
+    return table
+
+
+# ----------------------------------------------------------------------------------------------
+# files
+
+
+def write_table(columns: Mapping[str, np.ndarray] | Any, path_stem: str, fmt: str = "parquet") -> str:
+    """Write a column dict or DataFrame as ``path_stem.parquet`` (or ``.csv``); returns the path.
+
+    Parquet needs pyarrow; without it (or with ``fmt="csv"``) the table is written as CSV.
+    """
+    import pandas as pd
+
+    df = columns if hasattr(columns, "to_parquet") else pd.DataFrame({k: np.asarray(v) for k, v in columns.items()})
+    os.makedirs(os.path.dirname(path_stem) or ".", exist_ok=True)
+    if fmt == "parquet":
+        try:
+            import pyarrow  # noqa: F401
+
+            path = path_stem + ".parquet"
+            df.to_parquet(path, index=False)
+            return path
+        except ImportError:
+            pass
+    path = path_stem + ".csv"
+    df.to_csv(path, index=False)
+    return path
+
+
+def read_table(path_stem_or_path: str):
+    """Read a table written by :func:`write_table` (given the stem or the full path)."""
+    import pandas as pd
+
+    p = path_stem_or_path
+    if p.endswith(".parquet"):
+        return pd.read_parquet(p)
+    if p.endswith(".csv"):
+        return pd.read_csv(p)
+    if os.path.exists(p + ".parquet"):
+        return pd.read_parquet(p + ".parquet")
+    return pd.read_csv(p + ".csv")
+
+
+def write_tensorboard(result: RunResult, root: str, reduction_pct: float | None = None) -> str:
+    """Write one run's per-step scalars (and the final reduction) under ``root``; returns its dir."""
+    from eval.tb import TAGS, ScalarWriter, run_dir
+
+    d = run_dir(root, result.spec.scenario_name, result.spec.policy_name, result.spec.seed)
+    steps = result.steps
+    cols = {
+        TAGS.carbon_step_g: "carbon_g",
+        TAGS.carbon_cumulative_g: "cumulative_carbon_g",
+        TAGS.energy_step_j: "energy_j",
+        TAGS.slo_violations: "violations",
+        TAGS.slo_violation_rate: "violation_rate",
+        TAGS.ttft_p50_s: "ttft_p50_s",
+        TAGS.ttft_p99_s: "ttft_p99_s",
+        TAGS.tpot_p50_s: "tpot_p50_s",
+        TAGS.tpot_p99_s: "tpot_p99_s",
+        TAGS.decision_time_s: "decision_s",
+    }
+    n = len(steps.get("step", ()))
+    with ScalarWriter(d) as w:
+        arrays = {tag: np.asarray(steps[c], dtype=np.float64) for tag, c in cols.items() if c in steps}
+        for i in range(n):
+            step = int(steps["step"][i])
+            for tag, a in arrays.items():
+                w.scalar(tag, a[i], step)
+        if reduction_pct is not None:
+            w.scalar(TAGS.reduction_vs_rr_pct, reduction_pct, max(n - 1, 0))
+    return d
+
+
+def report_warnings(results: Sequence[RunResult], stream: Any = None) -> list[str]:
+    """Print each distinct warning the runs recorded (env construction) once, as ``note:`` lines."""
+    seen = list(dict.fromkeys(w for r in results for w in r.meta.get("warnings", [])))
+    for w in seen:
+        print(f"carbon-gym: note: {w}", file=stream or sys.stderr)
+    return seen
+
+
+def versions() -> dict[str, str]:
+    """Versions of Python and the packages that shape results."""
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    from importlib import metadata
+
+    try:
+        import subprocess
+
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        rev = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5)
+        if rev.returncode == 0:
+            dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=5)
+            out["git"] = rev.stdout.strip() + ("+modified" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    for pkg in ("carbon-gym", "numpy", "gymnasium", "pyomo", "highspy", "pandas", "pyarrow", "matplotlib", "torch", "stable-baselines3", "ray"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+class OutputWriter:
+    """Writes each run's records as it arrives and the tables at the end (``on_result`` hook)."""
+
+    def __init__(self, out: str, *, requests: bool = True, steps: bool = True, fmt: str = "parquet"):
+        self.out = out
+        self.requests = requests
+        self.steps = steps
+        self.fmt = fmt
+        os.makedirs(out, exist_ok=True)
+        self.paths: dict[str, dict[str, str]] = {}
+
+    def __call__(self, result: RunResult) -> None:
+        paths = {}
+        rid = result.spec.run_id
+        if self.requests and result.requests:
+            paths["requests"] = write_table(result.requests, os.path.join(self.out, "requests", rid), self.fmt)
+        if self.steps and result.steps:
+            paths["steps"] = write_table(result.steps, os.path.join(self.out, "steps", rid), self.fmt)
+        result.requests = {}  # free memory: the records are on disk now
+        self.paths[rid] = paths
+
+
+def write_outputs(
+    results: Sequence[RunResult],
+    out: str,
+    *,
+    command: str | None = None,
+    tensorboard: str | None = None,
+    extra_config: Mapping[str, Any] | None = None,
+):
+    """Write runs.csv, summary.csv, summary.md, config.json (and TensorBoard runs); return the summary."""
+    os.makedirs(out, exist_ok=True)
+    runs = runs_table(results)
+    summary = summarise(runs)
+    runs.to_csv(os.path.join(out, "runs.csv"), index=False)
+    summary.to_csv(os.path.join(out, "summary.csv"), index=False)
+    with open(os.path.join(out, "summary.md"), "w", encoding="utf-8") as f:
+        f.write(summary_markdown(summary))
+    if tensorboard:
+        red = {(r.spec.scenario_name, r.spec.policy_name, r.spec.seed): v for r, v in zip(results, runs["reduction_vs_rr_pct"])}
+        for r in results:
+            write_tensorboard(r, tensorboard, red.get((r.spec.scenario_name, r.spec.policy_name, r.spec.seed)))
+    config = {
+        "command": command,
+        "versions": versions(),
+        "runs": [
+            {**_spec_json(r.spec), **{k: v for k, v in r.meta.items() if _jsonable(v)}}
+            for r in results
+        ],
+    }
+    if extra_config:
+        config.update(extra_config)
+    with open(os.path.join(out, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=1, default=str)
+    return summary
+
+
+def _spec_json(spec: RunSpec) -> dict[str, Any]:
+    d = asdict(spec)
+    d["overrides"] = dict(spec.overrides)
+    d["policy_kwargs"] = dict(spec.policy_kwargs)
+    d["run_id"] = spec.run_id
+    return d
+
+
+def _jsonable(v: Any) -> bool:
+    try:
+        json.dumps(v)
+        return True
+    except (TypeError, ValueError):
+        return False
