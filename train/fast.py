@@ -27,7 +27,7 @@ from carbon_gym.errors import ConfigError
 
 from .set_policy import _USED_BINS, MASKED_LOGIT, class_bin_edges
 
-__all__ = ["NumpySetScorer", "UniformStream", "choose", "systematic_sorted", "CHOICE_MODES", "SAFETY_KNOBS"]
+__all__ = ["NumpySetScorer", "choose", "systematic_sorted", "CHOICE_MODES", "SAFETY_KNOBS"]
 
 #: Inference-time safety knobs of :class:`NumpySetScorer` (added to the datacenter logits after
 #: the network, including its load-feedback pass; a zero penalty / price is neutral: the code path
@@ -283,42 +283,6 @@ class NumpySetScorer:
         return logits, inv, rep, counts
 
 
-class UniformStream:
-    """The uniforms ``rng.random(a)``, ``rng.random(b)``, ... of a numpy Generator, in that
-    order, drawn ahead in blocks: a compiled decision takes its share from :attr:`buf` at
-    ``pos[0]`` (and moves ``pos`` on) instead of calling the generator, and :meth:`random` serves
-    Python callers from the same stream, so the values are those of the generator itself."""
-
-    #: uniforms drawn at a time, at least (32 KiB: a step takes one per request class, about
-    #: 100; a policy's first step in an episode draws a block, so it is kept small)
-    BLOCK = 1 << 12
-
-    def __init__(self, rng: np.random.Generator) -> None:
-        self.rng = rng
-        self.buf = np.empty(0)
-        self.pos = np.zeros(1, dtype=np.int64)
-
-    def reserve(self, size: int) -> None:
-        """Make sure at least ``size`` uniforms are left in :attr:`buf` after ``pos[0]``."""
-        p = self.pos[0]
-        left = self.buf.shape[0] - p
-        if left < size:
-            p, left = int(p), int(left)
-            buf = np.empty(left + max(int(size), self.BLOCK))
-            buf[:left] = self.buf[p:]
-            self.rng.random(out=buf[left:])  # (the generator's next numbers, as rng.random(k))
-            self.buf = buf
-            self.pos[0] = 0
-
-    def random(self, size: int) -> np.ndarray:
-        """The next ``size`` uniforms in [0, 1) (a new array), as ``rng.random(size)``."""
-        size = int(size)
-        self.reserve(size)
-        p = int(self.pos[0])
-        self.pos[0] = p + size
-        return self.buf[p:p + size].copy()
-
-
 def systematic_sorted(logits: np.ndarray, mask_row: np.ndarray, counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Systematic choices of every request in class-sorted order (class by class, rank order
     inside a class), for one mask shared by all requests: class c (``counts[c]`` members, choice
@@ -356,7 +320,7 @@ def _choice_ids(C: int, C1: int) -> np.ndarray:
 
 
 def choose(logits: np.ndarray, mask: np.ndarray, inv: np.ndarray, mode: str,
-           rng: np.random.Generator | UniformStream | None = None,
+           rng: np.random.Generator | None = None,
            rank: np.ndarray | None = None) -> np.ndarray:
     """Per-request choices (n,) from class ``logits`` (C, D + 1), the requests' ``mask``
     (n, D + 1, bool) and class of each request ``inv`` (n,); see the module docstring for
