@@ -117,9 +117,10 @@ class LearnedPolicy:
             self.net = net
             self.net.eval()
             if backend == "numpy":
-                from .fast import NumpySetScorer
+                from .fast import NumpySetScorer, choose, systematic_sorted
 
                 self.scorer = NumpySetScorer(self.net, dtype=np.dtype(dtype))
+                self._choose, self._systematic = choose, systematic_sorted  # (an import per step costs ~30 us)
                 for k, v in self.safety.items():
                     setattr(self.scorer, k, v)
         self._gen = th.Generator().manual_seed(self.seed)
@@ -208,31 +209,37 @@ class LearnedPolicy:
         return mask, K, D
 
     def _act_numpy(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
-        from .fast import choose, systematic_sorted
-
         sc = self.scorer
         mask, K, D = self._bound_mask(info, sc)
-        slots = np.asarray(observation["slots"]).reshape(K, sc.F_S)
-        valid = slots[:, sc._s_valid] > 0.5
-        n = int(np.count_nonzero(valid))
-        action = np.full(K, D, dtype=np.int64)
-        if n == 0:
-            return action
-        if valid[:n].all():  # the env fills slots from the front
+        slots = np.asarray(observation["slots"], dtype=np.float32).reshape(K, sc.F_S)
+        v = sc._s_valid
+        n = _front_count(slots, v, info.get("pending") if info else None)
+        if n >= 0:  # the env fills slots 0..n-1
+            action = np.empty(K, dtype=np.int64)
+            action[n:] = D
+            if n == 0:
+                return action
             rows, m, idx = slots[:n], mask[:n], slice(0, n)
         else:
-            idx = np.flatnonzero(valid)
+            action = np.full(K, D, dtype=np.int64)
+            idx = np.flatnonzero(slots[:, v] > 0.5)
+            n = idx.shape[0]
+            if n == 0:
+                return action
             rows, m = slots[idx], mask[idx]
-        one_mask = self.mode == "systematic" and bool((m == m[0]).all())
+        # one mask row for all requests <=> each row equals the one before (a flat comparison)
+        flat = m.reshape(-1)
+        one_mask = self.mode == "systematic" and bool((flat[D + 1:] == flat[:-(D + 1)]).all())
         logits, inv, _, counts = sc.class_logits(observation["datacenters"], rows, observation["globals"], inverse=not one_mask)
         if one_mask:
             # per-class counts, written in class-sorted order (same choices as choose())
-            pick = np.empty(n, dtype=np.int64)
-            pick[sc.last_order()] = systematic_sorted(logits, m[0], counts, self._rng)
-            action[idx] = pick
+            pick = action[idx] if isinstance(idx, slice) else np.empty(n, dtype=np.int64)  # (a view of action, or not)
+            pick[sc.last_order()] = self._systematic(logits, m[0], counts, self._rng)
+            if not isinstance(idx, slice):
+                action[idx] = pick
             return action
         rank = sc.last_ranks() if self.mode == "systematic" else None
-        action[idx] = choose(logits, m, inv, self.mode, self._rng, rank)
+        action[idx] = self._choose(logits, m, inv, self.mode, self._rng, rank)
         return action
 
     def _act_set(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
@@ -272,6 +279,21 @@ class LearnedPolicy:
             raise ConfigError("env", "the routing-weights agent needs reset(env) before act()")
         weights, _ = self.model.predict(observation, deterministic=True)
         return self._router.action(np.clip(np.asarray(weights, dtype=np.float64), 0.0, 1.0))
+
+
+def _front_count(slots: np.ndarray, col: int, pending: Any) -> int:
+    """The number n of valid slots (flag column ``col`` > 0.5) when they are slots 0..n-1, else -1.
+    ``pending`` (the env's ``info["pending"]``, if given) is checked, not trusted: slots 0..n-1
+    valid, slot n and the last slot not (the env fills slots from the front, so the slots in
+    between are not read); without it, or if the check fails, all slots are scanned."""
+    K = slots.shape[0]
+    if isinstance(pending, (int, np.integer)) and pending >= 0:
+        p = min(int(pending), K)  # (more pending than slots: all K hold one)
+        if (p == K or not (slots[p, col] > 0.5 or slots[K - 1, col] > 0.5)) and bool((slots[:p, col] > 0.5).all()):
+            return p
+    valid = slots[:, col] > 0.5
+    n = int(np.count_nonzero(valid))
+    return n if bool(valid[:n].all()) else -1
 
 
 #: Training-time state that a compact SB3 copy does not need (the last observations alone are
