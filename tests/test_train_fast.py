@@ -424,3 +424,22 @@ def test_unknown_backend_and_dtype_name_the_allowed_ones(layouts):
         LearnedPolicy(net, dtype="float16")
     with pytest.raises(ConfigError, match="systematic.*numpy"):
         LearnedPolicy(net, mode="systematic", backend="torch")
+
+
+def test_front_count_checks_the_envs_pending_count():
+    """The number of valid slots when they are slots 0..n-1 (else -1): the env's ``pending``
+    hint is used only when it checks out (slots before it valid, slot n and the last slot not),
+    so a wrong hint costs a full scan, never a wrong count."""
+    from train.policy import _front_count
+
+    K = 64
+    slots = np.zeros((K, 3), np.float32)
+    slots[:10, 1] = 1.0
+    for hint in (10, None, 9, 11, 0, K, 10 ** 6, -1, "10"):
+        assert _front_count(slots, 1, hint) == 10, hint
+    slots[K - 1, 1] = 1.0  # valid slots not at the front
+    for hint in (10, None, 11, K):
+        assert _front_count(slots, 1, hint) == -1, hint
+    full = np.ones((K, 3), np.float32)
+    assert _front_count(full, 1, 10 ** 6) == K and _front_count(full, 1, K) == K
+    assert _front_count(np.zeros((K, 3), np.float32), 1, 0) == 0
