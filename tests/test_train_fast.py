@@ -69,7 +69,6 @@ def test_numpy_logits_equal_torch_on_random_observations(layouts, name, classes,
     n64 = SetNetwork(spec, hidden=16, classes=classes, demand_features=demand, load_feedback=feedback).double()
     n64.load_state_dict({k: v.double() for k, v in net.state_dict().items()})
     sc64 = NumpySetScorer(net)
-    sc32 = NumpySetScorer(net, dtype=np.float32)
     K = spec["max_pending"]
     checked_classes = checked_rows = 0
     for trial in range(6):
@@ -82,8 +81,6 @@ def test_numpy_logits_equal_torch_on_random_observations(layouts, name, classes,
         lg, inv, rep, counts = sc64.class_logits(obs["datacenters"], rows, obs["globals"])
         assert np.abs(lg[inv] - ref64).max() < 1e-9
         assert np.abs(lg[inv] - ref32).max() < 1e-4 * max(1.0, np.abs(ref32).max())
-        lg32, inv32, _, _ = sc32.class_logits(obs["datacenters"], rows, obs["globals"])
-        assert np.abs(lg32[inv32] - ref64).max() < 1e-5 * max(1.0, np.abs(ref64).max())
         # argmax actions equal: numpy (float64) vs torch float64
         assert (lg[inv].argmax(axis=1) == ref64.argmax(axis=1)).all()
         assert counts.sum() == n_valid and (inv[rep] == np.arange(len(rep))).all()
@@ -413,15 +410,15 @@ def test_numpy_argmax_equals_the_torch_network_over_an_episode(classes):
     assert steps >= 4
 
 
-def test_unknown_backend_and_dtype_name_the_allowed_ones(layouts):
+def test_unknown_backend_names_the_allowed_ones(layouts):
     from carbon_gym.errors import ConfigError
     from train.policy import LearnedPolicy
 
     net = SetNetwork(layout_spec(layouts["dev"][0]), hidden=8, classes=True)
     with pytest.raises(ConfigError, match=r"backend.*'numba'.*allowed: auto, numpy, torch"):
         LearnedPolicy(net, backend="numba")
-    with pytest.raises(ConfigError, match=r"dtype.*allowed: float32, float64"):
-        LearnedPolicy(net, dtype="float16")
+    with pytest.raises(TypeError, match="dtype"):  # (float64 only: a float32 pair layer was no faster, and changed choices)
+        LearnedPolicy(net, dtype="float32")
     with pytest.raises(ConfigError, match="systematic.*numpy"):
         LearnedPolicy(net, mode="systematic", backend="torch")
 

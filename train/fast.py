@@ -64,20 +64,12 @@ class NumpySetScorer:
 
     Args:
         net: the torch network (weights are copied; later changes to ``net`` are not seen).
-        dtype: float type of the pair layer (C x D x hidden), the costly part: ``numpy.float64``
-            (default; equal to the float64 torch network to rounding, ~1e-15) or
-            ``numpy.float32`` (faster; ~1e-6 from float64). Keys, class means, the datacenter
-            and slot encoders are always float64.
-
     Call :meth:`bind` with the env's layout (done at construction with the network's), then
     :meth:`class_logits` once per step.
     """
 
-    def __init__(self, net: Any, dtype: Any = np.float64) -> None:
+    def __init__(self, net: Any) -> None:
         h = int(net.hidden)
-        self.dtype = np.dtype(dtype)
-        if self.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
-            raise ConfigError("dtype", f"got {dtype!r}", allowed=["float32", "float64"])
         self.hidden = h
         self.classes = dict(net.classes) if net.classes is not None else None
         self.demand_features = bool(net.demand_features)
@@ -97,7 +89,6 @@ class NumpySetScorer:
         wd = _np(dh[0].weight).T  # (2h, h): [slot, context]
         self.W_d_s, self.W_d_c, self.b_d1 = wd[:h].copy(), wd[h:].copy(), _np(dh[0].bias)
         self.w_d2, self.b_d2 = _np(dh[2].weight).reshape(-1), float(_np(dh[2].bias)[0])
-        self.W_pp_f, self.w_out_f = self.W_pp.astype(self.dtype), self.w_out.astype(self.dtype)
         # the slot encoder's output layer folded into the pair and defer layers: the slot part of
         # both from the encoder's hidden layer in one product, [W_s2 @ W_ps | W_s2 @ W_d_s]
         self._M_sd = np.hstack([self.W_s2 @ self.W_ps, self.W_s2 @ self.W_d_s])
@@ -219,7 +210,7 @@ class NumpySetScorer:
         """Logits (C, D + 1) of the classes of the valid slot rows ``rows`` (n >= 1, F_S), the
         class of each row (n,; None when ``inverse`` is False, see :meth:`group`), the first row
         of each class (C,) and the class sizes (C,)."""
-        D, h, ft = self.D, self.hidden, self.dtype
+        D, h = self.D, self.hidden
         dc = np.asarray(dc_flat, dtype=np.float32).reshape(D, self.F_D)
         crow, inv, rep, counts = self.group(rows, dc, inverse)
         dc64 = dc.astype(np.float64)
@@ -249,7 +240,7 @@ class NumpySetScorer:
         net = crow[:, 3:]
         sd = np.maximum(crow[:, :3] @ self.W_s1 + self.b_s1, 0.0) @ self._M_sd + self._c_sd  # (C, 2h)
         C = crow.shape[0]
-        pair_in = np.empty((C, D, 4), dtype=ft)
+        pair_in = np.empty((C, D, 4))
         pair_in[:, :, 0] = net
         if all_up:
             net_best = net.min(axis=1, keepdims=True)
@@ -263,12 +254,12 @@ class NumpySetScorer:
         np.subtract(1.0, headroom, out=headroom)
         np.minimum(np.maximum(headroom, -10.0), 2.0, out=pair_in[:, :, 2])
         np.minimum(server, 10.0, out=pair_in[:, :, 3])
-        pre = (pair_in.reshape(C * D, 4) @ self.W_pp_f).reshape(C, D, h)
+        pre = (pair_in.reshape(C * D, 4) @ self.W_pp).reshape(C, D, h)
         pre += (e @ self.W_pd + self.b_pd)[None, :, :]
         pre += sd[:, None, :h]
         np.maximum(pre, 0.0, out=pre)
         logits = np.empty((C, D + 1))
-        logits[:, :D] = (pre.reshape(C * D, h) @ self.w_out_f).reshape(C, D)
+        logits[:, :D] = (pre.reshape(C * D, h) @ self.w_out).reshape(C, D)
         logits[:, :D] += self.b_out
         hd = sd[:, h:]
         hd += (e.sum(axis=0) / D) @ self.W_d_c + self.b_d1

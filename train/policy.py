@@ -66,9 +66,6 @@ class LearnedPolicy:
         backend: ``"auto"`` (default: ``"numpy"`` for a class network; ``"torch"`` for a
             per-request one, where scoring n x D pairs is faster in torch), ``"numpy"`` or
             ``"torch"`` for the set policy's decisions.
-        dtype: float type of the numpy path's pair layer: ``"float64"`` (default: the torch
-            network's logits in float64 to ~1e-12) or ``"float32"`` (~1e-6 from them; a little
-            faster, and choices near a tie may differ).
         load_price, headroom_penalty, headroom_margin: inference-time safety knobs (numpy
             backend only; a zero price / penalty is neutral: the network's own logits), see
             :data:`train.fast.SAFETY_KNOBS`: a larger ``headroom_penalty`` moves requests off
@@ -78,7 +75,7 @@ class LearnedPolicy:
     """
 
     def __init__(self, model: Any, *, mode: str = "sample", seed: int = 0, threads: int = 1, backend: str = "auto",
-                 dtype: str = "float64", load_price: float = 0.0,
+                 load_price: float = 0.0,
                  headroom_penalty: float = 0.0, headroom_margin: float = 0.0) -> None:
         import torch as th
 
@@ -88,8 +85,6 @@ class LearnedPolicy:
             raise ConfigError("mode", f"unknown mode {mode!r}", allowed=list(MODES))
         if backend not in BACKENDS:
             raise ConfigError("backend", f"unknown backend {backend!r}", allowed=list(BACKENDS))
-        if dtype not in ("float32", "float64"):
-            raise ConfigError("dtype", f"unknown dtype {dtype!r}", allowed=["float32", "float64"])
         self.mode = mode
         self.seed = int(seed)
         self.threads = int(threads)
@@ -119,7 +114,7 @@ class LearnedPolicy:
             if backend == "numpy":
                 from .fast import NumpySetScorer, choose, systematic_sorted
 
-                self.scorer = NumpySetScorer(self.net, dtype=np.dtype(dtype))
+                self.scorer = NumpySetScorer(self.net)
                 self._choose, self._systematic = choose, systematic_sorted  # (an import per step costs ~30 us)
                 for k, v in self.safety.items():
                     setattr(self.scorer, k, v)
