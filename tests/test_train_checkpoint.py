@@ -242,3 +242,17 @@ def test_trusted_sb3_export_gives_the_same_network_and_actions(sb3_zip, tmp_path
         x = a.act(obs, info)
         assert np.array_equal(x, b.act(obs, info))
         obs, _, _, _, info = env.step(x)
+
+
+def test_trust_flag_lets_the_cli_evaluate_an_sb3_checkpoint(sb3_zip, tmp_path, capsys):
+    """--trust-checkpoint reaches the policy factory through the harness (the run completes and
+    its table has the learned row)."""
+    from eval import cli
+
+    out = tmp_path / "ev"
+    argv = ["eval", "--policies", f"learned:{sb3_zip}", "--scenarios", "dev", "--seeds", "1", "--duration-s", "4",
+            "--out", str(out), "--workers", "1", "--no-progress", "--no-plots", "--no-tensorboard", "--no-requests"]
+    assert cli.main(argv) == 2 and not out.exists()
+    capsys.readouterr()
+    assert cli.main(argv + ["--trust-checkpoint"]) == 0
+    assert "learned" in (out / "summary.md").read_text()
