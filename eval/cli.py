@@ -164,11 +164,12 @@ def split_list(text: str | None) -> list[str]:
     return [p.strip() for p in (text or "").split(",") if p.strip()]
 
 
-def resolve_policies(text: str) -> list[str]:
+def resolve_policies(text: str, trust: bool = False) -> list[str]:
     """Comma list (or ``all``) -> validated policy names as in tables, ``rr`` first (the
     reference). Names are checked by the policy registry (:func:`carbon_gym.registry.check_policy_name`:
     registered names and aliases, ``learned:<checkpoint.zip>`` with an existing file,
-    importable ``package.module:Class``) before any run starts."""
+    importable ``package.module:Class``) before any run starts; a learned checkpoint must be
+    pickle-free unless ``trust`` (``--trust-checkpoint``)."""
     from carbon_gym import registry
     from carbon_gym.errors import ConfigError
 
@@ -191,6 +192,8 @@ def resolve_policies(text: str) -> list[str]:
             if exc.allowed is not None and isinstance(exc.allowed, list):
                 raise UsageError("--policies", text_.split(" (allowed: ")[0], [*exc.allowed, "all"]) from None
             raise UsageError("--policies", text_) from None
+        if _is_learned(name):
+            _check_checkpoint(name, trust)
         if name not in out:
             out.append(name)
     if REFERENCE_POLICY not in out:
@@ -206,6 +209,42 @@ def _import_from_cwd() -> None:
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
         sys.path.insert(0, cwd)
+
+
+def _is_learned(name: str) -> bool:
+    """``learned``, ``learned:<path>`` or ``ppo:<path>`` (train's registered names)."""
+    from carbon_gym.registry import split_prefix
+
+    pre = split_prefix(name)
+    return name == "learned" or (pre is not None and pre[0] in ("learned", "ppo"))
+
+
+def _check_checkpoint(name: str, trust: bool = False) -> None:
+    """A learned policy's checkpoint must exist (and train/ must be installed), and be pickle-free
+    unless ``trust`` (``--trust-checkpoint``)."""
+    try:
+        from train.checkpoint import require_trust
+        from train.policy import SHIPPED_CHECKPOINT
+    except ImportError:
+        raise UsageError("--policies", f"{name!r} needs the training extra: pip install 'carbon-gym[train]'") from None
+    path = str(SHIPPED_CHECKPOINT) if name == "learned" else name.split(":", 1)[1]
+    if not os.path.isfile(path):
+        raise UsageError("--policies", f"{name!r}: no checkpoint at {path!r}")
+    from carbon_gym.errors import CarbonGymError
+
+    try:
+        require_trust(path, trust)
+    except CarbonGymError as exc:
+        raise UsageError("--trust-checkpoint" if getattr(exc, "field", "") == "trust" else "--policies", f"{name!r}: {exc}") from None
+
+
+def _with_trust(policy_kwargs: dict[str, dict[str, Any]], policies: Sequence[str], trust: bool) -> dict[str, dict[str, Any]]:
+    """``policy_kwargs`` with ``trust=True`` for every learned policy when ``--trust-checkpoint``."""
+    if trust:
+        for p in policies:
+            if _is_learned(p):
+                policy_kwargs[p] = {**policy_kwargs.get(p, policy_kwargs.get("learned", {})), "trust": True}
+    return policy_kwargs
 
 
 def list_scenarios() -> list[str]:
@@ -304,6 +343,7 @@ def add_run_args(p: argparse.ArgumentParser, *, out_default: str) -> None:
     g.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE", help="scenario override, e.g. --set env.polling_s=2 (repeatable)")
     g.add_argument("--policy-arg", dest="policy_args", action="append", metavar="POLICY.KEY=VALUE", help="policy keyword argument, e.g. --policy-arg milp.time_limit_s=0.5 (repeatable)")
     g.add_argument("--no-carbon-start", action="store_true", help="keep the scenario's own carbon start instead of sampling starts across the year")
+    g.add_argument("--trust-checkpoint", action="store_true", help="admit learned checkpoints in stable-baselines3's pickled .zip format (loading one can run its author's code)")
     r = p.add_argument_group("execution and output")
     r.add_argument("--out", default=out_default, help=f"output directory (default {out_default})")
     r.add_argument("--workers", type=_positive_int, default=None, help="local worker processes (default: all cores)")
@@ -332,10 +372,10 @@ def _check_run_args(args: argparse.Namespace) -> None:
 def cmd_eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
     _check_run_args(args)
     seeds = parse_seeds(args.seeds if args.seeds is not None else 3, args.seed_list, args.seed_start)
-    policies = resolve_policies(args.policies)
+    policies = resolve_policies(args.policies, args.trust_checkpoint)
     scenarios = resolve_scenarios(args.scenarios)
     overrides = parse_assignments(args.overrides, "--set")
-    policy_kwargs = parse_policy_args(args.policy_args)
+    policy_kwargs = _with_trust(parse_policy_args(args.policy_args), policies, args.trust_checkpoint)
     from carbon_gym.registry import split_prefix
 
     from eval import experiments
@@ -398,7 +438,7 @@ def cmd_experiment(args: argparse.Namespace, argv: Sequence[str]) -> int:
         for ld in loads:
             if ld not in experiments.LOADS:
                 raise UsageError("--loads", f"unknown load {ld!r}", experiments.LOADS)
-    policies = resolve_policies(args.policies) if args.policies else None
+    policies = resolve_policies(args.policies, args.trust_checkpoint) if args.policies else None
     scenarios = resolve_scenarios(args.scenarios) if args.scenarios else None
     check_scenarios(scenarios or [f"{(models or experiments.MODELS)[0]}-{(loads or ['moderate'])[0]}"], experiments.preset_overrides(args.preset or "quick", args.duration_s, parse_assignments(args.overrides, "--set")))
     for n in names:
@@ -413,7 +453,7 @@ def cmd_experiment(args: argparse.Namespace, argv: Sequence[str]) -> int:
             scenarios=scenarios,
             duration_s=args.duration_s,
             overrides=parse_assignments(args.overrides, "--set"),
-            policy_kwargs=parse_policy_args(args.policy_args),
+            policy_kwargs=_with_trust(parse_policy_args(args.policy_args), policies or [], args.trust_checkpoint),
             workers=args.workers,
             ray_address=args.ray_address,
             tensorboard=None if args.no_tensorboard else (args.tensorboard or os.path.join(args.out, n, "tensorboard")),

@@ -157,19 +157,24 @@ def test_learned_policy_runs_in_rollout_and_is_seeded(maskable_run):
 
     path = Path(maskable_run["run"]) / "final.zip"
     env = gym.make("carbon_gym/GeoServe-v0", scenario="dev", overrides=DEV)
-    a = rollout(env, LearnedPolicy.load(path, seed=1), seed=2)
-    b = rollout(env, make_policy(f"learned:{path}", env, seed=1), seed=2)
+    with pytest.raises(ConfigError, match="trust"):  # an SB3 zip (pickled objects) needs trust
+        LearnedPolicy.load(path, seed=1)
+    a = rollout(env, LearnedPolicy.load(path, seed=1, trust=True), seed=2)
+    b = rollout(env, make_policy(f"learned:{path}", env, seed=1, trust=True), seed=2)
     assert a["carbon_g"] == b["carbon_g"] and a["violations"] == b["violations"]
     assert a["invalid_actions"] == 0 and a["placed"] > 0
     assert a["decision_s_mean"] < 0.05
-    assert type(make_policy(f"ppo:{path}", env, seed=1)) is LearnedPolicy
-    # The exported (shipped-style) checkpoint is smaller and acts the same.
+    assert type(make_policy(f"ppo:{path}", env, seed=1, trust=True)) is LearnedPolicy
+    # The exported (shipped-style, pickle-free) checkpoint is smaller, loads without trust and
+    # acts the same; it records the run's config.
+    from train.checkpoint import checkpoint_format, read_set_checkpoint
     from train.policy import export_checkpoint
 
-    small = export_checkpoint(path, Path(maskable_run["run"]) / "export.zip")
-    assert small.stat().st_size < path.stat().st_size
+    small = export_checkpoint(path, Path(maskable_run["run"]) / "export.npz", trust=True)
+    assert checkpoint_format(small) == "set" and small.stat().st_size < path.stat().st_size
+    assert read_set_checkpoint(small).training["config"]["name"] == maskable_run["cfg"].name
     c = rollout(env, LearnedPolicy.load(small, seed=1), seed=2)
-    assert c["carbon_g"] == a["carbon_g"]
+    assert c["carbon_g"] == a["carbon_g"] and c["violations"] == a["violations"]
 
 
 def test_ppo_routing_weights_logs_domain_tags(tmp_path):
@@ -187,8 +192,16 @@ def test_ppo_routing_weights_logs_domain_tags(tmp_path):
     assert "train/value_loss" in scalars
     # The routing-weights agent is a Policy too: weights -> per-request action through the wrapper.
     env = make_episode_env("dev", DEV, "2023-01-04T06:00:00Z")
-    m = rollout(env, LearnedPolicy.load(tmp_path / "final.zip"), seed=0)
+    m = rollout(env, LearnedPolicy.load(tmp_path / "final.zip", trust=True), seed=0)
     assert m["placed"] == m["arrived"] - m["unplaced_at_end"] and m["invalid_actions"] == 0
+    # no pickle-free format for routing weights: the export is a compact SB3 zip, still under the trust rule
+    from train.policy import export_checkpoint
+
+    small = export_checkpoint(tmp_path / "final.zip", tmp_path / "routing.zip", trust=True)
+    with pytest.raises(ConfigError, match="trust"):
+        LearnedPolicy.load(small)
+    m2 = rollout(make_episode_env("dev", DEV, "2023-01-04T06:00:00Z"), LearnedPolicy.load(small, trust=True), seed=0)
+    assert m2["carbon_g"] == m["carbon_g"]
 
 
 def test_config_validation_names_the_field(tmp_path):
@@ -253,21 +266,20 @@ def test_checkpoint_records_env_and_rejects_another_env_version(tmp_path):
     import zipfile
 
     from carbon_gym.errors import ConfigError
-    from train.policy import ENV_META_NAME, SHIPPED_CHECKPOINT, LearnedPolicy, checkpoint_env_meta
+    from train.checkpoint import META_NAME
+    from train.policy import SHIPPED_CHECKPOINT, LearnedPolicy, checkpoint_env_meta
 
     with zipfile.ZipFile(SHIPPED_CHECKPOINT) as zf:  # the shipped agent records its env
-        assert json.loads(zf.read(ENV_META_NAME)) == checkpoint_env_meta()
-    bad = tmp_path / "old.zip"
+        meta = json.loads(zf.read(META_NAME))
+    assert meta["env"] == checkpoint_env_meta()
+    bad = tmp_path / "old.npz"
+    meta["env"]["env_version"] = "geoserve-0.0"
     with zipfile.ZipFile(SHIPPED_CHECKPOINT) as src, zipfile.ZipFile(bad, "w") as dst:
         for item in src.namelist():
-            if item != ENV_META_NAME:
-                dst.writestr(item, src.read(item))
-        meta = checkpoint_env_meta()
-        meta["env_version"] = "geoserve-0.0"
-        dst.writestr(ENV_META_NAME, json.dumps(meta))
+            dst.writestr(item, json.dumps(meta) if item == META_NAME else src.read(item))
     with pytest.raises(ConfigError, match="env_version.*geoserve-0.0"):
         LearnedPolicy.load(bad)
     junk = tmp_path / "junk.zip"
     junk.write_text("not a zip")
-    with pytest.raises(ConfigError, match="not a carbon-gym training checkpoint"):
+    with pytest.raises(ConfigError, match="not a carbon-gym checkpoint"):
         LearnedPolicy.load(junk)

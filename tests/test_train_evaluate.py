@@ -22,7 +22,7 @@ def stub_episodes(monkeypatch):
     viol = {"round-robin": 0.01, "facility-milp": 0.04, "learned": 0.03}
     dec = {"round-robin": 1e-4, "facility-milp": 2e-2, "learned": 2e-4}
 
-    def fake(name, scenario, start_utc, seed, overrides, checkpoint=None, mode=None):
+    def fake(name, scenario, start_utc, seed, overrides, checkpoint=None, mode=None, trust=False):
         calls.append((name, scenario, start_utc, seed))
         return {"carbon_g": carbon[name], "violation_rate": viol[name], "decision_s_mean": dec[name],
                 "decision_s_p95": 2 * dec[name], "wall_s": 0.0}

@@ -119,18 +119,18 @@ def test_checkpoint_records_the_knobs(tmp_path):
     # the shipped checkpoint records the knobs selected on validation days (train/RESULTS_TRAIN.md)
     assert old.safety == {"load_price": 0.0, "headroom_penalty": 20.0, "headroom_margin": 0.6}
     assert old.scorer.headroom_penalty == 20.0 and old.scorer.headroom_margin == 0.6
-    out = export_checkpoint(SHIPPED_CHECKPOINT, tmp_path / "k.zip",
+    out = export_checkpoint(SHIPPED_CHECKPOINT, tmp_path / "k.npz",
                             safety={"load_price": 0.08, "headroom_penalty": 0.0, "headroom_margin": 0.0})
     pol = LearnedPolicy.load(out)
     assert pol.safety == {"load_price": 0.08, "headroom_penalty": 0.0, "headroom_margin": 0.0} and pol.scorer.load_price == 0.08
     assert pol.mode == old.mode == "systematic"
     assert LearnedPolicy.load(out, load_price=0.0).safety["load_price"] == 0.0  # explicit wins
-    assert LearnedPolicy.load(export_checkpoint(out, tmp_path / "again.zip")).safety["load_price"] == 0.08  # kept
+    assert LearnedPolicy.load(export_checkpoint(out, tmp_path / "again.npz")).safety["load_price"] == 0.08  # kept
     with pytest.raises(ConfigError, match="load_price"):
         LearnedPolicy.load(SHIPPED_CHECKPOINT, load_price=-1.0)
     with pytest.raises(ConfigError, match="load_price"):
         LearnedPolicy.load(SHIPPED_CHECKPOINT, backend="torch", mode="argmax", load_price=1.0, headroom_penalty=0.0)
     with pytest.raises(ConfigError, match="headroom_penalty=20.0 .* pass headroom_penalty=0.0"):  # recorded knob, torch path
         LearnedPolicy.load(SHIPPED_CHECKPOINT, backend="torch", mode="argmax")
-    both = export_checkpoint(SHIPPED_CHECKPOINT, tmp_path / "h.zip", safety={"headroom_penalty": 20.0, "headroom_margin": 0.6})
+    both = export_checkpoint(SHIPPED_CHECKPOINT, tmp_path / "h.npz", safety={"headroom_penalty": 20.0, "headroom_margin": 0.6})
     assert LearnedPolicy.load(both).safety == {"load_price": 0.0, "headroom_penalty": 20.0, "headroom_margin": 0.6}

@@ -49,12 +49,12 @@ def _check(argument: str) -> None:
 
 
 def register_policies() -> None:
-    """Register ``learned`` (the shipped checkpoint) and the prefixes ``learned:<path.zip>`` /
-    ``ppo:<path.zip>`` in :mod:`carbon_gym.registry` (idempotent; imports no torch)."""
+    """Register ``learned`` (the shipped checkpoint) and the prefixes ``learned:<path>`` /
+    ``ppo:<path>`` (a pickle-free ``.npz`` checkpoint, or an SB3 ``.zip`` with ``trust=True``) in :mod:`carbon_gym.registry` (idempotent; imports no torch)."""
     from carbon_gym.registry import register_policy, register_policy_prefix
 
     register_policy("learned", _learned, in_all=False, check=_check, replace=True,
-                    doc="the shipped trained agent (train/checkpoints/llama8b_set.zip)")
+                    doc="the shipped trained agent (train/checkpoints/llama8b_set.npz)")
     for prefix in ("learned", "ppo"):
         register_policy_prefix(prefix, _learned_path, check=_check, replace=True,
-                               doc="a trained agent: checkpoint .zip written by carbon-gym train")
+                               doc="a trained agent: checkpoint (.npz; an SB3 .zip needs --trust-checkpoint) written by carbon-gym train")

@@ -3,12 +3,16 @@
 Usage::
 
     carbon-gym train --config train/configs/llama8b.toml [--run-dir runs/train/llama8b] [--resume]
-                     [--total-timesteps N] [--export train/checkpoints/llama8b_set.zip] [--verbose]
+                     [--total-timesteps N] [--export agent.npz] [--verbose]
     carbon-gym train --config dev_maskable --resume          # continue an interrupted run
     carbon-gym train evaluate --checkpoint PATH --scenarios llama8b-moderate [--days 3] [--policies rr,greedy,milp]
-    carbon-gym train export --checkpoint runs/train/llama8b/bc.zip --out train/checkpoints/llama8b_set.zip
+    carbon-gym train export --checkpoint runs/train/llama8b_dagger_h8/best.npz --out train/checkpoints/llama8b_set.npz
+    carbon-gym train export --trust-checkpoint --checkpoint runs/train/llama8b/final.zip --out agent.npz
     carbon-gym train decision-time --scenario llama8b-moderate [--checkpoint PATH] [--steps 30]
     carbon-gym train imitate --config llama8b_dagger [--run-dir runs/train/llama8b_dagger] [--export PATH]
+
+Checkpoints are read in the pickle-free set-policy format (``.npz``, :mod:`train.checkpoint`);
+a stable-baselines3 ``.zip`` (training output) only with ``--trust-checkpoint``.
 
 TensorBoard: ``tensorboard --logdir runs/train``.
 """
@@ -31,7 +35,7 @@ def _train_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", default=None, help="run directory (default: runs/train/<config name>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its latest checkpoint")
     p.add_argument("--total-timesteps", type=int, default=None, help="override total_timesteps of the config")
-    p.add_argument("--export", default=None, help="also copy the final model to this path (e.g. train/checkpoints/llama8b_set.zip)")
+    p.add_argument("--export", default=None, help="also export the final model to this path (a set policy in the pickle-free format, e.g. agent.npz)")
     p.add_argument("--verbose", action="store_true", help="print SB3's log tables")
     return p
 
@@ -53,6 +57,8 @@ def _eval_parser() -> argparse.ArgumentParser:
     p.add_argument("--baselines-only", action="store_true", help="run (and cache) the baselines only")
     p.add_argument("--cache", default="runs/train/eval_cache.json", help="JSON cache of the baselines' episodes ('' = none)")
     p.add_argument("--mode", default=None, choices=["sample", "systematic", "argmax"], help="learned policy's choice mode (default: the checkpoint's)")
+    p.add_argument("--trust-checkpoint", action="store_true",
+                   help="admit a stable-baselines3 .zip (loading one unpickles objects, which can run its author's code)")
     return p
 
 
@@ -61,9 +67,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] == "export":
-            ap = argparse.ArgumentParser(prog=f"{PROG} export", description="Write a compact copy of a checkpoint (no training-time state).")
-            ap.add_argument("--checkpoint", required=True, help="e.g. runs/train/llama8b/bc.zip or .../final.zip")
-            ap.add_argument("--out", required=True, help="e.g. train/checkpoints/llama8b_set.zip")
+            ap = argparse.ArgumentParser(prog=f"{PROG} export", description="Write a checkpoint for evaluation and sharing: a set policy in the pickle-free format.")
+            ap.add_argument("--checkpoint", required=True, help="e.g. runs/train/<run>/best.npz, or (with --trust-checkpoint) .../final.zip")
+            ap.add_argument("--out", required=True, help="e.g. train/checkpoints/llama8b_set.npz")
+            ap.add_argument("--trust-checkpoint", action="store_true",
+                            help="admit a stable-baselines3 .zip (loading one unpickles objects, which can run its author's code)")
             ap.add_argument("--mode", default=None, choices=["sample", "systematic", "argmax"],
                             help="record this default choice mode in the copy (default: keep the source's)")
             for knob, what in (("load_price", "price per proposed request per engine above the mean"),
@@ -75,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .policy import SAFETY_KNOB_NAMES, export_checkpoint
 
             safety = {k: getattr(a, k) for k in SAFETY_KNOB_NAMES if getattr(a, k) is not None}
-            dst = export_checkpoint(a.checkpoint, a.out, mode=a.mode, safety=safety or None)
+            dst = export_checkpoint(a.checkpoint, a.out, mode=a.mode, safety=safety or None, trust=a.trust_checkpoint)
             print(f"exported {dst} ({dst.stat().st_size / 1024:.0f} KiB)")
             return 0
         if argv and argv[0] == "decision-time":
@@ -84,10 +92,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             ap.add_argument("--scenario", default="llama8b-moderate")
             ap.add_argument("--other", default="facility-milp")
             ap.add_argument("--steps", type=int, default=30)
+            ap.add_argument("--trust-checkpoint", action="store_true",
+                            help="admit a stable-baselines3 .zip (loading one unpickles objects, which can run its author's code)")
             a = ap.parse_args(argv[1:])
             from .evaluate import paired_decision_times
 
-            r = paired_decision_times(a.scenario, checkpoint=a.checkpoint, other=a.other, steps=a.steps)
+            r = paired_decision_times(a.scenario, checkpoint=a.checkpoint, other=a.other, steps=a.steps, trust=a.trust_checkpoint)
             print(f"{a.scenario}: learned mean {1e3 * r['learned']['mean_s']:.2f} ms (p50 {1e3 * r['learned']['p50_s']:.2f}), "
                   f"{a.other} mean {1e3 * r[a.other]['mean_s']:.1f} ms (p50 {1e3 * r[a.other]['p50_s']:.1f}); "
                   f"ratio of means {r['ratio_mean']:.0f}x, of medians {r['ratio_p50']:.0f}x over {r['steps']} steps; "
@@ -120,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 baselines=[s for s in args.policies.split(",") if s], days=args.days, duration_s=args.duration_s,
                 max_pending=args.max_pending, out_md=None if args.baselines_only else args.out, out_json=args.json,
                 learned=not args.baselines_only, cache_json=args.cache or None, mode=args.mode,
-                skip_days=args.skip_days,
+                skip_days=args.skip_days, trust=args.trust_checkpoint,
             )
             return 0
         args = _train_parser().parse_args(argv)
@@ -134,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.export:
             from .policy import export_checkpoint
 
-            dst = export_checkpoint(summary["final"], args.export)
+            dst = export_checkpoint(summary["final"], args.export, trust=True)  # (the model this run just saved)
             print(f"exported {dst} ({dst.stat().st_size / 1024:.0f} KiB)")
         ev = summary.get("last_eval") or {}
         if ev:

@@ -47,20 +47,21 @@ def policy_key(name: str) -> str:
     return info.aliases[0] if info.aliases else info.name
 
 
-def _policy(name: str, env: Any, checkpoint: str | None, mode: str | None = None) -> Any:
+def _policy(name: str, env: Any, checkpoint: str | None, mode: str | None = None, trust: bool = False) -> Any:
     """Policy ``name`` from the registry; the learned one from ``checkpoint`` (default: the
-    shipped one), sampling seed 0."""
+    shipped one), sampling seed 0; ``trust`` admits a pickled SB3 checkpoint."""
     from carbon_gym.registry import make_policy
 
     if name == "learned":
         kw: dict[str, Any] = {"mode": mode} if mode else {}
-        return make_policy("learned", env, path=checkpoint or None, seed=0, **kw)
+        return make_policy("learned", env, path=checkpoint or None, seed=0, trust=trust, **kw)
     return make_policy(name, env)
 
 
 def evaluate_episode(name: str, scenario: str, start_utc: str, seed: int, overrides: dict[str, Any],
-                     checkpoint: str | None = None, mode: str | None = None) -> dict[str, Any]:
-    """One episode of policy ``name``; returns the scalar metrics that the table uses."""
+                     checkpoint: str | None = None, mode: str | None = None, trust: bool = False) -> dict[str, Any]:
+    """One episode of policy ``name``; returns the scalar metrics that the table uses (``trust``:
+    admit an SB3 ``checkpoint``, see :meth:`train.policy.LearnedPolicy.load`)."""
     import torch as th
 
     from carbon_gym.policy import rollout
@@ -68,7 +69,7 @@ def evaluate_episode(name: str, scenario: str, start_utc: str, seed: int, overri
     th.set_num_threads(1)
     env = make_episode_env(scenario, overrides, start_utc)
     try:
-        pol = _policy(name, env, checkpoint, mode)
+        pol = _policy(name, env, checkpoint, mode, trust)
         t0 = time.perf_counter()
         m = rollout(env, pol, seed=seed)
         wall = time.perf_counter() - t0
@@ -135,14 +136,19 @@ def markdown_table(summary: dict[str, dict[str, Any]], policies: Sequence[str]) 
 def run_evaluation(*, checkpoint: str | None, scenarios: Sequence[str], baselines: Sequence[str], days: int,
                    duration_s: float, max_pending: int | None, out_md: str | None, out_json: str | None,
                    cache_json: str | None = "runs/train/eval_cache.json", learned: bool = True,
-                   mode: str | None = None, skip_days: int = 0,
+                   mode: str | None = None, skip_days: int = 0, trust: bool = False,
                    log: Any = print) -> dict[str, Any]:
     """Run the comparison and write the Markdown table (``out_md``) and raw JSON (``out_json``).
 
     The episodes are the held-out starts ``skip_days .. skip_days + days - 1`` of
     :func:`train.envs.heldout_starts` (world seed ``1000 + index``): ``skip_days`` leaves out
-    starts already used, so that a later check runs on days nobody has looked at."""
+    starts already used, so that a later check runs on days nobody has looked at. ``trust``
+    admits an SB3 ``checkpoint`` (checked before any episode runs)."""
     warnings.simplefilter("ignore", UserWarning)
+    if learned and checkpoint:
+        from .checkpoint import require_trust
+
+        require_trust(checkpoint, trust)
     base = [policy_key(b) for b in baselines]
     if REFERENCE not in base:
         base.insert(0, REFERENCE)
@@ -167,7 +173,7 @@ def run_evaluation(*, checkpoint: str | None, scenarios: Sequence[str], baseline
                 if p != "learned" and ck in cache:
                     per[p] = cache[ck]
                     continue
-                per[p] = evaluate_episode(p, scen, start, 1000 + i, overrides, checkpoint, mode)
+                per[p] = evaluate_episode(p, scen, start, 1000 + i, overrides, checkpoint, mode, trust)
                 log(f"{scen} {start} {p}: carbon {per[p]['carbon_g']:.1f} g, violations {per[p]['violation_rate']:.4f}, "
                     f"decision {1e3 * per[p]['decision_s_mean']:.2f} ms ({per[p]['wall_s']:.0f} s)")
                 if p != "learned":
@@ -192,7 +198,7 @@ def run_evaluation(*, checkpoint: str | None, scenarios: Sequence[str], baseline
 
 def paired_decision_times(scenario: str, *, checkpoint: str | None = None, other: str = "facility-milp",
                           steps: int = 30, start_utc: str | None = None, seed: int = 1000,
-                          duration_s: float = 60.0) -> dict[str, Any]:
+                          duration_s: float = 60.0, trust: bool = False) -> dict[str, Any]:
     """Decision wall time of the learned policy and of ``other`` on the *same* observations,
     timed alternately in one process (so machine load affects both alike). The learned policy
     drives the episode; ``other`` is only asked for its action. Returns per-policy mean / p50 /
@@ -206,7 +212,7 @@ def paired_decision_times(scenario: str, *, checkpoint: str | None = None, other
     th.set_num_threads(1)
     warnings.simplefilter("ignore", UserWarning)
     env = make_episode_env(scenario, {"duration_s": float(duration_s)}, start_utc or heldout_starts(1)[0])
-    learned = LearnedPolicy.load(checkpoint or SHIPPED_CHECKPOINT, seed=0)
+    learned = LearnedPolicy.load(checkpoint or SHIPPED_CHECKPOINT, seed=0, trust=trust)
     obs, info = env.reset(seed=seed)
     learned.reset(env)
     ref = _policy(other, env, None)

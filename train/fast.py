@@ -27,7 +27,7 @@ from carbon_gym.errors import ConfigError
 
 from .set_policy import _USED_BINS, MASKED_LOGIT, class_bin_edges
 
-__all__ = ["NumpySetScorer", "UniformStream", "choose", "systematic_sorted", "CHOICE_MODES", "SAFETY_KNOBS"]
+__all__ = ["NumpySetScorer", "choose", "systematic_sorted", "CHOICE_MODES", "SAFETY_KNOBS"]
 
 #: Inference-time safety knobs of :class:`NumpySetScorer` (added to the datacenter logits after
 #: the network, including its load-feedback pass; a zero penalty / price is neutral: the code path
@@ -45,10 +45,18 @@ __all__ = ["NumpySetScorer", "UniformStream", "choose", "systematic_sorted", "CH
 SAFETY_KNOBS = ("load_price", "headroom_penalty", "headroom_margin")
 
 CHOICE_MODES = ("sample", "argmax", "systematic")
+#: Datacenter inputs that are observation columns (carbon now, next hour, the 11 observed ones).
+_DC_TAKEN = np.array([0, 1] + list(range(3, 14)))
 
 
 def _np(t: Any) -> np.ndarray:
     return t.detach().cpu().double().numpy().copy()
+
+
+def _ceil32(edges: np.ndarray) -> np.ndarray:
+    """The smallest float32 >= each float64 edge."""
+    e32 = edges.astype(np.float32)
+    return np.where(e32.astype(np.float64) < edges, np.nextafter(e32, np.float32(np.inf)), e32)
 
 
 class NumpySetScorer:
@@ -56,20 +64,12 @@ class NumpySetScorer:
 
     Args:
         net: the torch network (weights are copied; later changes to ``net`` are not seen).
-        dtype: float type of the pair layer (C x D x hidden), the costly part: ``numpy.float64``
-            (default; equal to the float64 torch network to rounding, ~1e-15) or
-            ``numpy.float32`` (faster; ~1e-6 from float64). Keys, class means, the datacenter
-            and slot encoders are always float64.
-
     Call :meth:`bind` with the env's layout (done at construction with the network's), then
     :meth:`class_logits` once per step.
     """
 
-    def __init__(self, net: Any, dtype: Any = np.float64) -> None:
+    def __init__(self, net: Any) -> None:
         h = int(net.hidden)
-        self.dtype = np.dtype(dtype)
-        if self.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
-            raise ConfigError("dtype", f"got {dtype!r}", allowed=["float32", "float64"])
         self.hidden = h
         self.classes = dict(net.classes) if net.classes is not None else None
         self.demand_features = bool(net.demand_features)
@@ -89,7 +89,10 @@ class NumpySetScorer:
         wd = _np(dh[0].weight).T  # (2h, h): [slot, context]
         self.W_d_s, self.W_d_c, self.b_d1 = wd[:h].copy(), wd[h:].copy(), _np(dh[0].bias)
         self.w_d2, self.b_d2 = _np(dh[2].weight).reshape(-1), float(_np(dh[2].bias)[0])
-        self.W_pp_f, self.w_out_f = self.W_pp.astype(self.dtype), self.w_out.astype(self.dtype)
+        # the slot encoder's output layer folded into the pair and defer layers: the slot part of
+        # both from the encoder's hidden layer in one product, [W_s2 @ W_ps | W_s2 @ W_d_s]
+        self._M_sd = np.hstack([self.W_s2 @ self.W_ps, self.W_s2 @ self.W_d_s])
+        self._c_sd = np.concatenate([self.b_s2 @ self.W_ps, self.b_s2 @ self.W_d_s])
         self.load_feedback = int(getattr(net, "load_feedback", 0))
         if self.load_feedback:
             fb = net.fb_head
@@ -103,6 +106,9 @@ class NumpySetScorer:
         self.headroom_margin = 0.0
         if self.classes is not None:
             self._out_edges, self._used_edges = class_bin_edges(self.classes)
+            # x >= edge <=> x >= the smallest float32 >= edge, for float32 x: the bins of float32
+            # inputs without converting them
+            self._out_t32, self._used_t32 = _ceil32(self._out_edges), _ceil32(self._used_edges)
         self.bind(net.spec)
 
     def bind(self, spec: Mapping[str, Any]) -> "NumpySetScorer":
@@ -125,6 +131,8 @@ class NumpySetScorer:
         self._s_valid, self._s_origin = s["valid"], s["origin"]
         self._s_prompt, self._s_pred, self._s_waited, self._s_net = s["prompt"], s["predicted_output"], s["waited"], s["network"]
         self._g_sin, self._g_cos = g["hour_sin"], g["hour_cos"]
+        # datacenter inputs 0, 1 and 3..13 are observation columns, gathered in one step
+        self._dc_take = np.array([self._c_now, self._c_f1] + self._c_obs)
         engines = np.maximum(np.asarray(spec["n_engines"], dtype=np.float64), 1.0)
         # the torch network keeps 1 / (engines x 16) as float32
         self._inv_engines = (1.0 / (engines * 16.0)).astype(np.float32).astype(np.float64)
@@ -148,15 +156,16 @@ class NumpySetScorer:
         if self.classes is None:
             self._last = (np.arange(n), np.arange(n), np.ones(n, dtype=np.int64))
             return rows[:, self._cols].astype(np.float64), np.arange(n), np.arange(n), np.ones(n, dtype=np.int64)
-        # keys in float64 (as SetNetwork.class_keys); float32 -> float64 conversions are exact
+        # keys as SetNetwork.class_keys: float32 inputs against the float64 bin edges
+        rows = np.asarray(rows, dtype=np.float32)
         origin = rows[:, self._s_origin:self._s_origin + self.R] @ self._origin_key  # origin x (bins)
-        key = np.searchsorted(self._out_edges, rows[:, self._s_pred], "right")
+        key = np.searchsorted(self._out_t32, rows[:, self._s_pred], "right")
         key *= _USED_BINS
         up = dc[:, self._c_up] > 0.5
         pref = float(dc[:, self._c_prefill].astype(np.float64)[up].sum() / max(int(up.sum()), 1))
-        used = rows[:, self._s_prompt] * pref  # float32 x float -> float64
+        used = rows[:, self._s_prompt] * pref  # (float32: the mean prefill rounded to float32 first)
         used += rows[:, self._s_waited]
-        key += np.searchsorted(self._used_edges, used, "right")
+        key += np.searchsorted(self._used_t32, used, "right")
         key += origin.astype(np.intp)
         if self._key_fits_int16:  # small keys: numpy's stable sort of int16 is a radix sort (same order)
             key = key.astype(np.int16)
@@ -201,68 +210,66 @@ class NumpySetScorer:
         """Logits (C, D + 1) of the classes of the valid slot rows ``rows`` (n >= 1, F_S), the
         class of each row (n,; None when ``inverse`` is False, see :meth:`group`), the first row
         of each class (C,) and the class sizes (C,)."""
-        D, h, ft = self.D, self.hidden, self.dtype
+        D, h = self.D, self.hidden
         dc = np.asarray(dc_flat, dtype=np.float32).reshape(D, self.F_D)
         crow, inv, rep, counts = self.group(rows, dc, inverse)
         dc64 = dc.astype(np.float64)
-        # datacenter inputs (as SetNetwork.dc_inputs); np.minimum/np.maximum rather than np.clip
-        # and sum / count rather than mean: the same values with fewer Python-level calls
+        # datacenter inputs (as SetNetwork.dc_inputs): the same values with few numpy calls
         up = dc64[:, self._c_up] > 0.5
         all_up = bool(up.all())
-        carbon = dc64[:, self._c_now]
-        eff = carbon * dc64[:, self._c_pue]
+        dc_in = np.empty((D, self.n_dc_inputs))
+        dc_in[:, _DC_TAKEN] = dc64[:, self._dc_take]
+        dc_in[:, 2] = dc64[:, self._c_fmean].sum(axis=1) / self._n_fmean if self._c_fmean is not None else dc_in[:, 0]
+        eff = np.multiply(dc_in[:, 0], dc64[:, self._c_pue], out=dc_in[:, 16])  # carbon x PUE
         eff_up = eff if all_up else eff[up]
         n_up = max(float(eff_up.shape[0]), 1.0)
-        eff_min = eff_up.min() if eff_up.shape[0] else 1e3
         eff_mean = eff_up.sum() / n_up
         dev = eff_up - eff_mean
         eff_std = np.sqrt((dev * dev).sum() / n_up)
-        dc_in = np.empty((D, self.n_dc_inputs))
-        dc_in[:, 0] = carbon
-        dc_in[:, 1] = dc64[:, self._c_f1]
-        dc_in[:, 2] = dc64[:, self._c_fmean].sum(axis=1) / self._n_fmean if self._c_fmean is not None else carbon
-        dc_in[:, 3:14] = dc64[:, self._c_obs]
-        np.maximum(eff - eff_min, 0.0, out=dc_in[:, 14])
-        np.minimum(np.maximum((eff - eff_mean) / (eff_std + 1e-3), -5.0), 5.0, out=dc_in[:, 15])
-        dc_in[:, 16] = eff
+        np.maximum(eff - (eff_up.min() if eff_up.shape[0] else 1e3), 0.0, out=dc_in[:, 14])
+        np.minimum(np.maximum((eff - eff_mean) / (eff_std + 1e-3), -5.0), 5.0, out=dc_in[:, 15])  # (np.clip costs more)
         np.multiply(float(rows.shape[0]), self._inv_engines, out=dc_in[:, 17])
-        dc_in[:, 18] = float(gl[self._g_sin])
-        dc_in[:, 19] = float(gl[self._g_cos])
-        if self.demand_features:
-            tot = counts @ crow[:, :2]  # prompt and predicted-output sums
-            np.multiply(float(tot[0]), self._inv_engines, out=dc_in[:, 20])
-            np.multiply(float(tot[1]), self._inv_engines, out=dc_in[:, 21])
+        dc_in[:, 18:20] = (float(gl[self._g_sin]), float(gl[self._g_cos]))
+        if self.demand_features:  # pending prompt and predicted-output tokens per engine
+            np.multiply.outer(self._inv_engines, counts @ crow[:, :2], out=dc_in[:, 20:22])
         e = np.maximum(dc_in @ self.W_e1 + self.b_e1, 0.0) @ self.W_e2 + self.b_e2
         e = np.maximum(e @ self.W_c_own + ((e.sum(axis=0) / D) @ self.W_c_ctx + self.b_c), 0.0)  # (D, h)
-        # classes: slot encoder, pair inputs, pair layer
+        # classes: slot encoder (its output layer folded into the pair and defer layers), pair
+        # inputs, pair layer, defer head
         prompt, waited = crow[:, 0], crow[:, 2]
         net = crow[:, 3:]
-        s = np.maximum(crow[:, :3] @ self.W_s1 + self.b_s1, 0.0) @ self.W_s2 + self.b_s2  # (C, h)
+        sd = np.maximum(crow[:, :3] @ self.W_s1 + self.b_s1, 0.0) @ self._M_sd + self._c_sd  # (C, 2h)
         C = crow.shape[0]
-        pair_in = np.empty((C, D, 4), dtype=ft)
+        pair_in = np.empty((C, D, 4))
         pair_in[:, :, 0] = net
         if all_up:
             net_best = net.min(axis=1, keepdims=True)
         else:
             net_best = net[:, up].min(axis=1, keepdims=True) if up.any() else np.full((C, 1), 1e3)
         np.minimum(np.maximum(net - net_best, 0.0), 10.0, out=pair_in[:, :, 1])
-        server = dc64[:, self._c_prefill] * prompt[:, None]
+        server = np.multiply.outer(prompt, dc64[:, self._c_prefill])
         server += dc64[:, self._c_wait]
-        headroom = 1.0 - (waited[:, None] + net + server)
+        headroom = waited[:, None] + net
+        headroom += server
+        np.subtract(1.0, headroom, out=headroom)
         np.minimum(np.maximum(headroom, -10.0), 2.0, out=pair_in[:, :, 2])
         np.minimum(server, 10.0, out=pair_in[:, :, 3])
-        pre = (pair_in.reshape(C * D, 4) @ self.W_pp_f).reshape(C, D, h)
-        pre += (e @ self.W_pd + self.b_pd).astype(ft)[None, :, :]
-        pre += (s @ self.W_ps).astype(ft)[:, None, :]
+        pre = (pair_in.reshape(C * D, 4) @ self.W_pp).reshape(C, D, h)
+        pre += (e @ self.W_pd + self.b_pd)[None, :, :]
+        pre += sd[:, None, :h]
         np.maximum(pre, 0.0, out=pre)
         logits = np.empty((C, D + 1))
-        logits[:, :D] = (pre.reshape(C * D, h) @ self.w_out_f).reshape(C, D)
+        logits[:, :D] = (pre.reshape(C * D, h) @ self.w_out).reshape(C, D)
         logits[:, :D] += self.b_out
-        hd = np.maximum(s @ self.W_d_s + ((e.sum(axis=0) / D) @ self.W_d_c + self.b_d1), 0.0)
+        hd = sd[:, h:]
+        hd += (e.sum(axis=0) / D) @ self.W_d_c + self.b_d1
+        np.maximum(hd, 0.0, out=hd)
         logits[:, D] = hd @ self.w_d2 + self.b_d2
         if self.load_feedback:  # as SetNetwork._feedback, with class sizes as the row weights
             cnt = counts.astype(np.float64)
-            load_w = np.stack([cnt, cnt * prompt, cnt * crow[:, 1]], axis=1)  # (C, 3)
+            load_w = np.empty((C, 3))  # requests, prompt and predicted-output tokens per class
+            load_w[:, 0] = cnt
+            np.multiply(cnt[:, None], crow[:, :2], out=load_w[:, 1:])
             e_part = e @ self.W_f_e + self.b_f1  # (D, h)
             for _ in range(self.load_feedback):
                 lg = logits if all_up else np.concatenate([np.where(up[None, :], logits[:, :D], MASKED_LOGIT), logits[:, D:]], axis=1)
@@ -281,42 +288,6 @@ class NumpySetScorer:
             mean = req[up].mean() if up.any() else 0.0
             logits[:, :D] -= self.load_price * (req - mean)[None, :]
         return logits, inv, rep, counts
-
-
-class UniformStream:
-    """The uniforms ``rng.random(a)``, ``rng.random(b)``, ... of a numpy Generator, in that
-    order, drawn ahead in blocks: a compiled decision takes its share from :attr:`buf` at
-    ``pos[0]`` (and moves ``pos`` on) instead of calling the generator, and :meth:`random` serves
-    Python callers from the same stream, so the values are those of the generator itself."""
-
-    #: uniforms drawn at a time, at least (32 KiB: a step takes one per request class, about
-    #: 100; a policy's first step in an episode draws a block, so it is kept small)
-    BLOCK = 1 << 12
-
-    def __init__(self, rng: np.random.Generator) -> None:
-        self.rng = rng
-        self.buf = np.empty(0)
-        self.pos = np.zeros(1, dtype=np.int64)
-
-    def reserve(self, size: int) -> None:
-        """Make sure at least ``size`` uniforms are left in :attr:`buf` after ``pos[0]``."""
-        p = self.pos[0]
-        left = self.buf.shape[0] - p
-        if left < size:
-            p, left = int(p), int(left)
-            buf = np.empty(left + max(int(size), self.BLOCK))
-            buf[:left] = self.buf[p:]
-            self.rng.random(out=buf[left:])  # (the generator's next numbers, as rng.random(k))
-            self.buf = buf
-            self.pos[0] = 0
-
-    def random(self, size: int) -> np.ndarray:
-        """The next ``size`` uniforms in [0, 1) (a new array), as ``rng.random(size)``."""
-        size = int(size)
-        self.reserve(size)
-        p = int(self.pos[0])
-        self.pos[0] = p + size
-        return self.buf[p:p + size].copy()
 
 
 def systematic_sorted(logits: np.ndarray, mask_row: np.ndarray, counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -356,7 +327,7 @@ def _choice_ids(C: int, C1: int) -> np.ndarray:
 
 
 def choose(logits: np.ndarray, mask: np.ndarray, inv: np.ndarray, mode: str,
-           rng: np.random.Generator | UniformStream | None = None,
+           rng: np.random.Generator | None = None,
            rank: np.ndarray | None = None) -> np.ndarray:
     """Per-request choices (n,) from class ``logits`` (C, D + 1), the requests' ``mask``
     (n, D + 1, bool) and class of each request ``inv`` (n,); see the module docstring for

@@ -237,14 +237,16 @@ def run_dagger(cfg: Any, run_dir: str | Path, *, log: Callable[[str], None] = pr
     Writes ``<run_dir>/dagger.json`` (per-round statistics), ``round_<i>.pt`` (network weights),
     ``tb/`` (TensorBoard: ``imitate/*`` per epoch; per round the validation's
     ``eval/reduction_vs_rr_pct`` and ``slo/violation_rate``, means over the validation scenarios and
-    per scenario as ``<tag>/<scenario>``, x = epochs so far) and ``best.zip`` (a MaskablePPO
-    checkpoint holding the best round's network, recording ``eval_mode``); returns the summary."""
+    per scenario as ``<tag>/<scenario>``, x = epochs so far) and ``best.npz`` (the best round's
+    network in the pickle-free checkpoint format, :mod:`train.checkpoint`, recording ``eval_mode``,
+    the config and the data days); returns the summary."""
     import torch as th
 
     from carbon_gym.policy import RoundRobinPolicy
 
     from .bc import make_expert
-    from .policy import write_checkpoint_env, write_policy_meta
+    from .checkpoint import save_set_checkpoint
+    from .policy import LearnedPolicy
     from .set_policy import SetNetwork, layout_spec
 
     from stable_baselines3.common.logger import configure
@@ -307,7 +309,7 @@ def run_dagger(cfg: Any, run_dir: str | Path, *, log: Callable[[str], None] = pr
                     logger.record(f"imitate/{k}", v)
             logger.dump(epoch_step)
             epoch_step += 1
-        pol = _policy_from_net(net, dg.eval_mode)
+        pol = LearnedPolicy(net, mode=dg.eval_mode, seed=0)  # (the numpy path, weights as of now)
         learned = {key: validation_episode(pol, s, over, st, dg.val_seed) for key, (s, st) in val_eps.items()}
         score = validation_score(learned, refs, dg.violation_weight)
         row = {"round": rd, "steps": len(data), "collect_s": collect_s, "train_s": time.perf_counter() - t0 - collect_s,
@@ -333,55 +335,11 @@ def run_dagger(cfg: Any, run_dir: str | Path, *, log: Callable[[str], None] = pr
         (run / "dagger.json").write_text(json.dumps({"refs": refs, "val_start_utc": val_start, "val_starts_utc": starts, "rounds": rounds,
                                                       "best_round": best[1], "wall_s": time.perf_counter() - t_all}, indent=1, default=float))
     net.load_state_dict(th.load(run / f"round_{best[1]}.pt"))
-    best_zip = run / "best.zip"
-    _save_as_maskable(cfg, net, best_zip)
-    write_checkpoint_env(best_zip)
-    write_policy_meta(best_zip, {"mode": dg.eval_mode})
-    log(f"imitate: best round {best[1]} (score {best[0]:.2f}) -> {best_zip} ({time.perf_counter() - t_all:.0f} s in all)")
-    return {"best_round": best[1], "best": str(best_zip), "rounds": rounds, "refs": refs}
-
-
-def _policy_from_net(net: Any, mode: str) -> Any:
-    """A harness policy (numpy path) around ``net`` without an SB3 model."""
-    from .fast import NumpySetScorer, choose
-
-    class _NetPolicy:
-        def __init__(self) -> None:
-            self.scorer = NumpySetScorer(net)
-            self.mode = mode
-            self._rng = np.random.default_rng(0)
-
-        def reset(self, env: Any = None) -> None:
-            self._rng = np.random.default_rng(0)
-            if env is not None:
-                self.scorer.bind(env.unwrapped.layout)
-
-        def act(self, obs: Any, info: dict[str, Any]) -> np.ndarray:
-            mask = np.asarray(info["action_mask"], dtype=bool)
-            K = mask.shape[0]
-            sc = self.scorer
-            slots = np.asarray(obs["slots"]).reshape(K, sc.F_S)
-            idx = np.flatnonzero(slots[:, sc._s_valid] > 0.5)
-            action = np.full(K, sc.D, dtype=np.int64)
-            if idx.size:
-                logits, inv, _, _ = sc.class_logits(obs["datacenters"], slots[idx], obs["globals"])
-                rank = sc.last_ranks() if self.mode == "systematic" else None
-                action[idx] = choose(logits, mask[idx], inv, self.mode, self._rng, rank)
-            return action
-
-    return _NetPolicy()
-
-
-def _save_as_maskable(cfg: Any, net: Any, path: Path) -> None:
-    """Write ``net`` as a MaskablePPO checkpoint (the format ``LearnedPolicy.load`` and
-    ``carbon-gym train export`` read) built from ``cfg``'s training env."""
-    from .envs import make_vec_env
-    from .runner import build_model
-
-    venv = make_vec_env(cfg.scenarios, cfg.overrides, n_envs=1, seed=cfg.seed, routing=False, heldout_every_days=cfg.heldout_every_days)
-    try:
-        model = build_model(cfg, venv)
-        model.policy.net.load_state_dict(net.state_dict())
-        model.save(path, exclude=["_last_obs", "_last_original_obs", "_last_episode_starts", "ep_info_buffer", "ep_success_buffer"])
-    finally:
-        venv.close()
+    training = {"method": "class-level DAgger (carbon-gym train imitate)", "config": cfg.to_dict(),
+                "data_days": {"heldout_every_days": cfg.heldout_every_days,
+                              "training_days": f"days of the year d with d % {cfg.heldout_every_days} != 0",
+                              "validation_starts_utc": starts},
+                "best_round": best[1], "run_dir": str(run)}
+    best_path = save_set_checkpoint(run / "best.npz", net, policy={"mode": dg.eval_mode}, training=training)
+    log(f"imitate: best round {best[1]} (score {best[0]:.2f}) -> {best_path} ({time.perf_counter() - t_all:.0f} s in all)")
+    return {"best_round": best[1], "best": str(best_path), "rounds": rounds, "refs": refs}

@@ -1,13 +1,16 @@
 """Trained agents as :class:`carbon_gym.policy.Policy` objects the evaluation harness can run.
 
-``LearnedPolicy.load(path)`` reads a checkpoint written by ``carbon-gym train`` (an SB3 ``.zip``):
+``LearnedPolicy.load(path)`` reads a checkpoint (:mod:`train.checkpoint`):
 
-* a ``MaskablePPO`` with the set policy (:class:`train.set_policy.SetActorCriticPolicy`): the
-  shared pair network is re-bound to whatever env it is reset on, so one checkpoint runs on any
-  topology size and slot count;
-* a ``PPO`` on :class:`~carbon_gym.wrappers.RoutingWeightsWrapper` (``MultiInputPolicy``): its
-  per-datacenter weights are turned into the per-request action exactly as the wrapper does
-  (the env must have the training env's spaces).
+* a **set-policy checkpoint** (``.npz``, the pickle-free format that ``carbon-gym train export``
+  and ``train imitate`` write; the shipped agent ``train/checkpoints/llama8b_set.npz``): JSON
+  metadata and float32 tensors, read without unpickling anything. The shared pair network
+  (:class:`train.set_policy.SetNetwork`) is re-bound to whatever env it is reset on, so one
+  checkpoint runs on any topology size and slot count;
+* an **SB3 .zip** from ``carbon-gym train`` (a ``MaskablePPO`` with the set policy, or a ``PPO`` on
+  :class:`~carbon_gym.wrappers.RoutingWeightsWrapper`, whose per-datacenter weights are turned
+  into the per-request action as the wrapper does): these hold pickled objects that can run code
+  when loaded, so they are refused unless ``trust=True`` (``--trust-checkpoint``).
 
 The set policy samples each request's datacenter from its scores by default (``mode="sample"``,
 seeded by ``seed`` and reset with the episode, so runs are reproducible): requests with the same
@@ -16,23 +19,20 @@ features are then split across datacenters in proportion to their probabilities,
 each request class over the datacenters in proportion to its probabilities with one random
 offset per class (floor or ceiling of every expected count; see :mod:`train.fast`).
 
-Decisions of a class network run compiled when numba is installed (``backend="auto"`` ->
-``"numba"``, :class:`train.fast_jit.JitSetScorer`: one compiled call per step, float64), else in
-numpy (``"numpy"``, :class:`train.fast.NumpySetScorer`: the network's weights as numpy arrays, no
-torch call per step, each request class scored once); a per-request network runs in torch
-(scoring n x D pairs is faster there). ``backend="torch"`` runs the torch network (the
-reference; same logits).
+Decisions of a class network run in numpy (``backend="auto"`` -> ``"numpy"``,
+:class:`train.fast.NumpySetScorer`: the network's weights as numpy arrays, no torch call per
+step, each request class scored once); a per-request network runs in torch (scoring n x D pairs
+is faster there). ``backend="torch"`` runs the torch network (the reference; same logits).
 
 Names in the policy registry (:func:`train.register_policies`, factory
 :func:`make_learned_policy`): ``"learned"`` (the shipped checkpoint,
-``train/checkpoints/llama8b_set.zip``), ``"learned:<path>"`` or ``"ppo:<path>"``; keyword
-``path=`` overrides the path.
+``train/checkpoints/llama8b_set.npz``), ``"learned:<path>"`` or ``"ppo:<path>"``; keyword
+``path=`` overrides the path, ``trust=True`` admits pickled SB3 zips.
 """
 
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -40,32 +40,33 @@ import numpy as np
 
 from carbon_gym.errors import ConfigError
 
-from .fast import UniformStream
+from .checkpoint import (ENV_META_NAME, MODES, POLICY_META_NAME, SAFETY_KNOB_NAMES, check_checkpoint_env, check_safety,
+                         checkpoint_env_meta, checkpoint_format, load_sb3_model, network_from_checkpoint, read_sb3_meta,
+                         read_set_checkpoint, save_set_checkpoint, write_checkpoint_env, write_policy_meta)
 
-__all__ = ["LearnedPolicy", "make_learned_policy", "export_checkpoint", "write_policy_meta", "SHIPPED_CHECKPOINT", "MODES", "POLICY_META_NAME"]
+__all__ = ["LearnedPolicy", "make_learned_policy", "export_checkpoint", "write_policy_meta",
+           "SHIPPED_CHECKPOINT", "MODES", "BACKENDS", "POLICY_META_NAME", "ENV_META_NAME", "SAFETY_KNOB_NAMES",
+           "checkpoint_env_meta", "write_checkpoint_env", "check_checkpoint_env"]
 
-SHIPPED_CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "llama8b_set.zip"
-MODES = ("sample", "argmax", "systematic")
-BACKENDS = ("auto", "numba", "numpy", "torch")
+SHIPPED_CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "llama8b_set.npz"
+BACKENDS = ("auto", "numpy", "torch")
 
 
 class LearnedPolicy:
-    """A trained SB3 agent behind the ``Policy`` protocol (``act(observation, info)``).
+    """A trained agent behind the ``Policy`` protocol (``act(observation, info)``).
 
     Args:
-        model: a loaded SB3 model (``MaskablePPO`` with the set policy, or ``PPO`` on routing weights).
+        model: a :class:`~train.set_policy.SetNetwork`, or an SB3 model (``MaskablePPO`` with the
+            set policy, or ``PPO`` on routing weights).
         mode: ``"sample"`` (default), ``"argmax"`` or ``"systematic"`` (set policy only; routing
-            PPO is deterministic; ``"systematic"`` needs the numba or numpy backend).
+            PPO is deterministic; ``"systematic"`` needs the numpy backend).
         seed: seed of the sampling RNG, restarted at every :meth:`reset`.
-        threads: torch intra-op threads used by ``act`` (1 keeps decision times comparable).
-        backend: ``"auto"`` (default: ``"numba"`` for a class network when numba is installed,
-            else ``"numpy"``; ``"torch"`` for a per-request one, where scoring n x D pairs is
-            faster in torch), ``"numba"`` (compiled, float64: the actions of ``"numpy"`` with
-            ``dtype="float64"``), ``"numpy"`` or ``"torch"`` for the set policy's decisions.
-        dtype: float type of the numpy path's pair layer (``"float32"``, default: ~1e-6 from the
-            float64 logits, and faster; ``"float64"``: equal to the torch network to ~1e-15);
-            the numba path is always float64.
-        load_price, headroom_penalty, headroom_margin: inference-time safety knobs (numba or numpy
+        threads: torch intra-op threads used by ``act`` on the torch backend (1 keeps decision
+            times comparable).
+        backend: ``"auto"`` (default: ``"numpy"`` for a class network; ``"torch"`` for a
+            per-request one, where scoring n x D pairs is faster in torch), ``"numpy"`` or
+            ``"torch"`` for the set policy's decisions.
+        load_price, headroom_penalty, headroom_margin: inference-time safety knobs (numpy
             backend only; a zero price / penalty is neutral: the network's own logits), see
             :data:`train.fast.SAFETY_KNOBS`: a larger ``headroom_penalty`` moves requests off
             datacenters where their estimated TTFT headroom is below ``headroom_margin`` (SLO
@@ -74,98 +75,76 @@ class LearnedPolicy:
     """
 
     def __init__(self, model: Any, *, mode: str = "sample", seed: int = 0, threads: int = 1, backend: str = "auto",
-                 dtype: str = "float32", load_price: float = 0.0,
+                 load_price: float = 0.0,
                  headroom_penalty: float = 0.0, headroom_margin: float = 0.0) -> None:
         import torch as th
 
-        from .set_policy import SetActorCriticPolicy
+        from .set_policy import SetActorCriticPolicy, SetNetwork
 
         if mode not in MODES:
             raise ConfigError("mode", f"unknown mode {mode!r}", allowed=list(MODES))
         if backend not in BACKENDS:
             raise ConfigError("backend", f"unknown backend {backend!r}", allowed=list(BACKENDS))
-        self.model = model
         self.mode = mode
         self.seed = int(seed)
         self.threads = int(threads)
-        self.kind = "set" if isinstance(model.policy, SetActorCriticPolicy) else "routing"
+        if isinstance(model, SetNetwork):
+            self.model: Any = None
+            net: Any = model
+        else:
+            self.model = model
+            net = model.policy.net if isinstance(model.policy, SetActorCriticPolicy) else None
+        self.kind = "set" if net is not None else "routing"
         if backend == "auto":
-            if self.kind == "set" and model.policy.net.classes is not None:
-                from .fast_jit import available
-
-                backend = "numba" if available() else "numpy"
-            else:
-                backend = "torch"
+            backend = "numpy" if net is not None and net.classes is not None else "torch"
         if backend == "torch" and mode == "systematic":
-            raise ConfigError("mode", "mode 'systematic' needs backend='numpy' or 'numba'", allowed=["sample", "argmax"])
+            raise ConfigError("mode", "mode 'systematic' needs backend='numpy'", allowed=["sample", "argmax"])
         self.backend = backend
-        self.safety = _check_safety({"load_price": load_price, "headroom_penalty": headroom_penalty,
-                                     "headroom_margin": headroom_margin})
+        self.safety = check_safety({"load_price": load_price, "headroom_penalty": headroom_penalty,
+                                    "headroom_margin": headroom_margin})
         active = [k for k in ("headroom_penalty", "load_price") if self.safety[k]]
-        if active and (self.kind != "set" or backend not in ("numpy", "numba")):
+        if active and (self.kind != "set" or backend != "numpy"):
             raise ConfigError(
                 active[0], f"safety knob {active[0]}={self.safety[active[0]]} (given, or recorded in the checkpoint) "
-                f"needs a set policy on backend='numpy' or 'numba'; pass {active[0]}=0.0 for the network's own decisions",
+                f"needs a set policy on backend='numpy'; pass {active[0]}=0.0 for the network's own decisions",
                 allowed=[0.0])
         if self.kind == "set":
-            self.net = model.policy.net
+            self.net = net
             self.net.eval()
-            self._train_layout = dict(self.net.spec)
-            self.jit: Any = None
-            if backend == "numba":
-                from .fast_jit import JitSetScorer
+            if backend == "numpy":
+                from .fast import NumpySetScorer, choose, systematic_sorted
 
-                # compiled now (or loaded from numba's cache), not in the first decision; its
-                # float64 reference scorer holds the knobs and is what ``scorer`` exposes
-                self.jit = JitSetScorer(self.net)
-                self.scorer = self.jit.ref
-            elif backend == "numpy":
-                from .fast import NumpySetScorer
-
-                if dtype not in ("float32", "float64"):
-                    raise ConfigError("dtype", f"unknown dtype {dtype!r}", allowed=["float32", "float64"])
-                self.scorer = NumpySetScorer(self.net, dtype=np.dtype(dtype))
-            if backend in ("numba", "numpy"):
+                self.scorer = NumpySetScorer(self.net)
+                self._choose, self._systematic = choose, systematic_sorted  # (an import per step costs ~30 us)
                 for k, v in self.safety.items():
                     setattr(self.scorer, k, v)
         self._gen = th.Generator().manual_seed(self.seed)
         self._rng = np.random.default_rng(self.seed)
-        self._uniforms = UniformStream(self._rng)
         self._router: Any = None
         self._env: Any = None
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def load(cls, path: str | Path, **kwargs: Any) -> "LearnedPolicy":
-        """Load a checkpoint (``.zip`` from ``carbon-gym train``); ``kwargs`` as for the constructor.
-        ``mode`` and the safety knobs default to those recorded in the checkpoint
-        (:data:`POLICY_META_NAME`), if any (old checkpoints: neutral knobs)."""
+    def load(cls, path: str | Path, *, trust: bool = False, **kwargs: Any) -> "LearnedPolicy":
+        """Load a checkpoint; ``kwargs`` as for the constructor. ``mode`` and the safety knobs
+        default to those recorded in the checkpoint (SB3 zips without a record: the
+        constructor's defaults, neutral knobs).
+
+        A set-policy checkpoint (:mod:`train.checkpoint`) is read without unpickling anything.
+        An SB3 ``.zip`` unpickles Python objects, which can run its author's code: it is refused
+        with a :class:`ConfigError` (field ``trust``) unless ``trust=True``."""
         p = Path(path)
-        if not p.exists():
-            raise ConfigError("path", f"no checkpoint at {str(p)!r}")
-        import zipfile
-
-        try:
-            with zipfile.ZipFile(p) as zf:
-                data = zf.read("data").decode("utf-8", errors="replace")
-                stored = json.loads(zf.read(ENV_META_NAME)) if ENV_META_NAME in zf.namelist() else None
-                pmeta = json.loads(zf.read(POLICY_META_NAME)) if POLICY_META_NAME in zf.namelist() else {}
-        except (zipfile.BadZipFile, KeyError, ValueError) as exc:
-            raise ConfigError("path", f"{str(p)!r} is not a carbon-gym training checkpoint (an SB3 .zip): {exc}") from None
+        if checkpoint_format(p) == "set":
+            ck = read_set_checkpoint(p)
+            check_checkpoint_env(ck.env, str(p))
+            for k, v in ck.policy.items():
+                kwargs.setdefault(k, v)
+            return cls(network_from_checkpoint(ck), **kwargs)
+        stored, pmeta, _ = read_sb3_meta(p)
+        model = load_sb3_model(p, trust=trust)  # (refuses first unless trusted)
         check_checkpoint_env(stored, str(p))
-        if "mode" in pmeta:  # the choice mode the checkpoint was selected with
-            kwargs.setdefault("mode", str(pmeta["mode"]))
-        for k in SAFETY_KNOB_NAMES:
-            if k in pmeta:
-                kwargs.setdefault(k, float(pmeta[k]))
-        if "SetActorCriticPolicy" in data or "MaskableActorCriticPolicy" in data or "Maskable" in data:
-            from sb3_contrib import MaskablePPO
-
-            model = MaskablePPO.load(p, device="cpu")
-        else:
-            from stable_baselines3 import PPO
-
-            model = PPO.load(p, device="cpu")
+        for k, v in pmeta.items():
+            kwargs.setdefault(k, v)
         return cls(model, **kwargs)
 
     # ------------------------------------------------------------------ Policy protocol
@@ -174,16 +153,13 @@ class LearnedPolicy:
         restart the sampling RNG."""
         self._gen.manual_seed(self.seed)
         self._rng = np.random.default_rng(self.seed)
-        self._uniforms = UniformStream(self._rng)
         self._env = env
         if env is None:
             return
         base = env.unwrapped
         if self.kind == "set":
             self.net.bind(base.layout)
-            if self.backend == "numba":
-                self.jit.bind(self.net.spec)
-            elif self.backend == "numpy":
+            if self.backend == "numpy":
                 self.scorer.bind(self.net.spec)
         else:
             from carbon_gym.wrappers import RoutingWeightsWrapper
@@ -192,8 +168,6 @@ class LearnedPolicy:
 
     def act(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
         """The per-request action (length K; D = defer) for this step."""
-        if self.kind == "set" and self.backend == "numba":
-            return self._act_numba(observation, info)
         if self.kind == "set" and self.backend == "numpy":
             return self._act_numpy(observation, info)
         import torch as th
@@ -230,74 +204,37 @@ class LearnedPolicy:
         return mask, K, D
 
     def _act_numpy(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
-        from .fast import choose, systematic_sorted
-
         sc = self.scorer
         mask, K, D = self._bound_mask(info, sc)
-        slots = np.asarray(observation["slots"]).reshape(K, sc.F_S)
-        valid = slots[:, sc._s_valid] > 0.5
-        n = int(np.count_nonzero(valid))
-        action = np.full(K, D, dtype=np.int64)
-        if n == 0:
-            return action
-        if valid[:n].all():  # the env fills slots from the front
+        slots = np.asarray(observation["slots"], dtype=np.float32).reshape(K, sc.F_S)
+        v = sc._s_valid
+        n = _front_count(slots, v, info.get("pending") if info else None)
+        if n >= 0:  # the env fills slots 0..n-1
+            action = np.empty(K, dtype=np.int64)
+            action[n:] = D
+            if n == 0:
+                return action
             rows, m, idx = slots[:n], mask[:n], slice(0, n)
         else:
-            idx = np.flatnonzero(valid)
+            action = np.full(K, D, dtype=np.int64)
+            idx = np.flatnonzero(slots[:, v] > 0.5)
+            n = idx.shape[0]
+            if n == 0:
+                return action
             rows, m = slots[idx], mask[idx]
-        one_mask = self.mode == "systematic" and bool((m == m[0]).all())
+        # one mask row for all requests <=> each row equals the one before (a flat comparison)
+        flat = m.reshape(-1)
+        one_mask = self.mode == "systematic" and bool((flat[D + 1:] == flat[:-(D + 1)]).all())
         logits, inv, _, counts = sc.class_logits(observation["datacenters"], rows, observation["globals"], inverse=not one_mask)
         if one_mask:
             # per-class counts, written in class-sorted order (same choices as choose())
-            pick = np.empty(n, dtype=np.int64)
-            pick[sc.last_order()] = systematic_sorted(logits, m[0], counts, self._rng)
-            action[idx] = pick
+            pick = action[idx] if isinstance(idx, slice) else np.empty(n, dtype=np.int64)  # (a view of action, or not)
+            pick[sc.last_order()] = self._systematic(logits, m[0], counts, self._rng)
+            if not isinstance(idx, slice):
+                action[idx] = pick
             return action
         rank = sc.last_ranks() if self.mode == "systematic" else None
-        action[idx] = choose(logits, m, inv, self.mode, self._rng, rank)
-        return action
-
-    def _act_numba(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
-        jit = self.jit
-        mask = info.get("action_mask") if info else None
-        if mask is None:
-            mask = self._bound_mask(info, jit)[0]
-        # the env fills slots 0..pending-1 (checked), so the empty slots need not be scanned
-        pending = info.get("pending", -1) if info else -1
-        n_hint = min(int(pending), jit.K) if isinstance(pending, (int, np.integer)) and pending >= 0 else -1
-        # (decide checks and, if need be, converts the arrays: each is looked at once per step)
-        status, n, action = jit.decide(observation["slots"], mask, observation["datacenters"], observation["globals"],
-                                       n_hint, self.mode == "systematic", self._uniforms)
-        if status == 0:  # the usual step: decided in the one compiled call
-            return action
-        # per-request masks, another mode (status 1: the valid slots are 0..n-1), or valid slots
-        # elsewhere (status 2): the compiled logits, then the choice
-        K, D = jit.K, jit.D
-        action.fill(D)
-        mask = np.asarray(mask, dtype=bool)
-        rows = np.ascontiguousarray(observation["slots"], dtype=np.float32).reshape(K, jit.F_S)  # (no copy if it is one)
-        if status == 1:
-            idx: Any = slice(0, n)
-        else:
-            idx = np.flatnonzero(rows[:, jit.ref._s_valid] > 0.5)
-            n = idx.shape[0]
-        if n == 0:
-            return action
-        m = mask[idx]
-        logits, order, starts, counts = jit.class_logits(observation["datacenters"], rows[idx], observation["globals"])
-        if self.mode == "systematic" and bool((m == m[0]).all()):
-            action[idx] = jit.systematic(logits, m[0], counts, order, self._uniforms)
-            return action
-        inv = np.empty(n, dtype=np.intp)
-        inv[order] = np.repeat(np.arange(counts.shape[0]), counts)
-        # the numpy choice on the compiled logits
-        from .fast import choose
-
-        rank = None
-        if self.mode == "systematic":
-            rank = np.empty(n, dtype=np.int64)
-            rank[order] = np.arange(n) - np.repeat(starts, counts)
-        action[idx] = choose(logits, m, inv, self.mode, self._uniforms, rank)
+        action[idx] = self._choose(logits, m, inv, self.mode, self._rng, rank)
         return action
 
     def _act_set(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
@@ -339,119 +276,76 @@ class LearnedPolicy:
         return self._router.action(np.clip(np.asarray(weights, dtype=np.float64), 0.0, 1.0))
 
 
-#: Training-time state that a shipped checkpoint does not need (the last observations alone are
+def _front_count(slots: np.ndarray, col: int, pending: Any) -> int:
+    """The number n of valid slots (flag column ``col`` > 0.5) when they are slots 0..n-1, else -1.
+    ``pending`` (the env's ``info["pending"]``, if given) is checked, not trusted: slots 0..n-1
+    valid, slot n and the last slot not (the env fills slots from the front, so the slots in
+    between are not read); without it, or if the check fails, all slots are scanned."""
+    K = slots.shape[0]
+    if isinstance(pending, (int, np.integer)) and pending >= 0:
+        p = min(int(pending), K)  # (more pending than slots: all K hold one)
+        if (p == K or not (slots[p, col] > 0.5 or slots[K - 1, col] > 0.5)) and bool((slots[:p, col] > 0.5).all()):
+            return p
+    valid = slots[:, col] > 0.5
+    n = int(np.count_nonzero(valid))
+    return n if bool(valid[:n].all()) else -1
+
+
+#: Training-time state that a compact SB3 copy does not need (the last observations alone are
 #: n_envs x K x F_S floats).
 _EXPORT_EXCLUDE = ["_last_obs", "_last_original_obs", "_last_episode_starts", "ep_info_buffer", "ep_success_buffer"]
 
 
 def export_checkpoint(src: str | Path, dst: str | Path, mode: str | None = None,
-                      safety: dict[str, float] | None = None) -> Path:
-    """Copy a training checkpoint to ``dst`` without its training-time state (smaller; loads
-    with :meth:`LearnedPolicy.load` and SB3's ``load`` alike). The default choice ``mode`` and
-    safety knobs recorded in ``src`` are kept unless ``mode`` / ``safety`` (a dict of
-    :data:`SAFETY_KNOB_NAMES` values) are given. Returns ``dst``."""
-    pol = LearnedPolicy.load(src, **(safety or {}))
+                      safety: dict[str, float] | None = None, *, trust: bool = False,
+                      training: dict[str, Any] | None = None) -> Path:
+    """Write the agent in ``src`` to ``dst`` for evaluation and sharing; returns ``dst``.
+
+    A set policy is written in the pickle-free format (:func:`train.checkpoint.save_set_checkpoint`)
+    whatever ``src`` is; a routing-weights PPO (no pickle-free format) as a compact SB3 copy
+    without training-time state. The default choice ``mode`` and safety knobs recorded in ``src``
+    are kept unless ``mode`` / ``safety`` (a dict of :data:`SAFETY_KNOB_NAMES` values) are given.
+    ``trust`` admits an SB3 ``src`` (loading it unpickles objects). ``training`` records how the
+    network was made; by default that of a set-policy ``src``, else the run's ``config.json``
+    next to ``src`` if there is one."""
+    pol = LearnedPolicy.load(src, trust=trust, **(safety or {}), **({"mode": mode} if mode else {}))
     out = Path(dst)
+    if pol.kind == "set":
+        if training is None:
+            training = _training_record(Path(src))
+        return save_set_checkpoint(out, pol.net, policy={"mode": pol.mode, **pol.safety}, training=training)
     out.parent.mkdir(parents=True, exist_ok=True)
     pol.model.save(out, exclude=list(_EXPORT_EXCLUDE))
     write_checkpoint_env(out)
-    import zipfile
-
-    with zipfile.ZipFile(src) as zf:
-        had = POLICY_META_NAME in zf.namelist()
-    if mode is not None or had or any(pol.safety.values()):
-        meta: dict[str, Any] = {"mode": mode or pol.mode}
-        meta.update({k: v for k, v in pol.safety.items() if v})
-        write_policy_meta(out, meta)
+    write_policy_meta(out, {"mode": pol.mode, **{k: v for k, v in pol.safety.items() if v}})
     return out
 
 
-#: Safety knobs a checkpoint may record (:data:`train.fast.SAFETY_KNOBS`; kept here so that
-#: reading the metadata does not import the numpy scorer).
-SAFETY_KNOB_NAMES = ("load_price", "headroom_penalty", "headroom_margin")
-
-
-def _check_safety(knobs: dict[str, Any]) -> dict[str, float]:
-    """The knobs as floats; :class:`ConfigError` naming the knob if one is not finite, or negative
-    (``headroom_margin``, a threshold, may be negative)."""
-    out = {}
-    for k, v in knobs.items():
-        try:
-            f = float(v)
-        except (TypeError, ValueError):
-            raise ConfigError(k, f"must be a number, got {v!r}") from None
-        if not np.isfinite(f) or (f < 0.0 and k != "headroom_margin"):
-            raise ConfigError(k, f"must be finite{'' if k == 'headroom_margin' else ' and >= 0 (0 = neutral)'}, got {v!r}")
-        out[k] = f
+def _training_record(src: Path) -> dict[str, Any]:
+    """What is known of how the network in ``src`` was made: the record of a set-policy
+    checkpoint, or the run's ``config.json`` beside an SB3 one."""
+    if checkpoint_format(src) == "set":
+        return dict(read_set_checkpoint(src).training)
+    cfg = src.parent / "config.json"
+    out: dict[str, Any] = {"exported_from": src.name}
+    if cfg.is_file():
+        try:  # (carbon-gym train writes {"digest": ..., "config": ...})
+            rec = json.loads(cfg.read_text())
+        except ValueError:
+            rec = None
+        if isinstance(rec, dict):
+            out["config"] = rec.get("config", rec)
+            if "digest" in rec:
+                out["config_digest"] = rec["digest"]
     return out
 
 
-#: Name of the file inside a checkpoint .zip that records how the policy acts by default.
-POLICY_META_NAME = "carbon_gym_policy.json"
-
-
-def write_policy_meta(path: str | Path, meta: dict[str, Any]) -> None:
-    """Record ``meta`` (``{"mode": ..., <safety knob>: ...}``: the default choice mode and safety
-    knobs, :data:`SAFETY_KNOB_NAMES`; an absent knob is neutral) inside the checkpoint .zip."""
-    import zipfile
-
-    if "mode" in meta and meta["mode"] not in MODES:
-        raise ConfigError("mode", f"unknown mode {meta['mode']!r}", allowed=list(MODES))
-    unknown = sorted(set(meta) - {"mode", *SAFETY_KNOB_NAMES})
-    if unknown:
-        raise ConfigError("policy meta", f"unknown keys {unknown}", allowed=["mode", *SAFETY_KNOB_NAMES])
-    _check_safety({k: meta[k] for k in SAFETY_KNOB_NAMES if k in meta})
-    with zipfile.ZipFile(path, "a") as zf:
-        if POLICY_META_NAME in zf.namelist():
-            raise ConfigError("checkpoint", f"{path} already records its policy settings")
-        zf.writestr(POLICY_META_NAME, json.dumps(meta, sort_keys=True))
-
-
-#: Name of the file inside a checkpoint .zip that records the env it was trained for.
-ENV_META_NAME = "carbon_gym_env.json"
-
-
-def checkpoint_env_meta() -> dict[str, Any]:
-    """What a set-policy checkpoint depends on in the env, independent of topology size: the env
-    version and the fixed observation scales (the policy binds to column names, not indices)."""
-    from carbon_gym import env as cg_env
-
-    return {
-        "env_version": cg_env.ENV_VERSION,
-        "scales": {
-            "carbon_g_per_kwh": cg_env.CARBON_SCALE_G_PER_KWH, "tokens": cg_env.TOKENS_SCALE,
-            "queue_per_engine": cg_env.QUEUE_PER_ENGINE_SCALE, "prefill_ref_tokens": cg_env.PREFILL_REF_TOKENS,
-            "tpot_slope_ref_seqs": cg_env.TPOT_SLOPE_REF_SEQS,
-        },
-    }
-
-
-def write_checkpoint_env(path: str | Path) -> None:
-    """Record :func:`checkpoint_env_meta` inside the checkpoint .zip at ``path``."""
-    import zipfile
-
-    with zipfile.ZipFile(path, "a") as zf:
-        if ENV_META_NAME not in zf.namelist():
-            zf.writestr(ENV_META_NAME, json.dumps(checkpoint_env_meta(), sort_keys=True))
-
-
-def check_checkpoint_env(stored: dict[str, Any] | None, source: str) -> None:
-    """Raise :class:`ConfigError` naming what differs if a checkpoint was made for another env
-    version or other observation scales; warn if the checkpoint records no env at all."""
-    if stored is None:
-        warnings.warn(f"{source}: checkpoint records no carbon_gym env version; assuming it matches", stacklevel=3)
-        return
-    current = checkpoint_env_meta()
-    diffs = [f"{k}: checkpoint {stored.get(k)!r}, this env {v!r}" for k, v in current.items() if stored.get(k) != v]
-    if diffs:
-        raise ConfigError("checkpoint", f"{source} was trained for another env: " + "; ".join(diffs) + " (retrain or use a matching carbon_gym)")
-
-
-def make_learned_policy(path: str | None = None, env: Any = None, **kwargs: Any) -> LearnedPolicy:
+def make_learned_policy(path: str | None = None, env: Any = None, *, trust: bool = False, **kwargs: Any) -> LearnedPolicy:
     """Registry factory of ``learned`` / ``learned:<path>`` / ``ppo:<path>`` (see
     :func:`train.register_policies`): the checkpoint at ``path`` (None: the shipped one),
-    reset on ``env`` when given; ``kwargs`` as for :meth:`LearnedPolicy.load`."""
-    policy = LearnedPolicy.load(str(SHIPPED_CHECKPOINT) if path is None else path, **kwargs)
+    reset on ``env`` when given; ``trust=True`` admits pickled SB3 zips; ``kwargs`` as for
+    :meth:`LearnedPolicy.load`."""
+    policy = LearnedPolicy.load(str(SHIPPED_CHECKPOINT) if path is None else path, trust=trust, **kwargs)
     if env is not None:
         policy.reset(env)
     return policy

@@ -26,7 +26,7 @@ import numpy as np
 from carbon_gym.errors import ConfigError
 
 from .config import TrainConfig
-from .policy import write_checkpoint_env
+from .checkpoint import write_checkpoint_env
 
 __all__ = ["train", "build_model", "DEFAULT_PPO", "DEFAULT_MASKABLE_PPO"]
 

@@ -2,12 +2,12 @@
 
 Usage (one process; about 3-8 s per episode)::
 
-    python -m train.safety_scan [--checkpoint ZIP] "headroom_margin=0.6;headroom_penalty=V" 10,20,30 [EPISODES]
+    python -m train.safety_scan [--checkpoint PATH [--trust-checkpoint]] "headroom_margin=0.6;headroom_penalty=V" 10,20,30 [EPISODES]
 
 The first argument names the knobs (``train.fast.SAFETY_KNOBS``); ``V`` takes each value of the
 second argument (``"neutral"`` with values ``0``: the network alone). ``--checkpoint`` scans another
 checkpoint than the shipped one (its recorded knobs are overridden by the scanned ones, the others
-set to neutral). ``EPISODES`` (comma-separated keys; default: the six below; ``all``: also the two
+set to neutral; ``--trust-checkpoint`` admits an SB3 .zip, see :mod:`train.checkpoint`). ``EPISODES`` (comma-separated keys; default: the six below; ``all``: also the two
 extra days of :data:`EXTRA`) picks validation episodes:
 low / moderate / high load on the DAgger config's two validation days (2023-06-13 07:13 and
 2023-01-28 16:23 UTC, world seed 12345, 60 s), never the test days of ``carbon-gym train
@@ -47,6 +47,8 @@ def main(argv: list[str]) -> int:
     checkpoint = SHIPPED_CHECKPOINT
     if argv[:1] == ["--checkpoint"]:
         checkpoint, argv = Path(argv[1]), argv[2:]
+    trust = argv[:1] == ["--trust-checkpoint"]
+    argv = argv[1:] if trust else argv
     refs = json.loads(REFS.read_text())["validation_refs"]
     spec, values = argv[0], [float(v) for v in argv[1].split(",")]
     keys = argv[2].split(",") if len(argv) > 2 else list(EPISODES)
@@ -57,7 +59,7 @@ def main(argv: list[str]) -> int:
         kw = dict(neutral)
         if spec != "neutral":
             kw.update({a: (v if b == "V" else float(b)) for a, b in (x.split("=") for x in spec.split(";"))})
-        pol = LearnedPolicy.load(checkpoint, **kw)
+        pol = LearnedPolicy.load(checkpoint, trust=trust, **kw)
         per_load: dict[str, list[tuple[float, float, float]]] = {}
         for k in keys:
             scen, start = {**EPISODES, **EXTRA}[k]

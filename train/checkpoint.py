@@ -1,0 +1,348 @@
+"""Checkpoint files of learned policies: a pickle-free format for set policies, and the trust rule.
+
+**The set-policy format** (what ``carbon-gym train export`` and ``train imitate`` write, and what
+the shipped agent ``train/checkpoints/llama8b_set.npz`` is): a zip archive holding
+
+* ``carbon_gym_checkpoint.json``: ``format`` / ``format_version``; ``network`` (the
+  :class:`~train.set_policy.SetNetwork` constructor's arguments: ``hidden``, ``classes``,
+  ``demand_features``, ``load_feedback`` and the training env's ``layout``); ``tensors`` (name ->
+  shape and dtype of every entry of the network's ``state_dict``); ``policy`` (default choice
+  ``mode`` and the safety knobs :data:`SAFETY_KNOB_NAMES`); ``env`` (:func:`checkpoint_env_meta`:
+  the env version and observation scales the network was trained for, checked on load);
+  ``training`` (how it was made: config, data days, source; informational);
+* one ``<tensor name>.npy`` per tensor (float32, numpy's own format).
+
+:func:`read_set_checkpoint` reads it with ``json`` and ``numpy.lib.format.read_array(...,
+allow_pickle=False)`` only: no member can run code (an object array is refused), unknown or
+missing tensors and wrong shapes are refused before any weight is used. ``numpy.load(path,
+allow_pickle=False)`` reads the tensors too.
+
+**SB3 ``.zip`` checkpoints** (``carbon-gym train``'s ``final.zip``, ``bc.zip`` and its resumption
+checkpoints, routing-weights PPO agents) hold pickled Python objects: stable-baselines3 unpickles
+the entries of their ``data`` member while loading, which runs whatever code their author put
+there. :func:`load_sb3_model` therefore refuses them unless the caller passes ``trust=True``
+(``--trust-checkpoint`` on the command line); :func:`checkpoint_format` tells the two formats
+apart from the archive's member names alone.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import warnings
+import zipfile
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from carbon_gym.errors import CarbonGymError, ConfigError
+
+__all__ = [
+    "FORMAT", "FORMAT_VERSION", "META_NAME", "ENV_META_NAME", "POLICY_META_NAME", "SAFETY_KNOB_NAMES", "MODES",
+    "SetCheckpoint", "checkpoint_format", "save_set_checkpoint", "read_set_checkpoint", "network_from_checkpoint",
+    "require_trust", "read_sb3_meta", "load_sb3_model", "check_safety", "checkpoint_env_meta", "write_checkpoint_env",
+    "check_checkpoint_env", "write_policy_meta",
+]
+
+#: ``format`` and ``format_version`` of the pickle-free set-policy checkpoint.
+FORMAT = "carbon-gym/set-policy"
+FORMAT_VERSION = 1
+#: Name of the JSON member of a set-policy checkpoint.
+META_NAME = "carbon_gym_checkpoint.json"
+#: Name of the file inside an SB3 checkpoint .zip that records the env it was trained for.
+ENV_META_NAME = "carbon_gym_env.json"
+#: Name of the file inside an SB3 checkpoint .zip that records how the policy acts by default.
+POLICY_META_NAME = "carbon_gym_policy.json"
+#: Safety knobs a checkpoint may record (:data:`train.fast.SAFETY_KNOBS`).
+SAFETY_KNOB_NAMES = ("load_price", "headroom_penalty", "headroom_margin")
+#: Choice modes of :class:`train.policy.LearnedPolicy`.
+MODES = ("sample", "argmax", "systematic")
+#: Largest uncompressed member read from a set-policy checkpoint (the shipped one holds ~5 KB).
+_MAX_MEMBER_BYTES = 256 << 20
+_TRUST_HINT = ("pass trust=True (API) or --trust-checkpoint (CLI) only if you trust whoever made the file; "
+               "`carbon-gym train export --trust-checkpoint --checkpoint IN.zip --out OUT.npz` converts a set-policy "
+               "one to the pickle-free format once")
+
+
+@dataclass(frozen=True)
+class SetCheckpoint:
+    """A read set-policy checkpoint: its JSON sections and tensors (float32 arrays)."""
+
+    path: str
+    network: dict[str, Any]
+    tensors: dict[str, np.ndarray]
+    policy: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, Any] | None = None
+    training: dict[str, Any] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------ format detection
+def checkpoint_format(path: str | Path) -> str:
+    """``"set"`` (the pickle-free format) or ``"sb3"`` (a stable-baselines3 .zip), from the
+    archive's member names (nothing is unpickled); :class:`ConfigError` (field ``path``) if
+    ``path`` is missing or neither."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("path", f"no checkpoint at {str(p)!r}")
+    try:
+        with zipfile.ZipFile(p) as zf:
+            names = set(zf.namelist())
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise ConfigError("path", f"{str(p)!r} is not a carbon-gym checkpoint (a zip archive): {exc}") from None
+    if META_NAME in names:
+        return "set"
+    if "data" in names:
+        return "sb3"
+    raise ConfigError("path", f"{str(p)!r} is neither a carbon-gym set-policy checkpoint (no {META_NAME}) nor a "
+                      "stable-baselines3 .zip (no 'data')")
+
+
+# ------------------------------------------------------------------------------ set-policy format
+def save_set_checkpoint(path: str | Path, net: Any, *, policy: Mapping[str, Any] | None = None,
+                        training: Mapping[str, Any] | None = None) -> Path:
+    """Write the :class:`~train.set_policy.SetNetwork` ``net`` in the pickle-free format.
+
+    Args:
+        path: file to write (``.npz`` by convention; parents are created).
+        net: the network (its ``state_dict`` and constructor arguments; the layout it is bound to
+            is recorded as the training layout).
+        policy: ``{"mode": ..., <knob>: ...}`` (:data:`MODES`, :data:`SAFETY_KNOB_NAMES`); absent
+            knobs are recorded as 0 (neutral), an absent mode as ``"sample"``.
+        training: how the network was made (JSON-serialisable; informational).
+    Returns the path written."""
+    pol = _check_policy_meta(dict(policy or {}))
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu().float().numpy() for k, v in net.state_dict().items()}
+    meta = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "network": {"hidden": int(net.hidden), "classes": net.classes, "demand_features": bool(net.demand_features),
+                    "load_feedback": int(net.load_feedback), "layout": dict(net.spec)},
+        "tensors": {k: {"shape": list(a.shape), "dtype": str(a.dtype)} for k, a in state.items()},
+        "policy": {"mode": pol.get("mode", "sample"), **{k: float(pol.get(k, 0.0)) for k in SAFETY_KNOB_NAMES}},
+        "env": checkpoint_env_meta(),
+        "training": dict(training or {}),
+    }
+    text = json.dumps(meta, indent=1, sort_keys=True, default=str)
+    tmp = out.with_name(out.name + ".tmp")
+    with zipfile.ZipFile(tmp, "w") as zf:  # (fixed member dates: the same network gives the same bytes)
+        zf.writestr(_member(META_NAME), text)
+        for k, a in state.items():
+            buf = io.BytesIO()
+            np.lib.format.write_array(buf, np.ascontiguousarray(a), allow_pickle=False)
+            zf.writestr(_member(k + ".npy"), buf.getvalue())
+    tmp.replace(out)
+    return out
+
+
+def _member(name: str) -> zipfile.ZipInfo:
+    info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+    info.compress_type = zipfile.ZIP_DEFLATED
+    return info
+
+
+def read_set_checkpoint(path: str | Path) -> SetCheckpoint:
+    """Read a set-policy checkpoint without unpickling anything (module docstring);
+    :class:`ConfigError` naming what is wrong with a malformed one."""
+    p = Path(path)
+    src = str(p)
+    if checkpoint_format(p) != "set":
+        raise ConfigError("path", f"{src!r} is not a carbon-gym set-policy checkpoint (no {META_NAME})")
+    try:
+        with zipfile.ZipFile(p) as zf:
+            meta = json.loads(_read_member(zf, META_NAME, src))
+            if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+                raise ConfigError("checkpoint", f"{src}: {META_NAME} does not describe a {FORMAT!r} checkpoint")
+            if meta.get("format_version") != FORMAT_VERSION:
+                raise ConfigError("checkpoint", f"{src}: format_version {meta.get('format_version')!r} is not supported",
+                                  allowed=[FORMAT_VERSION])
+            listed = meta.get("tensors")
+            net_cfg = meta.get("network")
+            if not isinstance(listed, dict) or not listed or not isinstance(net_cfg, dict):
+                raise ConfigError("checkpoint", f"{src}: {META_NAME} lists no network or no tensors")
+            tensors = {}
+            for name, desc in listed.items():
+                member = f"{name}.npy"
+                if member not in zf.namelist():
+                    raise ConfigError("checkpoint", f"{src}: tensor {name!r} is listed but {member!r} is missing")
+                try:
+                    arr = np.lib.format.read_array(io.BytesIO(_read_member(zf, member, src)), allow_pickle=False)
+                except ValueError as exc:  # an object array (pickled) or a malformed header
+                    raise ConfigError("checkpoint", f"{src}: {member} is not a plain numeric array ({exc})") from None
+                if arr.dtype != np.float32 or list(arr.shape) != list(desc.get("shape", [])):
+                    raise ConfigError("checkpoint", f"{src}: {member} is {arr.dtype} {list(arr.shape)}, expected "
+                                      f"float32 {desc.get('shape')}")
+                tensors[str(name)] = arr
+    except (zipfile.BadZipFile, zlib.error, OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
+        raise ConfigError("checkpoint", f"{src}: malformed set-policy checkpoint ({type(exc).__name__}: {exc})") from None
+    policy = _check_policy_meta(dict(meta.get("policy") or {}), src)
+    return SetCheckpoint(path=src, network=dict(net_cfg), tensors=tensors, policy=policy,
+                         env=meta.get("env"), training=dict(meta.get("training") or {}))
+
+
+def _read_member(zf: zipfile.ZipFile, name: str, src: str) -> bytes:
+    info = zf.getinfo(name)
+    if info.file_size > _MAX_MEMBER_BYTES:
+        raise ConfigError("checkpoint", f"{src}: member {name!r} is {info.file_size} bytes (at most {_MAX_MEMBER_BYTES})")
+    return zf.read(name)
+
+
+def network_from_checkpoint(ck: SetCheckpoint) -> Any:
+    """The :class:`~train.set_policy.SetNetwork` of ``ck`` (float32, eval mode): built from its
+    ``network`` section, its weights from ``ck.tensors`` (names and shapes must be exactly the
+    network's)."""
+    import torch as th
+
+    from .set_policy import SetNetwork
+
+    cfg = ck.network
+    known = {"hidden", "classes", "demand_features", "load_feedback", "layout"}
+    unknown = sorted(set(cfg) - known)
+    if unknown or "layout" not in cfg or "hidden" not in cfg:
+        raise ConfigError("checkpoint", f"{ck.path}: network section has unknown keys {unknown} or lacks layout/hidden",
+                          allowed=sorted(known))
+    try:
+        net = SetNetwork(cfg["layout"], hidden=int(cfg["hidden"]), classes=cfg.get("classes"),
+                         demand_features=bool(cfg.get("demand_features", False)),
+                         load_feedback=int(cfg.get("load_feedback", 0)))
+    except (KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, CarbonGymError):
+            raise
+        raise ConfigError("checkpoint", f"{ck.path}: network section does not build a SetNetwork ({exc!r})") from None
+    want = {k: list(v.shape) for k, v in net.state_dict().items()}
+    got = {k: list(v.shape) for k, v in ck.tensors.items()}
+    if want != got:
+        missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+        wrong = sorted(k for k in set(want) & set(got) if want[k] != got[k])
+        raise ConfigError("checkpoint", f"{ck.path}: tensors do not fit the network (missing {missing}, unexpected "
+                          f"{extra}, wrong shape {wrong})")
+    net.load_state_dict({k: th.from_numpy(a.copy()) for k, a in ck.tensors.items()})
+    return net.eval()
+
+
+# ------------------------------------------------------------------------------ SB3 zips: the trust rule
+def require_trust(path: str | Path, trust: bool) -> None:
+    """:class:`ConfigError` (field ``trust``) if ``path`` is an SB3 checkpoint and ``trust`` is
+    not set: loading one unpickles its contents, which can run any code."""
+    if checkpoint_format(path) == "sb3" and not trust:
+        raise ConfigError("trust", f"{str(path)!r} is a stable-baselines3 checkpoint: loading it unpickles Python "
+                          f"objects, which can run code its author chose; refused without trust ({_TRUST_HINT})",
+                          allowed=["trust=True / --trust-checkpoint", "a carbon-gym set-policy checkpoint (.npz)"])
+
+
+def read_sb3_meta(path: str | Path) -> tuple[dict[str, Any] | None, dict[str, Any], str]:
+    """(env record or None, policy record, the ``data`` member's text) of an SB3 checkpoint,
+    read as JSON / text only (nothing is unpickled)."""
+    src = str(path)
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = zf.namelist()
+            data = zf.read("data").decode("utf-8", errors="replace")
+            env = json.loads(zf.read(ENV_META_NAME)) if ENV_META_NAME in names else None
+            pmeta = json.loads(zf.read(POLICY_META_NAME)) if POLICY_META_NAME in names else {}
+    except (zipfile.BadZipFile, KeyError, ValueError, OSError) as exc:
+        raise ConfigError("path", f"{src!r} is not a carbon-gym training checkpoint (an SB3 .zip): {exc}") from None
+    return env, _check_policy_meta(dict(pmeta), src), data
+
+
+def load_sb3_model(path: str | Path, *, trust: bool = False) -> Any:
+    """The SB3 model in ``path`` (``MaskablePPO`` with the set policy, or ``PPO``), on the CPU;
+    refused without ``trust`` (:func:`require_trust`). Its ``.pth`` members go through torch's
+    weights-only loader: one holding other objects gives a :class:`ConfigError`, not a raw
+    ``UnpicklingError``."""
+    require_trust(path, trust)
+    _, _, data = read_sb3_meta(path)
+    if "SetActorCriticPolicy" in data or "Maskable" in data:
+        from sb3_contrib import MaskablePPO as algo
+    else:
+        from stable_baselines3 import PPO as algo
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Could not deserialize object")
+            return algo.load(path, device="cpu")
+    except pickle.UnpicklingError as exc:
+        raise ConfigError("checkpoint", f"{str(path)!r}: a .pth member holds objects other than tensors, which torch's "
+                          f"weights-only loader refuses ({str(exc).splitlines()[0][:200]})") from None
+    except (KeyError, ValueError, RuntimeError, TypeError, AttributeError, EOFError, zipfile.BadZipFile) as exc:
+        if isinstance(exc, CarbonGymError):
+            raise
+        raise ConfigError("checkpoint", f"{str(path)!r}: stable-baselines3 could not load it ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0][:200] if str(exc) else ''})") from None
+
+
+# ------------------------------------------------------------------------------ policy and env records
+def check_safety(knobs: Mapping[str, Any]) -> dict[str, float]:
+    """The knobs as floats; :class:`ConfigError` naming the knob if one is not finite, or negative
+    (``headroom_margin``, a threshold, may be negative)."""
+    out = {}
+    for k, v in knobs.items():
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            raise ConfigError(k, f"must be a number, got {v!r}") from None
+        if not np.isfinite(f) or (f < 0.0 and k != "headroom_margin"):
+            raise ConfigError(k, f"must be finite{'' if k == 'headroom_margin' else ' and >= 0 (0 = neutral)'}, got {v!r}")
+        out[k] = f
+    return out
+
+
+def _check_policy_meta(meta: dict[str, Any], source: str = "") -> dict[str, Any]:
+    """``meta`` (mode and knobs) checked: known keys, a known mode, valid knobs (as floats)."""
+    where = f"{source}: " if source else ""
+    unknown = sorted(set(meta) - {"mode", *SAFETY_KNOB_NAMES})
+    if unknown:
+        raise ConfigError("policy meta", f"{where}unknown keys {unknown}", allowed=["mode", *SAFETY_KNOB_NAMES])
+    if "mode" in meta and meta["mode"] not in MODES:
+        raise ConfigError("mode", f"{where}unknown mode {meta['mode']!r}", allowed=list(MODES))
+    out: dict[str, Any] = {"mode": meta["mode"]} if "mode" in meta else {}
+    out.update(check_safety({k: meta[k] for k in SAFETY_KNOB_NAMES if k in meta}))
+    return out
+
+
+def write_policy_meta(path: str | Path, meta: dict[str, Any]) -> None:
+    """Record ``meta`` (``{"mode": ..., <safety knob>: ...}``: the default choice mode and safety
+    knobs, :data:`SAFETY_KNOB_NAMES`; an absent knob is neutral) inside an SB3 checkpoint .zip."""
+    _check_policy_meta(dict(meta))
+    with zipfile.ZipFile(path, "a") as zf:
+        if POLICY_META_NAME in zf.namelist():
+            raise ConfigError("checkpoint", f"{path} already records its policy settings")
+        zf.writestr(POLICY_META_NAME, json.dumps(meta, sort_keys=True))
+
+
+def checkpoint_env_meta() -> dict[str, Any]:
+    """What a set-policy checkpoint depends on in the env, independent of topology size: the env
+    version and the fixed observation scales (the policy binds to column names, not indices)."""
+    from carbon_gym import env as cg_env
+
+    return {
+        "env_version": cg_env.ENV_VERSION,
+        "scales": {
+            "carbon_g_per_kwh": cg_env.CARBON_SCALE_G_PER_KWH, "tokens": cg_env.TOKENS_SCALE,
+            "queue_per_engine": cg_env.QUEUE_PER_ENGINE_SCALE, "prefill_ref_tokens": cg_env.PREFILL_REF_TOKENS,
+            "tpot_slope_ref_seqs": cg_env.TPOT_SLOPE_REF_SEQS,
+        },
+    }
+
+
+def write_checkpoint_env(path: str | Path) -> None:
+    """Record :func:`checkpoint_env_meta` inside the SB3 checkpoint .zip at ``path``."""
+    with zipfile.ZipFile(path, "a") as zf:
+        if ENV_META_NAME not in zf.namelist():
+            zf.writestr(ENV_META_NAME, json.dumps(checkpoint_env_meta(), sort_keys=True))
+
+
+def check_checkpoint_env(stored: dict[str, Any] | None, source: str) -> None:
+    """Raise :class:`ConfigError` naming what differs if a checkpoint was made for another env
+    version or other observation scales; warn if the checkpoint records no env at all."""
+    if stored is None:
+        warnings.warn(f"{source}: checkpoint records no carbon_gym env version; assuming it matches", stacklevel=3)
+        return
+    current = checkpoint_env_meta()
+    diffs = [f"{k}: checkpoint {stored.get(k)!r}, this env {v!r}" for k, v in current.items() if stored.get(k) != v]
+    if diffs:
+        raise ConfigError("checkpoint", f"{source} was trained for another env: " + "; ".join(diffs) + " (retrain or use a matching carbon_gym)")
