@@ -1,6 +1,6 @@
 """Build script: everything is in pyproject.toml except the optional compiled simulator.
 
-``pip install`` compiles the simulator's modules (``carbon_gym/sim/engine.py``, ``datacenter.py``
+``pip install`` compiles the simulator's modules (``carbon_gym/sim/request.py``, ``engine.py``, ``datacenter.py``
 and ``simulator.py``; the same source, run as C extensions, about twice as fast per event) with
 mypyc, which the build requirements in pyproject.toml provide. The pure-Python package is
 installed instead, with a message, when mypyc or a C compiler is missing, when the compile fails,

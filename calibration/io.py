@@ -373,7 +373,7 @@ class PowerLog:
     gpu: np.ndarray
     power_w: np.ndarray
 
-    def for_gpu(self, gpu: int) -> "PowerLog":
+    def for_gpu(self, gpu: int) -> PowerLog:
         """Samples of one GPU only."""
         m = self.gpu == gpu
         return PowerLog(self.source, self.time_s[m], self.gpu[m], self.power_w[m])

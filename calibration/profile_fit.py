@@ -238,7 +238,7 @@ class AttentionFit:
     decode_save: tuple[float, float]
     mape_pct: dict[str, float] = field(default_factory=dict)
 
-    def scaled(self, q_ratio: float, kv_ratio: float) -> "AttentionFit":
+    def scaled(self, q_ratio: float, kv_ratio: float) -> AttentionFit:
         """Attention of a model with ``q_ratio`` x the query heads and ``kv_ratio`` x the KV heads per GPU.
 
         Work terms scale with the heads they touch (prefill pairs and per-token attention with the

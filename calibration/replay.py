@@ -35,7 +35,7 @@ class ReplaySetup:
     tp: int = 1
     engine_options: dict[str, Any] = field(default_factory=dict)
 
-    def with_latency(self, latency: TableLatencyModel) -> "ReplaySetup":
+    def with_latency(self, latency: TableLatencyModel) -> ReplaySetup:
         """Same setup with another latency model."""
         return replace(self, latency=latency)
 

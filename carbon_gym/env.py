@@ -448,7 +448,6 @@ class GeoServeEnv(gym.Env):
         self._forecast_key: Any = None
         self._forecast_g: np.ndarray = np.zeros((self._D, 0))
         self._forecast_scaled: np.ndarray = self._forecast_g
-        self._frozen_carbon: dict[float, tuple[np.ndarray, np.ndarray]] = {}
         self._dc_encoder.clear()
         self._state: EnvState | None = None
 
@@ -684,33 +683,17 @@ class GeoServeEnv(gym.Env):
         return self._forecast_g, self._forecast_scaled
 
     def _carbon_view(self, now: float, true_now_g: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
-        """Carbon as the feed reports it during a carbon-feed gap: ``(now_g_per_kwh (D,),
-        forecast_g_per_kwh (D, H), stale, missing)`` (values frozen at the gap's start; NaN where
-        missing), or None when no gap is active."""
-        faults = self._faults
-        if faults is None or not self.layout.carbon_feed_flags:
+        """Carbon as the feed reports it (:meth:`FaultRuntime.carbon_view`), or None."""
+        if self._faults is None or not self.layout.carbon_feed_flags:
             return None
-        since, missing = faults.feed_state()
-        stale = ~np.isnan(since)
-        if not stale.any():
-            return None
-        now_g = true_now_g.copy()
-        fc_g = self._forecast_g.copy()
-        for d in np.flatnonzero(stale):
-            if missing[d]:
-                now_g[d] = np.nan
-                fc_g[d] = np.nan
-                continue
-            t0 = float(since[d])
-            frozen = self._frozen_carbon.get(t0)
-            if frozen is None:
-                vals = np.array([x.intensity(t0) for x in self._sim.datacenters])
-                fc0 = self._forecast(t0)[0].copy() if self._H else np.zeros((self._D, 0))
-                self._forecast(now)
-                frozen = self._frozen_carbon[t0] = (vals, fc0)
-            now_g[d] = frozen[0][d]
-            fc_g[d] = frozen[1][d]
-        return now_g, fc_g, stale, missing
+        H = self._H
+
+        def forecast_at(t_s: float) -> np.ndarray:
+            fc = self._forecast(t_s)[0].copy() if H else np.zeros((self._D, 0))
+            self._forecast(now)  # the cache holds the current hour again
+            return fc
+
+        return self._faults.carbon_view(true_now_g, self._forecast_g if H else np.zeros((self._D, 0)), forecast_at)
 
     def _observe(self) -> dict[str, np.ndarray]:
         """Build the observation and the action mask for the current state (the typed state

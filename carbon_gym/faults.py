@@ -77,7 +77,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -168,7 +168,7 @@ FAULT_KINDS: dict[str, type] = {
 Fault = Any  # one of the dataclasses above
 
 
-def parse_faults(raw: Sequence[Any], topology: Any, *, duration_s: float, tp: int = 1,
+def parse_faults(raw: Sequence[Any], topology: Any, *, duration_s: float, tp: int = 1,  # noqa: C901
                  source: str | None = None, warn: bool = True) -> tuple[Fault, ...]:
     """Validate ``[[faults]]`` tables against a topology; return the fault dataclasses.
 
@@ -280,7 +280,7 @@ class FaultRuntime:
         self._cut = np.zeros((R, D), dtype=np.int64)
         self._drains: dict[int, dict[int, tuple[int, bool]]] = {}
         self._gaps: dict[int, tuple[tuple[int, ...], str]] = {}
-        self._frozen: dict[float, np.ndarray] = {}
+        self._frozen: dict[float, tuple[np.ndarray, np.ndarray]] = {}  # carbon at a gap start: (now (D,), forecast (D, H))
 
     # ------------------------------------------------------------------ time
     def advance(self, t_s: float) -> list[Any]:
@@ -304,7 +304,7 @@ class FaultRuntime:
     def _dcs(self, names: Sequence[str] | None) -> list[int]:
         return list(range(self.D)) if names is None else [self._dc_index[n] for n in names]
 
-    def _apply(self, ev: FaultEvent) -> list[Any]:
+    def _apply(self, ev: FaultEvent) -> list[Any]:  # noqa: C901
         f = self.faults[ev.index]
         sim = self.sim
         out = []
@@ -392,6 +392,32 @@ class FaultRuntime:
                 if mode == "missing":
                     missing[d] = True
         return since, missing
+
+    def carbon_view(self, now_g_per_kwh: np.ndarray, forecast_g_per_kwh: np.ndarray,
+                    forecast_at: Callable[[float], np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+        """Carbon as the feed reports it during a carbon-feed gap: ``(now_g_per_kwh (D,),
+        forecast_g_per_kwh (D, H), stale, missing)`` from the true values given; a stale feed
+        holds the values at the gap's start (``forecast_at(t_s)`` gives the (D, H) forecast
+        issued at t_s), a missing one NaN. None when no gap is active."""
+        since, missing = self.feed_state()
+        stale = ~np.isnan(since)
+        if not stale.any():
+            return None
+        now_g = now_g_per_kwh.copy()
+        fc_g = forecast_g_per_kwh.copy()
+        for d in np.flatnonzero(stale):
+            if missing[d]:
+                now_g[d] = np.nan
+                fc_g[d] = np.nan
+                continue
+            t0 = float(since[d])
+            frozen = self._frozen.get(t0)
+            if frozen is None:
+                vals = np.array([x.intensity(t0) for x in self.sim.datacenters])
+                frozen = self._frozen[t0] = (vals, forecast_at(t0))
+            now_g[d] = frozen[0][d]
+            fc_g[d] = frozen[1][d]
+        return now_g, fc_g, stale, missing
 
     def masked_reason(self, origin: int, d: int) -> str | None:
         """Why the fault state masks datacenter ``d`` for a request from ``origin`` (None if not)."""

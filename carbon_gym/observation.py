@@ -103,13 +103,13 @@ class ObservationLayout:
     region_names: tuple[str, ...]
     carbon_feed_flags: bool = False
 
-    def width(self, feature: "Feature") -> int:
+    def width(self, feature: Feature) -> int:
         """Columns ``feature`` spans in this layout (0 when it is not present)."""
         if feature.when is not None and not getattr(self, feature.when):
             return 0
         return {"1": 1, "H": self.forecast_hours, "R": self.n_regions, "D": self.n_datacenters}[feature.width]
 
-    def _columns(self, table: tuple["Feature", ...], expand: bool) -> dict[str, int]:
+    def _columns(self, table: tuple[Feature, ...], expand: bool) -> dict[str, int]:
         out: dict[str, int] = {}
         i = 0
         for f in table:

@@ -88,7 +88,7 @@ class BinnedPredictor:
         x = np.log2(np.maximum(np.asarray(prompt_tokens, dtype=np.float64), 1.0))
         return np.searchsorted(self.edges_log2, x, side="right")
 
-    def fit(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray) -> "BinnedPredictor":
+    def fit(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray) -> BinnedPredictor:
         """Fit the per-bin statistic on training pairs; returns ``self``."""
         p = np.asarray(prompt_tokens, dtype=np.float64)
         o = np.asarray(output_tokens, dtype=np.float64)

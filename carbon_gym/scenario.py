@@ -312,7 +312,7 @@ class Scenario:
         trace's rate; :attr:`rate_source` says which, with the numbers."""
         return self.resolved_rate_per_s
 
-    def replace(self, **changes: Any) -> "Scenario":
+    def replace(self, **changes: Any) -> Scenario:
         """A copy with top-level fields replaced (no re-validation; prefer ``overrides``)."""
         return dataclasses.replace(self, **changes)
 
@@ -668,7 +668,7 @@ def load_scenario(name_or_path: str | Path, overrides: Mapping[str, Any] | None 
     return scenario_from_dict(raw, source=str(path), base_dir=path.resolve().parent, overrides=overrides)
 
 
-def _resolve(s: Scenario, ctx: Ctx, base_dir: Path | None) -> Scenario:
+def _resolve(s: Scenario, ctx: Ctx, base_dir: Path | None) -> Scenario:  # noqa: C901
     """Cross-field checks; fill model-dependent defaults; resolve relative paths and the rate."""
     from .specs import load_gpu_spec, load_model_spec
 

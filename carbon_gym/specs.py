@@ -6,7 +6,7 @@ A new model or GPU is a new TOML table, not new code.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from ._toml import data_path, load_toml
@@ -69,7 +69,7 @@ class GpuSpec:
     gpus_per_node: int
 
 
-@lru_cache(maxsize=None)
+@cache
 def _table(file: str) -> dict:
     return load_toml(data_path(file))
 

@@ -83,4 +83,4 @@ class EnvState:
     pending: PendingRequests
     pending_total: int
     action_mask: np.ndarray
-    layout: "ObservationLayout"
+    layout: ObservationLayout

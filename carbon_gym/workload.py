@@ -197,12 +197,12 @@ class RequestBatch:
         return int(self.arrival_s.shape[0])
 
     @classmethod
-    def empty(cls) -> "RequestBatch":
+    def empty(cls) -> RequestBatch:
         """A batch with no requests."""
         return cls(np.empty(0, np.int64), np.empty(0, np.float64), np.empty(0, np.int64), np.empty(0, np.int64))
 
     @classmethod
-    def concat(cls, batches: Sequence["RequestBatch"]) -> "RequestBatch":
+    def concat(cls, batches: Sequence[RequestBatch]) -> RequestBatch:
         """Concatenate batches that are already in time order relative to each other."""
         batches = [b for b in batches if len(b)]
         if not batches:
@@ -211,7 +211,7 @@ class RequestBatch:
             return batches[0]
         return cls(*(np.concatenate([getattr(b, f) for b in batches]) for f in ("origin", "arrival_s", "prompt_tokens", "output_tokens")))
 
-    def take(self, idx: np.ndarray | slice) -> "RequestBatch":
+    def take(self, idx: np.ndarray | slice) -> RequestBatch:
         """Rows ``idx`` (an index array, boolean mask or slice)."""
         return RequestBatch(self.origin[idx], self.arrival_s[idx], self.prompt_tokens[idx], self.output_tokens[idx])
 
@@ -537,7 +537,7 @@ class Workload:
         self._cache: dict[int, RequestBatch] = {}
         self._times: dict[int, list[float]] = {}  # arrival times of the cached blocks, as lists
 
-    def with_seed(self, seed: int) -> "Workload":
+    def with_seed(self, seed: int) -> Workload:
         """This generator with another seed: the requests a Workload built with the same arguments
         and ``seed`` would give (the arrival process, length sampler and profile hold no random
         state and are shared; nothing generated is carried over). Cheap: no data is reloaded."""

@@ -175,11 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     cases = []
     if args.only in (None, "a"):
-        cases.append(("a: 1 engine, %.0f req/s" % args.rate_a, lambda: make_simulator(one_engine_world()),
+        cases.append((f"a: 1 engine, {args.rate_a:.0f} req/s", lambda: make_simulator(one_engine_world()),
                       args.requests_a, args.rate_a))
     if args.only in (None, "b"):
         sim_b_rate = args.rate_per_engine_b * 512
-        cases.append(("b: 512 GPUs, %.0f req/s round-robin" % sim_b_rate, lambda: make_simulator(full_world(args.seed)),
+        cases.append((f"b: 512 GPUs, {sim_b_rate:.0f} req/s round-robin", lambda: make_simulator(full_world(args.seed)),
                       args.requests_b, sim_b_rate))
     for name, build, n, rate in cases:
         sim = build()

@@ -460,7 +460,7 @@ def _variant(label: str) -> str:
     return label.split("[", 1)[1].rstrip("]") if "[" in label else ""
 
 
-def exp_headline(ctx: "Ctx") -> str:
+def exp_headline(ctx: Ctx) -> str:
     scens = ctx.scenario_list(LOADS)
     pols = ctx.policies or [p for p in STUDY_POLICIES if p in available_policies()]
     specs = make_specs(scens, pols, ctx.seeds, overrides=ctx.overrides, policy_kwargs=ctx.policy_kwargs)
@@ -479,7 +479,7 @@ def exp_headline(ctx: "Ctx") -> str:
     return table
 
 
-def exp_milp_vs_ilp(ctx: "Ctx") -> str:
+def exp_milp_vs_ilp(ctx: Ctx) -> str:
     scens = ctx.scenario_list(("moderate", "high"))
     pols = ctx.policies or [REFERENCE_POLICY, "ilp", "ilp-state", "milp"]
     specs = make_specs(scens, pols, ctx.seeds, overrides=ctx.overrides, policy_kwargs=ctx.policy_kwargs)
@@ -501,7 +501,7 @@ def exp_milp_vs_ilp(ctx: "Ctx") -> str:
     return md
 
 
-def exp_predictor(ctx: "Ctx") -> str:
+def exp_predictor(ctx: Ctx) -> str:
     import pandas as pd
 
     scens = ctx.scenario_list(("moderate",))
@@ -550,7 +550,7 @@ def exp_predictor(ctx: "Ctx") -> str:
     return md
 
 
-def exp_polling(ctx: "Ctx") -> str:
+def exp_polling(ctx: Ctx) -> str:
     import pandas as pd
 
     scens = ctx.scenario_list(("moderate",), ("llama8b",))
@@ -580,7 +580,7 @@ def exp_polling(ctx: "Ctx") -> str:
     return md
 
 
-def exp_tradeoff(ctx: "Ctx") -> str:
+def exp_tradeoff(ctx: Ctx) -> str:
     import pandas as pd
 
     scens = ctx.scenario_list(("moderate",), ("llama8b",))
@@ -614,7 +614,7 @@ def exp_tradeoff(ctx: "Ctx") -> str:
     return md
 
 
-def exp_bound(ctx: "Ctx") -> str:
+def exp_bound(ctx: Ctx) -> str:
     import pandas as pd
 
     scens = ctx.scenario_list(("moderate",))
@@ -651,7 +651,7 @@ def exp_bound(ctx: "Ctx") -> str:
     return md
 
 
-EXPERIMENT_FUNCS: dict[str, Callable[["Ctx"], str]] = {
+EXPERIMENT_FUNCS: dict[str, Callable[[Ctx], str]] = {
     "headline": exp_headline,
     "milp-vs-ilp": exp_milp_vs_ilp,
     "predictor": exp_predictor,

@@ -77,7 +77,7 @@ def _claims(results_dir: str) -> dict[str, str]:
     return out
 
 
-def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", figures_dir: str = "docs/figures", command: str | None = None) -> str:
+def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", figures_dir: str = "docs/figures", command: str | None = None) -> str:  # noqa: C901
     """Write RESULTS.md from ``results_dir/headline`` (+ the other experiments found there).
 
     Figures are copied (PNG) into ``figures_dir`` so the Markdown links work from the repo root.

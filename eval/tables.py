@@ -154,7 +154,7 @@ def summary_markdown(summary, *, timing: bool = True) -> str:
         head.append("decision mean/p95 (ms)")
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for _, r in summary.iterrows():
-        def g(k: str) -> float:
+        def g(k: str, r: Any = r) -> float:
             v = r.get(k, float("nan"))
             return float(v) if v is not None else float("nan")
 
@@ -285,7 +285,7 @@ def fault_markdown(table) -> str:
             "ledger balanced"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for _, r in table.iterrows():
-        def g(k: str) -> float:
+        def g(k: str, r: Any = r) -> float:
             v = r.get(k, float("nan"))
             return float(v) if v is not None else float("nan")
 

@@ -108,7 +108,7 @@ class ScalarWriter:
     def close(self) -> None:
         self._writer.close()
 
-    def __enter__(self) -> "ScalarWriter":
+    def __enter__(self) -> ScalarWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:

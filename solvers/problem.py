@@ -112,7 +112,7 @@ class PlacementProblem:
     prefill_fixed_s: np.ndarray | None = None
     backlog_prompt_tokens: np.ndarray | None = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # noqa: C901
         for name in ("origin", "slot"):
             if getattr(self, name) is not None:
                 setattr(self, name, _arr(getattr(self, name), np.int64))
@@ -284,7 +284,7 @@ class PlacementProblem:
         dec = (self.decode_power_w(1.0) - self.gpu_idle_w) * self.output_tokens[:, None] * tpot
         return self.tp * (pre + dec)
 
-    def subset(self, idx: np.ndarray) -> "PlacementProblem":
+    def subset(self, idx: np.ndarray) -> PlacementProblem:
         """The same step restricted to requests ``idx`` (datacenter state unchanged)."""
         idx = np.asarray(idx, dtype=np.int64)
         kw = {f.name: getattr(self, f.name) for f in fields(self) if f.init}

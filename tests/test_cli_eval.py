@@ -4,7 +4,6 @@ errors, delegation, and the Ray backend (skipped when Ray is not installed)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time

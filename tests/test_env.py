@@ -107,7 +107,7 @@ def test_observations_in_space_and_decode_matches_simulator() -> None:
     policy = RoundRobinPolicy()
     obs, info = env.reset(seed=3)
     checked_slots = 0
-    for step in range(25):
+    for _ in range(25):
         assert env.observation_space.contains(obs)
         for v in obs.values():
             assert v.dtype == np.float32 and np.all(np.isfinite(v))
@@ -174,7 +174,7 @@ def test_same_seed_same_trajectory_and_metrics() -> None:
     for _ in range(2):
         env = make(duration_s=30.0)
         p = RoundRobinPolicy()
-        runs.append(run_episode(env, 7, lambda o, i: p.act(o, i)))
+        runs.append(run_episode(env, 7, p.act))
     (o1, r1, i1, m1), (o2, r2, i2, m2) = runs
     assert len(o1) == len(o2) == 31
     assert all(data_equivalence(a, b, exact=True) for a, b in zip(o1, o2))
@@ -304,8 +304,8 @@ def test_masks_forbid_exactly_what_the_env_refuses() -> None:
     env = make(**{"workload.rate_per_s": 12.0})
     base = env.unwrapped
     D, K = base.layout.n_datacenters, base.layout.max_pending
-    obs, info = env.reset(seed=0)
-    obs = base.set_datacenter_up(1, False)
+    env.reset(seed=0)
+    base.set_datacenter_up(1, False)
     mask = base.action_masks().reshape(K, D + 1)
     n = base._n_visible
     assert n > 0

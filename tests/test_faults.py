@@ -105,7 +105,7 @@ def test_outage_fails_requests_over_at_its_exact_time_with_their_arrival_time():
     env = GeoServeEnv(dev([{"kind": "datacenter_outage", "datacenter": "fr", "start_s": 10.5, "end_s": 20.0}]))
     obs, info = env.reset(seed=1)
     D = 2
-    for k in range(10):
+    for _ in range(10):
         obs, *_ , info = env.step(np.where(info["action_mask"][:, FR], FR, D))
     sim = env.simulator
     assert sim.now_s == 11.0 and not sim.datacenters[FR].up

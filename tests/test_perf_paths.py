@@ -166,7 +166,7 @@ def test_records_from_rows_has_the_column_dtypes_and_values():
             np.testing.assert_array_equal(getattr(other, name), getattr(rec, name), err_msg=name)
             assert getattr(other, name).dtype == dt
     with pytest.raises(AttributeError):
-        RequestRecords.from_rows(rows).no_such_column
+        _ = RequestRecords.from_rows(rows).no_such_column
 
 
 def test_reseeded_workload_equals_a_new_one():

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from carbon_gym.sim import EngineConfig
-from carbon_gym.sim.engine import ITER, RequestState
+from carbon_gym.sim.engine import ITER
+from carbon_gym.sim.request import RequestState
 from test_sim_fixtures import LAT, POW, drive, make_sim, random_workload, starved_gpu
 
 

@@ -25,7 +25,7 @@ def run_both(cfg: dict, wl: dict, until_s: float | None = None):
 
 
 def assert_same(a, b, rel: float = 1e-9):
-    (ra, ta, sa), (rb, tb, sb) = a, b
+    (ra, ta, _), (rb, tb, _) = a, b
     assert len(ra) == len(rb)
     for c in INT_COLS:
         np.testing.assert_array_equal(getattr(ra, c), getattr(rb, c), err_msg=c)

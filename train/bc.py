@@ -211,7 +211,9 @@ def behaviour_clone(
                 vce, vv, vacc = [], [], []
                 for i in range(0, len(val_idx), int(batch_steps)):
                     a, b, c = losses(val_idx[i:i + int(batch_steps)])
-                    vce.append(float(a)); vv.append(float(b)); vacc.append(float(c))
+                    vce.append(float(a))
+                    vv.append(float(b))
+                    vacc.append(float(c))
             row.update(val_ce=float(np.mean(vce)), val_value_loss=float(np.mean(vv)), val_accuracy=float(np.mean(vacc)))
         hist.append(row)
         if logger is not None:
@@ -220,7 +222,7 @@ def behaviour_clone(
                     logger.record(f"bc/{k}", v)
             logger.dump(epoch)
         if log:
-            log("bc: epoch {epoch}: " .format(epoch=epoch) + ", ".join(f"{k} {v:.4f}" for k, v in row.items() if k != "epoch")
+            log(f"bc: epoch {epoch}: "  + ", ".join(f"{k} {v:.4f}" for k, v in row.items() if k != "epoch")
                 + f" ({time.perf_counter() - t0:.0f} s)")
     net.eval()
     return {"history": hist, "steps": T, "train_steps": int(train_idx.size), "val_steps": int(val_idx.size),

@@ -90,7 +90,7 @@ def summarise(results: dict[str, dict[str, dict[str, Any]]], policies: Sequence[
         rows: dict[str, Any] = {}
         for p in policies:
             red, viol, dec, p95 = [], [], [], []
-            for key, per in eps.items():
+            for per in eps.values():
                 if p not in per or REFERENCE not in per:
                     continue
                 rr = per[REFERENCE]["carbon_g"]

@@ -111,7 +111,7 @@ class NumpySetScorer:
             self._out_t32, self._used_t32 = _ceil32(self._out_edges), _ceil32(self._used_edges)
         self.bind(net.spec)
 
-    def bind(self, spec: Mapping[str, Any]) -> "NumpySetScorer":
+    def bind(self, spec: Mapping[str, Any]) -> NumpySetScorer:
         """Read observations of the layout ``spec`` (:func:`train.set_policy.layout_spec`)."""
         from .set_policy import FORECAST_MEAN_HOURS, layout_spec
 

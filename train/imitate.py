@@ -202,7 +202,7 @@ def class_bc(net: Any, steps: Sequence[ClassStep], val: Sequence[ClassStep], *, 
                        val_aggregate=float(np.mean([float(v[2]) for v in vals])))
         hist.append(row)
         if log and (epoch == int(epochs) - 1 or epoch % 5 == 0):
-            log("imitate: epoch {:d}: ".format(epoch) + ", ".join(f"{k} {v:.4f}" for k, v in row.items() if k != "epoch")
+            log(f"imitate: epoch {epoch:d}: " + ", ".join(f"{k} {v:.4f}" for k, v in row.items() if k != "epoch")
                 + f" ({time.perf_counter() - t0:.0f} s)")
     net.eval()
     return hist

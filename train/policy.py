@@ -125,7 +125,7 @@ class LearnedPolicy:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def load(cls, path: str | Path, *, trust: bool = False, **kwargs: Any) -> "LearnedPolicy":
+    def load(cls, path: str | Path, *, trust: bool = False, **kwargs: Any) -> LearnedPolicy:
         """Load a checkpoint; ``kwargs`` as for the constructor. ``mode`` and the safety knobs
         default to those recorded in the checkpoint (SB3 zips without a record: the
         constructor's defaults, neutral knobs).

@@ -86,7 +86,7 @@ def _eval_env_factory(cfg: TrainConfig) -> Callable[[], Any]:
     return lambda: make_episode_env(scenario, overrides, start)
 
 
-def train(
+def train(  # noqa: C901
     cfg: TrainConfig,
     run_dir: str | Path,
     *,

@@ -201,7 +201,7 @@ class SetNetwork(nn.Module):
         self.bind(layout)
 
     # ------------------------------------------------------------------ layout
-    def bind(self, layout: Any) -> "SetNetwork":
+    def bind(self, layout: Any) -> SetNetwork:
         """Read observations of another layout from now on (weights unchanged)."""
         spec = layout_spec(layout)
         self.spec = spec
@@ -431,7 +431,7 @@ class SlotCategorical(MaskableDistribution):
         """Unused: the logits come from :class:`SetNetwork`."""
         return nn.Identity()
 
-    def proba_distribution(self, action_logits: th.Tensor) -> "SlotCategorical":
+    def proba_distribution(self, action_logits: th.Tensor) -> SlotCategorical:
         self._raw = action_logits.reshape(-1, self.n_slots, self.n_choices)
         self.logits = th.log_softmax(self._raw, dim=-1)
         self._weights = None

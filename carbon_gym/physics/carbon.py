@@ -153,7 +153,7 @@ class CarbonTrace:
         col.flags.writeable = False
         return col
 
-    def select(self, zones: Sequence[str]) -> "CarbonTrace":
+    def select(self, zones: Sequence[str]) -> CarbonTrace:
         """A trace with only ``zones`` (in that order); :class:`ConfigError` for an unknown zone."""
         idx = []
         for z in zones:

@@ -192,7 +192,7 @@ class TableLatencyModel:
         return total
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "TableLatencyModel":
+    def from_file(cls, path: str | Path) -> TableLatencyModel:
         """Load the ``[latency]`` table of a parameter file."""
         raw = load_toml(path)
         if "latency" not in raw:

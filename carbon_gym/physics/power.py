@@ -91,7 +91,7 @@ class PhasePowerModel:
         return base + (self.prefill_w - base) * frac
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "PhasePowerModel":
+    def from_file(cls, path: str | Path) -> PhasePowerModel:
         """Load the ``[power]`` table of a parameter file."""
         raw = load_toml(path)
         if "power" not in raw:

@@ -12,11 +12,11 @@ from ._native import select as _select_implementation
 IMPLEMENTATION = _select_implementation(__name__)
 
 
-from .config import EngineConfig
-from .dispatch import available_dispatchers, get_dispatcher, register_dispatcher
-from .records import RECORD_COLUMNS, AbortedRequests, RecordWriter, RequestRecords, load_record_dir
-from .results import SNAPSHOT_ARRAY_ROWS, ClusterSnapshot, EnergyAttribution, LatencyEstimates, SimTotals
-from .simulator import Simulator
+from .config import EngineConfig  # noqa: E402 (after the implementation is chosen)
+from .dispatch import available_dispatchers, get_dispatcher, register_dispatcher  # noqa: E402
+from .records import RECORD_COLUMNS, AbortedRequests, RecordWriter, RequestRecords, load_record_dir  # noqa: E402
+from .results import SNAPSHOT_ARRAY_ROWS, ClusterSnapshot, EnergyAttribution, LatencyEstimates, SimTotals  # noqa: E402
+from .simulator import Simulator  # noqa: E402
 
 __all__ = [
     "Simulator",

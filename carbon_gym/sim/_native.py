@@ -1,6 +1,6 @@
 """Which implementation of the simulator's hot modules runs: compiled (mypyc) or pure Python.
 
-``pip install`` compiles :data:`COMPILED_MODULES` (the engine, the datacenter and the simulator,
+``pip install`` compiles :data:`COMPILED_MODULES` (the request and model state, the engine, the datacenter and the simulator,
 where the event loop spends its time) with mypyc when it can (``setup.py``; about twice as fast
 per event) and records the SHA-256 of each compiled source in ``_native_sources.json``. The
 compiled and the pure-Python modules are the same source and give the same results
@@ -27,7 +27,7 @@ from pathlib import Path
 __all__ = ["COMPILED_MODULES", "PURE_ENV_VAR", "SOURCES_FILE", "select", "source_digest"]
 
 #: Modules of this package that ``setup.py`` compiles (dependency order: engine first).
-COMPILED_MODULES = ("engine", "datacenter", "simulator")
+COMPILED_MODULES = ("request", "engine", "datacenter", "simulator")
 #: Set to 1 to run the pure-Python modules even when compiled ones are installed.
 PURE_ENV_VAR = "CARBON_GYM_PURE_PYTHON"
 #: Written by ``setup.py``: ``{module: sha256 of its .py source}`` for the compiled build.

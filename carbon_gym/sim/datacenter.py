@@ -21,7 +21,8 @@ import numpy as np
 
 from ..physics.carbon import CarbonTrace
 from ..topology import DatacenterSpec
-from .engine import IDLE, CopyableState, Engine, EngineConfig, EngineModels, RequestState, mypyc_attr
+from .engine import IDLE, Engine, EngineConfig
+from .request import CopyableState, EngineModels, RequestState, mypyc_attr
 from .kernels import draining_score_fn
 
 J_PER_KWH = 3.6e6

@@ -36,12 +36,12 @@ if TYPE_CHECKING:  # pragma: no cover
 ScoreFn = Callable[["Engine"], float]
 
 
-def least_work_score(engine: "Engine") -> float:
+def least_work_score(engine: Engine) -> float:
     """Queued prompt tokens + tokens resident in the engine's KV cache (lower is better)."""
     return engine.pending_tokens + engine.view_used_blocks * engine.block_tokens
 
 
-def most_free_kv_score(engine: "Engine") -> float:
+def most_free_kv_score(engine: Engine) -> float:
     """Minus (published free KV blocks - blocks needed by the waiting prompts)."""
     return -(engine.view_free_blocks - engine.waiting_blocks)
 

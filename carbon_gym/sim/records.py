@@ -96,12 +96,12 @@ class RequestRecords:
         return int(self.request_id.shape[0])
 
     @classmethod
-    def empty(cls) -> "RequestRecords":
+    def empty(cls) -> RequestRecords:
         """Records with zero rows."""
         return cls._from_table(np.zeros((len(RECORD_COLUMNS), 0)))
 
     @classmethod
-    def from_rows(cls, rows: list[tuple]) -> "RequestRecords":
+    def from_rows(cls, rows: list[tuple]) -> RequestRecords:
         """Build from tuples in :data:`RECORD_COLUMNS` order."""
         if not rows:
             return cls.empty()
@@ -111,7 +111,7 @@ class RequestRecords:
         return cls._from_table(flat.reshape(n, _N_COLUMNS).T.copy())
 
     @classmethod
-    def _from_table(cls, table: np.ndarray) -> "RequestRecords":
+    def _from_table(cls, table: np.ndarray) -> RequestRecords:
         """From a contiguous float64 (columns, rows) table: float columns are its rows (views),
         integer columns their int64 conversion - made when first read (see _TableRecords)."""
         rec = object.__new__(_TableRecords)
@@ -119,7 +119,7 @@ class RequestRecords:
         return rec
 
     @classmethod
-    def concat(cls, parts: Iterable["RequestRecords"]) -> "RequestRecords":
+    def concat(cls, parts: Iterable[RequestRecords]) -> RequestRecords:
         """Concatenate several record sets (rows in the given order)."""
         parts = list(parts)
         if not parts:
@@ -133,16 +133,16 @@ class RequestRecords:
         """Column name -> array."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
-    def take(self, index: np.ndarray) -> "RequestRecords":
+    def take(self, index: np.ndarray) -> RequestRecords:
         """Rows selected by an index or boolean mask."""
         return RequestRecords(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
 
-    def sorted_by_id(self) -> "RequestRecords":
+    def sorted_by_id(self) -> RequestRecords:
         """Rows ordered by ``request_id``."""
         return self.take(np.argsort(self.request_id, kind="stable"))
 
     @classmethod
-    def load_npz(cls, path: str | Path) -> "RequestRecords":
+    def load_npz(cls, path: str | Path) -> RequestRecords:
         """Read records from an ``.npz`` file holding one array per column (as
         :class:`RecordWriter` writes them)."""
         with np.load(path) as z:

@@ -27,7 +27,8 @@ import numpy as np
 from ..errors import ConfigError
 from .datacenter import Datacenter
 from .dispatch import get_dispatcher
-from .engine import IDLE, RUN, CopyableState, EngineConfig, EngineModels, RequestState, mypyc_attr
+from .engine import IDLE, RUN, EngineConfig
+from .request import CopyableState, EngineModels, RequestState, mypyc_attr
 from .records import AbortedRequests, RequestRecords
 from .results import ClusterSnapshot, EnergyAttribution, LatencyEstimates, SimTotals, snapshot_from_array
 
@@ -172,7 +173,7 @@ class Simulator(CopyableState):
         self._out_n = 0
         self.events_processed = 0
 
-    def fresh(self) -> "Simulator":
+    def fresh(self) -> Simulator:
         """A new simulator built from the same arguments as this one, at time 0 with nothing
         submitted (faults applied to this one - outages, link delays, drains - are not carried
         over). It shares this simulator's immutable tables (zone carbon clocks, latency / power
@@ -262,7 +263,7 @@ class Simulator(CopyableState):
         self._next_id = rid
         return np.arange(first, rid, dtype=np.int64)
 
-    def submit_batch(self, origins: Any, arrival_s: Any, prompt_tokens: Any, output_tokens: Any,
+    def submit_batch(self, origins: Any, arrival_s: Any, prompt_tokens: Any, output_tokens: Any,  # noqa: C901
                      datacenters: Any) -> np.ndarray:
         """Submit several requests now (arrays of equal length); return their ids (int64)."""
         try:
@@ -563,7 +564,7 @@ class Simulator(CopyableState):
         n = _as_int("n_engines", n_engines, 0, center.n_engines)
         center.set_draining(self.now_s, n, bool(power_off))
 
-    def energy_attribution(self) -> "EnergyAttribution":
+    def energy_attribution(self) -> EnergyAttribution:
         """How the active energy of every datacenter splits at ``now_s`` (arrays of length D).
 
         ``active_energy_j = (gpu - idle energy) x PUE`` equals, up to rounding, the per-request

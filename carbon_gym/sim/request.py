@@ -1,0 +1,137 @@
+"""The simulator's small stateful classes shared by the engine, the datacenter and the simulator:
+:class:`CopyableState` (copy / pickle of compiled instances), :class:`RequestState` (one
+in-flight request) and :class:`EngineModels` (the latency and power models of a simulation, with
+caches). Compiled with them (``setup.py``, :data:`carbon_gym.sim._native.COMPILED_MODULES`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .kernels import blank_instance, iteration_time_fn, prefill_power_fn, slot_state
+
+try:  # compile-time class options for mypyc (setup.py); a no-op when the module runs as Python
+    from mypy_extensions import mypyc_attr
+except ImportError:  # pragma: no cover - pure-Python install without mypy_extensions
+
+    def mypyc_attr(*args: Any, **kwargs: Any) -> Any:  # type: ignore  # (a second definition, by design)
+        """No-op stand-in for ``mypy_extensions.mypyc_attr``."""
+        return lambda cls: cls
+
+
+__all__ = ["CopyableState", "RequestState", "EngineModels", "mypyc_attr"]
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class CopyableState:
+    """Base of the simulator's stateful classes: ``copy`` / ``pickle`` through their attributes,
+    which also works when the modules are compiled (mypyc instances have no ``__dict__``)."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Copy / pickle support that also works when this module is compiled (no ``__dict__``)."""
+        return (blank_instance, (type(self),), slot_state(self))
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class RequestState(CopyableState):
+    """Mutable state of one in-flight request (internal; results come out as RequestRecords).
+
+    The decode fields come in two sets: the fast path (``step_mode=False``) keeps a decoding
+    request's context and output count as offsets from its engine's ``decode_iters`` (nothing is
+    updated per iteration); step mode counts ``ctx_tokens`` and ``generated`` explicitly.
+    """
+
+    __slots__ = (
+        "rid", "origin", "dc",      # request id (submission order), origin region and datacenter indices
+        "arrival_s", "sent_s", "dc_arrival_s",  # issued by the client, placed, reached the datacenter, s
+        "up_s", "down_s",           # uplink (one way + prompt transfer) and downlink delays, s
+        "prompt_tokens",            # prompt length, tokens
+        "output_tokens",            # true output length, tokens (hidden from schedulers)
+        "prefill_len",              # tokens to prefill: the prompt, or prompt + generated after a preemption
+        "prefilled",                # tokens of prefill_len computed so far
+        "kv_blocks",                # KV blocks allocated at admission (for all of prefill_len), while prefilling
+        "generated",                # output tokens sampled (fast path: up to date only while not decoding)
+        "decoding",                 # prefill done: decoding, holding ceil(context / block_tokens) blocks
+        "ctx_offset",               # fast path, decoding: context tokens minus the engine's decode_iters
+        "gen_offset",               # fast path, decoding: generated minus the engine's decode_iters
+        "finish_seq",               # fast path: sequence number of its live finish_heap entry (-1: none)
+        "ctx_tokens",               # step mode, decoding: context tokens in the KV cache
+        "share_mark_j", "share_mark_g",  # fast path: the engine's decode_share_j / _g when it began decoding
+        "first_sched_s",            # engine time of its first prefill chunk (-1 before), s
+        "first_token_s",            # engine time its first output token was sampled (-1 before), s
+        "preemptions",              # times it was preempted (and recomputed)
+        "energy_j", "carbon_g",     # facility energy (J) and carbon (gCO2eq) attributed so far
+        "alive",                    # False once completed or aborted (its heap entries are stale)
+    )
+
+    def __init__(self, rid: int, origin: int, dc: int, arrival_s: float, sent_s: float,
+                 up_s: float, down_s: float, prompt_tokens: int, output_tokens: int) -> None:
+        self.rid = rid
+        self.origin = origin
+        self.dc = dc
+        self.arrival_s = arrival_s
+        self.sent_s = sent_s
+        self.up_s = up_s
+        self.down_s = down_s
+        self.dc_arrival_s = sent_s + up_s
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+        self.prefill_len = prompt_tokens
+        self.prefilled = self.kv_blocks = self.generated = self.preemptions = 0
+        self.decoding = False
+        self.ctx_offset = self.gen_offset = self.ctx_tokens = 0
+        self.finish_seq = -1
+        self.share_mark_j = self.share_mark_g = self.energy_j = self.carbon_g = 0.0
+        self.first_sched_s = self.first_token_s = -1.0
+        self.alive = True
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class EngineModels(CopyableState):
+    """Latency and power models shared by the engines of a simulation, with small caches.
+
+    ``decode_fixed_s(n)`` is the part of a pure-decode iteration's time that does not depend on
+    the context sum (the latency contract guarantees the time is affine in it), and
+    ``decode_power_w(n)`` the engine's (all TP GPUs) power while decoding ``n`` sequences.
+    """
+
+    __slots__ = (
+        "latency", "power", "tp",  # the latency model (for tp GPUs), the per-GPU power model, GPUs per engine
+        "decode_ctx_coeff_s",      # seconds a decode iteration gains per context token
+        "idle_engine_w",           # engine watts with no work (tp x idle GPU power)
+        "iteration_time_s",        # (prefill_tokens, pairs, n_decode, ctx_sum, n_sampled) -> seconds
+        "prefill_engine_w",        # (prefill_tokens > 0, n_decode) -> engine watts of that iteration
+        "_decode_fixed", "_decode_power",  # caches of decode_fixed_s / decode_power_w, by sequences
+    )
+
+    def __init__(self, latency: Any, power: Any, tp: int) -> None:
+        self.latency = latency
+        self.power = power
+        self.tp = tp
+        self.decode_ctx_coeff_s = float(latency.decode_ctx_coeff_s())
+        # the latency model's (a pure-Python copy for the table model, same floats; see kernels.iteration_time_fn)
+        self.iteration_time_s = iteration_time_fn(latency)
+        self.prefill_engine_w = prefill_power_fn(power, tp)
+        self.idle_engine_w = tp * float(power.idle_w)
+        self._decode_fixed: dict[int, float] = {}
+        self._decode_power: dict[int, float] = {}
+
+    def decode_fixed_s(self, n: int) -> float:
+        """Seconds of a pure-decode iteration of ``n`` sequences with zero context."""
+        v = self._decode_fixed.get(n)
+        if v is None:
+            v = self._decode_fixed[n] = self.iteration_time_s(0, 0.0, n, 0.0, n)
+        return v
+
+    def decode_power_w(self, n: int) -> float:
+        """Engine watts during a pure-decode iteration of ``n`` sequences."""
+        v = self._decode_power.get(n)
+        if v is None:
+            v = self._decode_power[n] = self.tp * float(self.power.gpu_power_w(0, n))
+        return v

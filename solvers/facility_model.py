@@ -1,0 +1,559 @@
+"""The facility MILP's model: its configuration, the coefficients compiled from a
+:class:`~solvers.problem.PlacementProblem` (:class:`FacilityData`), the objective of an
+assignment, the greedy placements (the incumbent and the fallback) and the translation of pair
+counts back to requests. The formulation is in :mod:`solvers.facility`; the solvers in
+:mod:`solvers.facility_solve`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from carbon_gym.errors import ConfigError
+
+from .problem import PlacementProblem
+
+__all__ = [
+    "FacilityConfig", "FacilityData", "compile_facility", "facility_objective", "facility_greedy", "marginal_energy_j",
+    "assignment_from_counts", "pair_counts", "class_greedy",
+]
+
+
+@dataclass(frozen=True)
+class FacilityConfig:
+    """Settings of the facility MILP (see the module docstring).
+
+    Attributes:
+        violation_penalty_g: lambda, grams charged per counted SLO violation.
+        defer_penalty_g: base grams charged per deferred request (plus lambda x (1 + the
+            request's prompt and KV footprint in mean requests), see the module docstring).
+        engine_model: ``"spread"`` (woken engines = min(added, idle)) or ``"pack"``.
+        ttft_budget_quantile: q of the added-wait budget theta_d (0..1).
+        class_budget_margin: the class form plans with token budgets ``(1 - margin) T_d``, as
+            a split class's members carry a slightly different prompt total than count x mean
+            (0 in the binary form).
+        max_prefill_share: cap on the share of iteration time prefill may take at a datacenter
+            (rho in Q_d), a utilisation cap that leaves room for the randomness of arrivals.
+        overload_spread: when the fleet's prompt-token budget cannot hold the backlog plus the
+            pending prompts, every datacenter's budget is raised to its share of that demand in
+            proportion to its capacity ``Q0_d`` (x ``1 + overload_slack``): overload is spread like
+            round-robin instead of being priced uniformly (which piled it on the cleanest grids).
+        overload_slack: headroom of that proportional share (0.05 = 5% above the demand; on
+            llama8b-high, seed 0, 60 s: 0.05 -> 6.2% SLO violations and 2.5% less carbon than
+            round-robin (6.4%), 0.07 -> 6.6% and 2.2%).
+        prompt_ratio, output_ratio: geometric bin ratios of prompt / predicted output length in
+            the class form (> 1; ``None`` = do not bin on it).
+        headroom_bin_s: width of the bins of ``waited + prompt x mean prefill s/token`` (the
+            datacenter-independent part of the TTFT), seconds (``None`` = do not bin on it).
+        binary: per-request binary form (every request its own class) instead of classes.
+        mip_gap: relative MIP gap.
+        time_limit_s: solver time limit, seconds.
+        backend: ``"highspy"`` (direct arrays) or ``"pyomo"`` (reference model via appsi_highs).
+        warm_start: hand the greedy placement to HiGHS as the starting incumbent.
+        threads: HiGHS threads.
+        bb_max_columns: run HiGHS branch-and-bound only on programs with at most this many x
+            columns (pairs); larger ones return the LP-rounding incumbent with its certified gap
+            (HiGHS's root cut separation alone took 0.3-0.75 s at ~1,600 columns here and does
+            not honour the interrupt callback, so it cannot fit a 0.25 s decision).
+    """
+
+    violation_penalty_g: float = 1.0
+    defer_penalty_g: float = 2.0
+    engine_model: str = "spread"
+    ttft_budget_quantile: float = 0.02
+    max_prefill_share: float = 0.5
+    overload_spread: bool = True
+    overload_slack: float = 0.05
+    class_budget_margin: float = 0.03
+    prompt_ratio: float | None = None
+    output_ratio: float | None = 2.0
+    headroom_bin_s: float | None = 0.25
+    binary: bool = False
+    mip_gap: float = 0.01
+    time_limit_s: float = 0.2
+    backend: str = "highspy"
+    warm_start: bool = True
+    threads: int = 1
+    bb_max_columns: int = 600
+
+    def __post_init__(self) -> None:
+        if self.engine_model not in ("spread", "pack"):
+            raise ConfigError("facility.engine_model", f"unknown value {self.engine_model!r}", allowed=["spread", "pack"])
+        if self.backend not in ("highspy", "pyomo"):
+            raise ConfigError("facility.backend", f"unknown value {self.backend!r}", allowed=["highspy", "pyomo"])
+        for name in ("prompt_ratio", "output_ratio"):
+            v = getattr(self, name)
+            if v is not None and not v > 1:
+                raise ConfigError(f"facility.{name}", f"must be > 1 or None, got {v}")
+        if self.headroom_bin_s is not None and not self.headroom_bin_s > 0:
+            raise ConfigError("facility.headroom_bin_s", f"must be > 0 or None, got {self.headroom_bin_s}")
+        if not 0.0 <= self.class_budget_margin < 1.0:
+            raise ConfigError("facility.class_budget_margin", "must be in [0, 1)")
+        if not 0.0 < self.max_prefill_share <= 1.0:
+            raise ConfigError("facility.max_prefill_share", "must be in (0, 1]")
+        if not 0.0 <= self.overload_slack <= 1.0:
+            raise ConfigError("facility.overload_slack", "must be in [0, 1]")
+        if not 0.0 <= self.ttft_budget_quantile <= 1.0:
+            raise ConfigError("facility.ttft_budget_quantile", "must be in [0, 1]")
+        if self.violation_penalty_g < 0 or self.defer_penalty_g < 0:
+            raise ConfigError("facility.violation_penalty_g", "penalties must be >= 0")
+        if self.mip_gap < 0 or self.time_limit_s < 0:
+            raise ConfigError("facility.mip_gap", "mip_gap and time_limit_s must be >= 0")
+
+
+# ---------------------------------------------------------------------------------- coefficients
+def marginal_energy_j(problem: PlacementProblem) -> tuple[np.ndarray, np.ndarray]:
+    """Marginal energy of each request at each datacenter, and the fixed energy per woken engine.
+
+    Returns:
+        ``e`` (R, D) joules: prefill above the decode base power plus output tokens x the
+        decode increment of joining a batch of ``n_d`` (module docstring);
+        ``fixed`` (D,) joules: ``tp (P_dec(1) - P_idle) H_d`` per engine woken.
+    """
+    p = problem
+    n = np.maximum(p.batch_per_busy_engine, 1.0)
+    d_inc = p.engine_increment_j(n + 1.0) - p.engine_increment_j(n)
+    pre = p.tp * (p.gpu_prefill_w - p.decode_power_w(n))[None, :] * p.prefill_compute_s
+    e = pre + p.output_tokens[:, None] * d_inc[None, :]
+    if p.n_requests:
+        hold = (p.prefill_compute_s + p.output_tokens[:, None] * p.tpot_idle_s[None, :]).mean(axis=0)
+    else:
+        hold = np.zeros(p.n_datacenters)
+    fixed = p.tp * (p.decode_power_w(1.0) - p.gpu_idle_w) * hold
+    return e, fixed
+
+
+def headroom_s(problem: PlacementProblem) -> np.ndarray:
+    """(R, D) TTFT headroom before any added wait: slo - waited - net - W0 - prefill, seconds."""
+    return problem.ttft_slo_s - problem.ttft_estimate_s()
+
+
+def age_rank(problem: PlacementProblem) -> np.ndarray:
+    """(R,) u_r in (0, 1]: share of the pending requests at least as old as r (oldest first)."""
+    r_n = problem.n_requests
+    order = np.argsort(-problem.waited_s, kind="stable")
+    u = np.empty(r_n)
+    u[order] = (np.arange(r_n) + 1.0) / max(r_n, 1)
+    return u
+
+
+def effective_headroom_s(problem: PlacementProblem) -> np.ndarray:
+    """(R, D) ``h_rd / u_r``: the added wait at d (all prompt tokens placed there, beta_d Pr_d)
+    request r tolerates, as requests are sent oldest first and r waits behind only the older
+    share u_r of the tokens placed at its datacenter. Negative where h_rd < 0."""
+    h = headroom_s(problem)
+    return np.where(h < 0, h, h / age_rank(problem)[:, None])
+
+
+def allowed_pairs(problem: PlacementProblem) -> np.ndarray:
+    """(R, D) bool: allowed by the env's mask and the datacenter is up."""
+    return problem.allowed & problem.up[None, :]
+
+
+def ttft_budget_s(problem: PlacementProblem, cfg: FacilityConfig, h: np.ndarray | None = None) -> np.ndarray:
+    """(D,) added-wait budget theta_d, seconds (see the module docstring)."""
+    p = problem
+    h = effective_headroom_s(p) if h is None else h
+    allowed = allowed_pairs(p)
+    beta = p.prefill_s_per_token / p.n_engines
+    theta = np.zeros(p.n_datacenters)
+    for d in range(p.n_datacenters):
+        col = h[allowed[:, d], d]
+        col = col[col >= 0]
+        wmax = beta[d] * float(p.prompt_tokens[allowed[:, d]].sum())
+        q = float(np.quantile(col, cfg.ttft_budget_quantile, method="lower")) if col.size else 0.0
+        theta[d] = min(q, wmax)
+    return theta
+
+
+@dataclass
+class FacilityData:
+    """Compiled coefficients of one facility program (class or binary form).
+
+    Attributes (C classes, D datacenters, P allowed pairs):
+        class_of: (R,) class of each request; count, prompt, kv: (C,) size, mean prompt tokens,
+            mean prompt + predicted output tokens.
+        pc, pd: (P,) class and datacenter of each pair; cost: (P,) grams per request
+            (kappa + lambda x miss fraction); kappa, miss: its two parts.
+        cap_seq, spe, idle, fixed_g, free_kv, beta, theta, prefill_cap, floor_tok, big_m: (D,)
+            per-datacenter figures (module docstring); budget_scale: factor on the token budget
+            (class form); defer_cost: (C,) grams per deferred request of each class.
+        lam, lam_tok, lam_kv, lam_defer: penalties (grams per violation / prompt token over
+            budget / KV token over capacity / deferral).
+        engine_model: ``"spread"`` or ``"pack"``.
+    """
+
+    class_of: np.ndarray
+    count: np.ndarray
+    prompt: np.ndarray
+    kv: np.ndarray
+    pc: np.ndarray
+    pd: np.ndarray
+    kappa: np.ndarray
+    miss: np.ndarray
+    cap_seq: np.ndarray
+    spe: np.ndarray
+    idle: np.ndarray
+    fixed_g: np.ndarray
+    free_kv: np.ndarray
+    beta: np.ndarray
+    theta: np.ndarray
+    prefill_cap: np.ndarray
+    floor_tok: np.ndarray
+    defer_cost: np.ndarray
+    budget_scale: float
+    big_m: np.ndarray
+    lam: float
+    lam_tok: float
+    lam_kv: float
+    lam_defer: float
+    engine_model: str
+    n_datacenters: int
+
+    @property
+    def n_classes(self) -> int:
+        """Number of classes C."""
+        return int(self.count.shape[0])
+
+    @property
+    def cost(self) -> np.ndarray:
+        """(P,) objective coefficient of x: kappa + lambda x miss fraction."""
+        return self.kappa + self.lam * self.miss
+
+    @property
+    def tok_cap(self) -> np.ndarray:
+        """(D,) prompt-token budget: max(min(theta_d / beta_d, prefill_cap_d), floor_tok_d)."""
+        own = np.minimum(self.theta / np.maximum(self.beta, 1e-300), self.prefill_cap)
+        return self.budget_scale * np.maximum(own, self.floor_tok)
+
+
+def _class_keys(problem: PlacementProblem, allowed: np.ndarray, cfg: FacilityConfig) -> np.ndarray:
+    """Class index of every request (see :class:`FacilityConfig` for the binning)."""
+    r = problem.n_requests
+    if cfg.binary or r == 0:
+        return np.arange(r, dtype=np.int64)
+    packed = np.packbits(allowed, axis=1)
+    _, mask_id = np.unique(packed, axis=0, return_inverse=True)
+    parts = [mask_id.reshape(-1).astype(np.int64), problem.origin.astype(np.int64)]
+    if cfg.prompt_ratio is not None:
+        parts.append(np.floor(np.log(np.maximum(problem.prompt_tokens, 1.0)) / np.log(cfg.prompt_ratio)).astype(np.int64))
+    if cfg.output_ratio is not None:
+        parts.append(np.floor(np.log(np.maximum(problem.output_tokens, 1.0)) / np.log(cfg.output_ratio)).astype(np.int64))
+    if cfg.headroom_bin_s is not None:
+        used = problem.waited_s + problem.prompt_tokens * float(np.mean(problem.prefill_s_per_token))
+        parts.append(np.floor(used / cfg.headroom_bin_s).astype(np.int64))
+    key = np.zeros(r, dtype=np.int64)
+    for v in parts:
+        v = v - v.min()
+        key = key * (int(v.max()) + 1) + v
+    _, inv = np.unique(key, return_inverse=True)
+    return inv.reshape(-1).astype(np.int64)
+
+
+def compile_facility(problem: PlacementProblem, cfg: FacilityConfig = FacilityConfig()) -> FacilityData:
+    """Compute every coefficient of the facility program for ``problem`` (module docstring)."""
+    p = problem
+    d_n = p.n_datacenters
+    allowed = allowed_pairs(p)
+    class_of = _class_keys(p, allowed, cfg)
+    n_cls = int(class_of.max()) + 1 if p.n_requests else 0
+    order = np.argsort(class_of, kind="stable")
+    starts = np.searchsorted(class_of[order], np.arange(n_cls))
+    count = np.bincount(class_of, minlength=n_cls).astype(np.float64)
+    e, fixed = marginal_energy_j(p)
+    g = p.grams_per_joule
+    h = effective_headroom_s(p)
+    theta = ttft_budget_s(p, cfg, h)
+    miss_r = (h < theta[None, :] - 1e-12).astype(np.float64)
+    if n_cls:
+        kappa_c = np.add.reduceat((e * g[None, :])[order], starts, axis=0) / count[:, None]
+        miss_c = np.add.reduceat(miss_r[order], starts, axis=0) / count[:, None]
+        prompt_c = np.add.reduceat(p.prompt_tokens[order], starts) / count
+        kv_c = np.add.reduceat((p.prompt_tokens + p.output_tokens)[order], starts) / count
+        allowed_c = allowed[order][starts]
+    else:
+        kappa_c = miss_c = np.zeros((0, d_n))
+        prompt_c = kv_c = np.zeros(0)
+        allowed_c = np.zeros((0, d_n), bool)
+    pc, pd = np.nonzero(allowed_c)
+    spe = p.seqs_per_engine
+    load = p.running + p.queue_len
+    busy = np.minimum(p.busy_engines, p.n_engines)
+    idle = (p.n_engines - busy).astype(np.float64)
+    cap_seq = np.maximum(0.0, (p.n_engines if cfg.engine_model == "spread" else busy) * spe - load)
+    big_m = np.bincount(pd, weights=count[pc], minlength=d_n) if pc.size else np.zeros(d_n)
+    pbar = float(np.mean(p.prompt_tokens)) if p.n_requests else 1.0
+    kvbar = float(np.mean(p.prompt_tokens + p.output_tokens)) if p.n_requests else 1.0
+    lam = float(cfg.violation_penalty_g)
+    q_raw = p.prefill_rate_cap_tokens(cfg.max_prefill_share)
+    backlog = p.backlog_prompt_tokens
+    prefill_cap = np.maximum(q_raw - backlog, 0.0)
+    floor_tok = np.zeros(d_n)
+    if cfg.overload_spread and p.n_requests:
+        w = np.where(p.up, q_raw, 0.0)
+        new = float(p.prompt_tokens[allowed.any(axis=1)].sum())
+        own = np.minimum(theta / np.maximum(p.prefill_s_per_token / p.n_engines, 1e-300), prefill_cap)
+        if w.sum() > 0 and new > 0 and float(own[p.up].sum()) < new * (1.0 + cfg.overload_slack):
+            demand = new + float(backlog[p.up].sum())
+            floor_tok = np.maximum(w / w.sum() * demand * (1.0 + cfg.overload_slack) - backlog, 0.0)
+    # deferring costs more than any overflow its placement could cause (a deferred request only
+    # waits longer, so deferral must not become the way out of an overloaded step)
+    defer_cost = float(cfg.defer_penalty_g) + lam * (1.0 + prompt_c / max(pbar, 1.0) + kv_c / max(kvbar, 1.0))
+    return FacilityData(
+        class_of=class_of, count=count, prompt=prompt_c, kv=kv_c, pc=pc.astype(np.int64), pd=pd.astype(np.int64),
+        kappa=kappa_c[pc, pd], miss=miss_c[pc, pd], cap_seq=cap_seq, spe=spe, idle=idle, fixed_g=g * fixed,
+        free_kv=np.maximum(p.free_kv_tokens, 0.0), beta=p.prefill_s_per_token / p.n_engines, theta=theta,
+        prefill_cap=prefill_cap, floor_tok=floor_tok, defer_cost=defer_cost,
+        budget_scale=1.0 if cfg.binary else 1.0 - cfg.class_budget_margin,
+        big_m=big_m, lam=lam, lam_tok=lam / max(pbar, 1.0), lam_kv=lam / max(kvbar, 1.0),
+        lam_defer=float(cfg.defer_penalty_g), engine_model=cfg.engine_model, n_datacenters=d_n,
+    )
+
+
+# ---------------------------------------------------------------------------------- evaluation
+def engine_terms(data: FacilityData, k: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Optimal woken engines, their grams and the sequence overflow for added sequences ``k``."""
+    if data.engine_model == "spread":
+        y = np.minimum(k, data.idle)
+        return y, data.fixed_g * y, np.maximum(0.0, k - data.cap_seq)
+    y = np.zeros_like(k)
+    over = np.zeros_like(k)
+    for d in range(k.size):
+        ys = np.arange(int(data.idle[d]) + 1, dtype=np.float64)
+        ov = np.maximum(0.0, k[d] - data.cap_seq[d] - data.spe[d] * ys)
+        j = int(np.argmin(data.fixed_g[d] * ys + data.lam * ov))
+        y[d], over[d] = ys[j], ov[j]
+    return y, data.fixed_g * y, over
+
+
+def facility_objective(
+    problem: PlacementProblem, assignment: np.ndarray, cfg: FacilityConfig = FacilityConfig()
+) -> dict[str, float]:
+    """Facility objective of a per-request ``assignment`` (the per-request binary form).
+
+    The placement is fixed; woken engines and overflows take their optimal values.
+
+    Returns:
+        dict with ``objective_g`` and its parts: ``marginal_g``, ``fixed_g``, ``ttft_misses``,
+        ``seq_overflow``, ``tok_overflow``, ``kv_overflow_tokens``, ``deferred``, and
+        ``violations`` (counted: misses + seq overflow + tok overflow / pbar + kv / kvbar).
+    """
+    p = problem
+    a = np.asarray(assignment, dtype=np.int64)
+    d_n = p.n_datacenters
+    if a.shape != (p.n_requests,) or np.any(a < 0) or np.any(a > d_n):
+        raise ConfigError("assignment", f"must be ({p.n_requests},) ints in [0, {d_n}]")
+    placed = np.flatnonzero(a < d_n)
+    if np.any(~allowed_pairs(p)[placed, a[placed]]):
+        raise ConfigError("assignment", "places a request on a datacenter it is not allowed on")
+    data = compile_facility(p, replace(cfg, binary=True))
+    dcs = a[placed]
+    cls = data.class_of[placed]
+    # in the binary form class == request and the pair (r, d) exists for every allowed pair
+    pair_index = {(int(c), int(d)): i for i, (c, d) in enumerate(zip(data.pc, data.pd))}
+    idx = np.array([pair_index[(int(c), int(d))] for c, d in zip(cls, dcs)], dtype=np.int64)
+    marginal = float(data.kappa[idx].sum())
+    misses = float(data.miss[idx].sum())
+    k = np.bincount(dcs, minlength=d_n).astype(np.float64)
+    pr = np.bincount(dcs, weights=p.prompt_tokens[placed], minlength=d_n)
+    kvt = np.bincount(dcs, weights=(p.prompt_tokens + p.output_tokens)[placed], minlength=d_n)
+    _, fixed_g, seq_over = engine_terms(data, k)
+    tok_over = np.maximum(0.0, pr - data.tok_cap)
+    kv_over = np.maximum(0.0, kvt - data.free_kv)
+    deferred = float(p.n_requests - placed.size)
+    defer_g = float(data.defer_cost[np.flatnonzero(a == d_n)].sum())  # binary form: class == request
+    viol = misses + float(seq_over.sum()) + float(tok_over.sum()) * data.lam_tok / max(data.lam, 1e-300) \
+        + float(kv_over.sum()) * data.lam_kv / max(data.lam, 1e-300)
+    obj = (marginal + float(fixed_g.sum()) + data.lam * (misses + float(seq_over.sum())) + data.lam_tok * float(tok_over.sum())
+           + data.lam_kv * float(kv_over.sum()) + defer_g)
+    return {
+        "objective_g": obj, "marginal_g": marginal, "fixed_g": float(fixed_g.sum()), "ttft_misses": misses,
+        "seq_overflow": float(seq_over.sum()), "tok_overflow": float(tok_over.sum()),
+        "kv_overflow_tokens": float(kv_over.sum()), "deferred": deferred, "violations": viol,
+    }
+
+
+# ---------------------------------------------------------------------------------- greedy
+def facility_greedy(problem: PlacementProblem, cfg: FacilityConfig = FacilityConfig()) -> np.ndarray:
+    """State-aware greedy: requests in arrival order (longest waited first), each to the
+    datacenter with the least increase of the facility objective given the placements made so
+    far. The MILP's warm start and fallback. Requests with no allowed datacenter are deferred."""
+    p = problem
+    d_n = p.n_datacenters
+    out = np.full(p.n_requests, d_n, dtype=np.int64)
+    if p.n_requests == 0:
+        return out
+    data = compile_facility(p, replace(cfg, binary=True))
+    cost_pair = data.cost
+    # dense (R, D) cost with inf where not allowed (binary form: class r == request r)
+    cost = np.full((p.n_requests, d_n), np.inf)
+    cost[data.pc, data.pd] = cost_pair
+    tok_cap = data.tok_cap
+    spread = data.engine_model == "spread"
+    k = np.zeros(d_n)
+    pr = np.zeros(d_n)
+    kv_used = np.zeros(d_n)
+    woken = np.zeros(d_n)
+    kvr = p.prompt_tokens + p.output_tokens
+    lam = data.lam
+    for r in np.argsort(-p.waited_s, kind="stable"):
+        row = cost[r]
+        if not np.isfinite(row).any():
+            continue
+        pt = p.prompt_tokens[r]
+        tok_inc = np.maximum(0.0, pr + pt - tok_cap) - np.maximum(0.0, pr - tok_cap)
+        kv_inc = np.maximum(0.0, kv_used + kvr[r] - data.free_kv) - np.maximum(0.0, kv_used - data.free_kv)
+        c = row + data.lam_tok * tok_inc + data.lam_kv * kv_inc
+        if spread:
+            c = c + data.fixed_g * (k < data.idle) + lam * (k + 1 > data.cap_seq)
+        else:
+            need = data.cap_seq + data.spe * woken - k < 1
+            can_wake = woken < data.idle
+            c = c + np.where(need & can_wake, data.fixed_g, 0.0) + lam * (need & ~can_wake)
+        d = int(np.argmin(c))
+        out[r] = d
+        if not spread and data.cap_seq[d] + data.spe[d] * woken[d] - k[d] < 1 and woken[d] < data.idle[d]:
+            woken[d] += 1
+        k[d] += 1
+        pr[d] += pt
+        kv_used[d] += kvr[r]
+    return out
+
+
+def class_greedy(data: FacilityData, x0: np.ndarray | None = None, defer0: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """A fast incumbent for the class program: classes in order, each split over the datacenters
+    in segments of constant marginal cost (cheapest first, until the next capacity breakpoint:
+    TPOT room, TTFT token budget, free KV, idle engines). Starting from the integer counts
+    ``x0``/``defer0`` (default none placed), it places the requests they leave. Returns
+    (pair counts, defer counts)."""
+    d_n = data.n_datacenters
+    x = np.zeros(data.pc.size) if x0 is None else np.array(x0, dtype=np.float64)
+    defer = np.zeros(data.n_classes) if defer0 is None else np.array(defer0, dtype=np.float64)
+    k = np.bincount(data.pd, weights=x, minlength=d_n)
+    pr = np.bincount(data.pd, weights=x * data.prompt[data.pc], minlength=d_n)
+    kv = np.bincount(data.pd, weights=x * data.kv[data.pc], minlength=d_n)
+    done = np.bincount(data.pc, weights=x, minlength=data.n_classes) + defer
+    tok_cap = data.tok_cap
+    spread = data.engine_model == "spread"
+    spe = np.maximum(data.spe, 1.0)
+    pair_start = np.searchsorted(data.pc, np.arange(data.n_classes + 1))
+    big = 1e18
+    for c in range(data.n_classes):
+        sl = slice(pair_start[c], pair_start[c + 1])
+        dcs = data.pd[sl]
+        base = data.cost[sl]
+        left = int(round(data.count[c] - done[c]))
+        if left <= 0:
+            continue
+        if dcs.size == 0:
+            defer[c] = left
+            continue
+        pc_, kc_ = data.prompt[c], data.kv[c]
+        while left > 0:
+            kd, prd, kvd = k[dcs], pr[dcs], kv[dcs]
+            seq_room = data.cap_seq[dcs] - kd
+            tok_room = (tok_cap[dcs] - prd) / max(pc_, 1e-9)
+            kv_room = (data.free_kv[dcs] - kvd) / max(kc_, 1e-9)
+            unit = base + data.lam * (seq_room < 1) + data.lam_tok * pc_ * (tok_room < 1) + data.lam_kv * kc_ * (kv_room < 1)
+            if spread:
+                idle_room = data.idle[dcs] - kd
+                unit = unit + data.fixed_g[dcs] * (idle_room >= 1)
+            else:
+                idle_room = np.full(dcs.size, big)
+                unit = unit + (data.fixed_g[dcs] / spe[dcs]) * (seq_room < 1) * (data.idle[dcs] > 0)
+            j = int(np.argmin(unit))
+            if unit[j] >= data.defer_cost[c]:
+                defer[c] += left
+                break
+            rooms = np.array([seq_room[j], tok_room[j], kv_room[j], idle_room[j]])
+            rooms = rooms[rooms >= 1]
+            n = int(min(left, np.floor(rooms.min()))) if rooms.size else left
+            n = max(n, 1)
+            x[pair_start[c] + j] += n
+            d = dcs[j]
+            k[d] += n
+            pr[d] += n * pc_
+            kv[d] += n * kc_
+            left -= n
+    return x, defer
+
+
+
+
+def pair_counts(data: FacilityData, assignment: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(P,) pair counts and (C,) defer counts of a per-request assignment."""
+    d_n = data.n_datacenters
+    table = np.zeros((data.n_classes, d_n + 1))
+    np.add.at(table, (data.class_of, np.asarray(assignment, dtype=np.int64)), 1.0)
+    return table[data.pc, data.pd], table[:, d_n]
+
+
+
+def assignment_from_counts(problem: PlacementProblem, data: FacilityData, x: np.ndarray, defer: np.ndarray) -> np.ndarray:
+    """Turn pair counts into a per-request assignment (deterministic).
+
+    Deferred requests of a class are its most recent arrivals. A class placed on one datacenter
+    goes there whole. The members of a class split over several datacenters are placed longest
+    prompt first, each on the datacenter of its class (with quota left) where it does not miss
+    TTFT and, among those, with the most prompt-token budget left, so that no datacenter's
+    prompt-token total drifts past the budget the program planned with.
+    """
+    d_n = data.n_datacenters
+    out = np.full(problem.n_requests, d_n, dtype=np.int64)
+    xi = np.asarray(x, dtype=np.int64)
+    di = np.asarray(defer, dtype=np.int64)
+    order = np.lexsort((np.arange(problem.n_requests), -problem.waited_s, data.class_of))
+    starts = np.searchsorted(data.class_of[order], np.arange(data.n_classes + 1))
+    pair_start = np.searchsorted(data.pc, np.arange(data.n_classes + 1))  # pc is sorted (np.nonzero order)
+    budget = data.tok_cap.copy()
+    split: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    for c in range(data.n_classes):
+        members = order[starts[c]:starts[c + 1]]
+        members = members[:max(members.size - int(di[c]), 0)]  # the oldest are placed, the newest deferred
+        sl = slice(pair_start[c], pair_start[c + 1])
+        counts = xi[sl]
+        dcs = data.pd[sl][counts > 0]
+        counts = counts[counts > 0]
+        if dcs.size == 0 or members.size == 0:
+            continue
+        if dcs.size == 1:
+            out[members[: counts[0]]] = dcs[0]
+            budget[dcs[0]] -= problem.prompt_tokens[members[: counts[0]]].sum()
+        else:
+            split.append((members, dcs, counts.copy()))
+    if split:
+        theta = data.theta
+        h = effective_headroom_s(problem)
+        # slack_d = budget left - prompt tokens still planned at d by the split classes
+        slack = budget.copy()
+        for members, dcs, quota in split:
+            c = int(data.class_of[members[0]])
+            slack[dcs] -= quota * data.prompt[c]
+        prompt = problem.prompt_tokens
+        for members, dcs, quota in split:
+            c = int(data.class_of[members[0]])
+            mean_p = float(data.prompt[c])
+            dl = [int(d) for d in dcs]
+            q = [int(v) for v in quota]
+            th = [float(theta[d]) for d in dl]
+            for r in members[np.argsort(-prompt[members], kind="stable")].tolist():
+                hr = h[r]
+                best, best_key = -1, None
+                for j, d in enumerate(dl):  # a few datacenters per class: plain Python is fastest
+                    if q[j] <= 0:
+                        continue
+                    key = (hr[d] < th[j] - 1e-12, -slack[d])
+                    if best_key is None or key < best_key:
+                        best, best_key = j, key
+                if best < 0:
+                    break
+                d = dl[best]
+                out[r] = d
+                q[best] -= 1
+                slack[d] += mean_p - prompt[r]
+    return out
+
+
