@@ -202,7 +202,7 @@ class FacilityMILP(Scheduler):
         self.stats["mip_gap"].append(res.mip_gap)
         assignment = None
         reason = ""
-        if res.x is None:
+        if res.x is None or res.defer is None:
             reason = f"no incumbent ({res.status})"
         elif not np.allclose(np.bincount(data.pc, weights=res.x, minlength=data.n_classes) + res.defer, data.count):
             reason = "solution does not place every request exactly once"
