@@ -59,7 +59,8 @@ ALLREDUCE_LATENCY_S = 10e-6
 # Effective ring all-reduce bus bandwidth per GPU, bytes/s. A100 NVLink3: 600 GB/s counts both
 # directions (300 GB/s each way); NCCL's all_reduce_perf reaches ~230 GB/s bus bandwidth on a
 # DGX A100. H100 NVLink4: 900 GB/s both ways; ~360 GB/s bus bandwidth at medium message sizes.
-ALLREDUCE_BUS_BYTES_PER_S = {"a100-80gb": 230e9, "h100-80gb": 360e9}
+# A100-40GB: same NVLink3 as the 80GB part; H200: same NVLink4 as the H100.
+ALLREDUCE_BUS_BYTES_PER_S = {"a100-80gb": 230e9, "a100-40gb": 230e9, "h100-80gb": 360e9, "h200": 360e9}
 DEFAULT_KNOTS = (
     1, 16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192,
     12288, 16384, 24576, 32768,
