@@ -53,7 +53,12 @@ from .io import (
 )
 from .shapes import ITERATION_OPS, LAYER_OPS, MATMUL_OPS, OPTIONAL_LAYER_OPS, lm_head_cost, op_cost
 
-FRAMEWORK_OVERHEAD_S = 2.0e-3
+# Calibrated by calibration/overhead.py from the median inter-token latencies ML.ENERGY v3 published
+# for vLLM 0.11.1 (Llama-3.1-8B, H100, batches 8-32): the measured steps leave no time beyond the
+# kernels (residual -0.25..-0.50 ms, within the +-0.3 ms of the derivation), i.e. vLLM V1 overlaps its
+# CPU work with the GPU. Documented range: 0-0.5 ms (V1 with async scheduling) up to 4-13 ms of GPU
+# idle per step (V0 before multi-step scheduling, vLLM issue 6854). See measurements/README.md.
+FRAMEWORK_OVERHEAD_S = 0.0
 SAMPLING_PASSES = 4
 ALLREDUCE_LATENCY_S = 10e-6
 # Effective ring all-reduce bus bandwidth per GPU, bytes/s. A100 NVLink3: 600 GB/s counts both
@@ -609,8 +614,9 @@ def fit_profile(
     params["source"] = (
         f"Fitted by calibration/profile_fit.py from {Path(mlp_csv).name} (tp={tp}) and {Path(attention).name} "
         f"(tp={anchors.tp}{'' if anchors.tp == tp else ', rescaled by heads per GPU'}): token-level operators "
-        f"(x{spec.layers} layers, embedding once) and attention are measured; overhead_s = {overhead_s * 1e3:g} ms "
-        f"framework/scheduler step cost (middle of the 1-3 ms of real vLLM engines); lm_head_fixed_s = "
+        f"(x{spec.layers} layers, embedding once; the table interpolates every measured row) and attention "
+        f"(decode affine, prefill chunk-size tables) are measured; overhead_s = {overhead_s * 1e3:g} ms framework "
+        f"step cost (calibrated from published vLLM 0.11 step times, calibration/overhead.py); lm_head_fixed_s = "
         f"vocab x hidden / tp bf16 weights at HBM bandwidth x fitted memory efficiency {eff.mem:.3f}; "
         f"per_sampled_seq_s = 2 x vocab x hidden / tp FLOPs at peak x fitted compute efficiency {eff.compute:.3f} "
         f"+ {SAMPLING_PASSES} fp32 passes over the logits; "
