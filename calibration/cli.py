@@ -134,8 +134,8 @@ def _cmd_fit(args: argparse.Namespace) -> int:
             print(line)
     if args.write:
         print(f"wrote {write_fit(fit, args.out)}")
-    if not args.no_power:
-        _fit_serving_power(args.write)
+    if not args.no_power:  # power files go to the package; not with --out (which names the latency file)
+        _fit_serving_power(args.write and args.out is None)
     if not args.write:
         print("(nothing written; pass --write to write the parameter files)")
     mape = fit.iteration_mape_pct
