@@ -388,9 +388,18 @@ def fit_attention(anchors: AttentionAnchors, profile: OperatorProfile | None = N
         return c
 
     grid = prefill_knots(a.prefill_chunk)
+    n_ok = int(np.sum(np.isfinite(a.prefill_attn_ms) & (a.prefill_attn_ms > 0)))
+    if n_ok < 2 * grid.size:  # few anchors (e.g. a quick profile): two grid points, one per-pair cost
+        grid = np.array([float(np.min(a.prefill_chunk)), float(np.max(a.prefill_chunk))])
+        if grid[1] <= grid[0]:
+            grid = np.array([grid[0], grid[0] + 1.0])
     H = _table_basis(a.prefill_chunk, grid)
     k = grid.size
-    pa = fit("prefill_attn", np.column_stack([H, H * pairs[:, None]]), a.prefill_attn_ms, w_p, nonneg=False)
+    if n_ok < 2 * k:
+        pa = fit("prefill_attn", np.column_stack([H, pairs]), a.prefill_attn_ms, w_p, nonneg=False)
+        pa = pa[:k] + (pa[k],) * k
+    else:
+        pa = fit("prefill_attn", np.column_stack([H, H * pairs[:, None]]), a.prefill_attn_ms, w_p, nonneg=False)
     ps = fit("prefill_save", H, a.prefill_save_ms, w_p, nonneg=False)
     da = fit("decode_attn", np.column_stack([one_d, a.decode_batch, a.decode_batch * a.decode_kv]), a.decode_attn_ms, w_d)
     ds = fit("decode_save", np.column_stack([one_d, a.decode_batch]), a.decode_save_ms, w_d)
