@@ -1,4 +1,4 @@
-"""``carbon-gym calibrate ...`` / ``python -m calibration ...``: fit, derive, power, serving, profile, report.
+"""``carbon-gym calibrate ...`` / ``python -m calibration ...``: fit, derive, power, serving, profile, validate, report.
 
 Run ``python -m calibration <command> --help`` for the options of each command.
 """
@@ -40,14 +40,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model-spec", default=None, help="TOML with the model's table if it is not shipped")
     p.add_argument("--gpu-spec", default=None, help="TOML with the GPU's table if it is not shipped")
     p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--overhead-ms", type=float, default=None, help="framework overhead per iteration (default 2.0)")
+    p.add_argument("--overhead-ms", type=float, default=None,
+                   help="framework overhead per iteration (default: calibrated, see calibration/overhead.py)")
+    p.add_argument("--no-power", action="store_true", help="skip the power fit to the bundled serving points")
     p.add_argument("--write", action="store_true", help="write the parameter file (default: print only)")
     p.add_argument("--out", default=None, help="where to write (default: carbon_gym/data/params/latency/...)")
 
-    p = sub.add_parser("derive", help="derive Qwen2.5-7B, Mixtral-8x7B TP4 and Llama TP2/TP4 from the profile")
-    p.add_argument("--target", action="append", default=None, metavar="MODEL:TP",
-                   help="derive only these (repeatable), e.g. qwen2.5-7b:1; default: all shipped targets")
-    p.add_argument("--gpu", default="a100-80gb")
+    p = sub.add_parser("derive", help="derive other models / TP degrees from the profile, and other GPUs by roofline")
+    p.add_argument("--target", action="append", default=None, metavar="[GPU/]MODEL:TP",
+                   help="derive only these (repeatable), e.g. qwen2.5-7b:1 or h200/llama-3.1-8b:1; default: all shipped")
+    p.add_argument("--gpu", default="a100-80gb", help="GPU of the profiled sets (source of the GPU derivations)")
+    p.add_argument("--check-profiles", nargs=2, default=None, metavar=("SOURCE_CSV", "TARGET_CSV"),
+                   help="check the GPU derivation: two measured mlp.csv profiles of one model on two GPUs")
+    p.add_argument("--check-gpus", default="a100-80gb:h100-80gb", metavar="SOURCE:TARGET",
+                   help="GPUs of --check-profiles (default a100-80gb:h100-80gb)")
+    p.add_argument("--check-model", default="llama-3.1-8b", help="model of --check-profiles")
+    p.add_argument("--check-model-spec", default=None, help="TOML with that model's table if it is not shipped")
     p.add_argument("--write", action="store_true", help="write the parameter files into the package")
 
     p = sub.add_parser("power", help="fit power parameters from GPU power samples")
@@ -77,6 +85,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tiny", action="store_true", help="toy shapes and grids (seconds; for testing the script)")
     p.add_argument("--quick", action="store_true", help="half the grid points")
     p.add_argument("--no-power", action="store_true", help="skip the power phases")
+
+    sub.add_parser("validate", help="the shipped parameter files against every bundled measured point")
 
     p = sub.add_parser("report", help="validation protocol: 19 rates 2-50 req/s on one node vs reference runs")
     p.add_argument("--reference", default=None, help="directory of vLLM --save-result JSONs, one per rate")
@@ -117,30 +127,80 @@ def _cmd_fit(args: argparse.Namespace) -> int:
                       command=command, model_spec_path=args.model_spec, gpu_spec_path=args.gpu_spec)
     for line in fit.report_lines():
         print(line)
+    if args.overhead_ms is None:
+        from .overhead import fit_overhead_from_itl
+
+        for line in fit_overhead_from_itl().report_lines():
+            print(line)
     if args.write:
         print(f"wrote {write_fit(fit, args.out)}")
-    else:
-        print("(nothing written; pass --write to write the parameter file)")
+    if not args.no_power:  # power files go to the package; not with --out (which names the latency file)
+        _fit_serving_power(args.write and args.out is None)
+    if not args.write:
+        print("(nothing written; pass --write to write the parameter files)")
     mape = fit.iteration_mape_pct
     print(f"iteration_mape_pct={mape:.2f}" if not math.isnan(mape) else "iteration_mape_pct=nan")
     return 0
 
 
-def _cmd_derive(args: argparse.Namespace) -> int:
-    from .derive import SHIPPED_TARGETS, shipped_fit, tp_scaling_check, write_fit
+def _fit_serving_power(write: bool) -> None:
+    """Fit and print (and with ``write`` write) the shipped power files from the bundled serving points."""
+    from carbon_gym._toml import data_path
+    from carbon_gym.physics.power import load_power_model
 
-    targets = SHIPPED_TARGETS
+    from .io import dump_params_toml
+    from .power_fit import POWER_SOURCES, fit_serving_power, load_serving_points, power_tables
+
+    points = load_serving_points()
+    fits = {}
+    for gpu, src in POWER_SOURCES.items():
+        if src not in fits:
+            fits[src] = fit_serving_power(points, src, load_power_model(src if src != "a100-40gb" else "a100-80gb"), src)
+            for line in fits[src].report_lines():
+                print(line)
+        if write:
+            from dataclasses import replace
+
+            prior = load_power_model(gpu) if data_path("params", "power", f"{gpu}.toml").exists() else fits[src].model
+            m = replace(fits[src].model, name=gpu, idle_w=prior.idle_w, host_w=prior.host_w,
+                        prefill_sat_tokens=prior.prefill_sat_tokens,
+                        source=fits[src].model.source + ("" if gpu == src else f"; transferred from {src} (no "
+                                                         f"published serving power of {gpu} found)"))
+            out = data_path("params", "power", f"{gpu}.toml")
+            dump_params_toml(out, power_tables(m), ["GENERATED by `python -m calibration fit --write` -- do not edit by hand.",
+                                                    "Provenance of every number: calibration/measurements/README.md."])
+            print(f"wrote {out}")
+
+
+def _cmd_derive(args: argparse.Namespace) -> int:
+    from .derive import (
+        SHIPPED_GPU_TARGETS, SHIPPED_TARGETS, derive_for_gpu, gpu_scaling_check, shipped_fit, tp_scaling_check, write_fit,
+    )
+
+    targets: list[tuple[str, str, int]] = [(args.gpu, m, tp) for m, tp in SHIPPED_TARGETS]
+    if args.gpu == "a100-80gb":
+        targets += list(SHIPPED_GPU_TARGETS)
     if args.target:
         targets = []
         for t in args.target:
-            m, _, k = t.partition(":")
-            targets.append((m, int(k or 1)))
+            g, _, rest = t.rpartition("/")
+            m, _, k = rest.partition(":")
+            targets.append((g or args.gpu, m, int(k or 1)))
     check = tp_scaling_check(args.gpu)
     print("check of the roofline-ratio method: Llama token-level time derived from TP1 vs measured, MAPE %: "
           + ", ".join(f"TP{k}={v:.2f}" for k, v in check.items()))
+    if args.check_profiles:
+        sg, _, tg = args.check_gpus.partition(":")
+        res = gpu_scaling_check(args.check_profiles[0], args.check_profiles[1], sg, tg, args.check_model,
+                                args.check_model_spec)
+        print(f"check of the GPU derivation {sg} -> {tg} ({args.check_model}, {int(res['points'])} token counts), MAPE %: "
+              f"all {res['all']:.2f}, <=128 tokens {res['tokens<=128']:.2f}, >128 tokens {res['tokens>128']:.2f}")
     print(f"  {'parameters':<34s}{'decode b1 ms':>13s}{'b64 ctx1k ms':>14s}{'prefill 2048 ms':>17s}")
-    for m, tp in targets:
-        fit = shipped_fit(m, tp, gpu=args.gpu, command="python -m calibration derive --write")
+    for g, m, tp in targets:
+        if g == args.gpu:
+            fit = shipped_fit(m, tp, gpu=args.gpu, command="python -m calibration derive --write")
+        else:
+            fit = derive_for_gpu(m, tp, g, source_gpu=args.gpu)
         lm = fit.model()
         print(f"  {fit.name:<34s}{lm.iteration_time_s(0, 0, 1, 1000, 1) * 1e3:>13.2f}"
               f"{lm.iteration_time_s(0, 0, 64, 64000, 64) * 1e3:>14.2f}{lm.prefill_time_s(2048) * 1e3:>17.1f}")
@@ -225,6 +285,14 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     return profile_main(args.model, tp, args.out, args.device, args.tiny, not args.no_power, args.quick)
 
 
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from .validate import validation_lines, validation_rows
+
+    for line in validation_lines(validation_rows()):
+        print(line)
+    return 0
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from .report import PROTOCOL_RATES, REQUESTS_PER_RATE, run_report
 
@@ -239,7 +307,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"fit": _cmd_fit, "derive": _cmd_derive, "power": _cmd_power, "serving": _cmd_serving,
-            "profile": _cmd_profile, "report": _cmd_report}
+            "profile": _cmd_profile, "report": _cmd_report,
+            "validate": _cmd_validate}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -41,7 +41,7 @@ from carbon_gym.specs import GpuSpec, ModelSpec, load_gpu_spec, load_model_spec
 
 from .io import SHIPPED_ATTENTION, SHIPPED_MLP_CSV, dump_params_toml, load_attention_anchors, load_operator_profile
 from .profile_fit import (
-    ALLREDUCE_BUS_BYTES_PER_S, ALLREDUCE_LATENCY_S, FRAMEWORK_OVERHEAD_S, Efficiencies, LinearFit,
+    ALLREDUCE_BUS_BYTES_PER_S, ALLREDUCE_LATENCY_S, FRAMEWORK_OVERHEAD_S, AttentionFit, Efficiencies, LinearFit,
     allreduce_fields, check_profile_matches, fit_attention, fit_efficiencies, fit_linear, fit_profile,
     framework_fields, mape_pct, measured_linear_s, sig,
 )
@@ -64,6 +64,10 @@ class DerivedFit:
     name: str
     params: dict[str, Any]
     calibration: dict[str, Any] = field(default_factory=dict)
+    grid: np.ndarray | None = None
+    per_op_ms: dict[str, np.ndarray] = field(default_factory=dict)
+    attention: AttentionFit | None = None
+    efficiencies: Efficiencies | None = None
 
     def model(self) -> TableLatencyModel:
         """The derived latency model."""
@@ -109,7 +113,7 @@ def derived_linear_s(lin: LinearFit, ref: ModelSpec, ref_tp: int, tgt: ModelSpec
     if tgt.experts > 1:
         per_op["moe_router"] = np.array([router_ms(tgt, n, floor_ms, gpu, eff) for n in grid])
     total = sum((1 if op in ITERATION_OPS else tgt.layers) * t for op, t in per_op.items())
-    return np.maximum.accumulate(np.asarray(total) * 1e-3), per_op
+    return np.asarray(total) * 1e-3, per_op
 
 
 def derive_latency(model: str, tp: int, gpu: str = "a100-80gb", reference: str = REFERENCE_MODEL,
@@ -133,8 +137,8 @@ def derive_latency(model: str, tp: int, gpu: str = "a100-80gb", reference: str =
     anchors = load_attention_anchors(attention)
     eff = fit_efficiencies(profiles.get(1, prof), ref, g) if 1 in profiles else fit_efficiencies(prof, ref, g)
     lin = fit_linear(prof, ref.layers)
-    grid = np.array([float(x) for x in DERIVED_GRID if prof.tokens[0] <= x <= prof.tokens[-1]])
-    linear, _ = derived_linear_s(lin, ref, ref_tp, tgt, tp, g, eff, grid)
+    grid = np.asarray(lin.knots, dtype=np.float64)  # the reference profile's measured rows
+    linear, per_op = derived_linear_s(lin, ref, ref_tp, tgt, tp, g, eff, grid)
     att = fit_attention(anchors, profiles.get(anchors.tp))
     q_ratio = (tgt.query_heads * tgt.head_dim / tp) / (ref.query_heads * ref.head_dim / anchors.tp)
     kv_ratio = (tgt.kv_heads * tgt.head_dim / tp) / (ref.kv_heads * ref.head_dim / anchors.tp)
@@ -161,7 +165,7 @@ def derive_latency(model: str, tp: int, gpu: str = "a100-80gb", reference: str =
     calib = {"command": command, "reference": reference, "reference_tp": ref_tp, "profile": Path(mlp_csv).name,
              "mem_efficiency": sig(eff.mem), "compute_efficiency": sig(eff.compute), "query_head_ratio": sig(q_ratio),
              "kv_head_ratio": sig(kv_ratio), "framework_overhead_s": sig(overhead_s)}
-    return DerivedFit(name, params, calib)
+    return DerivedFit(name, params, calib, grid, per_op, att, eff)
 
 
 def tp_scaling_check(gpu: str = "a100-80gb", mlp_csv: str | Path = SHIPPED_MLP_CSV) -> dict[int, float]:
@@ -177,7 +181,7 @@ def tp_scaling_check(gpu: str = "a100-80gb", mlp_csv: str | Path = SHIPPED_MLP_C
     for tp, prof in sorted(profiles.items()):
         if tp == 1 or g.gpus_per_node % tp:
             continue
-        grid = np.array([float(x) for x in DERIVED_GRID if prof.tokens[0] <= x <= prof.tokens[-1]])
+        grid = np.asarray(prof.tokens, dtype=np.float64)
         derived, _ = derived_linear_s(lin, ref, 1, ref, tp, g, eff, grid)
         pred = np.interp(prof.tokens, grid, derived)
         out[tp] = mape_pct(pred, measured_linear_s(prof, ref.layers, prof.tokens))
@@ -199,3 +203,105 @@ def write_fit(fit: Any, path: str | Path | None = None) -> Path:
               "See calibration/README.md for how these numbers were obtained and how to recalibrate."]
     dump_params_toml(p, fit.tables(), header)
     return p
+
+
+# --------------------------------------------------------------------------- other GPUs
+
+SOURCE_GPU = "a100-80gb"
+# (gpu, model, tp) sets shipped for GPUs without a kernel profile: derived from the A100-80GB ones.
+SHIPPED_GPU_TARGETS = tuple((g, m, tp) for g in ("a100-40gb", "h100-80gb", "h200")
+                            for m, tp in (("llama-3.1-8b", 1), ("llama-3.1-8b", 2), ("llama-3.1-8b", 4),
+                                          ("qwen2.5-7b", 1), ("mixtral-8x7b", 4)))
+
+
+def _op_tables(fit: Any) -> tuple[np.ndarray, dict[str, np.ndarray], AttentionFit, Efficiencies]:
+    """(grid, per-layer ms of each operator, attention fit, efficiencies) of a fitted or derived set."""
+    if isinstance(fit, DerivedFit):
+        assert fit.grid is not None and fit.attention is not None and fit.efficiencies is not None
+        return fit.grid, fit.per_op_ms, fit.attention, fit.efficiencies
+    return np.asarray(fit.linear.knots), fit.linear.op_tables_ms, fit.attention, fit.efficiencies
+
+
+def gpu_op_ratio(spec: ModelSpec, tp: int, op: str, n: float, src: GpuSpec, tgt: GpuSpec, eff: Efficiencies) -> float:
+    """Roofline time of ``op`` (``n`` tokens, per GPU) on ``tgt`` over that on ``src``, same efficiencies.
+
+    Operators without a cost model (the MoE router) are memory-bound at serving batch sizes and
+    scale with the bandwidth ratio.
+    """
+    try:
+        cost = op_cost(spec, tp, op, n)
+    except KeyError:
+        return src.hbm_bytes_per_s / tgt.hbm_bytes_per_s
+    return roofline_s(cost, tgt, eff.mem, eff.compute) / roofline_s(cost, src, eff.mem, eff.compute)
+
+
+def derive_for_gpu(model: str, tp: int, gpu: str, source_gpu: str = SOURCE_GPU,
+                   overhead_s: float = FRAMEWORK_OVERHEAD_S,
+                   command: str = "python -m calibration derive --gpus --write") -> DerivedFit:
+    """Latency set of (``gpu``, model, tp) from the measured-profile set on ``source_gpu`` by roofline scaling.
+
+    Every token-level operator at every token count: source time x (target roofline time /
+    source roofline time), ``max(bytes / (BW e_mem), FLOPs / (peak e_comp))`` with the source's
+    fitted efficiencies (the two GPUs are assumed to reach the same fractions of their peaks).
+    Attention: memory-bound terms (decode attention per sequence and per context token, KV-cache
+    saves, the per-chunk part of prefill attention) x the bandwidth ratio; the per-(query, key)
+    pair prefill work x the peak FLOP/s ratio; fixed launch terms kept. LM head and sampling from
+    the target's bandwidth / FLOP/s; all-reduce from its NVLink; the framework overhead (CPU work)
+    is kept.
+    """
+    src, tgt, spec = load_gpu_spec(source_gpu), load_gpu_spec(gpu), load_model_spec(model)
+    if tp < 1 or tgt.gpus_per_node % tp:
+        raise ConfigError("tp", f"must divide the {tgt.gpus_per_node} GPUs of a node, got {tp}")
+    base = shipped_fit(model, tp, gpu=source_gpu, overhead_s=overhead_s)
+    grid, per_op, att, eff = _op_tables(base)
+    total = np.zeros(grid.size)
+    for op, t in per_op.items():
+        ratio = np.array([gpu_op_ratio(spec, tp, op, float(n), src, tgt, eff) for n in grid])
+        total = total + (1 if op in ITERATION_OPS else spec.layers) * np.asarray(t) * ratio
+    mem_ratio = src.hbm_bytes_per_s / tgt.hbm_bytes_per_s
+    compute_ratio = src.peak_bf16_flops / tgt.peak_bf16_flops
+    att_t = att.roofline_scaled(mem_ratio, compute_ratio)
+    name = f"{gpu}__{model}__tp{tp}"
+    params: dict[str, Any] = {"name": name, "tokens_grid": [float(x) for x in grid],
+                              "linear_s": [sig(x) for x in total * 1e-3]}
+    params.update(framework_fields(spec, tgt, tp, eff, overhead_s))
+    params.update(att_t.latency_fields(spec.layers))
+    params.update(allreduce_fields(spec, tgt, tp))
+    params["source"] = (
+        f"Derived by calibration/derive.py (derive_for_gpu) from {source_gpu}__{model}__tp{tp} by roofline scaling: "
+        f"each token-level operator x max(bytes/BW, FLOPs/peak) on {tgt.display_name} over that on {src.display_name} "
+        f"at the source's fitted efficiencies (mem {eff.mem:.3f}, compute {eff.compute:.3f}); attention: memory-bound "
+        f"terms x {mem_ratio:.4g} (HBM bandwidth ratio), prefill per-pair work x {compute_ratio:.4g} (peak bf16 ratio), "
+        f"launch terms kept; LM head / sampling / all-reduce from the target's datasheet figures; framework "
+        f"overhead {overhead_s * 1e3:g} ms kept (CPU work, see calibration/measurements/README.md)."
+    )
+    calib = {"command": command, "source_set": f"{source_gpu}__{model}__tp{tp}", "mem_efficiency": sig(eff.mem),
+             "compute_efficiency": sig(eff.compute), "hbm_ratio": sig(mem_ratio), "peak_ratio": sig(compute_ratio),
+             "framework_overhead_s": sig(overhead_s)}
+    return DerivedFit(name, params, calib, grid, {}, att_t, eff)
+
+
+def gpu_scaling_check(source_csv: str | Path, target_csv: str | Path, source_gpu: str, target_gpu: str,
+                      model: str = "llama-3.1-8b", model_spec_path: str | Path | None = None,
+                      tp: int = 1) -> dict[str, float]:
+    """Check of :func:`derive_for_gpu`'s method against two measured operator profiles of one model.
+
+    Derives the token-level time on ``target_gpu`` from the ``source_csv`` profile measured on
+    ``source_gpu`` and compares it with ``target_csv`` measured on ``target_gpu`` (both Vidur
+    ``mlp.csv`` format, same model). Returns MAPE (%) over the common token counts, overall and for
+    <= 128 tokens (decode-sized) and > 128 tokens.
+    """
+    spec = load_model_spec(model, model_spec_path)
+    src, tgt = load_gpu_spec(source_gpu), load_gpu_spec(target_gpu)
+    ps, pt = load_operator_profile(source_csv)[tp], load_operator_profile(target_csv)[tp]
+    eff = fit_efficiencies(ps, spec, src)
+    toks = np.array(sorted(set(ps.tokens.tolist()) & set(pt.tokens.tolist())), dtype=np.float64)
+    pred = np.zeros(toks.size)
+    from .profile_fit import profile_ops
+    for op in profile_ops(ps):
+        ratio = np.array([gpu_op_ratio(spec, tp, op, float(n), src, tgt, eff) for n in toks])
+        pred = pred + (1 if op in ITERATION_OPS else spec.layers) * ps.op_at(op, toks) * ratio
+    meas = measured_linear_s(pt, spec.layers, toks) * 1e3
+    small = toks <= 128
+    return {"all": mape_pct(pred, meas), "tokens<=128": mape_pct(pred[small], meas[small]),
+            "tokens>128": mape_pct(pred[~small], meas[~small]), "points": float(toks.size)}

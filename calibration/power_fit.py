@@ -21,6 +21,7 @@ the fitted model predicts with the measured one (trapezoidal integral of the pow
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -233,3 +234,77 @@ def power_tables(model: PhasePowerModel) -> dict[str, dict]:
                       "decode_min_w": model.decode_min_w, "decode_max_w": model.decode_max_w,
                       "decode_sat_seqs": model.decode_sat_seqs, "prefill_sat_tokens": model.prefill_sat_tokens,
                       "host_w": model.host_w, "source": model.source}}
+
+
+# --------------------------------------------------------------------------- published serving points
+
+SHIPPED_SERVING_POWER = Path(__file__).resolve().parent / "measurements" / "serving_power.csv"
+# GPU whose published serving points fit each shipped power file, and where the fitted curve is
+# transferred to a GPU without its own measurement (same die and TDP; see measurements/README.md).
+POWER_SOURCES = {"a100-40gb": "a100-40gb", "a100-80gb": "a100-40gb", "h100-80gb": "h100-80gb", "h200": "h100-80gb"}
+
+
+@dataclass(frozen=True)
+class ServingPoint:
+    """One published serving measurement: mean running batch and average GPU power (per GPU)."""
+
+    source: str
+    gpu: str
+    engine: str
+    label: str
+    mean_batch: float
+    avg_gpu_power_w: float
+    median_itl_s: float
+
+
+def load_serving_points(path: str | Path = SHIPPED_SERVING_POWER) -> list[ServingPoint]:
+    """Rows of ``serving_power.csv``; mean batch by Little's law and power = energy x rate where not given."""
+    import csv
+
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError("serving_power", f"file not found: {p}")
+    out = []
+    with open(p, newline="") as f:
+        for i, r in enumerate(csv.DictReader(line for line in f if not line.startswith("#"))):
+            def num(k: str) -> float:
+                v = (r.get(k) or "").strip()
+                return float(v) if v else float("nan")
+            batch, power = num("mean_batch"), num("avg_gpu_power_w")
+            if math.isnan(batch):
+                batch = num("requests_per_s") * num("latency_s")
+            if math.isnan(power):
+                power = num("energy_per_request_j") * num("requests_per_s")
+            if not (batch > 0 and power > 0):
+                raise ConfigError("serving_power", f"{p.name} row {i + 1}: need mean_batch and power (or what gives them)")
+            label = f"rate {r['request_rate']}" if r["request_rate"] != "inf" else f"max_num_seqs {r['max_num_seqs']}"
+            out.append(ServingPoint(r["source"], r["gpu"], r["engine"], label, batch, power, num("median_itl_ms") * 1e-3))
+    return out
+
+
+def fit_serving_power(points: list[ServingPoint], gpu: str, prior: PhasePowerModel, name: str | None = None) -> PowerFit:
+    """Fit the decode curve ``P(n)`` of ``gpu`` to its serving points' (mean batch, average power).
+
+    The published figures are averages over whole serving runs, prefill included; for chat
+    traffic prefill is a few percent of the busy time, so the fitted curve is the *serving* power
+    at a running batch of ``n``. ``prefill_w`` is not resolved by these figures: it is set to the
+    fitted ``decode_max_w`` (so a prefill chunk never draws less than a saturated decode) - a
+    chosen value, range ``decode_max_w``..TDP. ``idle_w`` and ``host_w`` are kept from ``prior``.
+    """
+    pts = [p for p in points if p.gpu == gpu]
+    if len(pts) < 3:
+        raise ConfigError("gpu", f"fewer than 3 serving points for {gpu!r}",
+                          allowed=sorted({p.gpu for p in points}))
+    states = PowerStates(f"serving points ({pts[0].source}, {pts[0].engine})", tuple("decode" for _ in pts),
+                         np.zeros(len(pts), dtype=np.int64),
+                         np.array([max(1, int(round(p.mean_batch))) for p in pts], dtype=np.int64),
+                         np.array([p.avg_gpu_power_w for p in pts]))
+    fit = fit_power(states, prior, name)
+    m = fit.model
+    model = replace(m, prefill_w=m.decode_max_w,
+                    source=f"decode curve fitted by calibration/power_fit.py (fit_serving_power) to {len(pts)} published "
+                           f"serving points of {gpu} ({pts[0].source}, {pts[0].engine}; calibration/measurements/); "
+                           f"prefill_w = decode_max_w (chosen, not resolved by the data); idle_w and host_w from the prior")
+    pred = np.array([model.gpu_power_w(0, int(n)) for n in states.n_decode])
+    return PowerFit(model, states, pred, [("decode", 0, int(n), float(w), float(q)) for n, w, q in
+                                          zip(states.n_decode, states.power_w, pred)])

@@ -53,13 +53,19 @@ from .io import (
 )
 from .shapes import ITERATION_OPS, LAYER_OPS, MATMUL_OPS, OPTIONAL_LAYER_OPS, lm_head_cost, op_cost
 
-FRAMEWORK_OVERHEAD_S = 2.0e-3
+# Calibrated by calibration/overhead.py from the median inter-token latencies ML.ENERGY v3 published
+# for vLLM 0.11.1 (Llama-3.1-8B, H100, batches 8-32): the measured steps leave no time beyond the
+# kernels (residual -0.25..-0.50 ms, within the +-0.3 ms of the derivation), i.e. vLLM V1 overlaps its
+# CPU work with the GPU. Documented range: 0-0.5 ms (V1 with async scheduling) up to 4-13 ms of GPU
+# idle per step (V0 before multi-step scheduling, vLLM issue 6854). See measurements/README.md.
+FRAMEWORK_OVERHEAD_S = 0.0
 SAMPLING_PASSES = 4
 ALLREDUCE_LATENCY_S = 10e-6
 # Effective ring all-reduce bus bandwidth per GPU, bytes/s. A100 NVLink3: 600 GB/s counts both
 # directions (300 GB/s each way); NCCL's all_reduce_perf reaches ~230 GB/s bus bandwidth on a
 # DGX A100. H100 NVLink4: 900 GB/s both ways; ~360 GB/s bus bandwidth at medium message sizes.
-ALLREDUCE_BUS_BYTES_PER_S = {"a100-80gb": 230e9, "h100-80gb": 360e9}
+# A100-40GB: same NVLink3 as the 80GB part; H200: same NVLink4 as the H100.
+ALLREDUCE_BUS_BYTES_PER_S = {"a100-80gb": 230e9, "a100-40gb": 230e9, "h100-80gb": 360e9, "h200": 360e9}
 DEFAULT_KNOTS = (
     1, 16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192,
     12288, 16384, 24576, 32768,
@@ -172,10 +178,11 @@ class LinearFit:
     def linear_s(self) -> np.ndarray:
         """Seconds of all token-level operators of one iteration at each knot.
 
-        Made non-decreasing (running maximum): a measured dip (another kernel chosen at one size)
-        must not make a larger batch cheaper than a smaller one in the simulator.
+        Not smoothed or made monotone: the profile's dips (another kernel or tile shape chosen
+        at one size, e.g. 416 -> 424 tokens is 4.8% cheaper) are repeatable structure, well above
+        the rows' own noise, and are kept.
         """
-        return np.maximum.accumulate(sum(self.multiplicity[op] * t for op, t in self.op_tables_ms.items()) * 1e-3)
+        return np.asarray(sum(self.multiplicity[op] * t for op, t in self.op_tables_ms.items()) * 1e-3)
 
 
 def profile_ops(profile: OperatorProfile) -> list[str]:
@@ -203,21 +210,60 @@ def choose_knots(profile: OperatorProfile, knots: tuple[float, ...] | None = Non
 
 
 def fit_linear(profile: OperatorProfile, layers: int, knots: tuple[float, ...] | None = None) -> LinearFit:
-    """Fit every token-level operator of ``profile`` on the tokens grid (relative least squares)."""
-    grid = choose_knots(profile, knots)
-    B = hat_basis(profile.tokens, grid)
+    """Token-level operator tables of ``profile``.
+
+    Default (``knots`` None): **interpolation of the measured points** - the tables are the
+    profile's own per-layer medians at every measured token count, so the model passes through
+    each measured point (moved by 0, less than any noise) and interpolates linearly between
+    them. With ``knots`` the older smoothing fit is used instead: a piecewise-linear function on
+    those knots, relative least squares (kept for experiments; it moves measured points by up to
+    ~13% at 128-512 tokens on the shipped profile).
+    """
     tables, errs, mult = {}, {}, {}
-    for op in profile_ops(profile):
-        y = profile.ops_ms[op]
-        floor = max(float(np.min(y[y > 0])) if np.any(y > 0) else 1e-6, 1e-6)
-        c = weighted_lstsq(B, np.maximum(y, floor))
-        tables[op] = np.array([sig(v) for v in c])
-        errs[op] = mape_pct(B @ tables[op], y)
-        mult[op] = 1 if op in ITERATION_OPS else layers
+    if knots is None:
+        grid = np.asarray(profile.tokens, dtype=np.float64)
+        for op in profile_ops(profile):
+            tables[op] = np.array([sig(v) for v in profile.ops_ms[op]])
+            errs[op] = mape_pct(tables[op], profile.ops_ms[op])
+            mult[op] = 1 if op in ITERATION_OPS else layers
+    else:
+        grid = choose_knots(profile, knots)
+        B = hat_basis(profile.tokens, grid)
+        for op in profile_ops(profile):
+            y = profile.ops_ms[op]
+            floor = max(float(np.min(y[y > 0])) if np.any(y > 0) else 1e-6, 1e-6)
+            c = weighted_lstsq(B, np.maximum(y, floor))
+            tables[op] = np.array([sig(v) for v in c])
+            errs[op] = mape_pct(B @ tables[op], y)
+            mult[op] = 1 if op in ITERATION_OPS else layers
     fit = LinearFit(grid, tables, mult, errs, float("nan"))
     pred = np.interp(profile.tokens, grid, fit.linear_s())
     meas = measured_linear_s(profile, layers, profile.tokens)
     return LinearFit(grid, tables, mult, errs, mape_pct(pred, meas))
+
+
+# Prefill anchors: chunk sizes within this relative distance of each other form one cluster; the
+# prefill tables get a grid point at every cluster with at least PREFILL_KNOT_MIN_ANCHORS anchors
+# (its median chunk size) plus the largest measured chunk.
+PREFILL_CLUSTER_REL = 0.05
+PREFILL_KNOT_MIN_ANCHORS = 3
+
+
+def prefill_knots(chunks: np.ndarray) -> np.ndarray:
+    """Grid of the prefill attention tables chosen from the anchors' chunk sizes (see above)."""
+    cs = np.sort(np.asarray(chunks, dtype=np.float64))
+    clusters: list[list[float]] = [[float(cs[0])]]
+    for x in cs[1:]:
+        if x <= clusters[-1][-1] * (1.0 + PREFILL_CLUSTER_REL):
+            clusters[-1].append(float(x))
+        else:
+            clusters.append([float(x)])
+    knots = [float(np.median(c)) for c in clusters if len(c) >= PREFILL_KNOT_MIN_ANCHORS]
+    if not knots or knots[-1] < cs[-1]:
+        knots.append(float(cs[-1]))
+    if len(knots) < 2:
+        knots = [float(cs[0]), float(cs[-1])]
+    return np.array(sorted(set(knots)))
 
 
 @dataclass(frozen=True)
@@ -225,15 +271,19 @@ class AttentionFit:
     """Per-layer attention coefficients in milliseconds (see the module docstring).
 
     Attributes:
-        prefill_attn: (fixed, per_token, per_pair) of the prefill attention kernel.
-        prefill_save: (fixed, per_token) of the prefill KV-cache save.
+        prefill_grid: chunk sizes (tokens) of the prefill tables.
+        prefill_attn_a: prefill attention kernel, ms at each grid chunk size, excluding the per-pair part.
+        prefill_attn_b: prefill attention kernel, ms per (query, key) pair at each grid chunk size.
+        prefill_save_a: prefill KV-cache save, ms at each grid chunk size.
         decode_attn: (fixed, per_seq, per_ctx) of the decode attention kernel.
         decode_save: (fixed, per_seq) of the decode KV-cache save.
         mape_pct: fit error of each of the four components over the anchors.
     """
 
-    prefill_attn: tuple[float, float, float]
-    prefill_save: tuple[float, float]
+    prefill_grid: tuple[float, ...]
+    prefill_attn_a: tuple[float, ...]
+    prefill_attn_b: tuple[float, ...]
+    prefill_save_a: tuple[float, ...]
     decode_attn: tuple[float, float, float]
     decode_save: tuple[float, float]
     mape_pct: dict[str, float] = field(default_factory=dict)
@@ -241,29 +291,49 @@ class AttentionFit:
     def scaled(self, q_ratio: float, kv_ratio: float) -> AttentionFit:
         """Attention of a model with ``q_ratio`` x the query heads and ``kv_ratio`` x the KV heads per GPU.
 
-        Work terms scale with the heads they touch (prefill pairs and per-token attention with the
-        query heads; KV reads per context token, KV-cache save and per-sequence decode work with
-        the KV heads); fixed kernel-launch terms do not scale.
+        Work terms scale with the heads they touch (prefill attention with the query heads; KV
+        reads per context token, KV-cache save and per-sequence decode work with the KV heads);
+        the fixed decode kernel-launch terms do not scale.
         """
-        pa, ps, da, ds = self.prefill_attn, self.prefill_save, self.decode_attn, self.decode_save
+        da, ds = self.decode_attn, self.decode_save
         return AttentionFit(
-            (pa[0], pa[1] * q_ratio, pa[2] * q_ratio),
-            (ps[0], ps[1] * kv_ratio),
+            self.prefill_grid,
+            tuple(x * q_ratio for x in self.prefill_attn_a),
+            tuple(x * q_ratio for x in self.prefill_attn_b),
+            tuple(x * kv_ratio for x in self.prefill_save_a),
             (da[0], da[1] * kv_ratio, da[2] * kv_ratio),
             (ds[0], ds[1] * kv_ratio),
             {},
         )
 
-    def latency_fields(self, layers: int) -> dict[str, float]:
+    def roofline_scaled(self, mem_ratio: float, compute_ratio: float) -> "AttentionFit":
+        """The same kernels on another GPU: memory-bound terms x ``mem_ratio`` (decode attention, KV
+        saves, the per-chunk part of prefill attention), compute-bound terms x ``compute_ratio``
+        (prefill work per (query, key) pair); fixed decode launch terms kept."""
+        da, ds = self.decode_attn, self.decode_save
+        return AttentionFit(
+            self.prefill_grid,
+            tuple(x * mem_ratio for x in self.prefill_attn_a),
+            tuple(x * compute_ratio for x in self.prefill_attn_b),
+            tuple(x * mem_ratio for x in self.prefill_save_a),
+            (da[0], da[1] * mem_ratio, da[2] * mem_ratio),
+            (ds[0], ds[1] * mem_ratio),
+            {},
+        )
+
+    def latency_fields(self, layers: int) -> dict[str, Any]:
         """Per-iteration seconds of the ``[latency]`` attention fields for ``layers`` layers."""
         f = layers * 1e-3
         return {
             "attn_decode_fixed_s": sig((self.decode_attn[0] + self.decode_save[0]) * f),
             "attn_decode_per_seq_s": sig((self.decode_attn[1] + self.decode_save[1]) * f),
             "attn_decode_per_ctx_s": sig(self.decode_attn[2] * f),
-            "attn_prefill_fixed_s": sig((self.prefill_attn[0] + self.prefill_save[0]) * f),
-            "attn_prefill_per_token_s": sig((self.prefill_attn[1] + self.prefill_save[1]) * f),
-            "attn_prefill_per_pair_s": sig(self.prefill_attn[2] * f),
+            "attn_prefill_fixed_s": 0.0,
+            "attn_prefill_per_token_s": 0.0,
+            "attn_prefill_per_pair_s": 0.0,
+            "attn_prefill_grid": [float(x) for x in self.prefill_grid],
+            "attn_prefill_table_s": [sig((a + s) * f) for a, s in zip(self.prefill_attn_a, self.prefill_save_a)],
+            "attn_prefill_pair_table_s": [sig(b * f) for b in self.prefill_attn_b],
         }
 
 
@@ -273,17 +343,28 @@ def prefill_pairs(chunk: np.ndarray | float, kv: np.ndarray | float) -> np.ndarr
     return chunk * (np.asarray(kv, dtype=np.float64) + (chunk + 1.0) / 2.0)
 
 
+def _table_basis(x: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """Hat basis with the latency model's end rules: held below the grid's first point."""
+    B = hat_basis(np.maximum(x, grid[0]), grid)
+    return B
+
+
 def fit_attention(anchors: AttentionAnchors, profile: OperatorProfile | None = None) -> AttentionFit:
-    """Fit the four attention components to the anchors (weighted least squares, coefficients >= 0).
+    """Fit the attention components to the anchors (weighted least squares).
+
+    Decode: ``fixed + per_seq b + per_ctx b kv`` (attention) and ``fixed + per_seq b`` (KV save),
+    coefficients >= 0. Prefill: piecewise-linear tables over the chunk size on
+    :func:`prefill_knots`, ``A(c) + B(c) pairs`` for the attention kernel and ``A_save(c)`` for the
+    KV save: the measured cost per (query, key) pair is 2x higher for 448-token chunks than for
+    5-10K-token ones, which no single affine form represents.
 
     Without ``profile`` each component is fitted on its own relative error. With ``profile`` (the
     token-level operators at the anchors' TP degree) every anchor's error is weighted by its whole
     per-layer iteration time (operators + attention + KV save), so the fit minimises the relative
-    error of whole iterations, the quantity the simulator needs right; tiny attention times next
-    to large matmuls then matter less than attention-dominated iterations (small chunk, long kv).
+    error of whole iterations, the quantity the simulator needs right.
     """
     a = anchors
-    one_p, one_d = np.ones_like(a.prefill_chunk), np.ones_like(a.decode_batch)
+    one_d = np.ones_like(a.decode_batch)
     pairs = prefill_pairs(a.prefill_chunk, a.prefill_kv)
     errs = {}
 
@@ -296,20 +377,33 @@ def fit_attention(anchors: AttentionAnchors, profile: OperatorProfile | None = N
     w_p = whole(a.prefill_chunk, a.prefill_attn_ms, a.prefill_save_ms)
     w_d = whole(a.decode_batch, a.decode_attn_ms, a.decode_save_ms)
 
-    def fit(name: str, A: np.ndarray, y: np.ndarray, w: np.ndarray | None) -> tuple[float, ...]:
+    def fit(name: str, A: np.ndarray, y: np.ndarray, w: np.ndarray | None, nonneg: bool = True) -> tuple[float, ...]:
         ok = np.isfinite(y) & (y > 0)
         if ok.sum() < A.shape[1]:
             raise ConfigError("attention", f"{a.source}: too few {name} anchors ({ok.sum()}) to fit {A.shape[1]} terms")
-        c = weighted_lstsq(A[ok], y[ok], None if w is None else w[ok])
+        c = weighted_lstsq(A[ok], y[ok], None if w is None else w[ok], nonneg=nonneg)
+        c = np.maximum(c, 0.0)
         c = tuple(sig(v) for v in c)
         errs[name] = mape_pct(A[ok] @ np.array(c), y[ok])
         return c
 
-    pa = fit("prefill_attn", np.column_stack([one_p, a.prefill_chunk, pairs]), a.prefill_attn_ms, w_p)
-    ps = fit("prefill_save", np.column_stack([one_p, a.prefill_chunk]), a.prefill_save_ms, w_p)
+    grid = prefill_knots(a.prefill_chunk)
+    n_ok = int(np.sum(np.isfinite(a.prefill_attn_ms) & (a.prefill_attn_ms > 0)))
+    if n_ok < 2 * grid.size:  # few anchors (e.g. a quick profile): two grid points, one per-pair cost
+        grid = np.array([float(np.min(a.prefill_chunk)), float(np.max(a.prefill_chunk))])
+        if grid[1] <= grid[0]:
+            grid = np.array([grid[0], grid[0] + 1.0])
+    H = _table_basis(a.prefill_chunk, grid)
+    k = grid.size
+    if n_ok < 2 * k:
+        pa = fit("prefill_attn", np.column_stack([H, pairs]), a.prefill_attn_ms, w_p, nonneg=False)
+        pa = pa[:k] + (pa[k],) * k
+    else:
+        pa = fit("prefill_attn", np.column_stack([H, H * pairs[:, None]]), a.prefill_attn_ms, w_p, nonneg=False)
+    ps = fit("prefill_save", H, a.prefill_save_ms, w_p, nonneg=False)
     da = fit("decode_attn", np.column_stack([one_d, a.decode_batch, a.decode_batch * a.decode_kv]), a.decode_attn_ms, w_d)
     ds = fit("decode_save", np.column_stack([one_d, a.decode_batch]), a.decode_save_ms, w_d)
-    return AttentionFit(pa, ps, da, ds, errs)  # type: ignore[arg-type]
+    return AttentionFit(tuple(float(x) for x in grid), pa[:k], pa[k:], ps, da, ds, errs)  # type: ignore[arg-type]
 
 
 def framework_fields(spec: ModelSpec, gpu: GpuSpec, tp: int, eff: Efficiencies,
@@ -382,6 +476,22 @@ def evaluate_iterations(model: TableLatencyModel, profile: OperatorProfile, anch
     return out
 
 
+def checks_mape_pct(checks: list[IterationCheck]) -> float:
+    """MAPE (%) of ``checks`` (NaN when empty)."""
+    if not checks:
+        return float("nan")
+    return mape_pct([c.model_s for c in checks], [c.measured_s for c in checks])
+
+
+def check_categories(checks: list[IterationCheck]) -> dict[str, float]:
+    """Whole-iteration MAPE over all checks, decode batches 1-128 and prefill chunks 128-4096 tokens."""
+    return {
+        "all": checks_mape_pct(checks),
+        "decode_b1_128": checks_mape_pct([c for c in checks if c.kind == "decode" and 1 <= c.size <= 128]),
+        "prefill_c128_4096": checks_mape_pct([c for c in checks if c.kind == "prefill" and 128 <= c.size <= 4096]),
+    }
+
+
 # --------------------------------------------------------------------------- the whole fit
 
 
@@ -396,13 +506,17 @@ class ProfileFit:
     attention: AttentionFit
     efficiencies: Efficiencies
     checks: list[IterationCheck]
+    profile: OperatorProfile | None = None
+    layers: int = 0
 
     @property
     def iteration_mape_pct(self) -> float:
         """MAPE of whole iterations against the profile (NaN if no anchors at this TP)."""
-        if not self.checks:
-            return float("nan")
-        return mape_pct([c.model_s for c in self.checks], [c.measured_s for c in self.checks])
+        return checks_mape_pct(self.checks)
+
+    def category_mape_pct(self) -> dict[str, float]:
+        """Whole-iteration MAPE: all anchors, decode batches 1-128, prefill chunks 128-4096 tokens."""
+        return check_categories(self.checks)
 
     def model(self) -> TableLatencyModel:
         """The fitted latency model."""
@@ -412,6 +526,17 @@ class ProfileFit:
     def tables(self) -> dict[str, dict[str, Any]]:
         """TOML tables of the parameter file: ``[latency]`` and ``[calibration]`` (metadata)."""
         return {"latency": self.params, "calibration": self.calibration}
+
+    def linear_max_move_pct(self) -> float:
+        """Largest relative difference (%) between the model's token-level time and the measured one
+        at the profile's own rows."""
+        if self.profile is None:
+            return float("nan")
+        m = self.model()
+        toks = self.profile.tokens
+        pred = np.array([m.linear_time_s(float(t)) for t in toks])
+        meas = measured_linear_s(self.profile, self.layers, toks)
+        return float(np.max(np.abs(pred - meas) / meas) * 100.0)
 
     def report_lines(self) -> list[str]:
         """Human-readable fit report (per operator, attention, whole iterations)."""
@@ -431,6 +556,14 @@ class ProfileFit:
                              f"{c.error_pct:>8.2f}")
             errs = np.abs([c.error_pct for c in self.checks])
             lines.append(f"whole-iteration error: mean {errs.mean():.2f}%, max {errs.max():.2f}% over {len(errs)} iterations")
+            cat = self.category_mape_pct()
+            n_dec = sum(1 for c in self.checks if c.kind == "decode" and c.size <= 128)
+            n_pre = sum(1 for c in self.checks if c.kind == "prefill" and 128 <= c.size <= 4096)
+            lines.append(f"whole-iteration MAPE: all {cat['all']:.2f}% ({len(errs)}), decode batches 1-128 "
+                         f"{cat['decode_b1_128']:.2f}% ({n_dec}), prefill chunks 128-4096 {cat['prefill_c128_4096']:.2f}% "
+                         f"({n_pre})")
+            lines.append(f"token-level table: {len(self.linear.knots)} points = the profile's measured rows "
+                         f"(max move of a measured point {self.linear_max_move_pct():.3f}%)")
         p = self.params
         lines.append(f"added (not in the profile): overhead_s={p['overhead_s']} lm_head_fixed_s={p['lm_head_fixed_s']} "
                      f"per_sampled_seq_s={p['per_sampled_seq_s']} allreduce_fixed_s={p['allreduce_fixed_s']} "
@@ -490,8 +623,9 @@ def fit_profile(
     params["source"] = (
         f"Fitted by calibration/profile_fit.py from {Path(mlp_csv).name} (tp={tp}) and {Path(attention).name} "
         f"(tp={anchors.tp}{'' if anchors.tp == tp else ', rescaled by heads per GPU'}): token-level operators "
-        f"(x{spec.layers} layers, embedding once) and attention are measured; overhead_s = {overhead_s * 1e3:g} ms "
-        f"framework/scheduler step cost (middle of the 1-3 ms of real vLLM engines); lm_head_fixed_s = "
+        f"(x{spec.layers} layers, embedding once; the table interpolates every measured row) and attention "
+        f"(decode affine, prefill chunk-size tables) are measured; overhead_s = {overhead_s * 1e3:g} ms framework "
+        f"step cost (calibrated from published vLLM 0.11 step times, calibration/overhead.py); lm_head_fixed_s = "
         f"vocab x hidden / tp bf16 weights at HBM bandwidth x fitted memory efficiency {eff.mem:.3f}; "
         f"per_sampled_seq_s = 2 x vocab x hidden / tp FLOPs at peak x fitted compute efficiency {eff.compute:.3f} "
         f"+ {SAMPLING_PASSES} fp32 passes over the logits; "
@@ -499,7 +633,7 @@ def fit_profile(
            f"all-reduce: {2 * spec.layers + 1} ring all-reduces, {ALLREDUCE_LATENCY_S * 1e6:g} us each + "
            f"2(tp-1)/tp x tokens x hidden x 2 B / {ALLREDUCE_BUS_BYTES_PER_S.get(gpu, float('nan')) / 1e9:g} GB/s.")
     )
-    fit = ProfileFit(name, params, {}, lin, att, eff, [])
+    fit = ProfileFit(name, params, {}, lin, att, eff, [], prof, spec.layers)
     if anchors.tp == tp:
         fit.checks = evaluate_iterations(fit.model(), prof, anchors, spec.layers)
     fit.calibration = {

@@ -367,7 +367,7 @@ def test_engine_drain_moves_queue_finishes_work_then_powers_off():
         if t == 19:
             assert all(not e.running for e in fr.engines[2:])
             gpu = sum(e.power_w for e in fr.engines)
-            assert fr.gpu_w == pytest.approx(gpu) and fr.gpu_w <= 2 * max(e.power_w for e in fr.engines[:2])
+            assert fr.gpu_w == pytest.approx(gpu) and fr.gpu_w <= 2 * max(e.power_w for e in fr.engines[:2]) * (1 + 1e-12)
         if t == 20:
             assert not any(e.draining for e in fr.engines) and fr.accepting_engines == 8
             assert all(e.power_w == idle_w for e in fr.engines[2:] if e.is_idle)

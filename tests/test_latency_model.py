@@ -55,7 +55,9 @@ def test_affine_in_decode_ctx_sum(model, tp):
 def test_shipped_files_load_and_are_sane(model, tp):
     m = load_latency_model("a100-80gb", model, tp)
     assert m.name == f"a100-80gb__{model}__tp{tp}"
-    assert np.all(np.diff(m.linear_s) >= 0) and m.linear_s[-1] > 10 * m.linear_s[0]  # more tokens never cheaper
+    # measured dips (another kernel at one size) are kept: at most 20% below the running maximum (TP4 profile:
+    # 16%), and the trend rises
+    assert np.all(m.linear_s[1:] >= 0.8 * np.maximum.accumulate(m.linear_s)[:-1]) and m.linear_s[-1] > 10 * m.linear_s[0]
     # one decode step of a lone sequence: between the weights-read floor and 30 ms
     t1 = m.iteration_time_s(0, 0.0, 1, 1000.0, 1)
     assert 4e-3 < t1 < 30e-3

@@ -92,11 +92,11 @@ def test_a_datacenter_feature_is_one_table_row(monkeypatch):
 
 
 def test_state_is_exact_where_the_observation_is_capped():
-    """With a TPOT target of 0.1 ms the decode-time estimates exceed the observation's cap (100 x
+    """With a TPOT target of 0.05 ms the decode-time estimates exceed the observation's cap (100 x
     the target); the state keeps the true values."""
-    for env, obs in _episode("dev", 5, overrides={"duration_s": 5.0, "slo.tpot_s": 1e-4}):  # noqa: B007 (the last step's)
+    for env, obs in _episode("dev", 5, overrides={"duration_s": 5.0, "slo.tpot_s": 5e-5}):  # noqa: B007 (the last step's)
         pass
     st = env.state()
     cap = ESTIMATE_CAP * env.layout.tpot_target_s
-    assert st.datacenters.est_tpot_s.min() > 1.2 * cap
+    assert st.datacenters.est_tpot_s.min() > 1.5 * cap
     np.testing.assert_allclose(decode_observation(obs, env)["est_tpot_s"], cap, rtol=1e-7)

@@ -4,6 +4,7 @@ classes, the choice modes, class-level imitation and the evaluation's policy ali
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import numpy as np
 import pytest
@@ -328,39 +329,41 @@ def test_systematic_counts_path_equals_per_request_systematic():
 
 # ---------------------------------------------------------------------------- the numpy path's actions
 
-#: Actions of the shipped agent on a short llama8b-moderate episode (6 steps of 4,096 slots),
-#: recorded with the compiled (numba) decision path that produced tests/data/golden_quick.json,
-#: before the numpy path replaced it: see :func:`_shipped_episode` for the episode.
-RECORDED = "data/learned_actions.npz"
+#: The shipped agent on a short llama8b-moderate episode (6 steps of 4,096 slots): per step the
+#: observation, the action mask, the pending count and the action the compiled (numba) decision
+#: path took (the path that produced the first tests/data/golden_quick.json), recorded before the
+#: numpy path replaced it (the actions were checked equal to numba's recording). Replaying the
+#: observations keeps the check independent of the simulator's physics. Keys ``<mode>__<field>``;
+#: ``systematic_reversed``: each step also decided with the slots in reverse order (the valid ones
+#: at the back) and one request masked differently (the per-request path); those actions are recorded.
+RECORDED = "data/learned_replay.npz"
 
 
-def _shipped_episode(mode: str, variant: str) -> np.ndarray:
-    """Actions (steps, K) of the shipped agent (its recorded knobs; ``seed=3``) in ``mode`` on
-    llama8b-moderate, 6 s from the first held-out start, world seed 1001. ``variant``
-    ``"reversed"``: each step is also decided with the slots in reverse order (the valid ones at
-    the back) and one request masked differently (the per-request path), and those actions are
-    returned (the episode still follows the plain ones)."""
-    from train.envs import heldout_starts
+def _replayed_actions(key: str, rec: Any) -> np.ndarray:
+    """The numpy path's actions (steps, K) on the recorded observations of ``key`` (mode, variant),
+    the policy bound to a llama8b-moderate env (same layout) with ``seed=3``, as recorded."""
+    import gymnasium as gym
+
     from train.policy import SHIPPED_CHECKPOINT, LearnedPolicy
 
-    env = make_episode_env("llama8b-moderate", {"duration_s": 6.0}, heldout_starts(1)[0])
+    mode = key.split("_")[0]
+    env = gym.make("carbon_gym/GeoServe-v0", scenario="llama8b-moderate", overrides={"duration_s": 6.0},
+                   disable_env_checker=True)
     pol = LearnedPolicy.load(SHIPPED_CHECKPOINT, mode=mode, seed=3)
-    obs, info = env.reset(seed=1001)
+    env.reset(seed=1001)
     pol.reset(env)
     K = env.unwrapped.layout.max_pending
     out = []
-    while True:
+    for i in range(rec[f"{key}__actions"].shape[0]):
+        obs = {k: rec[f"{key}__{k}"][i] for k in ("datacenters", "slots", "globals")}
+        info = {"action_mask": rec[f"{key}__mask"][i], "pending": int(rec[f"{key}__pending"][i])}
         a = pol.act(obs, info)
-        if variant == "reversed":
+        if key.endswith("reversed"):
             o2 = dict(obs, slots=np.array(obs["slots"]).reshape(K, -1)[::-1].reshape(-1).copy())
             m2 = info["action_mask"][::-1].copy()
             m2[-1, 0] = False
-            out.append(pol.act(o2, dict(info, action_mask=m2)))
-        else:
-            out.append(a)
-        obs, _, _, trunc, info = env.step(a)
-        if trunc:
-            break
+            a = pol.act(o2, dict(info, action_mask=m2))
+        out.append(a)
     env.close()
     return np.array(out)
 
@@ -369,12 +372,13 @@ def _shipped_episode(mode: str, variant: str) -> np.ndarray:
 def test_numpy_path_takes_the_recorded_actions_of_the_shipped_agent(key):
     import os
 
-    rec = np.load(os.path.join(os.path.dirname(__file__), RECORDED), allow_pickle=False)[key]
-    got = _shipped_episode(key.split("_")[0], "reversed" if key.endswith("reversed") else "plain")
-    assert got.shape == rec.shape == (6, 4096)
-    diff = np.argwhere(got != rec)
+    rec = np.load(os.path.join(os.path.dirname(__file__), RECORDED), allow_pickle=False)
+    want = rec[f"{key}__actions"]
+    got = _replayed_actions(key, rec)
+    assert got.shape == want.shape == (6, 4096)
+    diff = np.argwhere(got != want)
     assert diff.size == 0, f"{len(diff)} choices differ, first at (step, slot) {diff[0].tolist()}"
-    assert len(np.unique(rec)) > 10 and (rec != 16).sum() > 5000  # (requests spread over the datacenters)
+    assert len(np.unique(want)) > 10 and (want != 16).sum() > 5000  # (requests spread over the datacenters)
 
 
 @pytest.mark.parametrize("classes", [True, None])

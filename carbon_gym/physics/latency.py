@@ -16,11 +16,18 @@ Functional form (all times in seconds, for the whole forward pass of one iterati
       + [prefill_tokens > 0] * attn_prefill_fixed_s   # prefill attention kernels, fixed part
       + attn_prefill_per_token_s * prefill_tokens     # prefill attention + KV save, per token
       + attn_prefill_per_pair_s  * prefill_attn_pairs # prefill attention, per (query, key) pair
+      + [prefill_tokens > 0] * (A(prefill_tokens) + B(prefill_tokens) * prefill_attn_pairs)
+                                                      # prefill attention + KV save, tables (optional)
       + allreduce_fixed_s + allreduce_per_token_s * num_tokens   # TP > 1 all-reduces
 
 with ``num_tokens = prefill_tokens + n_decode`` and ``linear`` a piecewise-linear interpolation
-of a (tokens, seconds) table (linear extrapolation past its ends). ``[c]`` is 1 if ``c`` holds
-else 0. The *kernel* part (:meth:`TableLatencyModel.kernel_time_s`: linear + attention terms) is
+of a (tokens, seconds) table (linear extrapolation past its ends). ``A`` (seconds) and ``B``
+(seconds per pair) are optional piecewise-linear tables over the iteration's prefill tokens
+(``attn_prefill_grid``, ``attn_prefill_table_s``, ``attn_prefill_pair_table_s``): the measured
+attention kernels' cost per (query, key) pair depends on the chunk size, which one affine form
+cannot represent. Below the grid's first point both are held at their first value; above its
+last, ``A`` is extrapolated linearly and ``B`` held. Files without the tables use the scalar
+terms alone. ``[c]`` is 1 if ``c`` holds else 0. The *kernel* part (:meth:`TableLatencyModel.kernel_time_s`: linear + attention terms) is
 what a per-operator profile measures; the rest (overhead, LM head, all-reduce) is added by
 ``calibration/`` from first principles or fitted end to end (see ``calibration/README.md``).
 
@@ -33,6 +40,7 @@ must keep this property.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -47,6 +55,48 @@ _SCALAR_FIELDS = (
     "attn_prefill_per_token_s", "attn_prefill_per_pair_s", "allreduce_fixed_s",
     "allreduce_per_token_s", "lm_head_fixed_s", "attn_decode_fixed_s", "attn_prefill_fixed_s",
 )
+
+
+_TABLE_FIELDS = ("attn_prefill_grid", "attn_prefill_table_s", "attn_prefill_pair_table_s")
+
+# (grid, A, slopes of A, B, slopes of B), plain Python floats: shared by the model and by the
+# simulator's pure-Python copy (carbon_gym/sim/kernels.py) so that both compute the same floats.
+PrefillTable = tuple[list[float], list[float], list[float], list[float], list[float]]
+
+
+def _prefill_table(grid: object, a: object, b: object) -> PrefillTable | None:
+    """Validated prefill attention tables (None when the file has none)."""
+    g = [float(x) for x in grid]  # type: ignore[attr-defined]
+    av = [float(x) for x in a]  # type: ignore[attr-defined]
+    bv = [float(x) for x in b]  # type: ignore[attr-defined]
+    if not g and not av and not bv:
+        return None
+    if len(g) < 2 or len(av) != len(g) or len(bv) != len(g):
+        raise ConfigError("latency.attn_prefill_grid",
+                          "attn_prefill_grid, attn_prefill_table_s and attn_prefill_pair_table_s need the same "
+                          "length, at least 2 points")
+    if any(y <= x for x, y in zip(g, g[1:])):
+        raise ConfigError("latency.attn_prefill_grid", "must be strictly increasing")
+    if any(not np.isfinite(v) or v < 0 for v in av + bv):
+        raise ConfigError("latency.attn_prefill_table_s", "tables must be finite and >= 0")
+    sa = [(av[i + 1] - av[i]) / (g[i + 1] - g[i]) for i in range(len(g) - 1)]
+    sb = [(bv[i + 1] - bv[i]) / (g[i + 1] - g[i]) for i in range(len(g) - 1)]
+    return g, av, sa, bv, sb
+
+
+def prefill_table_s(table: PrefillTable, prefill_tokens: float, pairs: float) -> float:
+    """``A(prefill_tokens) + B(prefill_tokens) * pairs`` of the prefill attention tables, seconds."""
+    g, av, sa, bv, sb = table
+    if prefill_tokens <= g[0]:
+        return av[0] + bv[0] * pairs
+    i = bisect_right(g, prefill_tokens) - 1
+    last = len(g) - 2
+    if i > last:
+        i = last
+    dx = prefill_tokens - g[i]
+    a = av[i] + sa[i] * dx
+    b = bv[-1] if prefill_tokens >= g[-1] else bv[i] + sb[i] * dx
+    return a + b * pairs
 
 
 class IterationLatencyModel(Protocol):
@@ -94,6 +144,10 @@ class TableLatencyModel:
         lm_head_fixed_s: LM-head weight read, once per iteration that samples, seconds.
         attn_decode_fixed_s, attn_prefill_fixed_s: fixed attention kernel time per iteration
             that has decodes / prefill tokens, seconds.
+        attn_prefill_grid: prefill tokens of the optional prefill attention tables (empty: none).
+        attn_prefill_table_s: prefill attention + KV save seconds at each grid point, excluding
+            the per-pair part.
+        attn_prefill_pair_table_s: prefill attention seconds per (query, key) pair at each grid point.
         source: free text saying how the numbers were obtained.
     """
 
@@ -111,8 +165,12 @@ class TableLatencyModel:
     lm_head_fixed_s: float = 0.0
     attn_decode_fixed_s: float = 0.0
     attn_prefill_fixed_s: float = 0.0
+    attn_prefill_grid: tuple[float, ...] = ()
+    attn_prefill_table_s: tuple[float, ...] = ()
+    attn_prefill_pair_table_s: tuple[float, ...] = ()
     source: str = ""
     _slopes: np.ndarray = field(init=False, repr=False, compare=False)
+    _prefill_table: "PrefillTable | None" = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         grid = np.asarray(self.tokens_grid, dtype=np.float64)
@@ -128,6 +186,10 @@ class TableLatencyModel:
         object.__setattr__(self, "tokens_grid", grid)
         object.__setattr__(self, "linear_s", lin)
         object.__setattr__(self, "_slopes", np.diff(lin) / np.diff(grid))
+        object.__setattr__(self, "_prefill_table", _prefill_table(
+            self.attn_prefill_grid, self.attn_prefill_table_s, self.attn_prefill_pair_table_s))
+        for f in ("attn_prefill_grid", "attn_prefill_table_s", "attn_prefill_pair_table_s"):
+            object.__setattr__(self, f, tuple(float(x) for x in getattr(self, f)))
 
     def linear_time_s(self, num_tokens: float) -> float:
         """Seconds of the token-level operators (all layers) for ``num_tokens`` tokens."""
@@ -174,6 +236,8 @@ class TableLatencyModel:
         if prefill_tokens > 0:
             t += self.attn_prefill_fixed_s + self.attn_prefill_per_token_s * prefill_tokens
             t += self.attn_prefill_per_pair_s * prefill_attn_pairs
+            if self._prefill_table is not None:
+                t += prefill_table_s(self._prefill_table, prefill_tokens, prefill_attn_pairs)
         return t
 
     def decode_ctx_coeff_s(self) -> float:
@@ -205,7 +269,7 @@ class TableLatencyModel:
         missing = [k for k in required if k not in lat]
         if missing:
             raise DataError(str(path), f"[latency] is missing {', '.join(missing)}")
-        known = set(required) | set(_SCALAR_FIELDS) | {"source", "name"}
+        known = set(required) | set(_SCALAR_FIELDS) | set(_TABLE_FIELDS) | {"source", "name"}
         unknown = sorted(set(lat) - known)
         if unknown:
             raise DataError(str(path), f"[latency] has unknown keys {', '.join(unknown)}")

@@ -12,7 +12,7 @@ import math
 from bisect import bisect_right
 from typing import Any, Callable
 
-from ..physics.latency import TableLatencyModel
+from ..physics.latency import TableLatencyModel, prefill_table_s
 from ..physics.power import PhasePowerModel
 
 __all__ = ["iteration_time_fn", "prefill_power_fn", "draining_score_fn", "blank_instance", "slot_state"]
@@ -69,6 +69,7 @@ def _table_time_fn(latency: Any) -> Callable[[int, float, int, float, int], floa
                                     latency.attn_prefill_per_pair_s)
     overhead, ar_fixed, ar_tok = latency.overhead_s, latency.allreduce_fixed_s, latency.allreduce_per_token_s
     lm_fixed, per_sampled = latency.lm_head_fixed_s, latency.per_sampled_seq_s
+    table = latency._prefill_table
 
     def iteration_time_s(pt: int, pairs: float, nd: int, ctx_sum: float, n_sampled: int) -> float:
         tokens = pt + nd
@@ -86,6 +87,8 @@ def _table_time_fn(latency: Any) -> Callable[[int, float, int, float, int], floa
         if pt > 0:
             t += pre_fixed + pre_tok * pt
             t += pre_pair * pairs
+            if table is not None:
+                t += prefill_table_s(table, pt, pairs)
         t += overhead + ar_fixed + ar_tok * tokens
         if n_sampled > 0:
             t += lm_fixed + per_sampled * n_sampled
