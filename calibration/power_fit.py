@@ -267,7 +267,7 @@ def load_serving_points(path: str | Path = SHIPPED_SERVING_POWER) -> list[Servin
     out = []
     with open(p, newline="") as f:
         for i, r in enumerate(csv.DictReader(line for line in f if not line.startswith("#"))):
-            def num(k: str) -> float:
+            def num(k: str, r: dict = r) -> float:
                 v = (r.get(k) or "").strip()
                 return float(v) if v else float("nan")
             batch, power = num("mean_batch"), num("avg_gpu_power_w")

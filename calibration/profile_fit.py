@@ -306,7 +306,7 @@ class AttentionFit:
             {},
         )
 
-    def roofline_scaled(self, mem_ratio: float, compute_ratio: float) -> "AttentionFit":
+    def roofline_scaled(self, mem_ratio: float, compute_ratio: float) -> AttentionFit:
         """The same kernels on another GPU: memory-bound terms x ``mem_ratio`` (decode attention, KV
         saves, the per-chunk part of prefill attention), compute-bound terms x ``compute_ratio``
         (prefill work per (query, key) pair); fixed decode launch terms kept."""

@@ -170,7 +170,7 @@ class TableLatencyModel:
     attn_prefill_pair_table_s: tuple[float, ...] = ()
     source: str = ""
     _slopes: np.ndarray = field(init=False, repr=False, compare=False)
-    _prefill_table: "PrefillTable | None" = field(init=False, repr=False, compare=False)
+    _prefill_table: PrefillTable | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         grid = np.asarray(self.tokens_grid, dtype=np.float64)
