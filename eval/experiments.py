@@ -37,7 +37,7 @@ from carbon_gym.registry import available_policies
 from eval import backends, writers
 from eval.runner import OVERRIDE_DURATION, OVERRIDE_POLLING, OVERRIDE_PREDICTOR, RunResult, RunSpec, fault_twin, freeze, make_specs
 from eval.stats import mean_ci95, paired_difference
-from eval.tables import REFERENCE_POLICY, runs_table, summary_markdown
+from eval.tables import METRICS_NOTE, MLPERF_COLUMNS, P99_FAIL_MARK, REFERENCE_POLICY, p99_verdict, runs_table, summary_markdown
 
 MODELS = ("llama8b", "qwen7b", "mixtral8x7b")
 LOADS = ("low", "moderate", "high")
@@ -374,11 +374,14 @@ def headline_table(summary) -> str:
             r = sel.iloc[0]
             unf = float(r.get("unfinished_pct", 0.0) or 0.0)
             extra = f"; {unf:.0f}% unfinished" if unf >= 0.5 else ""
-            cells.append(f"{_fmt(r['reduction_vs_rr_pct'], r.get('reduction_vs_rr_pct_ci95'))} ({r['slo_violation_pct']:.1f}{extra})")
+            cells.append(f"{_fmt(r['reduction_vs_rr_pct'], r.get('reduction_vs_rr_pct_ci95'))} "
+                         f"({r['slo_violation_pct']:.1f}; p99 {p99_verdict(r)}{extra})")
         lines.append("| " + " | ".join(cells) + " |")
     return ("Carbon reduction vs round-robin, % (mean ± 95% CI over seeds); in parentheses the SLO violation % of "
-            "completed requests and, where >= 0.5%, the share of requests still unfinished when the episode's drain "
-            "limit ended it (their remaining energy is not counted, which flatters the policy).\n\n" + "\n".join(lines) + "\n")
+            f"completed requests (per request), the MLPerf p99 verdict (seeds whose p99 TTFT and p99 TPOT are within the "
+            f"scenario's targets; {P99_FAIL_MARK} = fails in some seed, with the percentile that failed) and, where >= 0.5%, "
+            "the share of requests still unfinished when the episode's drain limit ended it (their remaining energy is not "
+            "counted, which flatters the policy).\n\n" + "\n".join(lines) + "\n")
 
 
 def milp_vs_ilp_table(runs, *, milp: str = "milp", ilps: Sequence[str] = ("ilp", "ilp-state")):
@@ -395,6 +398,7 @@ def milp_vs_ilp_table(runs, *, milp: str = "milp", ilps: Sequence[str] = ("ilp",
         row["milp_reduction_pct"], row["milp_reduction_pct_ci95"] = m, ci
         m, ci = mean_ci95(sub[sub["policy"] == milp]["slo_violation_pct"])
         row["milp_violation_pct"], row["milp_violation_pct_ci95"] = m, ci
+        row.update(_p99_shares(sub[sub["policy"] == milp], "milp_"))
         for ilp in ilps:
             if ilp not in set(sub["policy"]):
                 continue
@@ -402,19 +406,38 @@ def milp_vs_ilp_table(runs, *, milp: str = "milp", ilps: Sequence[str] = ("ilp",
             row[f"{ilp}_reduction_pct"], row[f"{ilp}_reduction_pct_ci95"] = m, ci
             m, ci = mean_ci95(sub[sub["policy"] == ilp]["slo_violation_pct"])
             row[f"{ilp}_violation_pct"] = m
+            row.update(_p99_shares(sub[sub["policy"] == ilp], f"{ilp}_"))
             g, gci, n = paired_difference(sub, "scenario", milp, ilp, "reduction_vs_rr_pct")
             row[f"gap_vs_{ilp}_pp"], row[f"gap_vs_{ilp}_pp_ci95"] = g, gci
         rows.append(row)
     return pd.DataFrame(rows)
 
 
+def _p99_shares(runs, prefix: str = "") -> dict[str, float]:
+    """``{prefix}seeds`` and the shares of runs passing the MLPerf p99 criteria
+    (``{prefix}mlperf_p99_pass_share``, ... for :data:`eval.tables.MLPERF_COLUMNS`)."""
+    out: dict[str, float] = {f"{prefix}seeds": float(len(runs))}
+    for c in MLPERF_COLUMNS:
+        out[f"{prefix}{c}_share"] = float(np.mean(runs[c].astype(float))) if c in runs and len(runs) else float("nan")
+    return out
+
+
+def _prefixed_verdict(r: Any, prefix: str) -> str:
+    """:func:`eval.tables.p99_verdict` of the columns ``{prefix}mlperf_*_share`` of a row."""
+    cols = {c + "_share": r.get(f"{prefix}{c}_share", float("nan")) for c in MLPERF_COLUMNS}
+    n = r.get(f"{prefix}seeds", float("nan"))
+    return p99_verdict(cols, int(n) if np.isfinite(float(n)) else 0)
+
+
 def milp_vs_ilp_markdown(table, ilps: Sequence[str] = ("ilp", "ilp-state")) -> str:
-    head = ["scenario", "milp: vs rr % (viol. %)"] + [f"{i}: vs rr % (viol. %)" for i in ilps] + [f"MILP - {i} (pp)" for i in ilps]
+    """Per scenario: each policy's reduction vs rr (per-request violation %; MLPerf p99 verdict)
+    and the paired gaps."""
+    head = ["scenario", "milp: vs rr % (viol. %; p99)"] + [f"{i}: vs rr % (viol. %; p99)" for i in ilps] + [f"MILP - {i} (pp)" for i in ilps]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for _, r in table.iterrows():
-        cells = [r["scenario"], f"{_fmt(r['milp_reduction_pct'], r['milp_reduction_pct_ci95'])} ({r['milp_violation_pct']:.1f})"]
+        cells = [r["scenario"], f"{_fmt(r['milp_reduction_pct'], r['milp_reduction_pct_ci95'])} ({r['milp_violation_pct']:.1f}; {_prefixed_verdict(r, 'milp_')})"]
         for i in ilps:
-            cells.append(f"{_fmt(r.get(f'{i}_reduction_pct'), r.get(f'{i}_reduction_pct_ci95'))} ({_fmt(r.get(f'{i}_violation_pct'))})" if f"{i}_reduction_pct" in r else "–")
+            cells.append(f"{_fmt(r.get(f'{i}_reduction_pct'), r.get(f'{i}_reduction_pct_ci95'))} ({_fmt(r.get(f'{i}_violation_pct'))}; {_prefixed_verdict(r, f'{i}_')})" if f"{i}_reduction_pct" in r else "–")
         for i in ilps:
             cells.append(_fmt(r.get(f"gap_vs_{i}_pp", float("nan")), r.get(f"gap_vs_{i}_pp_ci95", float("nan"))))
         lines.append("| " + " | ".join(cells) + " |")
@@ -487,7 +510,8 @@ def exp_milp_vs_ilp(ctx: Ctx) -> str:
     ilps = [p for p in ("ilp", "ilp-state") if p in pols]
     table = milp_vs_ilp_table(ex.runs, ilps=ilps)
     table.to_csv(os.path.join(ctx.out, "milp-vs-ilp.csv"), index=False)
-    md = "Facility MILP vs per-request ILPs: reduction vs rr, % (SLO violation %), and the paired gap in percentage points.\n\n" + milp_vs_ilp_markdown(table, ilps)
+    md = ("Facility MILP vs per-request ILPs: reduction vs rr, % (SLO violation %; MLPerf p99 verdict), and the paired gap "
+          f"in percentage points. {METRICS_NOTE}\n\n" + milp_vs_ilp_markdown(table, ilps))
     ctx.write_text("milp-vs-ilp.md", md)
     if ctx.plots and not table.empty:
         from eval import plots
@@ -525,6 +549,8 @@ def exp_predictor(ctx: Ctx) -> str:
                 mo, co = mean_ci95(orc.loc[common, metric])
                 md_, cd = mean_ci95((pr.loc[common, metric] - orc.loc[common, metric]).to_numpy(float))
                 row.update({f"{short}_predicted": mp, f"{short}_predicted_ci95": cp, f"{short}_oracle": mo, f"{short}_oracle_ci95": co, f"{short}_diff_pp": md_, f"{short}_diff_pp_ci95": cd})
+            row.update(_p99_shares(pr.loc[common], "predicted_"))
+            row.update(_p99_shares(orc.loc[common], "oracle_"))
             rows.append(row)
     table = pd.DataFrame(rows)
     table.to_csv(os.path.join(ctx.out, "predictor.csv"), index=False)
@@ -536,8 +562,10 @@ def exp_predictor(ctx: Ctx) -> str:
         "viol. %, predicted": [_fmt(a, b, 2) for a, b in zip(table["violation_predicted"], table["violation_predicted_ci95"])],
         "viol. %, oracle": [_fmt(a, b, 2) for a, b in zip(table["violation_oracle"], table["violation_oracle_ci95"])],
         "violation gap (pp)": [_fmt(a, b, 2) for a, b in zip(table["violation_diff_pp"], table["violation_diff_pp_ci95"])],
+        "MLPerf p99, predicted": [_prefixed_verdict(r, "predicted_") for _, r in table.iterrows()],
+        "MLPerf p99, oracle": [_prefixed_verdict(r, "oracle_") for _, r in table.iterrows()],
     }) if not table.empty else table
-    md = "Output-length predictor vs oracle lengths (paired by seed; gap = predicted - oracle).\n\n" + (_md(disp) if not table.empty else "(no runs)\n")
+    md = f"Output-length predictor vs oracle lengths (paired by seed; gap = predicted - oracle). {METRICS_NOTE}\n\n" + (_md(disp) if not table.empty else "(no runs)\n")
     ctx.write_text("predictor.md", md)
     if ctx.plots and not table.empty:
         from eval import plots
@@ -568,9 +596,11 @@ def exp_polling(ctx: Ctx) -> str:
         "scenario": s["base"], "policy": s["policy"], "polling (s)": s["polling_s"].map(lambda v: f"{v:g}"),
         "vs rr %": [_fmt(a, b) for a, b in zip(s["reduction_vs_rr_pct"], s["reduction_vs_rr_pct_ci95"])],
         "SLO viol. %": [_fmt(a, b, 2) for a, b in zip(s["slo_violation_pct"], s["slo_violation_pct_ci95"])],
+        "MLPerf p99 pass": [p99_verdict(r) for _, r in s.iterrows()],
         "TTFT p99 (ms)": (s["ttft_p99_s"] * 1e3).map(lambda v: f"{v:.0f}"),
+        "TPOT p99 (ms)": (s["tpot_p99_s"] * 1e3).map(lambda v: f"{v:.0f}"),
     })
-    md = "Polling-period sweep (rr at each period is the reference).\n\n" + _md(disp)
+    md = f"Polling-period sweep (rr at each period is the reference). {METRICS_NOTE}\n\n" + _md(disp)
     ctx.write_text("polling.md", md)
     if ctx.plots:
         from eval import plots
@@ -601,8 +631,9 @@ def exp_tradeoff(ctx: Ctx) -> str:
         "scenario": s["scenario"], "policy": s["policy"],
         "vs rr %": [_fmt(a, b) for a, b in zip(s["reduction_vs_rr_pct"], s["reduction_vs_rr_pct_ci95"])],
         "SLO viol. %": [_fmt(a, b, 2) for a, b in zip(s["slo_violation_pct"], s["slo_violation_pct_ci95"])],
+        "MLPerf p99 pass": [p99_verdict(r) for _, r in s.iterrows()],
     })
-    md = f"Carbon vs SLO trade-off: facility MILP with latency weight `{LATENCY_WEIGHT_KWARG}` swept, other policies at their defaults.\n\n" + _md(disp)
+    md = f"Carbon vs SLO trade-off: facility MILP with latency weight `{LATENCY_WEIGHT_KWARG}` swept, other policies at their defaults. {METRICS_NOTE}\n\n" + _md(disp)
     ctx.write_text("tradeoff.md", md)
     if ctx.plots:
         from eval import plots
@@ -632,6 +663,8 @@ def exp_bound(ctx: Ctx) -> str:
                 "reduction_vs_rr_pct": r["reduction_vs_rr_pct"], "reduction_vs_rr_pct_ci95": r["reduction_vs_rr_pct_ci95"],
                 "share_of_bound_pct": 100.0 * r["reduction_vs_rr_pct"] / bound if bound > 0 else np.nan,
                 "slo_violation_pct": r["slo_violation_pct"],
+                "seeds": r["seeds"],
+                **{c + "_share": r.get(c + "_share", np.nan) for c in MLPERF_COLUMNS},
             })
     table = pd.DataFrame(rows)
     table.to_csv(os.path.join(ctx.out, "bound.csv"), index=False)
@@ -640,9 +673,10 @@ def exp_bound(ctx: Ctx) -> str:
         "vs rr %": [_fmt(a, b) for a, b in zip(table["reduction_vs_rr_pct"], table["reduction_vs_rr_pct_ci95"])],
         "share of bound %": table["share_of_bound_pct"].map(lambda v: _fmt(v, d=0)),
         "SLO viol. %": table["slo_violation_pct"].map(lambda v: _fmt(v, d=2)),
+        "MLPerf p99 pass": [p99_verdict(r) for _, r in table.iterrows()],
     })
     md = ("Each policy's carbon reduction as a share of the clairvoyant bound's (true lengths, all arrivals and carbon known, "
-          "SLOs ignored, cleanest capacity filled first, idle/host power counted).\n\n" + _md(disp))
+          "SLOs ignored, cleanest capacity filled first, idle/host power counted). " + METRICS_NOTE + "\n\n" + _md(disp))
     ctx.write_text("bound.md", md)
     if ctx.plots:
         from eval import plots

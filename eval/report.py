@@ -13,7 +13,7 @@ import os
 import shutil
 
 from eval.experiments import headline_table, milp_vs_ilp_markdown, milp_vs_ilp_table
-from eval.tables import summary_markdown
+from eval.tables import METRICS_NOTE, summary_markdown
 
 __all__ = ["write_results_md", "STUDY_CLAIMS", "NOTES_BEGIN", "NOTES_END"]
 
@@ -133,7 +133,7 @@ def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", f
     add(f"- platform: {v.get('platform', '?')}\n")
     add("## Headline: carbon reduction vs round-robin (SLO violation %)\n")
     add(headline_table(summary))
-    add("Full table (carbon in kg, latencies in ms; decision time is wall clock per step):\n")
+    add(f"Full table (carbon in kg, latencies in ms; decision time is wall clock per step). {METRICS_NOTE}\n")
     add(summary_markdown(summary))
     for exp, stem, caption in (
         ("headline", "headline_reduction", "Carbon reduction vs round-robin per scenario and policy."),
@@ -155,7 +155,7 @@ def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", f
         ilps = [p for p in ("ilp", "ilp-state") if p in set(runs["policy"])]
         if ilps:
             add("## Facility MILP vs per-request ILPs (from the headline runs)\n")
-            add("Reduction vs rr, % (SLO violation %), and the paired gap MILP - ILP in percentage points (mean ± 95% CI over seeds).\n")
+            add(f"Reduction vs rr, % (SLO violation %; MLPerf p99 verdict), and the paired gap MILP - ILP in percentage points (mean ± 95% CI over seeds). {METRICS_NOTE}\n")
             add(milp_vs_ilp_markdown(milp_vs_ilp_table(runs, ilps=ilps), ilps))
     for exp, title in (("milp-vs-ilp", "Facility MILP vs per-request ILPs"), ("predictor", "Predictor vs oracle"), ("polling", "Polling period"), ("tradeoff", "Carbon vs SLO trade-off"), ("bound", "Share of the clairvoyant bound")):
         md_path = os.path.join(results_dir, exp, f"{exp}.md")

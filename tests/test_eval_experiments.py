@@ -114,6 +114,18 @@ def test_results_md_from_the_runs(results, tmp_path):
     assert "OUR NOTES" in again and "MORE NOTES" in again and again.rstrip("\n").endswith(report.NOTES_END)
 
 
+def test_every_table_has_both_slo_measures(results):
+    # per-request violation rate and the MLPerf p99 verdict side by side, with the fail mark explained
+    for exp in ("headline", "milp-vs-ilp", "predictor", "polling", "tradeoff", "bound"):
+        md = (results / exp / f"{exp}.md").read_text()
+        assert "viol" in md and "p99" in md, exp
+        assert "✓" in md or "✗" in md, exp
+    for exp in ("milp-vs-ilp", "predictor", "polling", "tradeoff", "bound"):
+        assert "MLPerf's criterion; ✗ = fails in some seed" in (results / exp / f"{exp}.md").read_text(), exp
+    s = pd.read_csv(results / "headline" / "summary.csv")
+    assert {"slo_violation_pct", "mlperf_p99_pass_share", "mlperf_ttft_p99_pass_share", "mlperf_tpot_p99_pass_share"} <= set(s.columns)
+
+
 def test_replot_from_files(results):
     import os
 

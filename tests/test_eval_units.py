@@ -102,6 +102,38 @@ def test_reduction_is_paired_by_seed_and_rr_is_zero():
     assert md.count("\n") == 2 + len(summary)
 
 
+def test_mlperf_p99_verdict_beside_the_violation_rate():
+    # seed 2 fails p99 TPOT only (0.09 s > 0.05 s target), seeds 0-1 pass both
+    results = []
+    for seed in range(3):
+        tpot99 = 0.09 if seed == 2 else 0.04
+        results.append(_result("dev", "rr", seed, 1000.0, viol=0.5, mlperf_p99_pass=True,
+                               mlperf_ttft_p99_pass=True, mlperf_tpot_p99_pass=True))
+        results.append(_result("dev", "milp", seed, 800.0, viol=2.5, tpot_p99_s=tpot99, mlperf_p99_pass=seed != 2,
+                               mlperf_ttft_p99_pass=True, mlperf_tpot_p99_pass=seed != 2))
+    s = tables.summarise(results)
+    milp = s[s.policy == "milp"].iloc[0]
+    assert milp["mlperf_p99_pass_share"] == pytest.approx(2 / 3)
+    assert milp["mlperf_ttft_p99_pass_share"] == 1.0 and milp["mlperf_tpot_p99_pass_share"] == pytest.approx(2 / 3)
+    assert tables.p99_verdict(milp) == "2/3 ✗ (TPOT)" and tables.p99_fails(milp)
+    rr = s[s.policy == "rr"].iloc[0]
+    assert tables.p99_verdict(rr) == "3/3 ✓" and not tables.p99_fails(rr)
+    assert tables.p99_verdict({"mlperf_p99_pass_share": 0.0, "mlperf_ttft_p99_pass_share": 0.0,
+                               "mlperf_tpot_p99_pass_share": 0.5}, 2) == "0/2 ✗ (TTFT+TPOT)"
+    assert tables.p99_verdict({}, 3) == "–"
+    md = tables.summary_markdown(s)
+    row = next(line for line in md.splitlines() if line.startswith("| dev | milp |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    head = [c.strip() for c in md.splitlines()[0].strip("|").split("|")]
+    assert cells[head.index("SLO viol. (%)")] == "2.50 ± 0.00"  # per request, beside ...
+    assert cells[head.index("MLPerf p99 pass (seeds)")] == "2/3 ✗ (TPOT)"  # ... the p99 criterion
+    # the headline table marks the failing policy in its cell, next to its violation rate
+    from eval.experiments import headline_table
+
+    text = headline_table(s)
+    assert "(2.5; p99 2/3 ✗ (TPOT))" in text and "(0.5; p99 3/3 ✓)" in text
+
+
 def test_summary_markdown_formats_units():
     s = tables.summarise([_result("dev", "rr", 0, 12345.0), _result("dev", "rr", 1, 12345.0)])
     md = tables.summary_markdown(s)
