@@ -111,9 +111,10 @@ def run_matrix(
 
     Args:
         workers: local processes (default: all cores); 1 runs in this process.
-        ray_address: if given, fan out over Ray instead (``"local"`` starts a local instance,
-            anything else is passed to ``ray.init(address=...)``, e.g. ``"auto"`` or
-            ``"ray://head:10001"``); Ray is the optional ``carbon-gym[ray]`` extra.
+        ray_address: if given, fan out over Ray instead (``"local"`` starts a local instance
+            with ``workers`` CPUs and stops it at the end, anything else is passed to
+            ``ray.init(address=...)``, e.g. ``"auto"`` or ``"ray://head:10001"``); Ray is the
+            optional ``carbon-gym[ray]`` extra (and in the ``test`` extra).
         progress: a tqdm bar over runs on stderr.
         keep_requests: return per-request records (else only metrics and steps); a callable
             decides per spec.
@@ -142,7 +143,7 @@ def run_matrix(
 
     try:
         if ray_address:
-            _run_ray(specs, order, ray_address, keep, done)
+            _run_ray(specs, order, ray_address, keep, done, workers)
         else:
             n = workers if workers is not None else default_workers()
             if n <= 1 or len(specs) == 1:
@@ -184,28 +185,43 @@ def _run_pool(specs: list[RunSpec], order: list[int], n: int, keep: list[bool], 
             raise
 
 
-def _run_ray(specs: list[RunSpec], order: list[int], address: str, keep: list[bool], done: Callable[[int, RunResult], None]) -> None:
+def _run_ray(specs: list[RunSpec], order: list[int], address: str, keep: list[bool], done: Callable[[int, RunResult], None],
+             workers: int | None = None) -> None:
+    """Every spec as one Ray task (one CPU each). ``address="local"`` starts a new local
+    instance (``workers`` CPUs, default all) and shuts it down at the end; any other address
+    (``"auto"``, ``"ray://head:10001"``, ``"head:6379"``) joins that cluster. A Ray instance
+    already initialised in this process is used as it is."""
     try:
         import ray
     except ImportError:
         raise RuntimeError("--ray-address needs Ray: pip install 'carbon-gym[ray]'") from None
+    started = False
     if not ray.is_initialized():
-        kwargs: dict[str, Any] = {"ignore_reinit_error": True, "log_to_driver": False}
-        if address not in ("local",):
+        kwargs: dict[str, Any] = {"ignore_reinit_error": True, "log_to_driver": False, "include_dashboard": False}
+        if address == "local":
+            kwargs["address"] = "local"  # a new local instance, even where RAY_ADDRESS names a cluster
+            if workers is not None:
+                kwargs["num_cpus"] = int(workers)
+        else:
             kwargs["address"] = address
         ray.init(**kwargs)
-    remote = ray.remote(_run_one_worker)
-    refs = {remote.remote(specs[i], keep[i]): i for i in order}
-    pending = list(refs)
-    while pending:
-        finished, pending = ray.wait(pending, num_returns=1)
-        for ref in finished:
-            i = refs[ref]
-            try:
-                res = ray.get(ref)
-            except Exception as exc:  # noqa: BLE001 - RayTaskError wraps the worker's WorkerError
-                for r in pending:
-                    ray.cancel(r)
-                cause = getattr(exc, "cause", None)
-                raise RunFailed(specs[i], cause if isinstance(cause, WorkerError) else exc) from None
-            done(i, res)
+        started = True
+    try:
+        remote = ray.remote(num_cpus=1)(_run_one_worker)
+        refs = {remote.remote(specs[i], keep[i]): i for i in order}
+        pending = list(refs)
+        while pending:
+            finished, pending = ray.wait(pending, num_returns=1)
+            for ref in finished:
+                i = refs[ref]
+                try:
+                    res = ray.get(ref)
+                except Exception as exc:  # noqa: BLE001 - RayTaskError wraps the worker's WorkerError
+                    for r in pending:
+                        ray.cancel(r)
+                    cause = getattr(exc, "cause", None)
+                    raise RunFailed(specs[i], cause if isinstance(cause, WorkerError) else exc) from None
+                done(i, res)
+    finally:
+        if started:
+            ray.shutdown()
