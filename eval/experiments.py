@@ -223,10 +223,18 @@ def eval_matrix(
                  progress=progress, command=command, extra_config={"fault_twins": twins} if twins else None)
     report = writers.write_fault_report(ex.results, out) if twins else None
     if plots:
-        for scen in dict.fromkeys(ex.runs["scenario"]):
-            if scen in shown:
-                standard_figures(ex, scen, os.path.join(out, "figures"), tag=scen)
+        fig_dir = os.path.join(out, "figures")
+        scens = [s for s in dict.fromkeys(ex.runs["scenario"]) if s in shown]
+        say(f"writing figures to {fig_dir} (per scenario: latency CDFs, load by hour of day, carbon over time; PNG + PDF; "
+            "--no-plots skips them)", notes)
+        for scen in scens:
+            standard_figures(ex, scen, fig_dir, tag=scen)
     return EvalResult(ex.summary, report, twins, ex)
+
+
+def say(text: str, stream: Any = None) -> None:
+    """One ``carbon-gym: note:`` line on stderr (or ``stream``): what a long quiet step is doing."""
+    print(f"carbon-gym: note: {text}", file=stream or sys.stderr, flush=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -492,6 +500,7 @@ def exp_headline(ctx: Ctx) -> str:
     table = headline_table(ex.summary)
     ctx.write_text("headline.md", table + "\n" + summary_markdown(ex.summary))
     if ctx.plots:
+        say(f"{ctx.name}: writing figures to {ctx.fig_dir} (PNG + PDF; --no-plots skips them)")
         from eval import plots
 
         pol_order = list(dict.fromkeys(ex.summary["policy"]))
@@ -514,6 +523,7 @@ def exp_milp_vs_ilp(ctx: Ctx) -> str:
           f"in percentage points. {METRICS_NOTE}\n\n" + milp_vs_ilp_markdown(table, ilps))
     ctx.write_text("milp-vs-ilp.md", md)
     if ctx.plots and not table.empty:
+        say(f"{ctx.name}: writing figures to {ctx.fig_dir} (PNG + PDF; --no-plots skips them)")
         from eval import plots
         import pandas as pd
 
@@ -568,6 +578,7 @@ def exp_predictor(ctx: Ctx) -> str:
     md = f"Output-length predictor vs oracle lengths (paired by seed; gap = predicted - oracle). {METRICS_NOTE}\n\n" + (_md(disp) if not table.empty else "(no runs)\n")
     ctx.write_text("predictor.md", md)
     if ctx.plots and not table.empty:
+        say(f"{ctx.name}: writing figures to {ctx.fig_dir} (PNG + PDF; --no-plots skips them)")
         from eval import plots
 
         long = []
@@ -603,6 +614,7 @@ def exp_polling(ctx: Ctx) -> str:
     md = f"Polling-period sweep (rr at each period is the reference). {METRICS_NOTE}\n\n" + _md(disp)
     ctx.write_text("polling.md", md)
     if ctx.plots:
+        say(f"{ctx.name}: writing figures to {ctx.fig_dir} (PNG + PDF; --no-plots skips them)")
         from eval import plots
 
         for base in dict.fromkeys(s["base"]):
@@ -636,6 +648,7 @@ def exp_tradeoff(ctx: Ctx) -> str:
     md = f"Carbon vs SLO trade-off: facility MILP with latency weight `{LATENCY_WEIGHT_KWARG}` swept, other policies at their defaults. {METRICS_NOTE}\n\n" + _md(disp)
     ctx.write_text("tradeoff.md", md)
     if ctx.plots:
+        say(f"{ctx.name}: writing figures to {ctx.fig_dir} (PNG + PDF; --no-plots skips them)")
         from eval import plots
 
         for scen in dict.fromkeys(s["scenario"]):
@@ -679,6 +692,7 @@ def exp_bound(ctx: Ctx) -> str:
           "SLOs ignored, cleanest capacity filled first, idle/host power counted). " + METRICS_NOTE + "\n\n" + _md(disp))
     ctx.write_text("bound.md", md)
     if ctx.plots:
+        say(f"{ctx.name}: writing figures to {ctx.fig_dir} (PNG + PDF; --no-plots skips them)")
         from eval import plots
 
         plots.bars(table[table["policy"] != REFERENCE_POLICY], x="scenario", hue="policy", y="share_of_bound_pct", stem=ctx.fig("bound_share"), ylabel="share of the clairvoyant reduction (%)", title="Reduction as a share of the clairvoyant bound")

@@ -77,12 +77,20 @@ def _claims(results_dir: str) -> dict[str, str]:
     return out
 
 
-def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", figures_dir: str = "docs/figures", command: str | None = None) -> str:  # noqa: C901
+def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", figures_dir: str = "docs/figures", command: str | None = None,  # noqa: C901
+                     overwrite: bool = True) -> str:
     """Write RESULTS.md from ``results_dir/headline`` (+ the other experiments found there).
 
     Figures are copied (PNG) into ``figures_dir`` so the Markdown links work from the repo root.
-    Hand-written notes between the ``notes`` markers of an existing ``out`` are kept.
+    Hand-written notes between the ``notes`` markers of an existing ``out`` are kept. With
+    ``overwrite=False`` nothing is written when ``out`` or any figure to be copied already
+    exists: :class:`~carbon_gym.errors.ConfigError` (field ``out`` or ``figures``) names it.
     """
+    from carbon_gym.errors import ConfigError
+
+    if not overwrite and os.path.exists(out):
+        raise ConfigError("out", f"{out!r} exists (RESULTS.md is tracked: regenerating it is a deliberate step); write "
+                          "elsewhere, or allow replacing it (carbon-gym report --force)")
     head_dir = os.path.join(results_dir, "headline")
     with open(os.path.join(head_dir, "config.json"), encoding="utf-8") as f:
         cfg = json.load(f)
@@ -96,12 +104,14 @@ def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", f
     os.makedirs(figures_dir, exist_ok=True)
     rel = os.path.relpath(figures_dir, os.path.dirname(os.path.abspath(out)) or ".")
 
+    copies: list[tuple[str, str]] = []  # (source, destination), copied once the text is complete
+
     def fig(exp: str, stem: str) -> str | None:
         src = os.path.join(results_dir, exp, "figures", stem + ".png")
         if not os.path.isfile(src):
             return None
         dst_name = f"{exp}_{stem}.png" if not stem.startswith(exp) else stem + ".png"
-        shutil.copyfile(src, os.path.join(figures_dir, dst_name))
+        copies.append((src, os.path.join(figures_dir, dst_name)))
         return f"{rel}/{dst_name}".replace(os.sep, "/")
 
     v = cfg.get("versions", {})
@@ -185,6 +195,12 @@ def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", f
     add(notes or "(to be written: where and why these numbers differ from the study's)")
     add(NOTES_END)
     text = "\n".join(lines) + "\n"
+    clash = [dst for _, dst in copies if os.path.exists(dst)]
+    if clash and not overwrite:
+        raise ConfigError("figures", f"{len(clash)} figure(s) would be replaced, e.g. {clash[0]!r}; choose another "
+                          "figures directory, or allow replacing them (carbon-gym report --force)")
+    for src, dst in copies:
+        shutil.copyfile(src, dst)
     with open(out, "w", encoding="utf-8") as f:
         f.write(text)
     return out

@@ -14,7 +14,7 @@ import pytest
 
 from carbon_gym import registry
 
-from eval import backends, cli, runner, stats, tables
+from eval import cli, stats, tables
 
 POLICIES = "rr,clairvoyant"
 
@@ -29,7 +29,8 @@ def eval_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("eval")
     pol = f"rr,{_second_policy()}"
     t0 = time.perf_counter()
-    rc = cli.main(["eval", "--policies", pol, "--scenarios", "dev", "--seeds", "2", "--out", str(out), "--workers", "2", "--no-progress"])
+    rc = cli.main(["eval", "--policies", pol, "--scenarios", "dev", "--seeds", "2", "--out", str(out), "--workers", "2", "--no-progress",
+                   "--tensorboard", str(out / "tensorboard")])
     wall = time.perf_counter() - t0
     assert rc == 0
     return out, pol.split(","), wall
@@ -239,7 +240,7 @@ def test_learned_checkpoint_runs_through_the_harness(tmp_path):
     assert train_main(["--config", "dev_maskable", "--run-dir", str(tmp_path / "run"), "--total-timesteps", "64", "--export", str(model)]) == 0
     out = tmp_path / "eval"
     rc = cli.main(["eval", "--policies", f"rr,learned:{model}", "--scenarios", "dev", "--seeds", "1", "--duration-s", "10",
-                   "--out", str(out), "--workers", "1", "--no-progress", "--no-plots"])
+                   "--out", str(out), "--workers", "1", "--no-progress", "--no-plots", "--tensorboard", str(out / "tensorboard")])
     assert rc == 0
     runs = pd.read_csv(out / "runs.csv")
     assert list(runs["policy"]) == ["rr", "learned:agent"]

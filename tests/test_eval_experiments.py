@@ -104,12 +104,12 @@ def test_results_md_from_the_runs(results, tmp_path):
     # hand-written notes survive regeneration
     text = text.replace("(to be written: where and why these numbers differ from the study's)", "OUR NOTES")
     out.write_text(text)
-    assert cli.main(["report", str(results), "--out", str(out), "--figures", str(figs)]) == 0
+    assert cli.main(["report", str(results), "--out", str(out), "--figures", str(figs), "--force"]) == 0
     assert "OUR NOTES" in out.read_text()
     # a hand edit that drops the end marker loses nothing: the notes run to the end of the file
     text = out.read_text().replace(report.NOTES_END, "").rstrip("\n") + "\n\n## Added section\n\nMORE NOTES\n"
     out.write_text(text)
-    assert cli.main(["report", str(results), "--out", str(out), "--figures", str(figs)]) == 0
+    assert cli.main(["report", str(results), "--out", str(out), "--figures", str(figs), "--force"]) == 0
     again = out.read_text()
     assert "OUR NOTES" in again and "MORE NOTES" in again and again.rstrip("\n").endswith(report.NOTES_END)
 
