@@ -13,7 +13,7 @@ runs.csv, records, TensorBoard), the experiment's own table ``<name>.md``/``.csv
  b     milp-vs-ilp   facility MILP vs the per-request ILPs, per model (paired by seed)
  c     predictor     output-length predictor vs oracle lengths (MILP and state-aware ILP)
  d     polling       polling period 0.25-8 s: SLO violations and carbon
- e     tradeoff      carbon reduction vs SLO violation as the MILP's latency weight varies
+ e     tradeoff      carbon-vs-violation frontiers of the knob-driven policies, compared at equal violation
  f     bound         every policy's reduction as a share of a clairvoyant bound's
 =====  ============  ==========================================================================
 
@@ -35,14 +35,37 @@ import numpy as np
 from carbon_gym.registry import available_policies
 
 from eval import backends, writers
-from eval.runner import OVERRIDE_DURATION, OVERRIDE_POLLING, OVERRIDE_PREDICTOR, RunResult, RunSpec, fault_twin, freeze, make_specs
+from eval.runner import (
+    OVERRIDE_DURATION,
+    OVERRIDE_POLLING,
+    OVERRIDE_PREDICTOR,
+    VALID_UNFINISHED_PCT,
+    RunResult,
+    RunSpec,
+    fault_twin,
+    freeze,
+    make_specs,
+)
 from eval.stats import mean_ci95, paired_difference
-from eval.tables import METRICS_NOTE, MLPERF_COLUMNS, P99_FAIL_MARK, REFERENCE_POLICY, p99_verdict, runs_table, summary_markdown
+from eval.tables import (
+    METRICS_NOTE,
+    MLPERF_COLUMNS,
+    P99_FAIL_MARK,
+    REFERENCE_POLICY,
+    fmt_ci,
+    frame_markdown,
+    invalid,
+    p99_verdict,
+    runs_table,
+    summary_markdown,
+)
 
 MODELS = ("llama8b", "qwen7b", "mixtral8x7b")
 LOADS = ("low", "moderate", "high")
 #: The study's comparison (experiment a's default policy list).
-STUDY_POLICIES = ("rr", "greedy", "least-loaded", "planner", "ilp", "ilp-state", "milp")
+#: (greedy and ilp are the load-blind strawmen; greedy-cap and ilp-cap the same with the capacity cap
+#: earlier carbon-aware schedulers had)
+STUDY_POLICIES = ("rr", "greedy", "greedy-cap", "least-loaded", "planner", "ilp", "ilp-cap", "ilp-state", "milp")
 
 
 @dataclass(frozen=True)
@@ -52,7 +75,6 @@ class Preset:
     duration_s: float | None  # None: the scenario's own duration
     seeds: int
     polling_s: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
-    weights: tuple[float, ...] = (0.0, 0.01, 0.1, 1.0, 10.0)
 
 
 PRESETS: dict[str, Preset] = {
@@ -352,18 +374,8 @@ def replot_headline(out: str) -> None:
 # analysis helpers on runs tables
 
 
-def _fmt(m: float, ci: float = float("nan"), d: int = 1) -> str:
-    if m is None or not np.isfinite(m):
-        return "–"
-    return f"{m:.{d}f}" + (f" ± {ci:.{d}f}" if ci is not None and np.isfinite(ci) else "")
-
-
-def _md(df, columns: Sequence[str] | None = None) -> str:
-    cols = list(columns or df.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    for _, r in df.iterrows():
-        lines.append("| " + " | ".join(str(r[c]) for c in cols) + " |")
-    return "\n".join(lines) + "\n"
+_fmt = fmt_ci
+_md = frame_markdown
 
 
 def headline_table(summary) -> str:
@@ -382,14 +394,15 @@ def headline_table(summary) -> str:
             r = sel.iloc[0]
             unf = float(r.get("unfinished_pct", 0.0) or 0.0)
             extra = f"; {unf:.0f}% unfinished" if unf >= 0.5 else ""
-            cells.append(f"{_fmt(r['reduction_vs_rr_pct'], r.get('reduction_vs_rr_pct_ci95'))} "
-                         f"({r['slo_violation_pct']:.1f}; p99 {p99_verdict(r)}{extra})")
+            red = "invalid" if invalid(r) else _fmt(r["reduction_vs_rr_pct"], r.get("reduction_vs_rr_pct_ci95"))
+            cells.append(f"{red} ({r['slo_violation_pct']:.1f}; p99 {p99_verdict(r)}{extra})")
         lines.append("| " + " | ".join(cells) + " |")
     return ("Carbon reduction vs round-robin, % (mean ± 95% CI over seeds); in parentheses the SLO violation % of "
             f"completed requests (per request), the MLPerf p99 verdict (seeds whose p99 TTFT and p99 TPOT are within the "
             f"scenario's targets; {P99_FAIL_MARK} = fails in some seed, with the percentile that failed) and, where >= 0.5%, "
-            "the share of requests still unfinished when the episode's drain limit ended it (their remaining energy is not "
-            "counted, which flatters the policy).\n\n" + "\n".join(lines) + "\n")
+            "the share of requests still unfinished when the episode's drain limit ended it. A run leaving more than "
+            f"{VALID_UNFINISHED_PCT:g}% unfinished is invalid (that work's energy was never spent, which would flatter the "
+            "policy): its reduction is not shown.\n\n" + "\n".join(lines) + "\n")
 
 
 def milp_vs_ilp_table(runs, *, milp: str = "milp", ilps: Sequence[str] = ("ilp", "ilp-state")):
@@ -623,39 +636,11 @@ def exp_polling(ctx: Ctx) -> str:
 
 
 def exp_tradeoff(ctx: Ctx) -> str:
-    import pandas as pd
+    """Experiment e: every knob-driven policy's carbon-vs-violation frontier, and the
+    comparison at equal violation (:mod:`eval.frontiers`)."""
+    from eval.frontiers import tradeoff_experiment
 
-    scens = ctx.scenario_list(("moderate",), ("llama8b",))
-    others = [p for p in (ctx.policies or STUDY_POLICIES) if p not in (REFERENCE_POLICY, "milp")]
-    specs: list[RunSpec] = []
-    for scen in scens:
-        specs += make_specs([scen], [REFERENCE_POLICY] + others, ctx.seeds, overrides=ctx.overrides, policy_kwargs=ctx.policy_kwargs)
-        for w in ctx.preset.weights:
-            kw = dict(ctx.policy_kwargs.get("milp", {}))
-            kw[LATENCY_WEIGHT_KWARG] = float(w)
-            for k in ctx.seeds:
-                specs.append(RunSpec(scenario=scen, policy="milp", seed=int(k), overrides=freeze(ctx.overrides), policy_kwargs=freeze(kw), label=f"milp[w={w:g}]"))
-    ex = ctx.execute(specs)
-    s = ex.summary.copy()
-    s["weight"] = s["policy"].map(lambda p: float(p.split("=")[1].rstrip("]")) if p.startswith("milp[w=") else np.nan)
-    s.to_csv(os.path.join(ctx.out, "tradeoff.csv"), index=False)
-    disp = pd.DataFrame({
-        "scenario": s["scenario"], "policy": s["policy"],
-        "vs rr %": [_fmt(a, b) for a, b in zip(s["reduction_vs_rr_pct"], s["reduction_vs_rr_pct_ci95"])],
-        "SLO viol. %": [_fmt(a, b, 2) for a, b in zip(s["slo_violation_pct"], s["slo_violation_pct_ci95"])],
-        "MLPerf p99 pass": [p99_verdict(r) for _, r in s.iterrows()],
-    })
-    md = f"Carbon vs SLO trade-off: facility MILP with latency weight `{LATENCY_WEIGHT_KWARG}` swept, other policies at their defaults. {METRICS_NOTE}\n\n" + _md(disp)
-    ctx.write_text("tradeoff.md", md)
-    if ctx.plots:
-        say(f"{ctx.name}: writing figures to {ctx.fig_dir} (PNG + PDF; --no-plots skips them)")
-        from eval import plots
-
-        for scen in dict.fromkeys(s["scenario"]):
-            sub = s[(s["scenario"] == scen) & (s["policy"] != REFERENCE_POLICY)].copy()
-            sub.loc[sub["weight"].notna(), "policy"] = "milp"
-            plots.tradeoff(sub.rename(columns={"weight": "w"}), ctx.fig(f"tradeoff_{scen}"), sweep_policy="milp", param="w", title=f"{scen}: carbon vs SLO")
-    return md
+    return tradeoff_experiment(ctx, ctx.policies or [p for p in STUDY_POLICIES if p in available_policies()])
 
 
 def exp_bound(ctx: Ctx) -> str:

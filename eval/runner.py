@@ -34,7 +34,7 @@ from eval.stats import percentile
 __all__ = [
     "RunSpec", "RunResult", "EpisodeRecorder", "make_specs", "fault_twin", "episode_start_offset_s",
     "make_env", "resolve_run_scenario", "run_one", "freeze", "policy_label", "policy_labels", "split_label",
-    "scenario_labels", "FAULT_TWIN_SUFFIX", "StepProgress", "episode_steps",
+    "scenario_labels", "FAULT_TWIN_SUFFIX", "StepProgress", "episode_steps", "VALID_UNFINISHED_PCT",
 ]
 
 # scenario override keys (carbon_gym.scenario field names)
@@ -43,6 +43,10 @@ OVERRIDE_POLLING = "polling_period_s"
 OVERRIDE_PREDICTOR = "env.predictor"
 OVERRIDE_DURATION = "duration_s"
 SECONDS_PER_DAY = 86400.0
+#: A run leaving more than this share of its arrived requests unfinished (in flight when the
+#: drain limit ended it, or never placed) is invalid: the energy of that work was never spent,
+#: so its carbon is not comparable. Tables mark it and frontiers leave it out.
+VALID_UNFINISHED_PCT = 1.0
 DAYS_PER_YEAR = 365
 
 
@@ -543,6 +547,8 @@ def run_one(spec: RunSpec, *, keep_requests: bool = True, observers: Sequence[Ep
         "requests_in_flight": int(em.get("in_flight_at_truncation", 0)),
         "requests_unplaced": int(em.get("unplaced_at_end", 0)),
         "unfinished_pct": 100.0 * unfinished / arrived if arrived else 0.0,
+        # a run that leaves work unfinished did not pay for it: invalid (its carbon flatters it)
+        "run_valid": bool((100.0 * unfinished / arrived if arrived else 0.0) <= VALID_UNFINISHED_PCT),
         "slo_violations": int(em.get("violations", 0)),
         "deferred_slot_steps": int(em.get("deferred", 0)),
         "invalid_actions": int(em.get("invalid_actions", 0)),

@@ -22,7 +22,7 @@ from eval.stats import mean_ci95
 
 __all__ = [
     "REFERENCE_POLICY", "SUMMARY_METRICS", "NONDETERMINISTIC_PREFIXES", "MLPERF_COLUMNS", "P99_FAIL_MARK", "METRICS_NOTE", "runs_table",
-    "summarise", "summary_markdown", "p99_verdict", "p99_fails", "fault_pairs", "fault_summary", "fault_markdown",
+    "summarise", "summary_markdown", "p99_verdict", "p99_fails", "invalid", "INVALID_MARK", "fmt_ci", "frame_markdown", "fault_pairs", "fault_summary", "fault_markdown",
 ]
 
 #: The reference of every "vs rr" column: round-robin's table name.
@@ -49,6 +49,8 @@ MLPERF_COLUMNS = ("mlperf_p99_pass", "mlperf_ttft_p99_pass", "mlperf_tpot_p99_pa
 #: Mark of a policy that fails the MLPerf p99 criterion in at least one seed (every table).
 P99_FAIL_MARK = "✗"
 P99_PASS_MARK = "✓"
+#: Mark of an invalid run (work left unfinished, its energy never spent): no reduction is shown.
+INVALID_MARK = "(invalid: work left unfinished)"
 #: The sentence every table's caption carries about its two SLO measures.
 METRICS_NOTE = ("SLO viol. = per-request violation rate (% of completed requests whose TTFT or TPOT exceeds its "
                 "target); MLPerf p99 = seeds whose p99 TTFT and p99 TPOT are both within the scenario's targets "
@@ -104,9 +106,9 @@ def summarise(runs, *, reference: str = REFERENCE_POLICY):
             mean, ci = mean_ci95(g[m].to_numpy(np.float64))
             row[m] = mean
             row[m + "_ci95"] = ci
-        for c in MLPERF_COLUMNS:
+        for c, name in [(c, c + "_share") for c in MLPERF_COLUMNS] + [("run_valid", "valid_share")]:
             if c in g:
-                row[c + "_share"] = float(np.mean(g[c].astype(float)))
+                row[name] = float(np.mean(g[c].astype(float)))
         for c in ("requests_completed", "requests_in_flight", "requests_failed"):
             if c in g:
                 row[c] = float(g[c].mean())
@@ -149,10 +151,36 @@ def p99_verdict(row: Mapping[str, Any] | Any, seeds: int | None = None) -> str:
     return f"{k}/{n} {P99_FAIL_MARK}" + (f" ({'+'.join(which)})" if which else "")
 
 
+def invalid(row: Mapping[str, Any] | Any) -> bool:
+    """Whether some seed of a summary row is an invalid run (more than
+    :data:`eval.runner.VALID_UNFINISHED_PCT` of its requests left unfinished)."""
+    v = row.get("valid_share", float("nan")) if hasattr(row, "get") else float("nan")
+    try:
+        return bool(np.isfinite(float(v)) and float(v) < 1.0)
+    except (TypeError, ValueError):
+        return False
+
+
 def p99_fails(row: Mapping[str, Any] | Any) -> bool:
     """Whether a summary row fails the MLPerf p99 criterion in at least one seed."""
     v = row.get("mlperf_p99_pass_share", float("nan")) if hasattr(row, "get") else float("nan")
     return bool(np.isfinite(float(v)) and float(v) < 1.0)
+
+
+def fmt_ci(m: float, ci: float = float("nan"), d: int = 1) -> str:
+    """``"12.3 ± 0.4"`` (``d`` decimals; the ± part only with a finite CI; ``–`` without a mean)."""
+    if m is None or not np.isfinite(m):
+        return "–"
+    return f"{m:.{d}f}" + (f" ± {ci:.{d}f}" if ci is not None and np.isfinite(ci) else "")
+
+
+def frame_markdown(df, columns: Sequence[str] | None = None) -> str:
+    """A DataFrame of display strings as a Markdown table."""
+    cols = list(columns or df.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for _, r in df.iterrows():
+        lines.append("| " + " | ".join(str(r[c]) for c in cols) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def _sig(x: float, digits: int = 3) -> str:
@@ -186,7 +214,8 @@ def _fixed(mean: float, ci: float, decimals: int = 1) -> str:
 def summary_markdown(summary, *, timing: bool = True) -> str:
     """The summary as a Markdown table (means ± 95% CI half-widths; latencies in ms): the
     per-request SLO violation rate beside the MLPerf p99 verdict (:func:`p99_verdict`; ✗ marks a
-    policy failing it in some seed); with a ``failed over`` column (mean requests failed over per
+    policy failing it in some seed); a row with an invalid run (:func:`invalid`) shows no
+    reduction ("invalid") and is marked in its unfinished column; with a ``failed over`` column (mean requests failed over per
     episode) when the summary has one."""
     faults = "failed_over" in getattr(summary, "columns", ())
     head = [
@@ -205,14 +234,15 @@ def summary_markdown(summary, *, timing: bool = True) -> str:
 
         lat = lambda p: "/".join(_sig(g(f"{p}_{q}_s") * 1e3, 3) for q in ("p50", "p90", "p99"))  # noqa: E731
         seeds = int(r["seeds"])
+        bad = invalid(r)
         cells = [
             str(r["scenario"]), str(r["policy"]), str(seeds),
             _pm(g("carbon_g"), g("carbon_g_ci95"), 3, 1e-3),
-            _fixed(g("reduction_vs_rr_pct"), g("reduction_vs_rr_pct_ci95"), 1),
+            "invalid" if bad else _fixed(g("reduction_vs_rr_pct"), g("reduction_vs_rr_pct_ci95"), 1),
             _pm(g("energy_kwh"), g("energy_kwh_ci95"), 3),
             lat("ttft"), lat("tpot"),
             _fixed(g("slo_violation_pct"), g("slo_violation_pct_ci95"), 2),
-            _fixed(g("unfinished_pct"), float("nan"), 1),
+            _fixed(g("unfinished_pct"), float("nan"), 1) + (f" {INVALID_MARK}" if bad else ""),
             p99_verdict(r, seeds),
         ]
         if faults:

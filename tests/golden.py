@@ -40,9 +40,10 @@ SEEDS = (0, 1, 2)
 DURATION_S = 60.0
 POLICY_KWARGS: dict[str, dict[str, Any]] = {}
 #: Run metrics added after the cells were pinned, left out of a cell: each is computed from
-#: pinned values (the MLPerf verdicts from the pinned p99 latencies and the scenario's targets) or
+#: pinned values (the MLPerf verdicts from the pinned p99 latencies and the scenario's targets, the
+#: run's validity from its pinned unfinished share) or
 #: is wall clock. A regenerated cell leaves them out too, so old and new cells compare alike.
-UNPINNED_METRICS = frozenset({"mlperf_ttft_p99_pass", "mlperf_tpot_p99_pass"})
+UNPINNED_METRICS = frozenset({"mlperf_ttft_p99_pass", "mlperf_tpot_p99_pass", "run_valid"})
 
 #: The subset tests/test_golden.py checks in CI: every policy on the dev scenarios (three seeds),
 #: round-robin on every paper-scale scenario and every policy on llama8b-moderate (seed 0).

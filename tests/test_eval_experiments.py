@@ -21,7 +21,7 @@ def results(tmp_path_factory):
         ["experiment", "milp-vs-ilp"],
         ["experiment", "predictor", "--policies", "milp"],
         ["experiment", "polling", "--policies", "milp"],
-        ["experiment", "tradeoff", "--policies", "greedy"],
+        ["experiment", "tradeoff", "--policies", "milp,greedy-cap,least-loaded"],
         ["experiment", "bound", "--policies", "greedy,milp"],
     ]
     for argv in runs:
@@ -74,13 +74,35 @@ def test_polling_sweep(results):
     assert (results / "polling" / "figures" / "polling_dev.png").is_file()
 
 
-def test_tradeoff_sweeps_the_milp_weight(results):
+def test_tradeoff_frontiers_and_equal_violation(results):
+    from eval import frontiers
+
     t = pd.read_csv(results / "tradeoff" / "tradeoff.csv")
-    w = sorted(t["weight"].dropna())
-    assert w == sorted(experiments.PRESETS["quick"].weights)
+    assert set(t["policy"]) == {"milp", "greedy-cap"}
+    for pol in ("milp", "greedy-cap"):
+        knob = frontiers.KNOBS[pol]
+        sub = t[t["policy"] == pol]
+        assert sorted(sub["value"]) == sorted(knob.values) and sub["default"].sum() == 1
+        assert float(sub[sub["default"]]["value"].iloc[0]) == knob.default
+        assert sub["pareto"].any()
     cfg = json.loads((results / "tradeoff" / "config.json").read_text())
     kw = {r["label"]: r["policy_kwargs"] for r in cfg["runs"] if r["policy"] == "milp"}
-    assert kw["milp[w=10]"] == {experiments.LATENCY_WEIGHT_KWARG: 10.0}
+    assert kw["milp[violation_penalty_g=10]"] == {"violation_penalty_g": 10.0} and kw[""] == {}  # the default: milp's own row
+    # the equal-violation table is the per-seed frontier read at rr's violation, averaged
+    runs = pd.read_csv(results / "tradeoff" / "runs.csv")
+    eq = pd.read_csv(results / "tradeoff" / "equal_violation.csv").set_index("policy")
+    vals = []
+    for seed in (0, 1):
+        pts = runs[(runs.seed == seed) & runs.policy.str.startswith("milp")]
+        rr_v = float(runs[(runs.seed == seed) & (runs.policy == "rr")]["slo_violation_pct"].iloc[0])
+        vals.append(frontiers.envelope_at(pts["slo_violation_pct"], pts["reduction_vs_rr_pct"], rr_v))
+    vals = [v for v in vals if v == v]
+    assert eq.loc["milp", "at_rr_seeds"] == len(vals)
+    if vals:
+        assert eq.loc["milp", "at_rr_reduction_pct"] == pytest.approx(sum(vals) / len(vals))
+    md = (results / "tradeoff" / "tradeoff.md").read_text()
+    assert "At equal violation" in md and "least-loaded" in md and "◆" in md
+    assert (results / "tradeoff" / "figures" / "tradeoff_dev.png").is_file()
 
 
 def test_bound_shares(results):

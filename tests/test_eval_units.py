@@ -203,3 +203,29 @@ def test_plots_write_png_and_pdf(tmp_path):
     assert len(paths) == 12
     for p in paths:
         assert os.path.getsize(p) > 1000, p
+
+
+def test_frontier_envelope_analytic():
+    from eval.frontiers import _pareto_mask, envelope_at
+
+    viol = [1.0, 2.0, 3.0, 2.5, 5.0]
+    red = [10.0, 20.0, 25.0, 15.0, 24.0]  # (2.5, 15) and (5, 24) are dominated
+    assert list(_pareto_mask(np.array(viol), np.array(red))) == [True, True, True, False, False]
+    assert envelope_at(viol, red, 1.5) == pytest.approx(15.0)  # straight line between (1, 10) and (2, 20)
+    assert envelope_at(viol, red, 2.5) == pytest.approx(22.5)
+    assert envelope_at(viol, red, 10.0) == 25.0  # flat above the most violation reached
+    assert math.isnan(envelope_at(viol, red, 0.5))  # the knob cannot get that low
+    assert envelope_at([2.0], [7.0], 2.0) == 7.0
+
+
+def test_invalid_runs_show_no_reduction():
+    results = [_result("dev", "rr", 0, 1000.0, unfinished_pct=0.0, run_valid=True),
+               _result("dev", "greedy", 0, 500.0, unfinished_pct=42.0, run_valid=False)]
+    s = tables.summarise(results)
+    g = s[s.policy == "greedy"].iloc[0]
+    assert g["valid_share"] == 0.0 and tables.invalid(g) and not tables.invalid(s[s.policy == "rr"].iloc[0])
+    row = next(line for line in tables.summary_markdown(s).splitlines() if line.startswith("| dev | greedy |"))
+    assert "| 0.500 | invalid |" in row and "42.0 (invalid: work left unfinished)" in row and "| 50.0" not in row
+    from eval.experiments import headline_table
+
+    assert "invalid (" in headline_table(s) and "42% unfinished" in headline_table(s)
