@@ -14,7 +14,7 @@ runs.csv, records, TensorBoard), the experiment's own table ``<name>.md``/``.csv
  c     predictor     output-length predictor vs oracle lengths (MILP and state-aware ILP)
  d     polling       polling period 0.25-8 s: SLO violations and carbon
  e     tradeoff      carbon-vs-violation frontiers of the knob-driven policies, compared at equal violation
- f     bound         every policy's reduction as a share of a clairvoyant bound's
+ f     bound         every policy's reduction as a share of the carbon lower bound's (eval/bound.py)
 =====  ============  ==========================================================================
 
 Presets: ``quick`` (short episodes: the whole headline matrix in under an hour on 2 cores) and
@@ -378,11 +378,14 @@ _fmt = fmt_ci
 _md = frame_markdown
 
 
-def headline_table(summary) -> str:
-    """Reduction vs rr (%) and SLO violation (%) per scenario (rows) x policy (columns)."""
+def headline_table(summary, bounds=None) -> str:
+    """Reduction vs rr (%) and SLO violation (%) per scenario (rows) x policy (columns); with
+    ``bounds`` (:func:`eval.bound.bound_summary`) a last column: the carbon lower bound's
+    reduction vs rr (the most any policy could save)."""
     pols = list(dict.fromkeys(summary["policy"]))
     scens = list(dict.fromkeys(summary["scenario"]))
-    head = ["scenario"] + pols
+    bsum = bounds.set_index("scenario") if bounds is not None and len(bounds) else None
+    head = ["scenario"] + pols + (["lower bound"] if bsum is not None else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for s in scens:
         cells = [s]
@@ -396,13 +399,19 @@ def headline_table(summary) -> str:
             extra = f"; {unf:.0f}% unfinished" if unf >= 0.5 else ""
             red = "invalid" if invalid(r) else _fmt(r["reduction_vs_rr_pct"], r.get("reduction_vs_rr_pct_ci95"))
             cells.append(f"{red} ({r['slo_violation_pct']:.1f}; p99 {p99_verdict(r)}{extra})")
+        if bsum is not None:
+            b = bsum.loc[s] if s in bsum.index else None
+            cells.append("–" if b is None else _fmt(b["bound_reduction_vs_rr_pct"], b["bound_reduction_vs_rr_pct_ci95"])
+                         + ("" if int(b["below"]) == 0 else f" ({int(b['below'])} runs below it!)"))
         lines.append("| " + " | ".join(cells) + " |")
     return ("Carbon reduction vs round-robin, % (mean ± 95% CI over seeds); in parentheses the SLO violation % of "
             f"completed requests (per request), the MLPerf p99 verdict (seeds whose p99 TTFT and p99 TPOT are within the "
             f"scenario's targets; {P99_FAIL_MARK} = fails in some seed, with the percentile that failed) and, where >= 0.5%, "
             "the share of requests still unfinished when the episode's drain limit ended it. A run leaving more than "
             f"{VALID_UNFINISHED_PCT:g}% unfinished is invalid (that work's energy was never spent, which would flatter the "
-            "policy): its reduction is not shown.\n\n" + "\n".join(lines) + "\n")
+            "policy): its reduction is not shown." + (" The last column is the carbon lower bound's reduction (eval/bound.py: "
+            "no run can emit less; every run of the table was checked against it)." if bsum is not None else "")
+            + "\n\n" + "\n".join(lines) + "\n")
 
 
 def milp_vs_ilp_table(runs, *, milp: str = "milp", ilps: Sequence[str] = ("ilp", "ilp-state")):
@@ -510,7 +519,15 @@ def exp_headline(ctx: Ctx) -> str:
     specs = make_specs(scens, pols, ctx.seeds, overrides=ctx.overrides, policy_kwargs=ctx.policy_kwargs)
     focus = next((sc for sc in scens if sc.endswith("-moderate")), scens[0])
     ex = ctx.execute(specs, requests_for=[focus])
-    table = headline_table(ex.summary)
+    from eval.bound import bound_summary, bounds_table, with_bounds
+
+    bounds = bounds_table([s for s in specs if s.policy == REFERENCE_POLICY]) if REFERENCE_POLICY in pols else None
+    bsum = None
+    if bounds is not None and not bounds.empty:
+        bounds.to_csv(os.path.join(ctx.out, "bounds.csv"), index=False)
+        bsum = bound_summary(with_bounds(ex.runs, bounds))
+        bsum.to_csv(os.path.join(ctx.out, "bound_summary.csv"), index=False)
+    table = headline_table(ex.summary, bsum)
     ctx.write_text("headline.md", table + "\n" + summary_markdown(ex.summary))
     if ctx.plots:
         say(f"{ctx.name}: writing figures to {ctx.fig_dir} (PNG + PDF; --no-plots skips them)")
@@ -644,44 +661,12 @@ def exp_tradeoff(ctx: Ctx) -> str:
 
 
 def exp_bound(ctx: Ctx) -> str:
-    import pandas as pd
+    """Experiment f: each policy's reduction as a share of the carbon lower bound's
+    (:mod:`eval.bound`); the clairvoyant heuristic runs as one more policy."""
+    from eval.bound import bound_experiment
 
-    scens = ctx.scenario_list(("moderate",))
     pols = [p for p in (ctx.policies or STUDY_POLICIES) if p != "clairvoyant"] + ["clairvoyant"]
-    specs = make_specs(scens, pols, ctx.seeds, overrides=ctx.overrides, policy_kwargs=ctx.policy_kwargs)
-    ex = ctx.execute(specs)
-    s = ex.summary.copy()
-    rows = []
-    for scen in dict.fromkeys(s["scenario"]):
-        sub = s[s["scenario"] == scen]
-        bound = float(sub[sub["policy"] == "clairvoyant"]["reduction_vs_rr_pct"].iloc[0])
-        for _, r in sub.iterrows():
-            rows.append({
-                "scenario": scen, "policy": r["policy"],
-                "reduction_vs_rr_pct": r["reduction_vs_rr_pct"], "reduction_vs_rr_pct_ci95": r["reduction_vs_rr_pct_ci95"],
-                "share_of_bound_pct": 100.0 * r["reduction_vs_rr_pct"] / bound if bound > 0 else np.nan,
-                "slo_violation_pct": r["slo_violation_pct"],
-                "seeds": r["seeds"],
-                **{c + "_share": r.get(c + "_share", np.nan) for c in MLPERF_COLUMNS},
-            })
-    table = pd.DataFrame(rows)
-    table.to_csv(os.path.join(ctx.out, "bound.csv"), index=False)
-    disp = pd.DataFrame({
-        "scenario": table["scenario"], "policy": table["policy"],
-        "vs rr %": [_fmt(a, b) for a, b in zip(table["reduction_vs_rr_pct"], table["reduction_vs_rr_pct_ci95"])],
-        "share of bound %": table["share_of_bound_pct"].map(lambda v: _fmt(v, d=0)),
-        "SLO viol. %": table["slo_violation_pct"].map(lambda v: _fmt(v, d=2)),
-        "MLPerf p99 pass": [p99_verdict(r) for _, r in table.iterrows()],
-    })
-    md = ("Each policy's carbon reduction as a share of the clairvoyant bound's (true lengths, all arrivals and carbon known, "
-          "SLOs ignored, cleanest capacity filled first, idle/host power counted). " + METRICS_NOTE + "\n\n" + _md(disp))
-    ctx.write_text("bound.md", md)
-    if ctx.plots:
-        say(f"{ctx.name}: writing figures to {ctx.fig_dir} (PNG + PDF; --no-plots skips them)")
-        from eval import plots
-
-        plots.bars(table[table["policy"] != REFERENCE_POLICY], x="scenario", hue="policy", y="share_of_bound_pct", stem=ctx.fig("bound_share"), ylabel="share of the clairvoyant reduction (%)", title="Reduction as a share of the clairvoyant bound")
-    return md
+    return bound_experiment(ctx, pols)
 
 
 EXPERIMENT_FUNCS: dict[str, Callable[[Ctx], str]] = {
