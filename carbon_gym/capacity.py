@@ -58,7 +58,7 @@ class CapacityResult:
     settings: dict[str, Any] = field(default_factory=dict)
 
 
-def _single_engine_parts(scenario: Scenario, n_engines: int = 1):
+def _single_engine_parts(scenario: Scenario, n_engines: int = 1) -> tuple[Any, Topology, Any, Any]:
     from .physics.carbon import load_carbon_trace
     from .physics.network import Network
     from .world import build_parts
@@ -117,13 +117,13 @@ def probe_slo(scenario: Scenario, rate_per_s: float, *, duration_s: float = 600.
     return SloProbe(rate_per_s, n, p_ttft, p_tpot, viol, p_ttft <= scenario.ttft_s and p_tpot <= scenario.tpot_s)
 
 
-def _probe_region():
+def _probe_region() -> Any:
     from .scenario import RegionConfig
 
     return RegionConfig(name="probe", client_zone="FR")
 
 
-def _probe_dc():
+def _probe_dc() -> Any:
     from .scenario import DatacenterConfig
 
     return DatacenterConfig(name="probe", region="probe", zone="FR", nodes=1)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -41,6 +41,15 @@ from .observation import (
 from .pending import PendingStore
 from .sim.results import SNAPSHOT_ARRAY_ROWS, snapshot_from_array
 from .state import DatacenterState, EnvState, PendingRequests
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pathlib import Path
+
+    from .scenario import Scenario
+    from .sim import Simulator
+    from .sim.records import AbortedRequests, RequestRecords
+    from .workload import Workload
+    from .world import WorldParts
 
 __all__ = [
     "GeoServeEnv",
@@ -316,7 +325,7 @@ class GeoServeEnv(gym.Env):
         self._world_seed: int | None = None
 
     # ------------------------------------------------------------------ static set-up
-    def _new_world(self, seed: int) -> tuple[Any, Any]:
+    def _new_world(self, seed: int) -> tuple[Simulator, Workload]:
         """A fresh (Simulator, Workload) for an episode with world seed ``seed``.
 
         The first call builds them with :func:`~carbon_gym.world.build_world`; later calls get
@@ -333,7 +342,7 @@ class GeoServeEnv(gym.Env):
             return sim, workload
         return template.fresh(), reseed_workload(self._workload_template, seed)
 
-    def _static_setup(self, sim: Any) -> None:
+    def _static_setup(self, sim: Simulator) -> None:
         parts = self._parts
         topo = parts.topology
         self._D = D = int(topo.n_datacenters)
@@ -384,17 +393,17 @@ class GeoServeEnv(gym.Env):
 
     # ------------------------------------------------------------------ properties
     @property
-    def scenario(self) -> Any:
+    def scenario(self) -> Scenario:
         """The (read-only) scenario this env runs."""
         return self._scenario
 
     @property
-    def simulator(self) -> Any:
+    def simulator(self) -> Simulator | None:
         """The current episode's simulator (None before the first reset). Read it, do not drive it."""
         return self._sim
 
     @property
-    def world_parts(self) -> Any:
+    def world_parts(self) -> WorldParts:
         """The static parts of the world (:class:`carbon_gym.world.WorldParts`: topology, model and
         GPU specs, engine settings, latency, power and network models, carbon trace), shared by
         every episode. Read them, do not change them."""
@@ -406,7 +415,7 @@ class GeoServeEnv(gym.Env):
         return self._n_steps
 
     @property
-    def last_completed(self) -> Any:
+    def last_completed(self) -> RequestRecords | None:
         """``RequestRecords`` of the requests completed during the last step (None before a step)."""
         return self._last_completed
 
@@ -631,7 +640,7 @@ class GeoServeEnv(gym.Env):
         for ab in self._faults.advance(t_s):
             self._requeue(ab)
 
-    def _requeue(self, ab: Any) -> None:
+    def _requeue(self, ab: AbortedRequests) -> None:
         """Put requests aborted by an outage back in the pending queue (fail-over)."""
         n = len(ab)
         if not n:
@@ -640,7 +649,7 @@ class GeoServeEnv(gym.Env):
         self._tally.add_aborted(ab)
         self._step_failed_over += n
 
-    def _drain(self) -> Any:
+    def _drain(self) -> RequestRecords:
         """Advance without arrivals until every placed request completes or the drain limit passes."""
         from .sim.records import RequestRecords
 
@@ -676,6 +685,7 @@ class GeoServeEnv(gym.Env):
         t = self._carbon_t0_s + now
         key = int(t // 3600.0)
         if key != self._forecast_key:
+            assert self._forecaster is not None  # (H > 0)
             fc = self._forecaster.forecast(t)[: self._H]  # (H, zones)
             self._forecast_g = np.ascontiguousarray(fc[:, self._zone_cols].T)
             self._forecast_scaled = self._forecast_g * (1.0 / CARBON_SCALE_G_PER_KWH)
@@ -866,7 +876,7 @@ if GeoServeEnv.__doc__:  # the observation feature tables, generated (python -OO
 
 
 # ------------------------------------------------------------------------ adapters
-def _resolve_scenario(scenario: Any, overrides: dict[str, Any] | None) -> Any:
+def _resolve_scenario(scenario: str | Path | Scenario, overrides: dict[str, Any] | None) -> Scenario:
     from pathlib import Path
 
     from .scenario import Scenario, load_scenario, scenario_from_dict

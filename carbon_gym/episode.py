@@ -4,11 +4,15 @@ sums, and the end-of-episode metrics and ledger built from them (:class:`Episode
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .ledger import check_ledger
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .sim import Simulator
+    from .sim.records import AbortedRequests, RecordWriter, RequestRecords
 
 __all__ = ["EpisodeTally"]
 
@@ -26,7 +30,7 @@ class EpisodeTally:
             disk (latency percentiles then come from the files), or None (kept in memory).
     """
 
-    def __init__(self, n_datacenters: int, ttft_target_s: float, tpot_target_s: float, writer: Any = None) -> None:
+    def __init__(self, n_datacenters: int, ttft_target_s: float, tpot_target_s: float, writer: RecordWriter | None = None) -> None:
         D = n_datacenters
         self.D = D
         self.ttft_target_s = ttft_target_s
@@ -75,7 +79,7 @@ class EpisodeTally:
         if mo > self.max_output_placed:
             self.max_output_placed = mo
 
-    def add_aborted(self, ab: Any) -> None:
+    def add_aborted(self, ab: AbortedRequests) -> None:
         """Requests an outage aborted (``AbortedRequests``): their shares are wasted work."""
         n = len(ab)
         self.aborted += n
@@ -90,7 +94,7 @@ class EpisodeTally:
         self.reported_carbon_g += carbon_g
         self.reported_energy_j += energy_j
 
-    def add_completed(self, records: Any) -> tuple[int, tuple[float, float, float, float]]:
+    def add_completed(self, records: RequestRecords) -> tuple[int, tuple[float, float, float, float]]:
         """Tally one step's completed ``RequestRecords``; return (violations, (TTFT mean, TPOT
         mean, TTFT max, TPOT max)) of those records (zeros when there are none)."""
         n = len(records)
@@ -139,7 +143,7 @@ class EpisodeTally:
         pq = np.percentile(tpot, (50, 90, 99)).tolist() if tpot.size else [float("nan")] * 3
         return tq, pq, (float(ttft.mean()) if c else float("nan")), (float(tpot.mean()) if c else float("nan"))
 
-    def ledger(self, sim: Any, unplaced: int, pue: np.ndarray, strict: bool = False) -> dict[str, Any]:
+    def ledger(self, sim: Simulator, unplaced: int, pue: np.ndarray, strict: bool = False) -> dict[str, Any]:
         """:func:`carbon_gym.ledger.check_ledger` of the episode so far."""
         return check_ledger(
             arrived=self.arrived, placed=self.placed, completed=self.completed, failed_over=self.aborted,
@@ -151,7 +155,7 @@ class EpisodeTally:
             pue=pue, strict=strict,
         )
 
-    def metrics(self, sim: Any, *, unplaced: int, steps: int, drain_s: float, world_seed: Any, pue: np.ndarray,
+    def metrics(self, sim: Simulator, *, unplaced: int, steps: int, drain_s: float, world_seed: int | None, pue: np.ndarray,
                 check_ledger: bool, strict: bool) -> dict[str, Any]:
         """The episode metrics (see :meth:`GeoServeEnv.episode_metrics` for the keys)."""
         totals = sim.totals()

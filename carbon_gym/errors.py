@@ -93,7 +93,7 @@ def check_choice(field: str, value: Any, allowed: Iterable[Any]) -> Any:
     return value
 
 
-def _rebuild_error(cls: type, args: tuple, state: dict) -> CarbonGymError:
+def _rebuild_error(cls: type[CarbonGymError], args: tuple, state: dict) -> CarbonGymError:
     """Unpickle a :class:`CarbonGymError` without calling its ``__init__`` (whose arguments
     differ between the subclasses)."""
     err = cls.__new__(cls)

@@ -77,9 +77,15 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .scenario import Scenario
+    from .sim import Simulator
+    from .sim.records import AbortedRequests
+    from .topology import Topology
 
 from .schema import Ctx, boolean, integer, list_of, num, parse_table, spec, string
 
@@ -168,7 +174,7 @@ FAULT_KINDS: dict[str, type] = {
 Fault = Any  # one of the dataclasses above
 
 
-def parse_faults(raw: Sequence[Any], topology: Any, *, duration_s: float, tp: int = 1,  # noqa: C901
+def parse_faults(raw: Sequence[Any], topology: Topology, *, duration_s: float, tp: int = 1,  # noqa: C901
                  source: str | None = None, warn: bool = True) -> tuple[Fault, ...]:
     """Validate ``[[faults]]`` tables against a topology; return the fault dataclasses.
 
@@ -221,7 +227,7 @@ def parse_faults(raw: Sequence[Any], topology: Any, *, duration_s: float, tp: in
     return tuple(out)
 
 
-def scenario_faults(scenario: Any) -> tuple[Fault, ...]:
+def scenario_faults(scenario: Scenario) -> tuple[Fault, ...]:
     """The validated faults of a scenario (empty tuple when it has none)."""
     if not scenario.faults:
         return ()
@@ -229,7 +235,7 @@ def scenario_faults(scenario: Any) -> tuple[Fault, ...]:
                         source=scenario.source or None, warn=False)  # warned at load time
 
 
-def has_carbon_feed_gap(scenario: Any) -> bool:
+def has_carbon_feed_gap(scenario: Scenario) -> bool:
     """Whether the scenario has a carbon-feed gap (its observation then has the two flag columns)."""
     return any(isinstance(x, dict) and x.get("kind") == "carbon_feed_gap" for x in (scenario.faults or ()))
 
@@ -255,7 +261,7 @@ class FaultRuntime:
     :class:`FaultEvent` applied so far), ``events`` (all of them, in order).
     """
 
-    def __init__(self, faults: Sequence[Fault], sim: Any) -> None:
+    def __init__(self, faults: Sequence[Fault], sim: Simulator) -> None:
         self.faults = tuple(faults)
         self.sim = sim
         topo = sim.topology
@@ -283,7 +289,7 @@ class FaultRuntime:
         self._frozen: dict[float, tuple[np.ndarray, np.ndarray]] = {}  # carbon at a gap start: (now (D,), forecast (D, H))
 
     # ------------------------------------------------------------------ time
-    def advance(self, t_s: float) -> list[Any]:
+    def advance(self, t_s: float) -> list[AbortedRequests]:
         """Advance the simulator to ``t_s``, applying every fault event with time <= ``t_s`` at
         its time; return the :class:`~carbon_gym.sim.AbortedRequests` of the outages that began."""
         sim = self.sim
@@ -304,7 +310,7 @@ class FaultRuntime:
     def _dcs(self, names: Sequence[str] | None) -> list[int]:
         return list(range(self.D)) if names is None else [self._dc_index[n] for n in names]
 
-    def _apply(self, ev: FaultEvent) -> list[Any]:  # noqa: C901
+    def _apply(self, ev: FaultEvent) -> list[AbortedRequests]:  # noqa: C901
         f = self.faults[ev.index]
         sim = self.sim
         out = []
@@ -339,6 +345,7 @@ class FaultRuntime:
                             out.append(ab)
             else:
                 if ev.start:
+                    assert f.rtt_factor is not None  # (parse_faults: rtt_factor or cut)
                     self._factors[ev.index] = (pairs, float(f.rtt_factor))
                 else:
                     self._factors.pop(ev.index, None)
@@ -431,6 +438,6 @@ class FaultRuntime:
         return None
 
 
-def without_faults(scenario: Any) -> Any:
+def without_faults(scenario: Scenario) -> Scenario:
     """The same scenario with its ``[[faults]]`` removed (for paired fault / no-fault runs)."""
     return dataclasses.replace(scenario, faults=())

@@ -38,7 +38,7 @@ __all__ = ["check_ledger", "LEDGER_RTOL"]
 LEDGER_RTOL = 1e-7
 
 
-def _close(a: np.ndarray, b: np.ndarray, rtol: float) -> np.ndarray:
+def _close(a: np.ndarray | float, b: np.ndarray | float, rtol: float) -> np.ndarray:
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
     return np.abs(a - b) <= rtol * np.maximum(np.maximum(np.abs(a), np.abs(b)), 1.0)

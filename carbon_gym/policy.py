@@ -203,8 +203,8 @@ def run_episode(
             decision_s.append(dt)
             obs, reward, terminated, truncated, info = env.step(action)
             total_reward += float(reward)
-            for hook in after:
-                hook(env, steps, action, reward, terminated, truncated, info, dt)
+            for after_hook in after:
+                after_hook(env, steps, action, float(reward), terminated, truncated, info, dt)
             steps += 1
             if bar is not None:
                 bar.update(1)

@@ -27,7 +27,7 @@ answer predicted as 100 tokens counts 4900%); the median minimises absolute, not
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -86,6 +86,8 @@ class BinnedPredictor:
 
     def _bin(self, prompt_tokens: np.ndarray) -> np.ndarray:
         x = np.log2(np.maximum(np.asarray(prompt_tokens, dtype=np.float64), 1.0))
+        if self.edges_log2 is None:
+            raise RuntimeError("BinnedPredictor: call fit() first")
         return np.searchsorted(self.edges_log2, x, side="right")
 
     def fit(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray) -> BinnedPredictor:
@@ -139,7 +141,7 @@ class PredictorScore:
     baseline_mae: float
 
 
-def evaluate_predictor(dataset: str = "azure-conv", test_fraction: float = 0.2, seed: int = 0, **kwargs) -> PredictorScore:
+def evaluate_predictor(dataset: str = "azure-conv", test_fraction: float = 0.2, seed: int = 0, **kwargs: Any) -> PredictorScore:
     """Fit a :class:`BinnedPredictor` on a train split of ``dataset`` and score it on the rest."""
     from .workload import load_length_table
 
@@ -160,7 +162,7 @@ PREDICTORS = ("oracle", "binned")
 
 
 def make_predictor(name: str = "binned", *, prompt_tokens: np.ndarray | None = None, output_tokens: np.ndarray | None = None,
-                   dataset: str | None = None, **kwargs) -> OutputLengthPredictor:
+                   dataset: str | None = None, **kwargs: Any) -> OutputLengthPredictor:
     """A predictor by name.
 
     ``"binned"`` is fitted on the given ``(prompt_tokens, output_tokens)`` pairs, or on the whole

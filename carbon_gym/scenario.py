@@ -573,7 +573,7 @@ def scenario_path(name_or_path: str | Path) -> Path:
     raise ConfigError("scenario", f"unknown scenario {text!r}", allowed=list_scenarios())
 
 
-def _set_dotted(raw: dict, key: str, value: Any, source: str | None) -> None:
+def _set_dotted(raw: dict[str, Any], key: str, value: Any, source: str | None) -> None:
     parts = key.split(".")
     cur: Any = raw
     for i, part in enumerate(parts[:-1]):
@@ -638,19 +638,19 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str | None = None, bas
     if overrides is not None and not isinstance(overrides, Mapping):
         raise ConfigError("overrides", f"expected a dict of dotted field names to values, got {type(overrides).__name__}",
                           source=source)
-    raw = _deep_copy(dict(raw))
+    raw_d: dict[str, Any] = _deep_copy(dict(raw))
     ctx = Ctx(source)
     for key, value in (overrides or {}).items():
         if not isinstance(key, str) or not key:
             raise ConfigError("overrides", f"override keys must be dotted field names, got {key!r}")
-        _set_dotted(raw, key, value, source)
-        wl = raw.get("workload")
+        _set_dotted(raw_d, key, value, source)
+        wl = raw_d.get("workload")
         if isinstance(wl, dict):  # the override decides how the rate is set
             if key == "workload.rate_per_s":
                 wl.pop("load", None)
             elif key == "workload.load":
                 wl.pop("rate_per_s", None)
-    s: Scenario = parse_table(Scenario, raw, "", ctx)
+    s: Scenario = parse_table(Scenario, raw_d, "", ctx)
     return _resolve(s, ctx, base_dir)
 
 

@@ -178,7 +178,7 @@ def parse_table(cls: type, raw: Any, path: str, ctx: Ctx) -> Any:
         dotted = f"{path}.{name}" if path else name
         if name in raw:
             kwargs[name] = f.metadata["check"](raw[name], dotted, ctx)
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:  # type: ignore[misc]
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ctx.err(dotted, "required field is missing")
     return cls(**kwargs)
 

@@ -501,7 +501,7 @@ class Workload:
         max_context_tokens, cap_policy: cap for replayed lengths.
     """
 
-    def __init__(self, arrivals, lengths: LengthSampler | None, *, rate_per_s: float = 0.0, n_regions: int = 1,
+    def __init__(self, arrivals: PoissonArrivals | GammaArrivals | TraceReplayArrivals, lengths: LengthSampler | None, *, rate_per_s: float = 0.0, n_regions: int = 1,
                  region_shares: Sequence[float] | None = None, diurnal: DiurnalProfile | None = None, seed: int = 0,
                  block_s: float = 60.0, replay_lengths: bool = False, max_context_tokens: int | None = None,
                  cap_policy: str = "resample", replay_table: LengthTable | None = None):
@@ -529,11 +529,11 @@ class Workload:
             raise ConfigError("workload.lengths", "a length sampler is required")
         if replay_lengths and cap_policy == "resample" and max_context_tokens is not None and lengths is None:
             raise ConfigError("workload.lengths", "resampling oversize replayed requests needs a length sampler")
-        if arrivals.per_region:
-            self.rate_per_s = check_finite_nonneg("workload.rate_per_s", rate_per_s)
-        else:
+        if isinstance(arrivals, TraceReplayArrivals):
             peak = 1.0 + (self.diurnal.amplitude if self.diurnal else 0.0)
             self.rate_per_s = arrivals.rate_per_s / peak
+        else:
+            self.rate_per_s = check_finite_nonneg("workload.rate_per_s", rate_per_s)
         self._cache: dict[int, RequestBatch] = {}
         self._times: dict[int, list[float]] = {}  # arrival times of the cached blocks, as lists
 
@@ -568,16 +568,19 @@ class Workload:
         t0, t1 = b * self.block_s, (b + 1) * self.block_s
         parts: list[tuple[np.ndarray, ...]] = []
         peak = 1.0 + (self.diurnal.amplitude if self.diurnal else 0.0)
-        if self.arrivals.per_region:
+        lengths = self.lengths
+        arrivals = self.arrivals
+        if not isinstance(arrivals, TraceReplayArrivals):
+            assert lengths is not None  # (checked in __init__: only trace replay has no sampler)
             for r in range(self.n_regions):
                 rng = self._rng(b, r)
-                t = self.arrivals.sample(rng, t0, t1, self.rate_per_s * self.region_shares[r] * peak)
+                t = arrivals.sample(rng, t0, t1, self.rate_per_s * self.region_shares[r] * peak)
                 t = t[self._thin(rng, r, t)]
-                p, o = self.lengths.sample(rng, t.size)
+                p, o = lengths.sample(rng, t.size)
                 parts.append((np.full(t.size, r, np.int64), t, p, o))
         else:
             rng = self._rng(b)
-            t, idx = self.arrivals.events(t0, t1)
+            t, idx = arrivals.events(t0, t1)
             origin = rng.choice(self.n_regions, size=t.size, p=self.region_shares).astype(np.int64)
             keep = np.ones(t.size, dtype=bool)
             for r in range(self.n_regions):
@@ -585,8 +588,10 @@ class Workload:
                 keep[m] = self._thin(rng, r, t[m])
             t, idx, origin = t[keep], idx[keep], origin[keep]
             if self.replay_lengths:
-                p = self._replay_table.prompt_tokens[idx].copy()
-                o = self._replay_table.output_tokens[idx].copy()
+                table = self._replay_table
+                assert table is not None  # (checked in __init__)
+                p = table.prompt_tokens[idx].copy()
+                o = table.output_tokens[idx].copy()
                 cap = self.max_context_tokens
                 if cap is not None:
                     if self.cap_policy == "clip":
@@ -594,9 +599,11 @@ class Workload:
                     else:
                         bad = (p + o) > cap
                         if bad.any():
-                            p[bad], o[bad] = self.lengths.sample(rng, int(bad.sum()))
+                            assert lengths is not None  # (checked in __init__)
+                            p[bad], o[bad] = lengths.sample(rng, int(bad.sum()))
             else:
-                p, o = self.lengths.sample(rng, t.size)
+                assert lengths is not None  # (checked in __init__)
+                p, o = lengths.sample(rng, t.size)
             parts.append((origin, t, p, o))
         origin = np.concatenate([x[0] for x in parts]) if parts else np.empty(0, np.int64)
         t = np.concatenate([x[1] for x in parts]) if parts else np.empty(0)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,7 +28,12 @@ from .physics.network import Network, network_from_zones
 from .predict import OutputLengthPredictor, make_predictor
 from .scenario import Scenario, default_topology, resolve_topology
 from .topology import Topology
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .faults import FaultRuntime
+    from .sim import EngineConfig, Simulator
 from .workload import (
+    EmpiricalLengthSampler,
     DiurnalProfile,
     GammaArrivals,
     PoissonArrivals,
@@ -146,15 +151,16 @@ def build_predictor(scenario: Scenario) -> OutputLengthPredictor:
         return make_predictor(name, prompt_tokens=np.array([w.prompt_tokens]), output_tokens=np.array([w.output_tokens]), min_count=1)
     dataset = w.trace if w.lengths == "trace" else w.lengths
     sampler = make_length_sampler(dataset, max_context_tokens=w.max_context_tokens, cap_policy="resample")
+    assert isinstance(sampler, EmpiricalLengthSampler)  # (a dataset: "fixed" is handled above)
     return make_predictor(name, prompt_tokens=sampler.prompt_tokens, output_tokens=sampler.output_tokens)
 
 
-def build_engine_config(scenario: Scenario):
+def build_engine_config(scenario: Scenario) -> EngineConfig:
     """``carbon_gym.sim.EngineConfig`` from ``[engine]`` (fields the simulator does not know are refused)."""
     from .sim import EngineConfig  # lazy: the simulator is optional for data-only use
 
     e = scenario.engine
-    values = {
+    values: dict[str, Any] = {
         "tp": scenario.tp, "block_tokens": e.block_tokens, "gpu_memory_utilization": e.gpu_memory_utilization,
         "max_num_seqs": e.max_num_seqs, "max_num_batched_tokens": e.max_num_batched_tokens,
         "chunked_prefill": e.chunked_prefill, "max_model_len": e.max_model_len,
@@ -196,7 +202,7 @@ def build_parts(scenario: Scenario) -> WorldParts:
     )
 
 
-def build_world(scenario: Scenario, seed: int | None = None, *, step_mode: bool = False):
+def build_world(scenario: Scenario, seed: int | None = None, *, step_mode: bool = False) -> tuple[Simulator, Workload]:
     """Build the simulator and the workload of a scenario.
 
     Args:
@@ -217,7 +223,7 @@ def build_world(scenario: Scenario, seed: int | None = None, *, step_mode: bool 
     return sim, build_workload(scenario, seed)
 
 
-def build_fault_runtime(scenario: Scenario, sim: Any) -> Any:
+def build_fault_runtime(scenario: Scenario, sim: Simulator) -> FaultRuntime | None:
     """A :class:`~carbon_gym.faults.FaultRuntime` applying the scenario's faults to ``sim``
     (None when the scenario has no faults)."""
     from .faults import FaultRuntime, scenario_faults

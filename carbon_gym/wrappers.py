@@ -7,13 +7,16 @@ one — a routing weight per datacenter — for agents that cannot produce per-r
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from .errors import ActionError
+from .errors import ActionError, ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .env import GeoServeEnv
 
 __all__ = ["RoutingWeightsWrapper", "apportion"]
 
@@ -46,6 +49,16 @@ def apportion(expected: np.ndarray, n: int) -> np.ndarray:
     return q
 
 
+def _geoserve(env: gym.Env) -> GeoServeEnv:
+    """The :class:`~carbon_gym.env.GeoServeEnv` under ``env``'s wrappers (a ConfigError otherwise)."""
+    from .env import GeoServeEnv
+
+    base = env.unwrapped
+    if not isinstance(base, GeoServeEnv):
+        raise ConfigError("env", f"expected a GeoServeEnv (possibly wrapped), got {type(base).__name__}")
+    return base
+
+
 class RoutingWeightsWrapper(gym.ActionWrapper):
     """Action = routing weights per datacenter: ``Box(0, 1, (D,), float32)``.
 
@@ -75,8 +88,9 @@ class RoutingWeightsWrapper(gym.ActionWrapper):
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
-        self._D = int(env.unwrapped.layout.n_datacenters)
-        self._K = int(env.unwrapped.layout.max_pending)
+        self._base = _geoserve(env)
+        self._D = int(self._base.layout.n_datacenters)
+        self._K = int(self._base.layout.max_pending)
         self.action_space = spaces.Box(0.0, 1.0, shape=(self._D,), dtype=np.float32)
         self._credit = np.zeros(self._D, dtype=np.float64)
         self._last_counts = np.zeros(self._D, dtype=np.int64)
@@ -90,7 +104,7 @@ class RoutingWeightsWrapper(gym.ActionWrapper):
         """Route by weights, then step the wrapped env."""
         obs, reward, terminated, truncated, info = self.env.step(self.action(action))
         info["routing_counts"] = self._last_counts.copy()
-        return obs, reward, terminated, truncated, info
+        return obs, float(reward), terminated, truncated, info
 
     def action(self, action: Any) -> np.ndarray:
         """Turn weights (D,) into the env's MultiDiscrete action (K,)."""
@@ -103,7 +117,7 @@ class RoutingWeightsWrapper(gym.ActionWrapper):
         if np.any(w < -WEIGHT_TOLERANCE) or np.any(w > 1.0 + WEIGHT_TOLERANCE):
             raise ActionError(f"routing weights must lie in [0, 1], got {w.tolist()}")
         w = np.clip(w, 0.0, 1.0)
-        mask = self.env.unwrapped.action_masks().reshape(K, D + 1)[:, :D]
+        mask = self._base.action_masks().reshape(K, D + 1)[:, :D]
         out = np.full(K, D, dtype=np.int64)
         counts = np.zeros(D, dtype=np.int64)
         rows = np.flatnonzero(mask.any(axis=1))

@@ -94,6 +94,7 @@ class Scheduler:
         t0 = time.perf_counter()
         problem = self.problem(observation, info)
         assignment = self.place(problem)
+        assert self._facts is not None  # (set by problem())
         action = action_from_assignment(problem, assignment, self._facts.layout.max_pending)
         self.stats["decision_s"].append(time.perf_counter() - t0)
         return action

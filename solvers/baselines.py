@@ -216,25 +216,26 @@ class SharePlanner(Scheduler):
 
     def reset_state(self) -> None:
         """Forget the plan and the traffic history."""
-        self._shares: np.ndarray | None = None
-        self._credit: np.ndarray | None = None
+        # (empty arrays until the first step: no plan, no traffic seen)
+        self._shares = np.zeros((0, 0))  # (origins, D) planned shares
+        self._credit = np.zeros((0, 0))  # (origins, D) interleaving credit of the shares
         self._next_plan_s = -np.inf
         self._since_s = 0.0
-        self._counts: np.ndarray | None = None
-        self._net: np.ndarray | None = None
+        self._counts: np.ndarray = np.zeros(0)  # (origins,) requests seen since the last plan
+        self._net: np.ndarray = np.zeros((0, 0))  # (origins, D) mean network delay seen, s
 
     def _observe(self, p: PlacementProblem) -> None:
-        n_o = max(int(p.origin.max()) + 1 if p.n_requests else 1, 1 if self._counts is None else self._counts.size)
-        if self._counts is None or self._counts.size < n_o:
+        n_o = max(int(p.origin.max()) + 1 if p.n_requests else 1, 1, self._counts.size)
+        if self._counts.size < n_o:
             old = self._counts
             self._counts = np.zeros(n_o)
-            if old is not None:
-                self._counts[:old.size] = old
-        if self._net is None or self._net.shape[0] < n_o:
+            self._counts[:old.size] = old
+        if self._net.shape[0] < n_o:
             old = self._net
-            self._net = np.full((n_o, p.n_datacenters), np.nan)
-            if old is not None:
-                self._net[:old.shape[0]] = old
+            net = np.full((n_o, p.n_datacenters), np.nan)
+            if old.size:
+                net[:old.shape[0]] = old
+            self._net = net
         new = p.waited_s < p.poll_s
         self._counts += np.bincount(p.origin[new], minlength=self._counts.size)
         for o in np.unique(p.origin):
@@ -309,7 +310,7 @@ class SharePlanner(Scheduler):
         p = problem
         d_n = p.n_datacenters
         self._observe(p)
-        if p.time_s >= self._next_plan_s or self._shares is None or self._shares.shape[0] < self._counts.size:
+        if p.time_s >= self._next_plan_s or self._shares.shape[0] < self._counts.size:
             self._shares = self.plan(p)
             self._credit = np.zeros_like(self._shares)
             self.stats["plans"] += 1

@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from carbon_gym.state import EnvState
+
 from .problem import PlacementProblem
 
 #: Finite stand-in for the infinite estimates of a datacenter that is down, seconds.
@@ -99,7 +101,7 @@ class EnvFacts:
         return now, fc
 
 
-def problem_from_state(state: Any, facts: EnvFacts) -> PlacementProblem:
+def problem_from_state(state: EnvState, facts: EnvFacts) -> PlacementProblem:
     """The :class:`PlacementProblem` of one env step from its :class:`~carbon_gym.state.EnvState`
     (see the module docstring for the mapping)."""
     L = state.layout

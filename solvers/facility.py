@@ -239,7 +239,7 @@ class FacilityMILP(Scheduler):
         self.stats["bb_work"].append(res.bb_work)
         assignment = None
         reason = ""
-        if res.x is None:
+        if res.x is None or res.defer is None:
             reason = f"no incumbent ({res.status})"
         elif not np.allclose(np.bincount(data.pc, weights=res.x, minlength=data.n_classes) + res.defer, data.count):
             reason = "solution does not place every request exactly once"

@@ -106,11 +106,11 @@ class PlacementProblem:
     tpot_slo_s: float = 0.1
     poll_s: float = 1.0
     time_s: float = 0.0
-    slot: np.ndarray | None = None
+    slot: np.ndarray = None  # type: ignore[assignment]  # None: the default, filled in __post_init__
     carbon_forecast_g_per_kwh: np.ndarray | None = None
     decode_iteration_s: np.ndarray | None = None
-    prefill_fixed_s: np.ndarray | None = None
-    backlog_prompt_tokens: np.ndarray | None = None
+    prefill_fixed_s: np.ndarray = None  # type: ignore[assignment]  # None: the default, filled in __post_init__
+    backlog_prompt_tokens: np.ndarray = None  # type: ignore[assignment]  # None: the default, filled in __post_init__
 
     def __post_init__(self) -> None:  # noqa: C901
         for name in ("origin", "slot"):

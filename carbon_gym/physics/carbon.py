@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from functools import lru_cache
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -224,7 +224,7 @@ def _parse_time(cell: str, where: str, column: str) -> datetime:
         raise DataError(where, f"cannot parse timestamp {cell.strip()!r} in column {column!r}") from None
 
 
-def _read_long(path: Path, header: list[str], rows, zone_col: int, kind: str, value_column: str | None,
+def _read_long(path: Path, header: list[str], rows: Iterator[tuple[int, list[str]]], zone_col: int, kind: str, value_column: str | None,
                zones: Sequence[str] | None) -> tuple[dict[str, _Series], bool]:
     src = str(path)
     time_col = next((i for i, h in enumerate(header) if norm_name(h) in _TIME_NAMES), None)
@@ -249,7 +249,7 @@ def _read_long(path: Path, header: list[str], rows, zone_col: int, kind: str, va
     return series, False
 
 
-def _read_wide(path: Path, header: list[str], rows, zones: Sequence[str] | None) -> tuple[dict[str, _Series], bool]:
+def _read_wide(path: Path, header: list[str], rows: Iterator[tuple[int, list[str]]], zones: Sequence[str] | None) -> tuple[dict[str, _Series], bool]:
     src = str(path)
     if len(header) < 2:
         raise DataError(f"{src}:1", "wide format needs a time column and at least one zone column")
@@ -271,8 +271,8 @@ def _read_wide(path: Path, header: list[str], rows, zones: Sequence[str] | None)
         for lst, c in zip(cells, cols):
             lst.append(row[c])
     series: dict[str, _Series] = {z: ([], [], []) for z in names}
-    for z, c in zip(selected, cells):
-        series[z] = (lines, times, c)
+    for z, vals in zip(selected, cells):
+        series[z] = (lines, times, vals)
     return series, True
 
 
@@ -392,7 +392,7 @@ def load_carbon_trace(
     fill = "none" if fill is None else fill
     check_choice("carbon.fill", fill, FILL_METHODS)
     packaged = path is None
-    p = packaged_carbon_path(kind) if packaged else Path(path)
+    p = packaged_carbon_path(kind) if path is None else Path(path)
     if zones is not None:
         zones = [zones] if isinstance(zones, str) else list(zones)
         if len(set(zones)) != len(zones):
@@ -422,7 +422,8 @@ def _load_cached(key: tuple) -> tuple[tuple[str, ...], datetime, np.ndarray, int
     return zone_names, start, values, n_filled
 
 
-def _load_uncached(p: Path, kind: str, zones: Sequence[str] | None, fill: str, value_column: str | None):
+def _load_uncached(p: Path, kind: str, zones: Sequence[str] | None, fill: str,
+                   value_column: str | None) -> tuple[tuple[str, ...], datetime, np.ndarray, int]:
     src = str(p)
     header, rows = read_rows(p)
     normed = [norm_name(h) for h in header]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -125,7 +125,7 @@ def network_from_zones(
     *,
     rtt_path: str | Path | None = None,
     metro_rtt_ms: float = METRO_RTT_MS,
-    rtt_overrides_ms: dict[int, Sequence[float]] | None = None,
+    rtt_overrides_ms: Mapping[int, Sequence[float]] | None = None,
     **network_kwargs: float,
 ) -> Network:
     """Build a :class:`Network` with ``one_way_s[r, d] = RTT(client_zones[r], datacenter_zones[d]) / 2``.

@@ -253,7 +253,7 @@ class RecordWriter:
         parts = self._parts
         with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
             for name, dt in RECORD_COLUMNS:
-                col = np.concatenate([getattr(p, name) for p in parts]).astype(dt, copy=False)
+                col: np.ndarray = np.concatenate([getattr(p, name) for p in parts]).astype(dt, copy=False)
                 with zf.open(f"{name}.npy", "w", force_zip64=True) as f:
                     np.lib.format.write_array(f, np.ascontiguousarray(col), allow_pickle=False)
                 del col
@@ -326,12 +326,12 @@ class RecordWriter:
             before = int(cum[b - 1]) if b > 0 else 0
             return float(sorted_vals[b][k - before])
 
-        out = []
+        out: list[float] = []
         for q in qs:
             k0, k1, frac = ranks[q]
-            a, b = order_stat(k0), order_stat(k1)
-            diff = b - a  # numpy's _lerp
-            out.append(float(b - diff * (1.0 - frac)) if frac >= 0.5 else float(a + diff * frac))
+            lo, hi = order_stat(k0), order_stat(k1)
+            diff = hi - lo  # numpy's _lerp
+            out.append(float(hi - diff * (1.0 - frac)) if frac >= 0.5 else float(lo + diff * frac))
         return out
 
 

@@ -7,17 +7,16 @@ stay plain dataclasses (copyable, picklable, ``dataclasses.replace``-able) whate
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
-
 import numpy as np
 
 __all__ = ["ClusterSnapshot", "LatencyEstimates", "EnergyAttribution", "SimTotals", "SNAPSHOT_ARRAY_ROWS",
            "snapshot_from_array"]
 
 
-def _state(unit: str, doc: str, kind: str = "float") -> Any:
-    """A per-datacenter state field (array of length D): its unit, one-line doc and decoded type."""
-    return field(metadata={"unit": unit, "doc": doc, "kind": kind})
+def _state(unit: str, doc: str, kind: str = "float") -> dict[str, str]:
+    """Metadata of a per-datacenter state field (array of length D): its unit, one-line doc and
+    decoded type."""
+    return {"unit": unit, "doc": doc, "kind": kind}
 
 
 @dataclass(frozen=True)
@@ -50,23 +49,23 @@ class ClusterSnapshot:
     """
 
     time_s: float = field(metadata={"unit": "s", "doc": "simulated time of the snapshot"})
-    carbon_g_per_kwh: np.ndarray = _state("g/kWh", "grid carbon intensity now")
-    pue: np.ndarray = _state("-", "power usage effectiveness (facility / IT power)")
-    queue_len: np.ndarray = _state("requests", "requests waiting in engine queues + in transit to the datacenter", "int")
-    running: np.ndarray = _state("sequences", "sequences in running batches", "int")
-    free_kv_blocks: np.ndarray = _state("blocks", "free KV blocks (published)", "int")
-    total_kv_blocks: np.ndarray = _state("blocks", "KV blocks of all engines", "int")
-    power_w: np.ndarray = _state("W", "facility power now")
-    busy_engines: np.ndarray = _state("engines", "engines with work", "int")
-    n_engines: np.ndarray = _state("engines", "engines serving the model", "int")
-    est_queue_wait_s: np.ndarray = _state("s", "estimated queueing wait of a new request")
-    est_prefill_s_per_token: np.ndarray = _state("s/token", "estimated marginal prefill time per prompt token")
-    est_tpot_s: np.ndarray = _state("s", "estimated per-token decode time of a new request")
-    tpot_slope_s_per_seq: np.ndarray = _state("s/sequence", "decode time added per extra sequence")
-    up: np.ndarray = _state("flag", "datacenter up", "bool")
-    est_iteration_s: np.ndarray = _state("s", "estimated fixed time of one prefill-chunk iteration")
-    est_prefill_chunk_tokens: np.ndarray = _state("tokens", "prompt tokens per prefill chunk", "int")
-    accepting_engines: np.ndarray = _state("engines", "engines taking new requests", "int")
+    carbon_g_per_kwh: np.ndarray = field(metadata=_state("g/kWh", "grid carbon intensity now"))
+    pue: np.ndarray = field(metadata=_state("-", "power usage effectiveness (facility / IT power)"))
+    queue_len: np.ndarray = field(metadata=_state("requests", "requests waiting in engine queues + in transit to the datacenter", "int"))
+    running: np.ndarray = field(metadata=_state("sequences", "sequences in running batches", "int"))
+    free_kv_blocks: np.ndarray = field(metadata=_state("blocks", "free KV blocks (published)", "int"))
+    total_kv_blocks: np.ndarray = field(metadata=_state("blocks", "KV blocks of all engines", "int"))
+    power_w: np.ndarray = field(metadata=_state("W", "facility power now"))
+    busy_engines: np.ndarray = field(metadata=_state("engines", "engines with work", "int"))
+    n_engines: np.ndarray = field(metadata=_state("engines", "engines serving the model", "int"))
+    est_queue_wait_s: np.ndarray = field(metadata=_state("s", "estimated queueing wait of a new request"))
+    est_prefill_s_per_token: np.ndarray = field(metadata=_state("s/token", "estimated marginal prefill time per prompt token"))
+    est_tpot_s: np.ndarray = field(metadata=_state("s", "estimated per-token decode time of a new request"))
+    tpot_slope_s_per_seq: np.ndarray = field(metadata=_state("s/sequence", "decode time added per extra sequence"))
+    up: np.ndarray = field(metadata=_state("flag", "datacenter up", "bool"))
+    est_iteration_s: np.ndarray = field(metadata=_state("s", "estimated fixed time of one prefill-chunk iteration"))
+    est_prefill_chunk_tokens: np.ndarray = field(metadata=_state("tokens", "prompt tokens per prefill chunk", "int"))
+    accepting_engines: np.ndarray = field(metadata=_state("engines", "engines taking new requests", "int"))
 
 
 #: Row names of ``Simulator.snapshot_array()``: the per-datacenter :class:`ClusterSnapshot` fields

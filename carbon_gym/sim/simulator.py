@@ -20,7 +20,7 @@ import itertools
 import math
 import operator
 from math import exp
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,6 +31,14 @@ from .engine import IDLE, RUN, EngineConfig
 from .request import CopyableState, EngineModels, RequestState, mypyc_attr
 from .records import AbortedRequests, RequestRecords
 from .results import ClusterSnapshot, EnergyAttribution, LatencyEstimates, SimTotals, snapshot_from_array
+
+if TYPE_CHECKING:  # pragma: no cover - types only (the compiled build treats them as Any)
+    from ..physics.carbon import CarbonTrace
+    from ..physics.latency import IterationLatencyModel
+    from ..physics.network import Network
+    from ..physics.power import PowerModel
+    from ..specs import GpuSpec, ModelSpec
+    from ..topology import Topology
 
 _VIEW_FREE = operator.attrgetter("view_free_blocks")
 _OUTPUT_TOKENS = operator.itemgetter(11)  # output_tokens in a completed-request row
@@ -82,13 +90,13 @@ class Simulator(CopyableState):
 
     def __init__(
         self,
-        topology: Any,
-        model: Any,
-        gpu: Any,
-        latency: Any,
-        power: Any,
-        network: Any,
-        carbon: Any,
+        topology: Topology,
+        model: ModelSpec,
+        gpu: GpuSpec,
+        latency: IterationLatencyModel,
+        power: PowerModel,
+        network: Network,
+        carbon: CarbonTrace,
         *,
         engine: EngineConfig = EngineConfig(),
         carbon_offset_s: float = 0.0,
@@ -153,7 +161,7 @@ class Simulator(CopyableState):
         self._heap: list = []
         self._counter = itertools.count().__next__
         self._rows: list[tuple] = []
-        self._ctor = ((topology, model, gpu, latency, power, network, carbon),
+        self._ctor: tuple[tuple[Any, ...], dict[str, Any]] = ((topology, model, gpu, latency, power, network, carbon),
                       dict(engine=engine, carbon_offset_s=carbon_offset_s, dispatcher=dispatcher, step_mode=step_mode))
         self._models = EngineModels(latency, power, tp) if _shared is None else _shared[0]
         clocks = [None] * D if _shared is None else _shared[1]
