@@ -64,16 +64,16 @@ class CapacityBudget:
             raise ConfigError("capacity_cap", f"must be in (0, 2] (share of the measured capacity) or None, got {cap!r}")
         self.cap = float(cap)
         self.default_rps = float(default_rps)
-        self._credit: np.ndarray | None = None
+        self._credit: np.ndarray = np.zeros(0)  # (empty: no step yet)
 
     def reset(self) -> None:
-        self._credit = None
+        self._credit = np.zeros(0)
 
     def budget(self, p: PlacementProblem, env: Any) -> np.ndarray:
         """Requests each datacenter may take this step (integers; the remainder carried)."""
         rate = _per_engine_capacity_rps(env, self.default_rps)
         per_step = np.where(p.up, self.cap * p.n_engines * rate * p.poll_s, 0.0)
-        if self._credit is None or self._credit.shape != per_step.shape:
+        if self._credit.shape != per_step.shape:
             self._credit = np.zeros_like(per_step)
         self._credit = np.minimum(self._credit + per_step, 2.0 * per_step + 1.0)  # (no hoarding across idle steps)
         return np.floor(self._credit + 1e-9)
@@ -125,8 +125,9 @@ class CarbonGreedy(Scheduler):
 
     def reset_state(self) -> None:
         """Forget the carried capacity credit."""
-        if getattr(self, "capacity", None) is not None:
-            self.capacity.reset()
+        capacity: CapacityBudget | None = getattr(self, "capacity", None)
+        if capacity is not None:
+            capacity.reset()
 
     def place(self, problem: PlacementProblem) -> np.ndarray:
         """Each request to its greenest allowed datacenter (with budget left, when capped)."""

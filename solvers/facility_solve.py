@@ -246,7 +246,7 @@ def solve_highspy(  # noqa: C901 - one pass through the solve's stages, each a f
 
     t0 = time.perf_counter()
     timed = cfg.time_limit_s is not None
-    deadline = t0 + float(cfg.time_limit_s) if timed else np.inf
+    deadline = t0 + float(cfg.time_limit_s) if cfg.time_limit_s is not None else np.inf
     lay, arr = _build_arrays(data)
     integ = arr["integ"].copy()
     h = new_highs(cfg.threads)

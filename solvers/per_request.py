@@ -129,8 +129,9 @@ class PerRequestILP(Scheduler):
 
     def reset_state(self) -> None:
         """Forget the carried capacity credit."""
-        if getattr(self, "capacity", None) is not None:
-            self.capacity.reset()
+        capacity = getattr(self, "capacity", None)
+        if capacity is not None:
+            capacity.reset()
 
     def reset_stats(self) -> None:
         """Clear the statistics."""
