@@ -129,13 +129,16 @@ def _windows(offset_s: float, t_floor_s: float, t_max_s: float) -> list[tuple[fl
 _POWERLESS_FAULTS = ("datacenter_outage", "region_outage", "engine_drain")  # a datacenter or its engines draw 0 W
 
 
-def carbon_lower_bound(scenario: Any, seed: int, *, sleep_w: float | None = None) -> CarbonBound:  # noqa: C901
+def carbon_lower_bound(scenario: Any, seed: int, *, sleep_w: float | None = None, backlog_end: int = 0) -> CarbonBound:  # noqa: C901
     """The lower bound of the episode of ``scenario`` (with its episode start already in
     ``carbon.start_utc``) under world seed ``seed``: see the module docstring.
 
     Args:
         sleep_w: per-GPU power of a sleeping engine (capacity states), or None (engines are idle
             at least: the floor is at ``idle_w``).
+        backlog_end: with a measurement window (``env.measure = "window"``), the most requests
+            the runs compared with it leave in flight or pending at the window's end: of the
+            requests arriving in the window, all but that many were done entirely in it.
     """
     import highspy
 
@@ -168,6 +171,8 @@ def carbon_lower_bound(scenario: Any, seed: int, *, sleep_w: float | None = None
     floor_gpu_w = idle_w if sleep_w is None else min(float(sleep_w), idle_w)
     powerless = any(isinstance(f, dict) and f.get("kind") in _POWERLESS_FAULTS for f in (getattr(scenario, "faults", None) or ()))
     floor_w = np.zeros(n_d) if powerless else pue * (gpus * floor_gpu_w + nodes * host_w)
+    if getattr(scenario.env, "measure", "episode") == "window":
+        return _window_bound(scenario, parts, floor_w, zones, prompt, output, arrival, t_floor, sleep_w, int(backlog_end))
     floor_g = float(sum(floor_w[d] * trace.integral(int(zones[d]), off, off + t_floor) for d in range(n_d)) / 3.6e6)
     wins = _windows(off, t_floor, t_max)
     n_w = len(wins)
@@ -278,7 +283,51 @@ def carbon_lower_bound(scenario: Any, seed: int, *, sleep_w: float | None = None
     return CarbonBound(floor_g + active, floor_g, active, status, wins, tokens, int(prompt.size), sec_per_token)
 
 
-def bound_for_spec(spec: Any, *, sleep_w: float | None = None) -> CarbonBound:
+def _engine_seconds(lat: Any, eng: Any, prompt: np.ndarray, output: np.ndarray, k_max: float) -> tuple[np.ndarray, float]:
+    """(engine-seconds each request needs at least, seconds per token of the most efficient
+    iteration): ``min_k g(k) / k`` per token plus the request's own latency-model terms."""
+    decode = np.maximum(output - 1.0, 0.0)
+    grid = np.asarray(lat.tokens_grid, float)
+    ks = np.unique(np.concatenate([[1.0, k_max], grid[(grid > 1) & (grid < k_max)]]))
+    per_token = float(min((float(lat.overhead_s) + float(lat.allreduce_fixed_s) + lat.linear_time_s(k)
+                           + float(lat.allreduce_per_token_s) * k) / k for k in ks))
+    ctx = decode * prompt + decode * np.maximum(decode - 1.0, 0.0) / 2.0
+    own = (float(lat.attn_decode_per_seq_s) * decode + float(lat.attn_decode_per_ctx_s) * ctx
+           + float(lat.attn_prefill_per_token_s) * prompt + float(lat.attn_prefill_per_pair_s) * prompt * (prompt + 1.0) / 2.0
+           + float(lat.per_sampled_seq_s) * output)
+    return per_token * (prompt + decode) + own, per_token
+
+
+def _window_bound(scenario: Any, parts: Any, floor_w: np.ndarray, zones: np.ndarray, prompt: np.ndarray, output: np.ndarray,
+                  arrival: np.ndarray, t_end: float, sleep_w: float | None, backlog_end: int) -> CarbonBound:
+    """The bound of a measurement window ``[W, t_end]`` (``env.measure = "window"``): the floor
+    over the window (exact), plus the least active energy of the requests the window must have
+    done entirely: of those arriving in it, all but ``backlog_end`` (the smallest ones, by their
+    least engine-seconds), each engine-second at the lowest grams per engine-second of any
+    datacenter and hour of the window (no capacity limit: weaker, valid whatever the burn-in
+    left in flight)."""
+    eng, lat, pw, trace, off = parts.engine, parts.latency, parts.power, parts.carbon, parts.carbon_offset_s
+    dcs = list(parts.topology.datacenters)
+    w0 = float(scenario.env.warmup_s)
+    floor_g = float(sum(floor_w[d] * trace.integral(int(zones[d]), off + w0, off + t_end) for d in range(len(dcs))) / 3.6e6)
+    wins = _windows(off + w0, t_end - w0, t_end - w0)
+    wins = [(a + w0, b + w0) for a, b in wins]
+    inside = arrival >= w0
+    k_max = float(max(eng.max_num_batched_tokens, float(prompt.max()) if prompt.size else 1.0,
+                      float(scenario.workload.max_context_tokens))) + float(eng.max_num_seqs)
+    sec, per_token = _engine_seconds(lat, eng, prompt[inside], output[inside], k_max)
+    keep = max(0, int(inside.sum()) - int(backlog_end))
+    need_s = float(np.sort(sec)[:keep].sum())
+    ci_lo = min(float(min(trace.intensity_all(off + a)[zones].min(), trace.intensity_all(off + b - 1e-9)[zones].min()))
+                for a, b in wins)
+    pue_lo = min(float(d.pue) for d in dcs)
+    p_lo = min(float(pw.decode_min_w), float(pw.prefill_w))
+    active = pue_lo * int(eng.tp) * (p_lo - float(pw.idle_w)) * ci_lo * need_s / 3.6e6 * (1.0 - 1e-9)
+    return CarbonBound(floor_g + active, floor_g, active, "window", wins, float((prompt[inside] + np.maximum(output[inside] - 1, 0)).sum()),
+                       int(inside.sum()), per_token)
+
+
+def bound_for_spec(spec: Any, *, sleep_w: float | None = None, backlog_end: int = 0) -> CarbonBound:
     """:func:`carbon_lower_bound` of a run's episode (its scenario with the overrides and the
     episode start :func:`eval.runner.resolve_run_scenario` gives it, world seed = its seed)."""
     import warnings
@@ -288,15 +337,21 @@ def bound_for_spec(spec: Any, *, sleep_w: float | None = None) -> CarbonBound:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         scenario, _ = resolve_run_scenario(spec)
-    return carbon_lower_bound(scenario, int(spec.seed), sleep_w=sleep_w)
+    return carbon_lower_bound(scenario, int(spec.seed), sleep_w=sleep_w, backlog_end=backlog_end)
 
 
-def bounds_table(specs: Any, *, sleep_w: float | None = None) -> Any:
+def bounds_table(specs: Any, *, sleep_w: float | None = None, runs: Any = None) -> Any:
     """One row per (scenario label, seed) of ``specs``: the bound of that episode (the policy
     does not matter: every policy of a (scenario, seed) runs the same episode). Columns
     ``scenario``, ``seed``, ``bound_carbon_g``, ``bound_floor_g``, ``bound_active_g``,
-    ``bound_status``."""
+    ``bound_status``. With measurement windows, ``runs`` (their runs table) gives each
+    (scenario, seed) the largest backlog its runs left at the window's end (``backlog_end``)."""
     import pandas as pd
+
+    backlog: dict[tuple[str, int], int] = {}
+    if runs is not None and "backlog_end" in runs:
+        for (scen, seed), g in runs.groupby(["scenario", "seed"]):
+            backlog[(str(scen), int(seed))] = int(np.nanmax(g["backlog_end"].to_numpy(float))) if g["backlog_end"].notna().any() else 0
 
     seen: dict[tuple[str, int], Any] = {}
     for sp in specs:
@@ -305,7 +360,7 @@ def bounds_table(specs: Any, *, sleep_w: float | None = None) -> Any:
             seen[key] = sp
     rows = []
     for (scen, seed), sp in seen.items():
-        b = bound_for_spec(sp, sleep_w=sleep_w)
+        b = bound_for_spec(sp, sleep_w=sleep_w, backlog_end=backlog.get((scen, seed), 0))
         rows.append({"scenario": scen, "seed": seed, "bound_carbon_g": b.carbon_g, "bound_floor_g": b.floor_g,
                      "bound_active_g": b.active_g, "bound_status": b.status})
     return pd.DataFrame(rows)
@@ -324,6 +379,8 @@ def runs_below_bound(runs: Any) -> Any:
     the bound for runs that completed every request, the floor for the others (their unfinished
     work's energy was never spent). Empty when the bound holds."""
     complete = runs["unfinished_pct"].fillna(0.0) <= 0.0
+    if "window_s" in runs:  # (a window's bound already allows for the backlog its runs left)
+        complete = complete | runs["window_s"].notna()
     limit = np.where(complete, runs["bound_carbon_g"], runs["bound_floor_g"])
     return runs[runs["carbon_g"].to_numpy(float) < limit - 1e-9]
 
@@ -367,7 +424,7 @@ def bound_experiment(ctx: Any, policies: Any) -> str:
     specs = make_specs(scens, list(dict.fromkeys([REFERENCE_POLICY] + list(policies))), ctx.seeds, overrides=ctx.overrides,
                        policy_kwargs=ctx.policy_kwargs)
     ex = ctx.execute(specs)
-    bounds = bounds_table([s for s in specs if s.policy == REFERENCE_POLICY])
+    bounds = bounds_table([s for s in specs if s.policy == REFERENCE_POLICY], runs=ex.runs)
     bounds.to_csv(os.path.join(ctx.out, "bounds.csv"), index=False)
     runs = with_bounds(ex.runs, bounds)
     below = runs_below_bound(runs)

@@ -35,6 +35,7 @@ EXPERIMENT_ALIASES = {
     "d": "polling",
     "e": "tradeoff",
     "f": "bound",
+    "g": "diurnal",
 }
 EXPERIMENTS = tuple(EXPERIMENT_ALIASES.values())
 # `carbon-gym bench NAME ...` -> the module whose main(argv) runs it
@@ -323,6 +324,18 @@ def check_scenarios(scenarios: Sequence[str], overrides: dict[str, Any]) -> None
                 print(f"{PROG}: note: {text}", file=sys.stderr)
 
 
+def note_preset(preset: str | None, window_s: float | None, experiment: bool = False, stream: Any = None) -> None:
+    """Say what the preset's numbers are (the quick one's are not results)."""
+    from eval.experiments import PRESETS
+
+    if preset is None or window_s is not None:
+        return
+    if preset == "quick" and not experiment:
+        print(f"{PROG}: note: --preset quick: {PRESETS['quick'].note}", file=stream or sys.stderr)
+    elif preset in PRESETS:
+        print(f"{PROG}: note: preset {preset}: {PRESETS[preset].note}", file=stream or sys.stderr)
+
+
 def note_starts(scenarios: Sequence[str], overrides: dict[str, Any], spread: bool, stream: Any = None) -> None:
     """Say where the episodes start on the carbon trace: each scenario's own ``carbon.start_utc``
     (kept), or starts spread over the year that replace it (one per seed)."""
@@ -362,7 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--spread-starts", action="store_true", help="start each seed at its own point of the carbon year (day x hour, a low-discrepancy sequence) instead of the scenario's carbon.start_utc, which eval keeps by default")
 
     ex = sub.add_parser("experiment", help="run one of the study's experiments (a-f) and write its table and figure")
-    ex.add_argument("name", help="headline|milp-vs-ilp|predictor|polling|tradeoff|bound|all, or a..f")
+    ex.add_argument("name", help="headline|milp-vs-ilp|predictor|polling|tradeoff|bound|diurnal|all, or a..g")
     add_run_args(ex, out_default="results")
     ex.add_argument("--models", default=None, help="comma list of models to include (llama8b,qwen7b,mixtral8x7b; default all)")
     ex.add_argument("--loads", default=None, help="comma list of loads (low,moderate,high; default per experiment)")
@@ -392,8 +405,10 @@ def add_run_args(p: argparse.ArgumentParser, *, out_default: str) -> None:
     g.add_argument("--seeds", type=_positive_int, default=None, help="number of seeds (default: 3 for eval; preset-dependent for experiments)")
     g.add_argument("--seed-start", type=_nonnegative_int, default=0, help="first seed (default 0)")
     g.add_argument("--seed-list", default=None, help="explicit comma list of seeds (overrides --seeds)")
-    g.add_argument("--preset", default=None, help="quick (short episodes, for CI and laptops) or full (the scenario's own durations)")
-    g.add_argument("--duration-s", type=_float, default=None, help="simulated seconds per episode (overrides the preset)")
+    g.add_argument("--preset", default=None, help="quick (60 s from an empty cluster, with the drain: a smoke test, not a result; the experiments' default) or full (a 600 s steady-state window after a 300 s burn-in, 8 starts over the year)")
+    g.add_argument("--duration-s", type=_float, default=None, help="simulated seconds per episode, from an empty cluster and with the drain (overrides the preset)")
+    g.add_argument("--window-s", type=_float, default=None, help="measure a steady-state window of this many simulated seconds (after --warmup-s of burn-in, not counted; no drain)")
+    g.add_argument("--warmup-s", type=_float, default=None, help=f"burn-in before the window, simulated but not counted (default {300:g} s with --window-s; a multiple of the polling period)")
     g.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE", help="scenario override, e.g. --set polling_period_s=2 (repeatable; any dotted scenario field)")
     g.add_argument("--policy-arg", dest="policy_args", action="append", metavar="POLICY.KEY=VALUE", help="policy keyword argument, e.g. --policy-arg milp.violation_penalty_g=10 (repeatable)")
     g.add_argument("--no-carbon-start", action="store_true", help="keep the scenario's own carbon.start_utc (experiments spread their starts over the year by default; eval keeps it unless --spread-starts)")
@@ -463,6 +478,14 @@ def tensorboard_dir(args: argparse.Namespace, out: str) -> str | None:
 def _check_run_args(args: argparse.Namespace) -> None:
     if args.duration_s is not None and not (args.duration_s > 0):
         raise UsageError("--duration-s", f"must be > 0, got {args.duration_s}")
+    if args.window_s is not None and not (args.window_s > 0):
+        raise UsageError("--window-s", f"must be > 0, got {args.window_s}")
+    if args.warmup_s is not None and not (args.warmup_s >= 0):
+        raise UsageError("--warmup-s", f"must be >= 0, got {args.warmup_s}")
+    if args.duration_s is not None and (args.window_s is not None or args.warmup_s is not None):
+        raise UsageError("--duration-s", "is an episode without a window: give it or --window-s / --warmup-s, not both")
+    if args.warmup_s is not None and args.window_s is None and (args.preset or "") != "full":
+        raise UsageError("--warmup-s", "needs a measurement window: --window-s (or --preset full)")
     from eval.experiments import PRESETS
 
     if args.preset is not None and args.preset not in PRESETS:
@@ -488,7 +511,8 @@ def cmd_eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
     for pol in policy_kwargs:
         if pol not in bare and pol not in prefixes and pol not in given:  # (``learned.x=`` also serves ``learned:<path>``)
             raise UsageError("--policy-arg", f"policy {pol!r} is not in --policies", policies)
-    check_scenarios(scenarios, experiments.preset_overrides(args.preset, args.duration_s, overrides))
+    check_scenarios(scenarios, experiments.preset_overrides(args.preset, args.duration_s, overrides, window_s=args.window_s, warmup_s=args.warmup_s))
+    note_preset(args.preset, args.window_s)
     spread = bool(args.spread_starts) and not args.no_carbon_start
     note_starts(scenarios, overrides, spread)
     out = resolve_out(args)
@@ -513,6 +537,8 @@ def cmd_eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
         carbon_start=spread,
         fault_baseline=not args.no_fault_baseline,
         command=_command_line(argv),
+        window_s=args.window_s,
+        warmup_s=args.warmup_s,
     )
     from eval.tables import fault_markdown, summary_markdown
 
@@ -548,7 +574,8 @@ def cmd_experiment(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 raise UsageError("--loads", f"unknown load {ld!r}", experiments.LOADS)
     policies = resolve_policies(args.policies, args.trust_checkpoint) if args.policies else None
     scenarios = resolve_scenarios(args.scenarios) if args.scenarios else None
-    check_scenarios(scenarios or [f"{(models or experiments.MODELS)[0]}-{(loads or ['moderate'])[0]}"], experiments.preset_overrides(args.preset or "quick", args.duration_s, parse_assignments(args.overrides, "--set")))
+    check_scenarios(scenarios or [f"{(models or experiments.MODELS)[0]}-{(loads or ['moderate'])[0]}"], experiments.preset_overrides(args.preset or "quick", args.duration_s, parse_assignments(args.overrides, "--set"), window_s=args.window_s, warmup_s=args.warmup_s))
+    note_preset(args.preset or "quick", args.window_s, experiment=True)
     if args.no_carbon_start:
         print(f"{PROG}: note: --no-carbon-start: every episode starts at its scenario's own carbon.start_utc", file=sys.stderr)
     else:
@@ -578,6 +605,8 @@ def cmd_experiment(args: argparse.Namespace, argv: Sequence[str]) -> int:
             progress=not args.no_progress,
             carbon_start=not args.no_carbon_start,
             command=_command_line(argv),
+            window_s=args.window_s,
+            warmup_s=args.warmup_s,
         )
         print(f"## {n}\n")
         print(table, end="")

@@ -15,10 +15,13 @@ runs.csv, records, TensorBoard), the experiment's own table ``<name>.md``/``.csv
  d     polling       polling period 0.25-8 s: SLO violations and carbon
  e     tradeoff      carbon-vs-violation frontiers of the knob-driven policies, compared at equal violation
  f     bound         every policy's reduction as a share of the carbon lower bound's (eval/bound.py)
+ g     diurnal       one 6 h steady-state window of llama8b-diurnal: rr, the planner, the MILP
 =====  ============  ==========================================================================
 
-Presets: ``quick`` (short episodes: the whole headline matrix in under an hour on 2 cores) and
-``full`` (the scenarios' own durations). The clairvoyant policy of experiment f is
+Presets: ``quick`` (60 s episodes from an empty cluster with the drain: a smoke test for CI and
+laptops, not a result) and ``full`` (steady state: a 600 s measurement window after a 300 s
+burn-in, no drain, 8 starts spread over the year); ``--window-s`` / ``--warmup-s`` set any
+window. The clairvoyant policy of experiment f is
 :mod:`eval.clairvoyant`; RESULTS.md is written by :mod:`eval.report`.
 """
 
@@ -70,17 +73,34 @@ STUDY_POLICIES = ("rr", "greedy", "greedy-cap", "least-loaded", "planner", "ilp"
 
 @dataclass(frozen=True)
 class Preset:
-    """Episode length and default seed count of an experiment run."""
+    """Episode length, measurement window and default seed count (episode starts) of a run.
 
-    duration_s: float | None  # None: the scenario's own duration
+    Attributes:
+        duration_s: simulated seconds without a window (None: the scenario's own duration).
+        seeds: episode starts (seeds), spread over the carbon year (day x hour).
+        polling_s: the polling sweep's periods.
+        window_s, warmup_s: a steady-state measurement window (``env.measure = "window"``): the
+            metrics cover ``window_s`` after a ``warmup_s`` burn-in that is simulated, not counted
+            (None: no window).
+        note: what the preset is for (said when it runs, and in RESULTS.md).
+    """
+
+    duration_s: float | None
     seeds: int
-    polling_s: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+    polling_s: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+    window_s: float | None = None
+    warmup_s: float | None = None
+    note: str = ""
 
 
 PRESETS: dict[str, Preset] = {
-    "quick": Preset(duration_s=60.0, seeds=3),
-    "full": Preset(duration_s=None, seeds=5),
+    "quick": Preset(duration_s=60.0, seeds=3, note="a smoke test for CI and laptops, not a result: 60 s from an empty cluster, "
+                    "the drain counted (14-21% of the carbon), 3 starts"),
+    "full": Preset(duration_s=None, seeds=8, window_s=600.0, warmup_s=300.0,
+                   note="steady state: 600 s measured after a 300 s burn-in (not counted), no drain, 8 starts over the year"),
 }
+#: Burn-in used with ``--window-s`` when ``--warmup-s`` is not given, s.
+DEFAULT_WARMUP_S = 300.0
 
 
 # (scenario override keys: eval.runner's OVERRIDE_*)
@@ -88,13 +108,29 @@ ORACLE = "oracle"
 LATENCY_WEIGHT_KWARG = "violation_penalty_g"  # facility MILP: grams of CO2 charged per SLO violation
 
 
-def preset_overrides(preset: str | None, duration_s: float | None, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Scenario overrides of a preset + explicit ``--duration-s`` + ``--set`` (last wins)."""
+def window_overrides(window_s: float, warmup_s: float) -> dict[str, Any]:
+    """Scenario overrides of a measurement window: ``window_s`` measured after ``warmup_s``."""
+    return {OVERRIDE_DURATION: float(warmup_s) + float(window_s), "env.measure": "window", "env.warmup_s": float(warmup_s)}
+
+
+def preset_overrides(preset: str | None, duration_s: float | None, overrides: Mapping[str, Any] | None, *,
+                     window_s: float | None = None, warmup_s: float | None = None) -> dict[str, Any]:
+    """Scenario overrides of a preset (its duration, or its measurement window), then an explicit
+    ``--duration-s`` (an episode without a window) or ``--window-s`` / ``--warmup-s``, then
+    ``--set`` (last wins)."""
     out: dict[str, Any] = {}
-    if preset is not None and PRESETS[preset].duration_s is not None:
-        out[OVERRIDE_DURATION] = PRESETS[preset].duration_s
+    p = PRESETS[preset] if preset is not None else None
+    if p is not None and p.window_s is not None:
+        out.update(window_overrides(p.window_s, p.warmup_s or 0.0))
+    elif p is not None and p.duration_s is not None:
+        out[OVERRIDE_DURATION] = p.duration_s
     if duration_s is not None:
-        out[OVERRIDE_DURATION] = float(duration_s)
+        out = {OVERRIDE_DURATION: float(duration_s)}
+    if window_s is not None or warmup_s is not None:
+        w = window_s if window_s is not None else (p.window_s if p is not None and p.window_s else None)
+        if w is None:
+            raise ValueError("--warmup-s needs a measurement window: --window-s, or the full preset")
+        out = window_overrides(w, warmup_s if warmup_s is not None else DEFAULT_WARMUP_S)
     out.update(overrides or {})
     return out
 
@@ -205,6 +241,8 @@ def eval_matrix(
     fault_baseline: bool = True,
     command: str | None = None,
     notes: Any = None,
+    window_s: float | None = None,
+    warmup_s: float | None = None,
 ) -> EvalResult:
     """``carbon-gym eval``: the matrix, its tables, the fault report and (optionally) figures.
 
@@ -216,7 +254,7 @@ def eval_matrix(
     saying which twins were added goes to ``notes`` (a text stream; default stderr). Figures are
     drawn for the requested scenarios only.
     """
-    ov = preset_overrides(preset, duration_s, overrides)
+    ov = preset_overrides(preset, duration_s, overrides, window_s=window_s, warmup_s=warmup_s)
     specs = make_specs(scenarios, policies, seeds, overrides=ov, policy_kwargs=policy_kwargs)
     specs = with_carbon_start(specs, carbon_start)
     shown = {s.scenario_name for s in specs}
@@ -521,7 +559,7 @@ def exp_headline(ctx: Ctx) -> str:
     ex = ctx.execute(specs, requests_for=[focus])
     from eval.bound import bound_summary, bounds_table, with_bounds
 
-    bounds = bounds_table([s for s in specs if s.policy == REFERENCE_POLICY]) if REFERENCE_POLICY in pols else None
+    bounds = bounds_table([s for s in specs if s.policy == REFERENCE_POLICY], runs=ex.runs) if REFERENCE_POLICY in pols else None
     bsum = None
     if bounds is not None and not bounds.empty:
         bounds.to_csv(os.path.join(ctx.out, "bounds.csv"), index=False)
@@ -669,6 +707,37 @@ def exp_bound(ctx: Ctx) -> str:
     return bound_experiment(ctx, pols)
 
 
+#: The long run of experiment g: hours measured (after a burn-in), where the carbon hours and the
+#: day's traffic play out.
+DIURNAL_WINDOW_S = 6 * 3600.0
+DIURNAL_WARMUP_S = 600.0
+DIURNAL_POLICIES = ("rr", "planner", "milp")
+
+
+def exp_diurnal(ctx: Ctx) -> str:
+    """Experiment g: one long steady-state run of ``llama8b-diurnal`` (traffic follows the sun)
+    for round-robin, the planner and the facility MILP: a 6 h window after a 10 min burn-in
+    (``--preset full``; a 60 s smoke window under ``quick``), unless ``--window-s`` /
+    ``--warmup-s`` say otherwise; one start (``--seeds`` for more)."""
+    scens = list(ctx.scenarios or ["llama8b-diurnal"])
+    pols = list(ctx.policies or [p for p in DIURNAL_POLICIES if p in available_policies()])
+    ov = dict(ctx.overrides)
+    if not ctx.explicit_window:  # its own window (a 60 s smoke window under the quick preset)
+        ov.update(window_overrides(60.0, 60.0) if ctx.preset_name == "quick" else window_overrides(DIURNAL_WINDOW_S, DIURNAL_WARMUP_S))
+    seeds = ctx.seeds if ctx.explicit_seeds else [0]
+    specs = make_specs(scens, pols, seeds, overrides=ov, policy_kwargs=ctx.policy_kwargs)
+    ex = ctx.execute(specs)
+    table = headline_table(ex.summary)
+    md = (f"{scens[0]}: {float(ov['env.warmup_s']):g} s burn-in, then {float(ov['duration_s']) - float(ov['env.warmup_s']):g} s "
+          "measured (steady-state window, no drain).\n\n" + table + "\n" + summary_markdown(ex.summary))
+    ctx.write_text("diurnal.md", md)
+    if ctx.plots:
+        say(f"{ctx.name}: writing figures to {ctx.fig_dir} (PNG + PDF; --no-plots skips them)")
+        for scen in dict.fromkeys(ex.runs["scenario"]):
+            standard_figures(ex, scen, ctx.fig_dir, tag=scen)
+    return md
+
+
 EXPERIMENT_FUNCS: dict[str, Callable[[Ctx], str]] = {
     "headline": exp_headline,
     "milp-vs-ilp": exp_milp_vs_ilp,
@@ -676,6 +745,7 @@ EXPERIMENT_FUNCS: dict[str, Callable[[Ctx], str]] = {
     "polling": exp_polling,
     "tradeoff": exp_tradeoff,
     "bound": exp_bound,
+    "diurnal": exp_diurnal,
 }
 
 
@@ -698,6 +768,8 @@ class Ctx:
     plots: bool
     carbon_start: bool
     command: str | None
+    explicit_seeds: bool = False
+    explicit_window: bool = False
 
     def scenario_list(self, default_loads: Sequence[str], default_models: Sequence[str] = MODELS) -> list[str]:
         """Explicit ``--scenarios``, else models x loads (the experiment's defaults where not given)."""
@@ -758,6 +830,8 @@ def run_experiment(
     progress: bool = True,
     carbon_start: bool = True,
     command: str | None = None,
+    window_s: float | None = None,
+    warmup_s: float | None = None,
 ) -> str:
     """Run experiment ``name`` (see the module docstring) and return its Markdown table."""
     p = PRESETS[preset]
@@ -770,12 +844,14 @@ def run_experiment(
         models=list(models) if models else None,
         loads=list(loads) if loads else None,
         policies=list(policies) if policies else None,
-        overrides=preset_overrides(preset, duration_s, overrides),
+        overrides=preset_overrides(preset, duration_s, overrides, window_s=window_s, warmup_s=warmup_s),
         policy_kwargs={k: dict(v) for k, v in (policy_kwargs or {}).items()},
         scenarios=list(scenarios) if scenarios else None,
         run_kwargs={"workers": workers, "ray_address": ray_address, "tensorboard": tensorboard, "fmt": fmt, "requests": requests, "progress": progress},
         plots=plots,
         carbon_start=carbon_start,
         command=command,
+        explicit_seeds=seeds is not None,
+        explicit_window=window_s is not None,
     )
     return EXPERIMENT_FUNCS[name](ctx)

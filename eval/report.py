@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 
-from eval.experiments import headline_table, milp_vs_ilp_markdown, milp_vs_ilp_table
+from eval.experiments import PRESETS, headline_table, milp_vs_ilp_markdown, milp_vs_ilp_table
 from eval.tables import METRICS_NOTE, summary_markdown
 
 __all__ = ["write_results_md", "STUDY_CLAIMS", "NOTES_BEGIN", "NOTES_END"]
@@ -134,7 +134,20 @@ def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", f
     add("```\n")
     add(f"- scenarios: {', '.join(scen)}")
     add(f"- policies: {', '.join(pols)}")
-    add(f"- seeds: {', '.join(map(str, seeds))}; simulated seconds per episode: {', '.join(f'{d:g}' for d in durations)} (preset `{cfg.get('preset', '?')}`; arrivals stop there, then placed requests drain)")
+    windows = sorted({float(w) for w in runs["window_s"].dropna()}) if runs is not None and "window_s" in runs else []
+    warm = sorted({float(r.get("overrides", {}).get("env.warmup_s", 0.0)) for r in runs_meta})
+    starts = sorted({r.get("start_utc") for r in runs_meta if r.get("start_utc")})
+    preset = cfg.get("preset", "?")
+    if windows:
+        add(f"- measurement window: {', '.join(f'{w:g}' for w in windows)} s (steady state: after a {', '.join(f'{w:g}' for w in warm)} s burn-in "
+            "that is simulated, not counted; no drain; work in flight at the end counted as far as it was run in the window)")
+    else:
+        add("- measurement window: none (episodes from an empty cluster, arrivals for "
+            f"{', '.join(f'{d:g}' for d in durations)} s, then the drain, all counted"
+            + (": the quick preset, a smoke test, not a result)" if preset == "quick" else ")"))
+    add(f"- starts: {len(seeds)} (seeds {', '.join(map(str, seeds))}; episode starts spread over the 2023 carbon year, day x hour: "
+        f"{', '.join(str(s)[:13] for s in starts[:12])}{' ...' if len(starts) > 12 else ''})")
+    add(f"- preset `{preset}`" + (f": {PRESETS[preset].note}" if preset in PRESETS else ""))
     if "elapsed_s" in cfg:
         add(f"- wall time: {cfg['elapsed_s'] / 60:.1f} min on {cfg.get('workers')} worker process(es), {cfg.get('cpu_count')} CPU cores ({cfg.get('backend')})")
     if runs is not None and "cpu_s" in runs:
@@ -168,7 +181,7 @@ def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", f
             add("## Facility MILP vs per-request ILPs (from the headline runs)\n")
             add(f"Reduction vs rr, % (SLO violation %; MLPerf p99 verdict), and the paired gap MILP - ILP in percentage points (mean ± 95% CI over seeds). {METRICS_NOTE}\n")
             add(milp_vs_ilp_markdown(milp_vs_ilp_table(runs, ilps=ilps), ilps))
-    for exp, title in (("milp-vs-ilp", "Facility MILP vs per-request ILPs"), ("predictor", "Predictor vs oracle"), ("polling", "Polling period"), ("tradeoff", "Carbon vs SLO trade-off"), ("bound", "Share of the carbon lower bound")):
+    for exp, title in (("milp-vs-ilp", "Facility MILP vs per-request ILPs"), ("predictor", "Predictor vs oracle"), ("polling", "Polling period"), ("tradeoff", "Carbon vs SLO trade-off"), ("bound", "Share of the carbon lower bound"), ("diurnal", "A long run: llama8b-diurnal")):
         md_path = os.path.join(results_dir, exp, f"{exp}.md")
         if not os.path.isfile(md_path):
             continue

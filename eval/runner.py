@@ -527,7 +527,10 @@ def run_one(spec: RunSpec, *, keep_requests: bool = True, observers: Sequence[Ep
     dec = steps["decision_s"].astype(np.float64)
     ledger = dict(em.get("ledger") or {})
     arrived = int(em.get("arrived", 0))
-    unfinished = int(em.get("in_flight_at_truncation", 0)) + int(em.get("unplaced_at_end", 0))
+    windowed = em.get("measure") == "window"
+    # a measurement window: the work it took in and did not do (the backlog's growth); else what
+    # the drain limit left unfinished plus what was never placed
+    unfinished = int(em["unfinished_window"]) if windowed else int(em.get("in_flight_at_truncation", 0)) + int(em.get("unplaced_at_end", 0))
     vr = em.get("violation_rate", float("nan"))
     metrics: dict[str, Any] = {
         "carbon_g": float(em["carbon_g"]),
@@ -567,6 +570,9 @@ def run_one(spec: RunSpec, *, keep_requests: bool = True, observers: Sequence[Ep
         "cpu_s": time.process_time() - cpu0,
     }
     metrics.update(policy_stats)
+    if windowed:
+        metrics.update({"window_start_s": float(em["window_start_s"]), "window_s": float(em["window_s"]),
+                        "backlog_start": int(em["backlog_start"]), "backlog_end": int(em["backlog_end"])})
     dcs, trace, offset = rec.datacenters, rec.trace, rec.offset_s
     meta = {
         "datacenters": [d.name for d in dcs],
