@@ -445,7 +445,8 @@ def headline_table(summary, bounds=None) -> str:
     return ("Carbon reduction vs round-robin, % (mean ± 95% CI over seeds); in parentheses the SLO violation % of "
             f"completed requests (per request), the MLPerf p99 verdict (seeds whose p99 TTFT and p99 TPOT are within the "
             f"scenario's targets; {P99_FAIL_MARK} = fails in some seed, with the percentile that failed) and, where >= 0.5%, "
-            "the share of requests still unfinished when the episode's drain limit ended it. A run leaving more than "
+            "the share of requests left unfinished (when the drain limit ended the episode; with a measurement window, the "
+            "backlog's growth over it, in % of the window's arrivals). A run leaving more than "
             f"{VALID_UNFINISHED_PCT:g}% unfinished is invalid (that work's energy was never spent, which would flatter the "
             "policy): its reduction is not shown." + (" The last column is the carbon lower bound's reduction (eval/bound.py: "
             "no run can emit less; every run of the table was checked against it)." if bsum is not None else "")
