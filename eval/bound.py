@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["CarbonBound", "carbon_lower_bound", "bound_for_spec", "iteration_time_minorant", "bounds_table", "with_bounds",
-           "runs_below_bound"]
+           "runs_below_bound", "bound_summary", "bound_experiment", "bound_check_markdown", "parse_bound_check", "CHECK_TITLE"]
 
 
 @dataclass
@@ -475,3 +475,40 @@ def bound_experiment(ctx: Any, policies: Any) -> str:
                    yerr="share_of_bound_pct_ci95", stem=ctx.fig("bound_share"), ylabel="share of the bound's reduction (%)",
                    title="Reduction vs rr as a share of the lower bound's")
     return md
+
+
+#: Title of RESULTS.md's per-(scenario, seed) check of the bound (parsed by the tests).
+CHECK_TITLE = "### Lower bound check"
+
+
+def bound_check_markdown(runs: Any) -> str:
+    """Per (scenario, seed) of a :func:`with_bounds` table: the bound, its floor, the lowest
+    carbon of a run that completed its work (and its policy), and whether every run of the
+    table is above the bound (the floor, for runs that left work unfinished)."""
+    below = runs_below_bound(runs)
+    lines = [CHECK_TITLE, "",
+             "Every run of the table against the lower bound of its episode (the floor, for a run that left work unfinished).", "",
+             "| scenario | seed | bound (g) | floor (g) | lowest complete run (g) | its policy | every run above the bound |",
+             "|---|---|---|---|---|---|---|"]
+    for (scen, seed), g in runs.groupby(["scenario", "seed"], sort=False):
+        done = g[g["unfinished_pct"].fillna(0.0) <= 0.0] if "window_s" not in g else g
+        low = done.loc[done["carbon_g"].idxmin()] if len(done) else None
+        ok = not ((below["scenario"] == scen) & (below["seed"] == seed)).any()
+        lines.append(f"| {scen} | {int(seed)} | {float(g['bound_carbon_g'].iloc[0]):.3f} | {float(g['bound_floor_g'].iloc[0]):.3f} | "
+                     + (f"{float(low['carbon_g']):.3f} | {low['policy']}" if low is not None else "– | –") + f" | {'yes' if ok else 'NO'} |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_bound_check(text: str) -> list[dict[str, Any]]:
+    """The rows of the :data:`CHECK_TITLE` section of a RESULTS.md (empty when it has none)."""
+    if CHECK_TITLE not in text:
+        return []
+    rows = []
+    for line in text.split(CHECK_TITLE, 1)[1].splitlines():
+        if line.startswith("## "):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 7 and cells[0] not in ("scenario", "---") and not cells[0].startswith("-"):
+            rows.append({"scenario": cells[0], "seed": int(cells[1]), "bound_g": float(cells[2]), "floor_g": float(cells[3]),
+                         "lowest_g": float(cells[4]) if cells[4] != "–" else float("nan"), "policy": cells[5], "ok": cells[6]})
+    return rows

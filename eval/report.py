@@ -159,6 +159,11 @@ def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", f
     add(headline_table(summary, bsum))
     add(f"Full table (carbon in kg, latencies in ms; decision time is wall clock per step). {METRICS_NOTE}\n")
     add(summary_markdown(summary))
+    bounds = _read_csv(os.path.join(head_dir, "bounds.csv"))
+    if bounds is not None and runs is not None:
+        from eval.bound import bound_check_markdown, with_bounds
+
+        add(bound_check_markdown(with_bounds(runs, bounds)))
     for exp, stem, caption in (
         ("headline", "headline_reduction", "Carbon reduction vs round-robin per scenario and policy."),
         ("headline", "headline_violations", "SLO violation rate per scenario and policy."),
