@@ -182,15 +182,10 @@ class GeoServeEnv(gym.Env):
     ``arrived = placed + unplaced_at_end``).
     Stepping after the end raises ``RuntimeError`` (call ``reset``).
 
-    Measurement window (opt-in, ``[env] measure = "window"``, ``warmup_s = W``): the episode
-    starts warm: the policy acts from t = P as always, but ``[0, W)`` is a burn-in the episode
-    metrics do not count; they cover ``[W, N P]``: requests arriving and completing, latencies,
-    violations, energy and carbon in the window. The N-th step ends the window at its decision:
-    no drain. The energy of work still in flight then counts as far as its tokens were run in
-    the window (the time integral of the engines' power), so neither warm-up nor drain dilutes
-    the metrics; ``unfinished_window`` is the backlog's growth over the window (work taken in
-    and not done), ``window_start_s`` / ``window_s`` say what was measured, and the ledger still
-    covers the whole episode. Step rewards and ``info`` are as without a window.
+    Measurement window (opt-in, ``[env] measure = "window"``, ``warmup_s = W``): ``[0, W)`` is a
+    burn-in (the policy acts, nothing is counted), the metrics cover ``[W, N P]`` and the N-th
+    step ends the episode at its decision, without a drain (see
+    :meth:`~carbon_gym.episode.EpisodeTally.start_window`); steps and the ledger are unchanged.
 
     ## Faults
 
