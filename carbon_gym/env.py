@@ -182,6 +182,11 @@ class GeoServeEnv(gym.Env):
     ``arrived = placed + unplaced_at_end``).
     Stepping after the end raises ``RuntimeError`` (call ``reset``).
 
+    Measurement window (opt-in, ``[env] measure = "window"``, ``warmup_s = W``): ``[0, W)`` is a
+    burn-in (the policy acts, nothing is counted), the metrics cover ``[W, N P]`` and the N-th
+    step ends the episode at its decision, without a drain (see
+    :meth:`~carbon_gym.episode.EpisodeTally.start_window`); steps and the ledger are unchanged.
+
     ## Faults
 
     A scenario's ``[[faults]]`` (see :mod:`carbon_gym.faults`) apply at their exact simulated
@@ -290,6 +295,14 @@ class GeoServeEnv(gym.Env):
             raise ConfigError("record_chunk_rows", f"must be an integer >= 1, got {record_chunk_rows!r}")
         self._record_dir = record_dir
         self._record_chunk_rows = int(record_chunk_rows)
+        self._window = sc.env.measure == "window"
+        self._warmup_s = float(sc.env.warmup_s)
+        if self._warmup_s > 0 and not self._window:
+            raise ConfigError("env.warmup_s", "a warm-up needs a measurement window", allowed=["env.measure = 'window'"])
+        if self._window and not (abs(self._warmup_s / self._P - round(self._warmup_s / self._P)) < 1e-9
+                                 and round(self._warmup_s / self._P) < self._n_steps):
+            raise ConfigError("env.warmup_s", f"must be a multiple of polling_period_s={self._P:g} below duration_s="
+                              f"{self._duration:g}, got {self._warmup_s:g}", source=sc.source or None)
         self._episode_count = 0
         self._writer: Any = None
         if sc.workload.max_context_tokens > sc.engine.max_model_len:
@@ -460,9 +473,12 @@ class GeoServeEnv(gym.Env):
         self._dc_encoder.clear()
         self._state: EnvState | None = None
 
+        if self._window and self._warmup_s == 0.0:
+            self._tally.start_window(self._sim, 0)
         arrived = self._advance_and_collect(self._P)
         records = self._sim.pop_completed()  # nothing can complete: nothing was placed
         carbon_g, energy_j = self._totals_delta()
+        self._maybe_open_window()
         obs = self._observe()
         info = {
             "time_s": float(self._sim.now_s),
@@ -499,7 +515,10 @@ class GeoServeEnv(gym.Env):
         self._step_index += 1
 
         last = self._step_index >= self._n_steps
-        if last:
+        if last and self._window:  # the window ends at this decision: no drain (see Episode End)
+            records = sim.pop_completed()
+            arrived = 0
+        elif last:
             records = self._drain()
             arrived = 0
         else:
@@ -510,6 +529,7 @@ class GeoServeEnv(gym.Env):
         carbon_g, energy_j = self._totals_delta()
         step_failed_over, self._step_failed_over = self._step_failed_over, 0
         violations, stats = tally.add_completed(records)
+        self._maybe_open_window()
         reward = -self._carbon_weight * carbon_g / self.nominal_carbon_g_per_step - self._slo_weight * violations
 
         obs = self._observe()
@@ -648,6 +668,11 @@ class GeoServeEnv(gym.Env):
         self._pending.requeue(ab.origin, ab.arrival_s, ab.prompt_tokens, ab.output_tokens)
         self._tally.add_aborted(ab)
         self._step_failed_over += n
+
+    def _maybe_open_window(self) -> None:
+        """Open the measurement window when the burn-in ends (``env.measure = "window"``)."""
+        if self._window and self._tally.window is None and self._sim.now_s >= self._warmup_s - 1e-9:
+            self._tally.start_window(self._sim, len(self._pending))
 
     def _drain(self) -> RequestRecords:
         """Advance without arrivals until every placed request completes or the drain limit passes."""

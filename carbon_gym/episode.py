@@ -16,6 +16,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["EpisodeTally"]
 
+# counters and per-datacenter arrays a measurement window reports from its baseline
+_WINDOW_COUNTS = ("arrived", "placed", "aborted", "completed", "violations", "ttft_violations", "tpot_violations",
+                  "deferred", "invalid_actions", "failed_over_completed")
+_WINDOW_ARRAYS = ("dc_placed", "dc_completed")
+
 _SUM, _MAX = np.add.reduce, np.maximum.reduce  # the ufunc reductions behind ndarray.sum/max
 
 
@@ -60,6 +65,7 @@ class EpisodeTally:
         self.fo_carbon_g = np.zeros(D)
         self.reported_energy_j = 0.0
         self.reported_carbon_g = 0.0
+        self.window: dict[str, Any] | None = None  # the measurement window's baseline (start_window)
 
     @property
     def in_flight(self) -> int:
@@ -129,15 +135,37 @@ class EpisodeTally:
         # sum / n is what ndarray.mean computes (same floats)
         return violations, (float(_SUM(ttft)) / n, float(_SUM(tpot)) / n, float(_MAX(ttft)), float(_MAX(tpot)))
 
+    def start_window(self, sim: Any, pending: int) -> None:
+        """Open the measurement window now (``sim.now_s``): what the episode metrics report from
+        here on is counted from this baseline (counts, sums, energy and carbon per datacenter,
+        the completions so far and the backlog: placed-unfinished + pending requests)."""
+        t = sim.totals()
+        self.window = {
+            "start_s": float(sim.now_s),
+            "counts": {k: getattr(self, k) for k in _WINDOW_COUNTS},
+            "dc": {k: getattr(self, k).copy() for k in _WINDOW_ARRAYS},
+            "carbon_g": np.asarray(t.carbon_g, dtype=np.float64).copy(),
+            "energy_j": np.asarray(t.facility_energy_j, dtype=np.float64).copy(),
+            "it_energy_j": float(np.sum(t.it_energy_j)),
+            "parts": len(self._ttft_parts), "rows": len(self.writer) if self.writer is not None else 0,
+            "sums": (self._ttft_sum, self._tpot_sum),
+            "backlog": self.in_flight + int(pending),
+        }
+
     def latency_stats(self) -> tuple[list[float], list[float], float, float]:
-        """(TTFT p50/p90/p99, TPOT p50/p90/p99, TTFT mean, TPOT mean) over completed requests, s."""
-        c = self.completed
+        """(TTFT p50/p90/p99, TPOT p50/p90/p99, TTFT mean, TPOT mean) over completed requests
+        (in the measurement window, once one is open), s."""
+        w = self.window
+        c = self.completed - (w["counts"]["completed"] if w else 0)
         if self.writer is not None:
-            tq = self.writer.percentiles("ttft_s", (50, 90, 99))
-            pq = self.writer.percentiles("tpot_s", (50, 90, 99))
-            return tq, pq, (self._ttft_sum / c if c else float("nan")), (self._tpot_sum / c if c else float("nan"))
-        ttft = np.concatenate(self._ttft_parts) if self._ttft_parts else np.zeros(0)
-        tpot = np.concatenate(self._tpot_parts) if self._tpot_parts else np.zeros(0)
+            skip = int(w["rows"]) if w else 0
+            tq = self.writer.percentiles("ttft_s", (50, 90, 99), skip)
+            pq = self.writer.percentiles("tpot_s", (50, 90, 99), skip)
+            s0 = w["sums"] if w else (0.0, 0.0)
+            return tq, pq, ((self._ttft_sum - s0[0]) / c if c else float("nan")), ((self._tpot_sum - s0[1]) / c if c else float("nan"))
+        first = int(w["parts"]) if w else 0
+        ttft = np.concatenate(self._ttft_parts[first:]) if self._ttft_parts[first:] else np.zeros(0)
+        tpot = np.concatenate(self._tpot_parts[first:]) if self._tpot_parts[first:] else np.zeros(0)
         # (one call per array: the same values as one call per percentile)
         tq = np.percentile(ttft, (50, 90, 99)).tolist() if ttft.size else [float("nan")] * 3
         pq = np.percentile(tpot, (50, 90, 99)).tolist() if tpot.size else [float("nan")] * 3
@@ -162,6 +190,9 @@ class EpisodeTally:
         ledger = self.ledger(sim, unplaced, pue, strict=check_ledger and strict)
         if check_ledger and not ledger["ok"]:
             warnings.warn(f"episode ledger check failed: {ledger['problems']}", RuntimeWarning, stacklevel=3)
+        w = self.window
+        if w is not None:
+            return self._window_metrics(sim, totals, ledger, unplaced=unplaced, steps=steps, world_seed=world_seed)
         c = self.completed
         tq, pq, ttft_mean, tpot_mean = self.latency_stats()
         dc_carbon = np.asarray(totals.carbon_g, dtype=np.float64).copy()
@@ -200,6 +231,66 @@ class EpisodeTally:
             "dc_energy_kwh": dc_energy,
             "dc_placed": self.dc_placed.copy(),
             "dc_completed": self.dc_completed.copy(),
+            "world_seed": world_seed,
+            "ledger": ledger,
+        }
+
+    def _window_metrics(self, sim: Any, totals: Any, ledger: dict[str, Any], *, unplaced: int, steps: int,
+                        world_seed: Any) -> dict[str, Any]:
+        """The episode metrics of a measurement window (see :meth:`start_window`): every count,
+        latency, energy and carbon from the window's start to now; the energy of work in flight
+        at the end counted as far as its tokens were run in the window (the time integral of the
+        engines' power), none of the drain's; ``unfinished_window`` = the growth of the backlog
+        (placed-unfinished + pending) over the window, work the window took in and did not do.
+        The ledger still covers the whole episode."""
+        w = self.window
+        assert w is not None
+        n = {k: getattr(self, k) - w["counts"][k] for k in _WINDOW_COUNTS}
+        c = n["completed"]
+        tq, pq, ttft_mean, tpot_mean = self.latency_stats()
+        dc_carbon = np.asarray(totals.carbon_g, dtype=np.float64) - w["carbon_g"]
+        dc_energy = (np.asarray(totals.facility_energy_j, dtype=np.float64) - w["energy_j"]) / 3.6e6
+        backlog = self.in_flight + int(unplaced)
+        return {
+            "steps": steps,
+            "sim_time_s": float(sim.now_s),
+            "drain_s": 0.0,
+            "measure": "window",
+            "window_start_s": w["start_s"],
+            "window_s": float(sim.now_s) - w["start_s"],
+            "arrived": n["arrived"],
+            "placed": n["placed"],
+            "completed": c,
+            "in_flight_at_truncation": self.in_flight,
+            "aborted": n["aborted"],
+            "failed_over": n["aborted"],
+            "failed_over_completed": n["failed_over_completed"],
+            "unplaced_at_end": unplaced,
+            "backlog_start": int(w["backlog"]),
+            "backlog_end": backlog,
+            "unfinished_window": max(0, backlog - int(w["backlog"])),
+            "deferred": n["deferred"],
+            "invalid_actions": n["invalid_actions"],
+            "carbon_g": float(dc_carbon.sum()),
+            "energy_kwh": float(dc_energy.sum()),
+            "it_energy_kwh": float((np.sum(totals.it_energy_j) - w["it_energy_j"]) / 3.6e6),
+            "carbon_g_per_request": float(dc_carbon.sum() / c) if c else float("nan"),
+            "ttft_mean_s": ttft_mean,
+            "ttft_p50_s": tq[0],
+            "ttft_p90_s": tq[1],
+            "ttft_p99_s": tq[2],
+            "tpot_mean_s": tpot_mean,
+            "tpot_p50_s": pq[0],
+            "tpot_p90_s": pq[1],
+            "tpot_p99_s": pq[2],
+            "violations": n["violations"],
+            "violation_rate": n["violations"] / c if c else float("nan"),
+            "ttft_violation_rate": n["ttft_violations"] / c if c else float("nan"),
+            "tpot_violation_rate": n["tpot_violations"] / c if c else float("nan"),
+            "dc_carbon_g": dc_carbon,
+            "dc_energy_kwh": dc_energy,
+            "dc_placed": self.dc_placed - w["dc"]["dc_placed"],
+            "dc_completed": self.dc_completed - w["dc"]["dc_completed"],
             "world_seed": world_seed,
             "ledger": ledger,
         }

@@ -255,6 +255,10 @@ class EnvConfig:
     carbon_weight: float = spec(num(0, 1e6), "reward weight of carbon (per kg CO2eq)", 1.0)
     slo_weight: float = spec(num(0, 1e6), "lambda: reward weight of SLO violations", 1.0)
     predictor: str = spec(string(("oracle", "binned")), "output-length predictor", "binned")
+    measure: str = spec(string(("episode", "window")), "what the episode metrics cover: 'episode' (from t = 0 through the "
+                        "drain) or 'window' (from warmup_s to duration_s, no drain)", "episode")
+    warmup_s: float = spec(num(0, 366 * 86400), "measure = 'window': simulated burn-in before the window, not counted, s "
+                           "(a multiple of polling_period_s)", 0.0)
 
 
 MLPERF_SLO: dict[str, tuple[float, float]] = {

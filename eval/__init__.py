@@ -11,7 +11,7 @@ module             job
 ``tables``         runs / summary tables, Markdown, the fault report tables
 ``writers``        csv / parquet records, TensorBoard, config.json, the output directory
 ``experiments``    ``carbon-gym eval`` driver, experiments a-f, shared figures
-``clairvoyant``    the clairvoyant bound (policy ``clairvoyant``)
+``clairvoyant``    the clairvoyant heuristic (policy ``clairvoyant``; the true bound is ``bound``)
 ``report``         RESULTS.md
 ``cli``            the ``carbon-gym`` command
 =================  ===========================================================================

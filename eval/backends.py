@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any, Callable, Sequence
 
-from eval.runner import RunResult, RunSpec, run_one
+from eval.runner import RunResult, RunSpec, StepProgress, episode_steps, run_one
 
 __all__ = ["run_matrix", "RunFailed", "WorkerError", "default_workers"]
 
@@ -47,13 +47,72 @@ def _wrap_exception(exc: BaseException) -> WorkerError:
     return WorkerError(kind, type(exc).__name__, str(exc), "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
 
 
-def _run_one_worker(spec: RunSpec, keep_requests: bool) -> RunResult:
+def _run_one_worker(spec: RunSpec, keep_requests: bool, queue: Any = None, index: int = -1) -> RunResult:
     """Top-level (picklable) entry point for process-pool and Ray workers; errors come back as
-    :class:`WorkerError`."""
+    :class:`WorkerError`. With ``queue`` (anything with ``put``), ``(index, steps done)`` is put
+    on it every half second of the episode, for the driver's progress bar."""
     try:
-        return run_one(spec, keep_requests=keep_requests)
+        obs = [StepProgress(lambda n: queue.put((index, n)))] if queue is not None else []
+        return run_one(spec, keep_requests=keep_requests, observers=obs)
     except Exception as exc:  # noqa: BLE001 - re-raised in the driver as RunFailed
         raise _wrap_exception(exc) from None
+
+
+class _Progress:
+    """The driver's progress bar, in env steps over the whole matrix (so it moves inside long
+    runs), with the runs finished as a postfix; fed from workers through a queue."""
+
+    def __init__(self, specs: Sequence[RunSpec], enabled: bool) -> None:
+        self.bar = None
+        if not enabled:
+            return
+        from tqdm import tqdm
+
+        cache: dict[tuple[str, tuple], int] = {}
+        self.totals = []
+        for sp in specs:
+            k = (sp.scenario, sp.overrides)
+            if k not in cache:
+                cache[k] = episode_steps(sp)
+            self.totals.append(cache[k])
+        self.done_steps = [0] * len(specs)
+        self.runs_done = 0
+        self.n_runs = len(specs)
+        self.bar = tqdm(total=sum(self.totals), unit="step", desc="eval", file=sys.stderr, dynamic_ncols=True)
+
+    def steps(self, i: int, n: int) -> None:
+        if self.bar is None or i < 0:
+            return
+        n = min(int(n), self.totals[i])
+        if n > self.done_steps[i]:
+            self.bar.update(n - self.done_steps[i])
+            self.done_steps[i] = n
+
+    def finished(self, i: int, run_id: str) -> None:
+        if self.bar is None:
+            return
+        self.runs_done += 1
+        self.steps(i, self.totals[i])
+        self.bar.set_postfix_str(f"runs {self.runs_done}/{self.n_runs}: {run_id}", refresh=True)
+
+    def drain(self, queue: Any) -> None:
+        """Apply every report waiting in ``queue`` (non-blocking)."""
+        if queue is None or self.bar is None:
+            return
+        import queue as _q
+
+        while True:
+            try:
+                i, n = queue.get_nowait()
+            except (_q.Empty, EOFError, OSError):
+                return
+            except Exception:  # noqa: BLE001 - ray.util.queue.Empty and the like: nothing more to read
+                return
+            self.steps(i, n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -111,9 +170,10 @@ def run_matrix(
 
     Args:
         workers: local processes (default: all cores); 1 runs in this process.
-        ray_address: if given, fan out over Ray instead (``"local"`` starts a local instance,
-            anything else is passed to ``ray.init(address=...)``, e.g. ``"auto"`` or
-            ``"ray://head:10001"``); Ray is the optional ``carbon-gym[ray]`` extra.
+        ray_address: if given, fan out over Ray instead (``"local"`` starts a local instance
+            with ``workers`` CPUs and stops it at the end, anything else is passed to
+            ``ray.init(address=...)``, e.g. ``"auto"`` or ``"ray://head:10001"``); Ray is the
+            optional ``carbon-gym[ray]`` extra (and in the ``test`` extra).
         progress: a tqdm bar over runs on stderr.
         keep_requests: return per-request records (else only metrics and steps); a callable
             decides per spec.
@@ -126,52 +186,57 @@ def run_matrix(
     keep = [bool(keep_requests(s)) if callable(keep_requests) else bool(keep_requests) for s in specs]
     order = sorted(range(len(specs)), key=lambda i: (-_cost_hint(specs[i]), i))
     results: list[RunResult | None] = [None] * len(specs)
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(specs), unit="run", desc="eval", file=sys.stderr, dynamic_ncols=True)
+    bar = _Progress(specs, progress)
 
     def done(i: int, res: RunResult) -> None:
         if on_result is not None:
             on_result(res)
         results[i] = res
-        if bar is not None:
-            bar.set_postfix_str(specs[i].run_id, refresh=False)
-            bar.update(1)
+        bar.finished(i, specs[i].run_id)
+
+    class _Direct:  # in this process: the reports go straight to the bar
+        def __init__(self, i: int) -> None:
+            self.i = i
+
+        def put(self, item: tuple[int, int]) -> None:
+            bar.steps(*item)
 
     try:
         if ray_address:
-            _run_ray(specs, order, ray_address, keep, done)
+            _run_ray(specs, order, ray_address, keep, done, workers, bar if progress else None)
         else:
             n = workers if workers is not None else default_workers()
             if n <= 1 or len(specs) == 1:
                 for i in order:
                     try:
-                        res = _run_one_worker(specs[i], keep[i])
+                        res = _run_one_worker(specs[i], keep[i], _Direct(i) if progress else None, i)
                     except WorkerError as exc:
                         raise RunFailed(specs[i], exc) from None
                     done(i, res)
             else:
-                _run_pool(specs, order, min(n, len(specs)), keep, done)
+                _run_pool(specs, order, min(n, len(specs)), keep, done, bar if progress else None)
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     return [r for r in results if r is not None]
 
 
-def _run_pool(specs: list[RunSpec], order: list[int], n: int, keep: list[bool], done: Callable[[int, RunResult], None]) -> None:
+def _run_pool(specs: list[RunSpec], order: list[int], n: int, keep: list[bool], done: Callable[[int, RunResult], None],
+              bar: _Progress | None = None) -> None:
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     # spawn: no fork of a parent holding threads (tqdm) or solver state; workers import afresh.
     ctx = multiprocessing.get_context("spawn")
+    manager = ctx.Manager() if bar is not None else None
+    queue = manager.Queue() if manager is not None else None
     with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
-        futures = {pool.submit(_run_one_worker, specs[i], keep[i]): i for i in order}
+        futures = {pool.submit(_run_one_worker, specs[i], keep[i], queue, i): i for i in order}
         pending = set(futures)
         try:
             while pending:
-                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                finished, pending = wait(pending, timeout=0.5 if bar is not None else None, return_when=FIRST_COMPLETED)
+                if bar is not None:
+                    bar.drain(queue)
                 for fut in finished:
                     i = futures[fut]
                     exc = fut.exception()
@@ -182,30 +247,55 @@ def _run_pool(specs: list[RunSpec], order: list[int], n: int, keep: list[bool], 
             for fut in pending:
                 fut.cancel()
             raise
+        finally:
+            if manager is not None:
+                manager.shutdown()
 
 
-def _run_ray(specs: list[RunSpec], order: list[int], address: str, keep: list[bool], done: Callable[[int, RunResult], None]) -> None:
+def _run_ray(specs: list[RunSpec], order: list[int], address: str, keep: list[bool], done: Callable[[int, RunResult], None],
+             workers: int | None = None, bar: _Progress | None = None) -> None:
+    """Every spec as one Ray task (one CPU each). ``address="local"`` starts a new local
+    instance (``workers`` CPUs, default all) and shuts it down at the end; any other address
+    (``"auto"``, ``"ray://head:10001"``, ``"head:6379"``) joins that cluster. A Ray instance
+    already initialised in this process is used as it is."""
     try:
         import ray
     except ImportError:
         raise RuntimeError("--ray-address needs Ray: pip install 'carbon-gym[ray]'") from None
+    started = False
     if not ray.is_initialized():
-        kwargs: dict[str, Any] = {"ignore_reinit_error": True, "log_to_driver": False}
-        if address not in ("local",):
+        kwargs: dict[str, Any] = {"ignore_reinit_error": True, "log_to_driver": False, "include_dashboard": False}
+        if address == "local":
+            kwargs["address"] = "local"  # a new local instance, even where RAY_ADDRESS names a cluster
+            if workers is not None:
+                kwargs["num_cpus"] = int(workers)
+        else:
             kwargs["address"] = address
         ray.init(**kwargs)
-    remote = ray.remote(_run_one_worker)
-    refs = {remote.remote(specs[i], keep[i]): i for i in order}
-    pending = list(refs)
-    while pending:
-        finished, pending = ray.wait(pending, num_returns=1)
-        for ref in finished:
-            i = refs[ref]
-            try:
-                res = ray.get(ref)
-            except Exception as exc:  # noqa: BLE001 - RayTaskError wraps the worker's WorkerError
-                for r in pending:
-                    ray.cancel(r)
-                cause = getattr(exc, "cause", None)
-                raise RunFailed(specs[i], cause if isinstance(cause, WorkerError) else exc) from None
-            done(i, res)
+        started = True
+    try:
+        queue = None
+        if bar is not None:
+            from ray.util.queue import Queue
+
+            queue = Queue(actor_options={"num_cpus": 0})
+        remote = ray.remote(num_cpus=1)(_run_one_worker)
+        refs = {remote.remote(specs[i], keep[i], queue, i): i for i in order}
+        pending = list(refs)
+        while pending:
+            finished, pending = ray.wait(pending, num_returns=1, timeout=0.5 if bar is not None else None)
+            if bar is not None:
+                bar.drain(queue)
+            for ref in finished:
+                i = refs[ref]
+                try:
+                    res = ray.get(ref)
+                except Exception as exc:  # noqa: BLE001 - RayTaskError wraps the worker's WorkerError
+                    for r in pending:
+                        ray.cancel(r)
+                    cause = getattr(exc, "cause", None)
+                    raise RunFailed(specs[i], cause if isinstance(cause, WorkerError) else exc) from None
+                done(i, res)
+    finally:
+        if started:
+            ray.shutdown()

@@ -10,7 +10,9 @@ core (HiGHS ``threads=1``). ``--synthetic`` uses :func:`solvers.problem.syntheti
 instead of simulations.
 
 Also reported for the facility MILP: requests and classes per problem, which step of the solver
-produced the answer, the certified gap, fallbacks; and, once, the Pyomo reference model's build
+produced the answer, the certified gap, fallbacks, the limit that stopped each solve (its
+deterministic work limits by default; ``--time-limit-s 0.2`` measures the wall-clock budget
+instead); and, once, the Pyomo reference model's build
 and solve times on a moderate-load problem (``--no-pyomo`` to skip), to show why the hot path
 bypasses Pyomo.
 
@@ -80,13 +82,15 @@ def synthetic_problems(level: str, samples: int, seed: int = 0) -> tuple[list[An
     return [synthetic_problem(rng, n, load=load) for _ in range(samples)], [0.0] * samples, None
 
 
-def time_schedulers(problems: list[Any], build_s: list[float], env: Any, names: list[str]) -> dict[str, Any]:
-    """Decision times (build + place) of each scheduler on the problems, and MILP statistics."""
+def time_schedulers(problems: list[Any], build_s: list[float], env: Any, names: list[str],
+                    milp_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Decision times (build + place) of each scheduler on the problems, and MILP statistics
+    (``milp_kwargs``: settings of the facility MILP, e.g. ``time_limit_s``)."""
     from carbon_gym.registry import make_policy
 
     out: dict[str, Any] = {}
     for name in names:
-        pol = make_policy(name, env)
+        pol = make_policy(name, env, **(milp_kwargs or {})) if name == "facility-milp" else make_policy(name, env)
         pol.reset(env)
         times = []
         for p, b in zip(problems, build_s):
@@ -121,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--synthetic", action="store_true", help="synthetic problems instead of simulations")
     ap.add_argument("--no-pyomo", action="store_true", help="skip the Pyomo reference timing")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--time-limit-s", type=float, default=None,
+                    help="give the facility MILP this wall-clock budget (default: none, its deterministic work limits only)")
     args = ap.parse_args(argv)
 
     import logging
@@ -152,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n## {lv} ({LEVEL_SCENARIOS[lv]}): {len(problems)} problems, requests/problem "
               f"mean {n_req.mean():.0f} max {n_req.max()}, building a problem from the observation "
               f"p50 {np.median(build_s) * 1e3:.1f} ms (collected in {time.perf_counter() - t0:.1f} s)")
-        res = time_schedulers(problems, build_s, env, names)
+        res = time_schedulers(problems, build_s, env, names, milp_kwargs={"time_limit_s": args.time_limit_s})
         print(f"{'scheduler':18s} {'p50_ms':>8s} {'p95_ms':>8s} {'max_ms':>8s}")
         for name in names:
             d = res[name]["decision_s"] * 1e3
@@ -161,9 +167,10 @@ def main(argv: list[str] | None = None) -> int:
             st = res["facility-milp"]["stats"]
             gaps = np.array(st["mip_gap"], dtype=float)
             status = Counter(s.split(" (")[0] for s in st["status"])
+            limits = Counter(x or "none (gap reached)" for x in st["limit"])
             print(f"facility-milp: classes/problem mean {np.mean(st['n_classes']):.0f}, answers from {dict(status)}, "
                   f"certified gap p50 {np.nanpercentile(gaps, 50) * 100:.1f}% p95 {np.nanpercentile(gaps, 95) * 100:.1f}%, "
-                  f"fallbacks {st['fallbacks']}")
+                  f"fallbacks {st['fallbacks']}, stopped by {dict(limits)}")
             milp_p95 = float(np.percentile(res["facility-milp"]["decision_s"], 95))
         if lv == "moderate" or pyomo_problem is None:
             pyomo_problem = problems[-1]

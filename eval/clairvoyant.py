@@ -1,4 +1,5 @@
-"""The clairvoyant bound (experiment f): a policy that knows the episode's future.
+"""The clairvoyant heuristic: a policy that knows the episode's future (not a bound: the true
+lower bound on carbon is :mod:`eval.bound`; some policies beat this packing).
 
 :class:`ClairvoyantPolicy` is registered in the policy registry as ``clairvoyant`` (not part of
 ``--policies all``) by :func:`register_policies`, this package's entry point in the

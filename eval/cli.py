@@ -35,6 +35,7 @@ EXPERIMENT_ALIASES = {
     "d": "polling",
     "e": "tradeoff",
     "f": "bound",
+    "g": "diurnal",
 }
 EXPERIMENTS = tuple(EXPERIMENT_ALIASES.values())
 # `carbon-gym bench NAME ...` -> the module whose main(argv) runs it
@@ -178,11 +179,14 @@ def resolve_policies(text: str, trust: bool = False) -> list[str]:
     names = split_list(text)
     if not names:
         raise UsageError("--policies", "no policy given", registry.available_policies() + ["all"])
+    from eval.runner import policy_labels, split_label
+
     out: list[str] = []
-    for n in names:
-        if n == "all":
+    for text in names:
+        if text == "all":
             out.extend(p for p in registry.default_policies() if p not in out)
             continue
+        given, n = split_label(text)
         if ":" in n and registry.split_prefix(n) is None:
             _import_from_cwd()
         try:
@@ -194,12 +198,27 @@ def resolve_policies(text: str, trust: bool = False) -> list[str]:
             raise UsageError("--policies", text_) from None
         if _is_learned(name):
             _check_checkpoint(name, trust)
+        name = f"{given}={name}" if given else name
         if name not in out:
             out.append(name)
     if REFERENCE_POLICY not in out:
         print(f"{PROG}: note: adding '{REFERENCE_POLICY}' (the reference for 'vs rr')", file=sys.stderr)
         out.insert(0, REFERENCE_POLICY)
+    try:
+        labels = policy_labels(out)
+    except ConfigError as exc:
+        raise UsageError("--policies", str(exc).removeprefix(f"{exc.field}: ")) from None
+    relabelled = [f"{p} as {labels[p]!r}" for p in out if labels[p] != _stem_label(p)]
+    if relabelled:
+        print(f"{PROG}: note: checkpoints with the same file name are told apart by their paths: {', '.join(relabelled)} "
+              "(or name them: NAME=learned:<path>)", file=sys.stderr)
     return out
+
+
+def _stem_label(p: str) -> str:
+    from eval.runner import policy_label
+
+    return policy_label(p)
 
 
 def _import_from_cwd() -> None:
@@ -212,9 +231,13 @@ def _import_from_cwd() -> None:
 
 
 def _is_learned(name: str) -> bool:
-    """``learned``, ``learned:<path>`` or ``ppo:<path>`` (train's registered names)."""
+    """``learned``, ``learned:<path>`` or ``ppo:<path>`` (train's registered names; also as
+    ``NAME=...``)."""
     from carbon_gym.registry import split_prefix
 
+    from eval.runner import split_label
+
+    name = split_label(name)[1]
     pre = split_prefix(name)
     return name == "learned" or (pre is not None and pre[0] in ("learned", "ppo"))
 
@@ -227,6 +250,9 @@ def _check_checkpoint(name: str, trust: bool = False) -> None:
         from train.policy import SHIPPED_CHECKPOINT
     except ImportError:
         raise UsageError("--policies", f"{name!r} needs the training extra: pip install 'carbon-gym[train]'") from None
+    from eval.runner import split_label
+
+    name = split_label(name)[1]
     path = str(SHIPPED_CHECKPOINT) if name == "learned" else name.split(":", 1)[1]
     if not os.path.isfile(path):
         raise UsageError("--policies", f"{name!r}: no checkpoint at {path!r}")
@@ -240,10 +266,14 @@ def _check_checkpoint(name: str, trust: bool = False) -> None:
 
 def _with_trust(policy_kwargs: dict[str, dict[str, Any]], policies: Sequence[str], trust: bool) -> dict[str, dict[str, Any]]:
     """``policy_kwargs`` with ``trust=True`` for every learned policy when ``--trust-checkpoint``."""
+    from eval.runner import split_label
+
     if trust:
         for p in policies:
             if _is_learned(p):
-                policy_kwargs[p] = {**policy_kwargs.get(p, policy_kwargs.get("learned", {})), "trust": True}
+                given, name = split_label(p)
+                key = given or name
+                policy_kwargs[key] = {**policy_kwargs.get(key, policy_kwargs.get("learned", {})), "trust": True}
     return policy_kwargs
 
 
@@ -294,6 +324,41 @@ def check_scenarios(scenarios: Sequence[str], overrides: dict[str, Any]) -> None
                 print(f"{PROG}: note: {text}", file=sys.stderr)
 
 
+def note_preset(preset: str | None, window_s: float | None, experiment: bool = False, stream: Any = None) -> None:
+    """Say what the preset's numbers are (the quick one's are not results)."""
+    from eval.experiments import PRESETS
+
+    if preset is None or window_s is not None:
+        return
+    if preset == "quick" and not experiment:
+        print(f"{PROG}: note: --preset quick: {PRESETS['quick'].note}", file=stream or sys.stderr)
+    elif preset in PRESETS:
+        print(f"{PROG}: note: preset {preset}: {PRESETS[preset].note}", file=stream or sys.stderr)
+
+
+def note_starts(scenarios: Sequence[str], overrides: dict[str, Any], spread: bool, stream: Any = None) -> None:
+    """Say where the episodes start on the carbon trace: each scenario's own ``carbon.start_utc``
+    (kept), or starts spread over the year that replace it (one per seed)."""
+    import warnings
+
+    from carbon_gym.scenario import load_scenario
+
+    if "carbon.start_utc" in overrides:
+        print(f"{PROG}: note: every episode starts at --set carbon.start_utc={overrides['carbon.start_utc']}", file=stream or sys.stderr)
+        return
+    starts = []
+    for scen in dict.fromkeys(scenarios):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            starts.append(f"{scen}: {load_scenario(scen, overrides).carbon.start_utc}")
+    if spread:
+        print(f"{PROG}: note: --spread-starts: each seed starts at its own day and hour of the carbon year, replacing the "
+              f"scenario's carbon.start_utc ({'; '.join(starts)}); the starts are in config.json", file=stream or sys.stderr)
+    else:
+        print(f"{PROG}: note: episodes start at the scenario's carbon.start_utc ({'; '.join(starts)}); --spread-starts "
+              "spreads the seeds over the carbon year", file=stream or sys.stderr)
+
+
 # ----------------------------------------------------------------------------------------------
 # parser
 
@@ -307,9 +372,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--policies", default="all", help="comma list of policy names (see `carbon-gym policies`; also learned:<checkpoint.zip> and package.module:Class), or 'all' (default); rr is always added as the reference")
     ev.add_argument("--scenarios", default="dev", help="comma list of shipped scenario names or TOML paths (default: dev)")
     ev.add_argument("--no-fault-baseline", action="store_true", help="do not also run scenarios with [[faults]] without them (no fault report)")
+    ev.add_argument("--spread-starts", action="store_true", help="start each seed at its own point of the carbon year (day x hour, a low-discrepancy sequence) instead of the scenario's carbon.start_utc, which eval keeps by default")
 
     ex = sub.add_parser("experiment", help="run one of the study's experiments (a-f) and write its table and figure")
-    ex.add_argument("name", help="headline|milp-vs-ilp|predictor|polling|tradeoff|bound|all, or a..f")
+    ex.add_argument("name", help="headline|milp-vs-ilp|predictor|polling|tradeoff|bound|diurnal|all, or a..g")
     add_run_args(ex, out_default="results")
     ex.add_argument("--models", default=None, help="comma list of models to include (llama8b,qwen7b,mixtral8x7b; default all)")
     ex.add_argument("--loads", default=None, help="comma list of loads (low,moderate,high; default per experiment)")
@@ -323,6 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--figures", default=os.path.join("docs", "figures"), help="where to copy the figures RESULTS.md shows")
     rp.add_argument("--command", dest="run_command", default=None, help="the command that produced the run (default: from its config.json)")
     rp.add_argument("--replot", action="store_true", help="redraw the headline figures from its files first")
+    rp.add_argument("--force", action="store_true", help="replace an existing --out file and figures (default: refuse)")
 
     sub.add_parser("scenarios", help="list the shipped scenarios")
     sub.add_parser("policies", help="list the policy names (registered names, learned:<path>, package.module:Class)")
@@ -338,17 +405,22 @@ def add_run_args(p: argparse.ArgumentParser, *, out_default: str) -> None:
     g.add_argument("--seeds", type=_positive_int, default=None, help="number of seeds (default: 3 for eval; preset-dependent for experiments)")
     g.add_argument("--seed-start", type=_nonnegative_int, default=0, help="first seed (default 0)")
     g.add_argument("--seed-list", default=None, help="explicit comma list of seeds (overrides --seeds)")
-    g.add_argument("--preset", default=None, help="quick (short episodes, for CI and laptops) or full (the scenario's own durations)")
-    g.add_argument("--duration-s", type=_float, default=None, help="simulated seconds per episode (overrides the preset)")
-    g.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE", help="scenario override, e.g. --set env.polling_s=2 (repeatable)")
-    g.add_argument("--policy-arg", dest="policy_args", action="append", metavar="POLICY.KEY=VALUE", help="policy keyword argument, e.g. --policy-arg milp.time_limit_s=0.5 (repeatable)")
-    g.add_argument("--no-carbon-start", action="store_true", help="keep the scenario's own carbon start instead of sampling starts across the year")
+    g.add_argument("--preset", default=None, help="quick (60 s from an empty cluster, with the drain: a smoke test, not a result; the experiments' default) or full (a 600 s steady-state window after a 300 s burn-in, 8 starts over the year)")
+    g.add_argument("--duration-s", type=_float, default=None, help="simulated seconds per episode, from an empty cluster and with the drain (overrides the preset)")
+    g.add_argument("--window-s", type=_float, default=None, help="measure a steady-state window of this many simulated seconds (after --warmup-s of burn-in, not counted; no drain)")
+    g.add_argument("--warmup-s", type=_float, default=None, help=f"burn-in before the window, simulated but not counted (default {300:g} s with --window-s; a multiple of the polling period)")
+    g.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE", help="scenario override, e.g. --set polling_period_s=2 (repeatable; any dotted scenario field)")
+    g.add_argument("--policy-arg", dest="policy_args", action="append", metavar="POLICY.KEY=VALUE", help="policy keyword argument, e.g. --policy-arg milp.violation_penalty_g=10 (repeatable)")
+    g.add_argument("--no-carbon-start", action="store_true", help="keep the scenario's own carbon.start_utc (experiments spread their starts over the year by default; eval keeps it unless --spread-starts)")
     g.add_argument("--trust-checkpoint", action="store_true", help="admit learned checkpoints in stable-baselines3's pickled .zip format (loading one can run its author's code)")
     r = p.add_argument_group("execution and output")
-    r.add_argument("--out", default=out_default, help=f"output directory (default {out_default})")
+    r.add_argument("--out", default=None, help=f"output directory (default {out_default}; when that already holds results, the next free "
+                   f"{out_default}-2, -3, ... is used, and said; an explicit --out holding results is refused unless --overwrite)")
+    r.add_argument("--overwrite", action="store_true", help="replace the results already in --out")
+    p.set_defaults(out_default=out_default)
     r.add_argument("--workers", type=_positive_int, default=None, help="local worker processes (default: all cores)")
     r.add_argument("--ray-address", default=None, help="run on Ray: 'local' for a local instance, 'auto' or ray://host:port for a cluster")
-    r.add_argument("--tensorboard", default=None, metavar="DIR", help="TensorBoard log dir (default: <out>/tensorboard)")
+    r.add_argument("--tensorboard", default=None, metavar="DIR", help="TensorBoard log dir (default: runs/eval/<name of --out>, beside training's runs/train: `tensorboard --logdir runs/` shows both)")
     r.add_argument("--no-tensorboard", action="store_true", help="do not write TensorBoard scalars")
     r.add_argument("--format", choices=("parquet", "csv"), default="parquet", help="record files format (default parquet; csv if pyarrow is missing)")
     r.add_argument("--no-requests", action="store_true", help="do not write per-request records")
@@ -360,9 +432,60 @@ def add_run_args(p: argparse.ArgumentParser, *, out_default: str) -> None:
 # commands
 
 
+def holds_results(path: str) -> bool:
+    """Whether ``path`` holds the results of an earlier run (its ``config.json``)."""
+    return os.path.isfile(os.path.join(path, "config.json"))
+
+
+def resolve_out(args: argparse.Namespace, names: Sequence[str] | None = None) -> str:
+    """The output directory: an explicit ``--out`` (refused when it already holds results,
+    unless ``--overwrite``), else the default, or its next free version ``<default>-2``, ... when
+    the default holds results (said on stderr). ``names``: the experiments to run, each writing
+    ``<out>/<name>`` (then those subdirectories are what must be free)."""
+    def taken(d: str) -> list[str]:
+        dirs = [os.path.join(d, n) for n in names] if names else [d]
+        return [x for x in dirs if holds_results(x)]
+
+    if args.out is not None:
+        busy = taken(args.out)
+        if busy and not args.overwrite:
+            raise UsageError("--out", f"{busy[0]!r} already holds results (its config.json); choose another --out, or "
+                             "--overwrite to replace them")
+        return args.out
+    base = args.out_default
+    out, k = base, 1
+    while taken(out) and not args.overwrite:
+        k += 1
+        out = f"{base}-{k}"
+    if out != base:
+        print(f"{PROG}: note: {base!r} holds earlier results; writing to {out!r} (--out DIR to choose, --overwrite to "
+              f"replace {base!r})", file=sys.stderr)
+    return out
+
+
+def tensorboard_dir(args: argparse.Namespace, out: str) -> str | None:
+    """TensorBoard root of a run: ``--tensorboard``, else ``runs/eval/<name of out>`` (where
+    ``tensorboard --logdir runs/`` shows it beside training's ``runs/train/<run>``); None with
+    ``--no-tensorboard``."""
+    if args.no_tensorboard:
+        return None
+    if args.tensorboard:
+        return args.tensorboard
+    name = os.path.basename(os.path.normpath(os.path.abspath(out))) or "eval"
+    return os.path.join("runs", "eval", name)
+
+
 def _check_run_args(args: argparse.Namespace) -> None:
     if args.duration_s is not None and not (args.duration_s > 0):
         raise UsageError("--duration-s", f"must be > 0, got {args.duration_s}")
+    if args.window_s is not None and not (args.window_s > 0):
+        raise UsageError("--window-s", f"must be > 0, got {args.window_s}")
+    if args.warmup_s is not None and not (args.warmup_s >= 0):
+        raise UsageError("--warmup-s", f"must be >= 0, got {args.warmup_s}")
+    if args.duration_s is not None and (args.window_s is not None or args.warmup_s is not None):
+        raise UsageError("--duration-s", "is an episode without a window: give it or --window-s / --warmup-s, not both")
+    if args.warmup_s is not None and args.window_s is None and (args.preset or "") != "full":
+        raise UsageError("--warmup-s", "needs a measurement window: --window-s (or --preset full)")
     from eval.experiments import PRESETS
 
     if args.preset is not None and args.preset not in PRESETS:
@@ -380,11 +503,20 @@ def cmd_eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     from eval import experiments
 
-    prefixes = {pre[0] for pre in map(split_prefix, policies) if pre is not None}
+    from eval.runner import split_label
+
+    bare = [split_label(p)[1] for p in policies]
+    given = [g for g in (split_label(p)[0] for p in policies) if g]
+    prefixes = {pre[0] for pre in map(split_prefix, bare) if pre is not None}
     for pol in policy_kwargs:
-        if pol not in policies and pol not in prefixes:  # (``learned.x=`` also serves ``learned:<path>``)
+        if pol not in bare and pol not in prefixes and pol not in given:  # (``learned.x=`` also serves ``learned:<path>``)
             raise UsageError("--policy-arg", f"policy {pol!r} is not in --policies", policies)
-    check_scenarios(scenarios, experiments.preset_overrides(args.preset, args.duration_s, overrides))
+    check_scenarios(scenarios, experiments.preset_overrides(args.preset, args.duration_s, overrides, window_s=args.window_s, warmup_s=args.warmup_s))
+    note_preset(args.preset, args.window_s)
+    spread = bool(args.spread_starts) and not args.no_carbon_start
+    note_starts(scenarios, overrides, spread)
+    out = resolve_out(args)
+    tb = tensorboard_dir(args, out)
 
     res = experiments.eval_matrix(
         scenarios=scenarios,
@@ -394,28 +526,30 @@ def cmd_eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
         duration_s=args.duration_s,
         overrides=overrides,
         policy_kwargs=policy_kwargs,
-        out=args.out,
+        out=out,
         workers=args.workers,
         ray_address=args.ray_address,
-        tensorboard=None if args.no_tensorboard else (args.tensorboard or os.path.join(args.out, "tensorboard")),
+        tensorboard=tb,
         fmt=args.format,
         requests=not args.no_requests,
         plots=not args.no_plots,
         progress=not args.no_progress,
-        carbon_start=not args.no_carbon_start,
+        carbon_start=spread,
         fault_baseline=not args.no_fault_baseline,
         command=_command_line(argv),
+        window_s=args.window_s,
+        warmup_s=args.warmup_s,
     )
     from eval.tables import fault_markdown, summary_markdown
 
     print(summary_markdown(res.summary), end="")
-    print(f"wrote {os.path.join(args.out, 'summary.md')}")
+    print(f"wrote {os.path.join(out, 'summary.md')}" + (f"; TensorBoard: tensorboard --logdir {os.path.dirname(tb) or tb}" if tb else ""))
     if res.fault_report is not None:
         pairs = ", ".join(f"{k} vs {v}" for k, v in res.twins.items())
         print(f"\nfault report ({pairs}: the same policies, seeds and episode starts without the faults; "
               "w/o = without; means over seeds):\n")
         print(fault_markdown(res.fault_report), end="")
-        print(f"wrote {os.path.join(args.out, 'fault_report.md')}")
+        print(f"wrote {os.path.join(out, 'fault_report.md')}")
     return 0
 
 
@@ -440,11 +574,18 @@ def cmd_experiment(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 raise UsageError("--loads", f"unknown load {ld!r}", experiments.LOADS)
     policies = resolve_policies(args.policies, args.trust_checkpoint) if args.policies else None
     scenarios = resolve_scenarios(args.scenarios) if args.scenarios else None
-    check_scenarios(scenarios or [f"{(models or experiments.MODELS)[0]}-{(loads or ['moderate'])[0]}"], experiments.preset_overrides(args.preset or "quick", args.duration_s, parse_assignments(args.overrides, "--set")))
+    check_scenarios(scenarios or [f"{(models or experiments.MODELS)[0]}-{(loads or ['moderate'])[0]}"], experiments.preset_overrides(args.preset or "quick", args.duration_s, parse_assignments(args.overrides, "--set"), window_s=args.window_s, warmup_s=args.warmup_s))
+    note_preset(args.preset or "quick", args.window_s, experiment=True)
+    if args.no_carbon_start:
+        print(f"{PROG}: note: --no-carbon-start: every episode starts at its scenario's own carbon.start_utc", file=sys.stderr)
+    else:
+        print(f"{PROG}: note: each seed starts at its own day and hour of the carbon year (the same for every policy), "
+              "replacing the scenarios' carbon.start_utc; --no-carbon-start keeps it", file=sys.stderr)
+    out = resolve_out(args, names)
     for n in names:
         table = experiments.run_experiment(
             n,
-            out=os.path.join(args.out, n),
+            out=os.path.join(out, n),
             preset=args.preset or "quick",
             seeds=seeds,
             models=models,
@@ -456,17 +597,20 @@ def cmd_experiment(args: argparse.Namespace, argv: Sequence[str]) -> int:
             policy_kwargs=_with_trust(parse_policy_args(args.policy_args), policies or [], args.trust_checkpoint),
             workers=args.workers,
             ray_address=args.ray_address,
-            tensorboard=None if args.no_tensorboard else (args.tensorboard or os.path.join(args.out, n, "tensorboard")),
+            tensorboard=None if args.no_tensorboard else (os.path.join(args.tensorboard, n) if args.tensorboard else
+                                                          os.path.join("runs", "eval", f"{os.path.basename(os.path.normpath(os.path.abspath(out)))}-{n}")),
             fmt=args.format,
             requests=False if args.no_requests else ("all" if args.all_requests else True),
             plots=not args.no_plots,
             progress=not args.no_progress,
             carbon_start=not args.no_carbon_start,
             command=_command_line(argv),
+            window_s=args.window_s,
+            warmup_s=args.warmup_s,
         )
         print(f"## {n}\n")
         print(table, end="")
-        print(f"wrote {os.path.join(args.out, n)}")
+        print(f"wrote {os.path.join(out, n)}")
     return 0
 
 
@@ -479,7 +623,15 @@ def cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
         experiments.replot_headline(os.path.join(args.results_dir, "headline"))
     from eval.report import write_results_md
 
-    path = write_results_md(args.results_dir, out=args.out, figures_dir=args.figures, command=args.run_command)
+    from carbon_gym.errors import ConfigError
+
+    try:
+        path = write_results_md(args.results_dir, out=args.out, figures_dir=args.figures, command=args.run_command,
+                                overwrite=args.force)
+    except ConfigError as exc:
+        if exc.field in ("out", "figures"):
+            raise UsageError(f"--{exc.field}", str(exc).removeprefix(f"{exc.field}: ").replace("allow replacing them (carbon-gym report --force)", "--force to replace them").replace("allow replacing it (carbon-gym report --force)", "--force to replace it")) from None
+        raise
     print(f"wrote {path}")
     return 0
 

@@ -13,12 +13,15 @@ runs.csv, records, TensorBoard), the experiment's own table ``<name>.md``/``.csv
  b     milp-vs-ilp   facility MILP vs the per-request ILPs, per model (paired by seed)
  c     predictor     output-length predictor vs oracle lengths (MILP and state-aware ILP)
  d     polling       polling period 0.25-8 s: SLO violations and carbon
- e     tradeoff      carbon reduction vs SLO violation as the MILP's latency weight varies
- f     bound         every policy's reduction as a share of a clairvoyant bound's
+ e     tradeoff      carbon-vs-violation frontiers of the knob-driven policies, compared at equal violation
+ f     bound         every policy's reduction as a share of the carbon lower bound's (eval/bound.py)
+ g     diurnal       one 6 h steady-state window of llama8b-diurnal: rr, the planner, the MILP
 =====  ============  ==========================================================================
 
-Presets: ``quick`` (short episodes: the whole headline matrix in under an hour on 2 cores) and
-``full`` (the scenarios' own durations). The clairvoyant policy of experiment f is
+Presets: ``quick`` (60 s episodes from an empty cluster with the drain: a smoke test for CI and
+laptops, not a result) and ``full`` (steady state: a 600 s measurement window after a 300 s
+burn-in, no drain, 8 starts spread over the year); ``--window-s`` / ``--warmup-s`` set any
+window. The clairvoyant policy of experiment f is
 :mod:`eval.clairvoyant`; RESULTS.md is written by :mod:`eval.report`.
 """
 
@@ -35,30 +38,69 @@ import numpy as np
 from carbon_gym.registry import available_policies
 
 from eval import backends, writers
-from eval.runner import OVERRIDE_DURATION, OVERRIDE_POLLING, OVERRIDE_PREDICTOR, RunResult, RunSpec, fault_twin, freeze, make_specs
+from eval.runner import (
+    OVERRIDE_DURATION,
+    OVERRIDE_POLLING,
+    OVERRIDE_PREDICTOR,
+    VALID_UNFINISHED_PCT,
+    RunResult,
+    RunSpec,
+    fault_twin,
+    freeze,
+    make_specs,
+)
 from eval.stats import mean_ci95, paired_difference
-from eval.tables import REFERENCE_POLICY, runs_table, summary_markdown
+from eval.tables import (
+    METRICS_NOTE,
+    MLPERF_COLUMNS,
+    P99_FAIL_MARK,
+    REFERENCE_POLICY,
+    fmt_ci,
+    frame_markdown,
+    invalid,
+    p99_verdict,
+    runs_table,
+    summary_markdown,
+)
 
 MODELS = ("llama8b", "qwen7b", "mixtral8x7b")
 LOADS = ("low", "moderate", "high")
 #: The study's comparison (experiment a's default policy list).
-STUDY_POLICIES = ("rr", "greedy", "least-loaded", "planner", "ilp", "ilp-state", "milp")
+#: (greedy and ilp are the load-blind strawmen; greedy-cap and ilp-cap the same with the capacity cap
+#: earlier carbon-aware schedulers had)
+STUDY_POLICIES = ("rr", "greedy", "greedy-cap", "least-loaded", "planner", "ilp", "ilp-cap", "ilp-state", "milp")
 
 
 @dataclass(frozen=True)
 class Preset:
-    """Episode length and default seed count of an experiment run."""
+    """Episode length, measurement window and default seed count (episode starts) of a run.
 
-    duration_s: float | None  # None: the scenario's own duration
+    Attributes:
+        duration_s: simulated seconds without a window (None: the scenario's own duration).
+        seeds: episode starts (seeds), spread over the carbon year (day x hour).
+        polling_s: the polling sweep's periods.
+        window_s, warmup_s: a steady-state measurement window (``env.measure = "window"``): the
+            metrics cover ``window_s`` after a ``warmup_s`` burn-in that is simulated, not counted
+            (None: no window).
+        note: what the preset is for (said when it runs, and in RESULTS.md).
+    """
+
+    duration_s: float | None
     seeds: int
-    polling_s: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
-    weights: tuple[float, ...] = (0.0, 0.01, 0.1, 1.0, 10.0)
+    polling_s: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+    window_s: float | None = None
+    warmup_s: float | None = None
+    note: str = ""
 
 
 PRESETS: dict[str, Preset] = {
-    "quick": Preset(duration_s=60.0, seeds=3),
-    "full": Preset(duration_s=None, seeds=5),
+    "quick": Preset(duration_s=60.0, seeds=3, note="a smoke test for CI and laptops, not a result: 60 s from an empty cluster, "
+                    "the drain counted (14-21% of the carbon), 3 starts"),
+    "full": Preset(duration_s=None, seeds=8, window_s=600.0, warmup_s=300.0,
+                   note="steady state: 600 s measured after a 300 s burn-in (not counted), no drain, 8 starts over the year"),
 }
+#: Burn-in used with ``--window-s`` when ``--warmup-s`` is not given, s.
+DEFAULT_WARMUP_S = 300.0
 
 
 # (scenario override keys: eval.runner's OVERRIDE_*)
@@ -66,13 +108,29 @@ ORACLE = "oracle"
 LATENCY_WEIGHT_KWARG = "violation_penalty_g"  # facility MILP: grams of CO2 charged per SLO violation
 
 
-def preset_overrides(preset: str | None, duration_s: float | None, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Scenario overrides of a preset + explicit ``--duration-s`` + ``--set`` (last wins)."""
+def window_overrides(window_s: float, warmup_s: float) -> dict[str, Any]:
+    """Scenario overrides of a measurement window: ``window_s`` measured after ``warmup_s``."""
+    return {OVERRIDE_DURATION: float(warmup_s) + float(window_s), "env.measure": "window", "env.warmup_s": float(warmup_s)}
+
+
+def preset_overrides(preset: str | None, duration_s: float | None, overrides: Mapping[str, Any] | None, *,
+                     window_s: float | None = None, warmup_s: float | None = None) -> dict[str, Any]:
+    """Scenario overrides of a preset (its duration, or its measurement window), then an explicit
+    ``--duration-s`` (an episode without a window) or ``--window-s`` / ``--warmup-s``, then
+    ``--set`` (last wins)."""
     out: dict[str, Any] = {}
-    if preset is not None and PRESETS[preset].duration_s is not None:
-        out[OVERRIDE_DURATION] = PRESETS[preset].duration_s
+    p = PRESETS[preset] if preset is not None else None
+    if p is not None and p.window_s is not None:
+        out.update(window_overrides(p.window_s, p.warmup_s or 0.0))
+    elif p is not None and p.duration_s is not None:
+        out[OVERRIDE_DURATION] = p.duration_s
     if duration_s is not None:
-        out[OVERRIDE_DURATION] = float(duration_s)
+        out = {OVERRIDE_DURATION: float(duration_s)}
+    if window_s is not None or warmup_s is not None:
+        w = window_s if window_s is not None else (p.window_s if p is not None and p.window_s else None)
+        if w is None:
+            raise ValueError("--warmup-s needs a measurement window: --window-s, or the full preset")
+        out = window_overrides(w, warmup_s if warmup_s is not None else DEFAULT_WARMUP_S)
     out.update(overrides or {})
     return out
 
@@ -183,6 +241,8 @@ def eval_matrix(
     fault_baseline: bool = True,
     command: str | None = None,
     notes: Any = None,
+    window_s: float | None = None,
+    warmup_s: float | None = None,
 ) -> EvalResult:
     """``carbon-gym eval``: the matrix, its tables, the fault report and (optionally) figures.
 
@@ -194,7 +254,7 @@ def eval_matrix(
     saying which twins were added goes to ``notes`` (a text stream; default stderr). Figures are
     drawn for the requested scenarios only.
     """
-    ov = preset_overrides(preset, duration_s, overrides)
+    ov = preset_overrides(preset, duration_s, overrides, window_s=window_s, warmup_s=warmup_s)
     specs = make_specs(scenarios, policies, seeds, overrides=ov, policy_kwargs=policy_kwargs)
     specs = with_carbon_start(specs, carbon_start)
     shown = {s.scenario_name for s in specs}
@@ -223,10 +283,18 @@ def eval_matrix(
                  progress=progress, command=command, extra_config={"fault_twins": twins} if twins else None)
     report = writers.write_fault_report(ex.results, out) if twins else None
     if plots:
-        for scen in dict.fromkeys(ex.runs["scenario"]):
-            if scen in shown:
-                standard_figures(ex, scen, os.path.join(out, "figures"), tag=scen)
+        fig_dir = os.path.join(out, "figures")
+        scens = [s for s in dict.fromkeys(ex.runs["scenario"]) if s in shown]
+        say(f"writing figures to {fig_dir} (per scenario: latency CDFs, load by hour of day, carbon over time; PNG + PDF; "
+            "--no-plots skips them)", notes)
+        for scen in scens:
+            standard_figures(ex, scen, fig_dir, tag=scen)
     return EvalResult(ex.summary, report, twins, ex)
+
+
+def say(text: str, stream: Any = None) -> None:
+    """One ``carbon-gym: note:`` line on stderr (or ``stream``): what a long quiet step is doing."""
+    print(f"carbon-gym: note: {text}", file=stream or sys.stderr, flush=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -344,25 +412,18 @@ def replot_headline(out: str) -> None:
 # analysis helpers on runs tables
 
 
-def _fmt(m: float, ci: float = float("nan"), d: int = 1) -> str:
-    if m is None or not np.isfinite(m):
-        return "–"
-    return f"{m:.{d}f}" + (f" ± {ci:.{d}f}" if ci is not None and np.isfinite(ci) else "")
+_fmt = fmt_ci
+_md = frame_markdown
 
 
-def _md(df, columns: Sequence[str] | None = None) -> str:
-    cols = list(columns or df.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    for _, r in df.iterrows():
-        lines.append("| " + " | ".join(str(r[c]) for c in cols) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def headline_table(summary) -> str:
-    """Reduction vs rr (%) and SLO violation (%) per scenario (rows) x policy (columns)."""
+def headline_table(summary, bounds=None) -> str:
+    """Reduction vs rr (%) and SLO violation (%) per scenario (rows) x policy (columns); with
+    ``bounds`` (:func:`eval.bound.bound_summary`) a last column: the carbon lower bound's
+    reduction vs rr (the most any policy could save)."""
     pols = list(dict.fromkeys(summary["policy"]))
     scens = list(dict.fromkeys(summary["scenario"]))
-    head = ["scenario"] + pols
+    bsum = bounds.set_index("scenario") if bounds is not None and len(bounds) else None
+    head = ["scenario"] + pols + (["lower bound"] if bsum is not None else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for s in scens:
         cells = [s]
@@ -374,11 +435,22 @@ def headline_table(summary) -> str:
             r = sel.iloc[0]
             unf = float(r.get("unfinished_pct", 0.0) or 0.0)
             extra = f"; {unf:.0f}% unfinished" if unf >= 0.5 else ""
-            cells.append(f"{_fmt(r['reduction_vs_rr_pct'], r.get('reduction_vs_rr_pct_ci95'))} ({r['slo_violation_pct']:.1f}{extra})")
+            red = "invalid" if invalid(r) else _fmt(r["reduction_vs_rr_pct"], r.get("reduction_vs_rr_pct_ci95"))
+            cells.append(f"{red} ({r['slo_violation_pct']:.1f}; p99 {p99_verdict(r)}{extra})")
+        if bsum is not None:
+            b = bsum.loc[s] if s in bsum.index else None
+            cells.append("–" if b is None else _fmt(b["bound_reduction_vs_rr_pct"], b["bound_reduction_vs_rr_pct_ci95"])
+                         + ("" if int(b["below"]) == 0 else f" ({int(b['below'])} runs below it!)"))
         lines.append("| " + " | ".join(cells) + " |")
     return ("Carbon reduction vs round-robin, % (mean ± 95% CI over seeds); in parentheses the SLO violation % of "
-            "completed requests and, where >= 0.5%, the share of requests still unfinished when the episode's drain "
-            "limit ended it (their remaining energy is not counted, which flatters the policy).\n\n" + "\n".join(lines) + "\n")
+            f"completed requests (per request), the MLPerf p99 verdict (seeds whose p99 TTFT and p99 TPOT are within the "
+            f"scenario's targets; {P99_FAIL_MARK} = fails in some seed, with the percentile that failed) and, where >= 0.5%, "
+            "the share of requests left unfinished (when the drain limit ended the episode; with a measurement window, the "
+            "backlog's growth over it, in % of the window's arrivals). A run leaving more than "
+            f"{VALID_UNFINISHED_PCT:g}% unfinished is invalid (that work's energy was never spent, which would flatter the "
+            "policy): its reduction is not shown." + (" The last column is the carbon lower bound's reduction (eval/bound.py: "
+            "no run can emit less; every run of the table was checked against it)." if bsum is not None else "")
+            + "\n\n" + "\n".join(lines) + "\n")
 
 
 def milp_vs_ilp_table(runs, *, milp: str = "milp", ilps: Sequence[str] = ("ilp", "ilp-state")):
@@ -395,6 +467,7 @@ def milp_vs_ilp_table(runs, *, milp: str = "milp", ilps: Sequence[str] = ("ilp",
         row["milp_reduction_pct"], row["milp_reduction_pct_ci95"] = m, ci
         m, ci = mean_ci95(sub[sub["policy"] == milp]["slo_violation_pct"])
         row["milp_violation_pct"], row["milp_violation_pct_ci95"] = m, ci
+        row.update(_p99_shares(sub[sub["policy"] == milp], "milp_"))
         for ilp in ilps:
             if ilp not in set(sub["policy"]):
                 continue
@@ -402,19 +475,38 @@ def milp_vs_ilp_table(runs, *, milp: str = "milp", ilps: Sequence[str] = ("ilp",
             row[f"{ilp}_reduction_pct"], row[f"{ilp}_reduction_pct_ci95"] = m, ci
             m, ci = mean_ci95(sub[sub["policy"] == ilp]["slo_violation_pct"])
             row[f"{ilp}_violation_pct"] = m
+            row.update(_p99_shares(sub[sub["policy"] == ilp], f"{ilp}_"))
             g, gci, n = paired_difference(sub, "scenario", milp, ilp, "reduction_vs_rr_pct")
             row[f"gap_vs_{ilp}_pp"], row[f"gap_vs_{ilp}_pp_ci95"] = g, gci
         rows.append(row)
     return pd.DataFrame(rows)
 
 
+def _p99_shares(runs, prefix: str = "") -> dict[str, float]:
+    """``{prefix}seeds`` and the shares of runs passing the MLPerf p99 criteria
+    (``{prefix}mlperf_p99_pass_share``, ... for :data:`eval.tables.MLPERF_COLUMNS`)."""
+    out: dict[str, float] = {f"{prefix}seeds": float(len(runs))}
+    for c in MLPERF_COLUMNS:
+        out[f"{prefix}{c}_share"] = float(np.mean(runs[c].astype(float))) if c in runs and len(runs) else float("nan")
+    return out
+
+
+def _prefixed_verdict(r: Any, prefix: str) -> str:
+    """:func:`eval.tables.p99_verdict` of the columns ``{prefix}mlperf_*_share`` of a row."""
+    cols = {c + "_share": r.get(f"{prefix}{c}_share", float("nan")) for c in MLPERF_COLUMNS}
+    n = r.get(f"{prefix}seeds", float("nan"))
+    return p99_verdict(cols, int(n) if np.isfinite(float(n)) else 0)
+
+
 def milp_vs_ilp_markdown(table, ilps: Sequence[str] = ("ilp", "ilp-state")) -> str:
-    head = ["scenario", "milp: vs rr % (viol. %)"] + [f"{i}: vs rr % (viol. %)" for i in ilps] + [f"MILP - {i} (pp)" for i in ilps]
+    """Per scenario: each policy's reduction vs rr (per-request violation %; MLPerf p99 verdict)
+    and the paired gaps."""
+    head = ["scenario", "milp: vs rr % (viol. %; p99)"] + [f"{i}: vs rr % (viol. %; p99)" for i in ilps] + [f"MILP - {i} (pp)" for i in ilps]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for _, r in table.iterrows():
-        cells = [r["scenario"], f"{_fmt(r['milp_reduction_pct'], r['milp_reduction_pct_ci95'])} ({r['milp_violation_pct']:.1f})"]
+        cells = [r["scenario"], f"{_fmt(r['milp_reduction_pct'], r['milp_reduction_pct_ci95'])} ({r['milp_violation_pct']:.1f}; {_prefixed_verdict(r, 'milp_')})"]
         for i in ilps:
-            cells.append(f"{_fmt(r.get(f'{i}_reduction_pct'), r.get(f'{i}_reduction_pct_ci95'))} ({_fmt(r.get(f'{i}_violation_pct'))})" if f"{i}_reduction_pct" in r else "–")
+            cells.append(f"{_fmt(r.get(f'{i}_reduction_pct'), r.get(f'{i}_reduction_pct_ci95'))} ({_fmt(r.get(f'{i}_violation_pct'))}; {_prefixed_verdict(r, f'{i}_')})" if f"{i}_reduction_pct" in r else "–")
         for i in ilps:
             cells.append(_fmt(r.get(f"gap_vs_{i}_pp", float("nan")), r.get(f"gap_vs_{i}_pp_ci95", float("nan"))))
         lines.append("| " + " | ".join(cells) + " |")
@@ -466,9 +558,18 @@ def exp_headline(ctx: Ctx) -> str:
     specs = make_specs(scens, pols, ctx.seeds, overrides=ctx.overrides, policy_kwargs=ctx.policy_kwargs)
     focus = next((sc for sc in scens if sc.endswith("-moderate")), scens[0])
     ex = ctx.execute(specs, requests_for=[focus])
-    table = headline_table(ex.summary)
+    from eval.bound import bound_summary, bounds_table, with_bounds
+
+    bounds = bounds_table([s for s in specs if s.policy == REFERENCE_POLICY], runs=ex.runs) if REFERENCE_POLICY in pols else None
+    bsum = None
+    if bounds is not None and not bounds.empty:
+        bounds.to_csv(os.path.join(ctx.out, "bounds.csv"), index=False)
+        bsum = bound_summary(with_bounds(ex.runs, bounds))
+        bsum.to_csv(os.path.join(ctx.out, "bound_summary.csv"), index=False)
+    table = headline_table(ex.summary, bsum)
     ctx.write_text("headline.md", table + "\n" + summary_markdown(ex.summary))
     if ctx.plots:
+        say(f"{ctx.name}: writing figures to {ctx.fig_dir} (PNG + PDF; --no-plots skips them)")
         from eval import plots
 
         pol_order = list(dict.fromkeys(ex.summary["policy"]))
@@ -487,9 +588,11 @@ def exp_milp_vs_ilp(ctx: Ctx) -> str:
     ilps = [p for p in ("ilp", "ilp-state") if p in pols]
     table = milp_vs_ilp_table(ex.runs, ilps=ilps)
     table.to_csv(os.path.join(ctx.out, "milp-vs-ilp.csv"), index=False)
-    md = "Facility MILP vs per-request ILPs: reduction vs rr, % (SLO violation %), and the paired gap in percentage points.\n\n" + milp_vs_ilp_markdown(table, ilps)
+    md = ("Facility MILP vs per-request ILPs: reduction vs rr, % (SLO violation %; MLPerf p99 verdict), and the paired gap "
+          f"in percentage points. {METRICS_NOTE}\n\n" + milp_vs_ilp_markdown(table, ilps))
     ctx.write_text("milp-vs-ilp.md", md)
     if ctx.plots and not table.empty:
+        say(f"{ctx.name}: writing figures to {ctx.fig_dir} (PNG + PDF; --no-plots skips them)")
         from eval import plots
         import pandas as pd
 
@@ -525,6 +628,8 @@ def exp_predictor(ctx: Ctx) -> str:
                 mo, co = mean_ci95(orc.loc[common, metric])
                 md_, cd = mean_ci95((pr.loc[common, metric] - orc.loc[common, metric]).to_numpy(float))
                 row.update({f"{short}_predicted": mp, f"{short}_predicted_ci95": cp, f"{short}_oracle": mo, f"{short}_oracle_ci95": co, f"{short}_diff_pp": md_, f"{short}_diff_pp_ci95": cd})
+            row.update(_p99_shares(pr.loc[common], "predicted_"))
+            row.update(_p99_shares(orc.loc[common], "oracle_"))
             rows.append(row)
     table = pd.DataFrame(rows)
     table.to_csv(os.path.join(ctx.out, "predictor.csv"), index=False)
@@ -536,10 +641,13 @@ def exp_predictor(ctx: Ctx) -> str:
         "viol. %, predicted": [_fmt(a, b, 2) for a, b in zip(table["violation_predicted"], table["violation_predicted_ci95"])],
         "viol. %, oracle": [_fmt(a, b, 2) for a, b in zip(table["violation_oracle"], table["violation_oracle_ci95"])],
         "violation gap (pp)": [_fmt(a, b, 2) for a, b in zip(table["violation_diff_pp"], table["violation_diff_pp_ci95"])],
+        "MLPerf p99, predicted": [_prefixed_verdict(r, "predicted_") for _, r in table.iterrows()],
+        "MLPerf p99, oracle": [_prefixed_verdict(r, "oracle_") for _, r in table.iterrows()],
     }) if not table.empty else table
-    md = "Output-length predictor vs oracle lengths (paired by seed; gap = predicted - oracle).\n\n" + (_md(disp) if not table.empty else "(no runs)\n")
+    md = f"Output-length predictor vs oracle lengths (paired by seed; gap = predicted - oracle). {METRICS_NOTE}\n\n" + (_md(disp) if not table.empty else "(no runs)\n")
     ctx.write_text("predictor.md", md)
     if ctx.plots and not table.empty:
+        say(f"{ctx.name}: writing figures to {ctx.fig_dir} (PNG + PDF; --no-plots skips them)")
         from eval import plots
 
         long = []
@@ -568,11 +676,14 @@ def exp_polling(ctx: Ctx) -> str:
         "scenario": s["base"], "policy": s["policy"], "polling (s)": s["polling_s"].map(lambda v: f"{v:g}"),
         "vs rr %": [_fmt(a, b) for a, b in zip(s["reduction_vs_rr_pct"], s["reduction_vs_rr_pct_ci95"])],
         "SLO viol. %": [_fmt(a, b, 2) for a, b in zip(s["slo_violation_pct"], s["slo_violation_pct_ci95"])],
+        "MLPerf p99 pass": [p99_verdict(r) for _, r in s.iterrows()],
         "TTFT p99 (ms)": (s["ttft_p99_s"] * 1e3).map(lambda v: f"{v:.0f}"),
+        "TPOT p99 (ms)": (s["tpot_p99_s"] * 1e3).map(lambda v: f"{v:.0f}"),
     })
-    md = "Polling-period sweep (rr at each period is the reference).\n\n" + _md(disp)
+    md = f"Polling-period sweep (rr at each period is the reference). {METRICS_NOTE}\n\n" + _md(disp)
     ctx.write_text("polling.md", md)
     if ctx.plots:
+        say(f"{ctx.name}: writing figures to {ctx.fig_dir} (PNG + PDF; --no-plots skips them)")
         from eval import plots
 
         for base in dict.fromkeys(s["base"]):
@@ -581,73 +692,50 @@ def exp_polling(ctx: Ctx) -> str:
 
 
 def exp_tradeoff(ctx: Ctx) -> str:
-    import pandas as pd
+    """Experiment e: every knob-driven policy's carbon-vs-violation frontier, and the
+    comparison at equal violation (:mod:`eval.frontiers`)."""
+    from eval.frontiers import tradeoff_experiment
 
-    scens = ctx.scenario_list(("moderate",), ("llama8b",))
-    others = [p for p in (ctx.policies or STUDY_POLICIES) if p not in (REFERENCE_POLICY, "milp")]
-    specs: list[RunSpec] = []
-    for scen in scens:
-        specs += make_specs([scen], [REFERENCE_POLICY] + others, ctx.seeds, overrides=ctx.overrides, policy_kwargs=ctx.policy_kwargs)
-        for w in ctx.preset.weights:
-            kw = dict(ctx.policy_kwargs.get("milp", {}))
-            kw[LATENCY_WEIGHT_KWARG] = float(w)
-            for k in ctx.seeds:
-                specs.append(RunSpec(scenario=scen, policy="milp", seed=int(k), overrides=freeze(ctx.overrides), policy_kwargs=freeze(kw), label=f"milp[w={w:g}]"))
-    ex = ctx.execute(specs)
-    s = ex.summary.copy()
-    s["weight"] = s["policy"].map(lambda p: float(p.split("=")[1].rstrip("]")) if p.startswith("milp[w=") else np.nan)
-    s.to_csv(os.path.join(ctx.out, "tradeoff.csv"), index=False)
-    disp = pd.DataFrame({
-        "scenario": s["scenario"], "policy": s["policy"],
-        "vs rr %": [_fmt(a, b) for a, b in zip(s["reduction_vs_rr_pct"], s["reduction_vs_rr_pct_ci95"])],
-        "SLO viol. %": [_fmt(a, b, 2) for a, b in zip(s["slo_violation_pct"], s["slo_violation_pct_ci95"])],
-    })
-    md = f"Carbon vs SLO trade-off: facility MILP with latency weight `{LATENCY_WEIGHT_KWARG}` swept, other policies at their defaults.\n\n" + _md(disp)
-    ctx.write_text("tradeoff.md", md)
-    if ctx.plots:
-        from eval import plots
-
-        for scen in dict.fromkeys(s["scenario"]):
-            sub = s[(s["scenario"] == scen) & (s["policy"] != REFERENCE_POLICY)].copy()
-            sub.loc[sub["weight"].notna(), "policy"] = "milp"
-            plots.tradeoff(sub.rename(columns={"weight": "w"}), ctx.fig(f"tradeoff_{scen}"), sweep_policy="milp", param="w", title=f"{scen}: carbon vs SLO")
-    return md
+    return tradeoff_experiment(ctx, ctx.policies or [p for p in STUDY_POLICIES if p in available_policies()])
 
 
 def exp_bound(ctx: Ctx) -> str:
-    import pandas as pd
+    """Experiment f: each policy's reduction as a share of the carbon lower bound's
+    (:mod:`eval.bound`); the clairvoyant heuristic runs as one more policy."""
+    from eval.bound import bound_experiment
 
-    scens = ctx.scenario_list(("moderate",))
     pols = [p for p in (ctx.policies or STUDY_POLICIES) if p != "clairvoyant"] + ["clairvoyant"]
-    specs = make_specs(scens, pols, ctx.seeds, overrides=ctx.overrides, policy_kwargs=ctx.policy_kwargs)
-    ex = ctx.execute(specs)
-    s = ex.summary.copy()
-    rows = []
-    for scen in dict.fromkeys(s["scenario"]):
-        sub = s[s["scenario"] == scen]
-        bound = float(sub[sub["policy"] == "clairvoyant"]["reduction_vs_rr_pct"].iloc[0])
-        for _, r in sub.iterrows():
-            rows.append({
-                "scenario": scen, "policy": r["policy"],
-                "reduction_vs_rr_pct": r["reduction_vs_rr_pct"], "reduction_vs_rr_pct_ci95": r["reduction_vs_rr_pct_ci95"],
-                "share_of_bound_pct": 100.0 * r["reduction_vs_rr_pct"] / bound if bound > 0 else np.nan,
-                "slo_violation_pct": r["slo_violation_pct"],
-            })
-    table = pd.DataFrame(rows)
-    table.to_csv(os.path.join(ctx.out, "bound.csv"), index=False)
-    disp = pd.DataFrame({
-        "scenario": table["scenario"], "policy": table["policy"],
-        "vs rr %": [_fmt(a, b) for a, b in zip(table["reduction_vs_rr_pct"], table["reduction_vs_rr_pct_ci95"])],
-        "share of bound %": table["share_of_bound_pct"].map(lambda v: _fmt(v, d=0)),
-        "SLO viol. %": table["slo_violation_pct"].map(lambda v: _fmt(v, d=2)),
-    })
-    md = ("Each policy's carbon reduction as a share of the clairvoyant bound's (true lengths, all arrivals and carbon known, "
-          "SLOs ignored, cleanest capacity filled first, idle/host power counted).\n\n" + _md(disp))
-    ctx.write_text("bound.md", md)
-    if ctx.plots:
-        from eval import plots
+    return bound_experiment(ctx, pols)
 
-        plots.bars(table[table["policy"] != REFERENCE_POLICY], x="scenario", hue="policy", y="share_of_bound_pct", stem=ctx.fig("bound_share"), ylabel="share of the clairvoyant reduction (%)", title="Reduction as a share of the clairvoyant bound")
+
+#: The long run of experiment g: hours measured (after a burn-in), where the carbon hours and the
+#: day's traffic play out.
+DIURNAL_WINDOW_S = 6 * 3600.0
+DIURNAL_WARMUP_S = 600.0
+DIURNAL_POLICIES = ("rr", "planner", "milp")
+
+
+def exp_diurnal(ctx: Ctx) -> str:
+    """Experiment g: one long steady-state run of ``llama8b-diurnal`` (traffic follows the sun)
+    for round-robin, the planner and the facility MILP: a 6 h window after a 10 min burn-in
+    (``--preset full``; a 60 s smoke window under ``quick``), unless ``--window-s`` /
+    ``--warmup-s`` say otherwise; one start (``--seeds`` for more)."""
+    scens = list(ctx.scenarios or ["llama8b-diurnal"])
+    pols = list(ctx.policies or [p for p in DIURNAL_POLICIES if p in available_policies()])
+    ov = dict(ctx.overrides)
+    if not ctx.explicit_window:  # its own window (a 60 s smoke window under the quick preset)
+        ov.update(window_overrides(60.0, 60.0) if ctx.preset_name == "quick" else window_overrides(DIURNAL_WINDOW_S, DIURNAL_WARMUP_S))
+    seeds = ctx.seeds if ctx.explicit_seeds else [0]
+    specs = make_specs(scens, pols, seeds, overrides=ov, policy_kwargs=ctx.policy_kwargs)
+    ex = ctx.execute(specs)
+    table = headline_table(ex.summary)
+    md = (f"{scens[0]}: {float(ov['env.warmup_s']):g} s burn-in, then {float(ov['duration_s']) - float(ov['env.warmup_s']):g} s "
+          "measured (steady-state window, no drain).\n\n" + table + "\n" + summary_markdown(ex.summary))
+    ctx.write_text("diurnal.md", md)
+    if ctx.plots:
+        say(f"{ctx.name}: writing figures to {ctx.fig_dir} (PNG + PDF; --no-plots skips them)")
+        for scen in dict.fromkeys(ex.runs["scenario"]):
+            standard_figures(ex, scen, ctx.fig_dir, tag=scen)
     return md
 
 
@@ -658,6 +746,7 @@ EXPERIMENT_FUNCS: dict[str, Callable[[Ctx], str]] = {
     "polling": exp_polling,
     "tradeoff": exp_tradeoff,
     "bound": exp_bound,
+    "diurnal": exp_diurnal,
 }
 
 
@@ -680,6 +769,8 @@ class Ctx:
     plots: bool
     carbon_start: bool
     command: str | None
+    explicit_seeds: bool = False
+    explicit_window: bool = False
 
     def scenario_list(self, default_loads: Sequence[str], default_models: Sequence[str] = MODELS) -> list[str]:
         """Explicit ``--scenarios``, else models x loads (the experiment's defaults where not given)."""
@@ -740,6 +831,8 @@ def run_experiment(
     progress: bool = True,
     carbon_start: bool = True,
     command: str | None = None,
+    window_s: float | None = None,
+    warmup_s: float | None = None,
 ) -> str:
     """Run experiment ``name`` (see the module docstring) and return its Markdown table."""
     p = PRESETS[preset]
@@ -752,12 +845,14 @@ def run_experiment(
         models=list(models) if models else None,
         loads=list(loads) if loads else None,
         policies=list(policies) if policies else None,
-        overrides=preset_overrides(preset, duration_s, overrides),
+        overrides=preset_overrides(preset, duration_s, overrides, window_s=window_s, warmup_s=warmup_s),
         policy_kwargs={k: dict(v) for k, v in (policy_kwargs or {}).items()},
         scenarios=list(scenarios) if scenarios else None,
         run_kwargs={"workers": workers, "ray_address": ray_address, "tensorboard": tensorboard, "fmt": fmt, "requests": requests, "progress": progress},
         plots=plots,
         carbon_start=carbon_start,
         command=command,
+        explicit_seeds=seeds is not None,
+        explicit_window=window_s is not None,
     )
     return EXPERIMENT_FUNCS[name](ctx)

@@ -338,3 +338,43 @@ def tradeoff(table: Any, stem: str, *, sweep_policy: str, param: str, title: str
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
     return save(fig, stem)
+
+
+def frontiers(points: Any, singles: Any, stem: str, *, title: str = "") -> list[str]:
+    """Carbon reduction vs SLO violation: one frontier per knob-driven policy (its points joined
+    in violation order, its Pareto points filled, its default ringed), the other policies as
+    points.
+
+    Args:
+        points: :func:`eval.frontiers.frontier_points` rows of one scenario.
+        singles: summary rows of the policies without a knob (``policy``, ``slo_violation_pct``,
+            ``reduction_vs_rr_pct``).
+    """
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.0, 4.2))
+    pols = list(dict.fromkeys(points["policy"]))
+    colors = _colors(pols + [p for p in singles["policy"] if p not in pols])
+    for pol in pols:
+        g = points[points["policy"] == pol].sort_values("slo_violation_pct")
+        c = colors[pol]
+        ax.plot(g["slo_violation_pct"], g["reduction_vs_rr_pct"], color=c, linewidth=1.0, alpha=0.6)
+        eff = g[g["pareto"].astype(bool)]
+        ax.scatter(eff["slo_violation_pct"], eff["reduction_vs_rr_pct"], color=c, s=22, zorder=3, label=f"{pol} ({g['knob'].iloc[0]})")
+        rest = g[~g["pareto"].astype(bool)]
+        ax.scatter(rest["slo_violation_pct"], rest["reduction_vs_rr_pct"], facecolors="none", edgecolors=c, s=22, zorder=3)
+        d = g[g["default"].astype(bool)]
+        ax.scatter(d["slo_violation_pct"], d["reduction_vs_rr_pct"], facecolors="none", edgecolors="k", s=70, zorder=4)
+        for _, r in g.iterrows():
+            ax.annotate(f"{r['value']:g}", (r["slo_violation_pct"], r["reduction_vs_rr_pct"]), fontsize=6, xytext=(3, 3),
+                        textcoords="offset points", color=c)
+    for _, r in singles.iterrows():
+        ax.scatter([r["slo_violation_pct"]], [r["reduction_vs_rr_pct"]], color=colors[r["policy"]], marker="s", s=25,
+                   label=r["policy"], zorder=3)
+    ax.set_xlabel("SLO violations (% of requests)")
+    ax.set_ylabel("carbon reduction vs rr (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, frameon=False)
+    if title:
+        ax.set_title(title + " (ringed: defaults)", fontsize=10)
+    fig.tight_layout()
+    return save(fig, stem)

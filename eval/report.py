@@ -12,8 +12,8 @@ import json
 import os
 import shutil
 
-from eval.experiments import headline_table, milp_vs_ilp_markdown, milp_vs_ilp_table
-from eval.tables import summary_markdown
+from eval.experiments import PRESETS, headline_table, milp_vs_ilp_markdown, milp_vs_ilp_table
+from eval.tables import METRICS_NOTE, summary_markdown
 
 __all__ = ["write_results_md", "STUDY_CLAIMS", "NOTES_BEGIN", "NOTES_END"]
 
@@ -77,12 +77,20 @@ def _claims(results_dir: str) -> dict[str, str]:
     return out
 
 
-def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", figures_dir: str = "docs/figures", command: str | None = None) -> str:  # noqa: C901
+def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", figures_dir: str = "docs/figures", command: str | None = None,  # noqa: C901
+                     overwrite: bool = True) -> str:
     """Write RESULTS.md from ``results_dir/headline`` (+ the other experiments found there).
 
     Figures are copied (PNG) into ``figures_dir`` so the Markdown links work from the repo root.
-    Hand-written notes between the ``notes`` markers of an existing ``out`` are kept.
+    Hand-written notes between the ``notes`` markers of an existing ``out`` are kept. With
+    ``overwrite=False`` nothing is written when ``out`` or any figure to be copied already
+    exists: :class:`~carbon_gym.errors.ConfigError` (field ``out`` or ``figures``) names it.
     """
+    from carbon_gym.errors import ConfigError
+
+    if not overwrite and os.path.exists(out):
+        raise ConfigError("out", f"{out!r} exists (RESULTS.md is tracked: regenerating it is a deliberate step); write "
+                          "elsewhere, or allow replacing it (carbon-gym report --force)")
     head_dir = os.path.join(results_dir, "headline")
     with open(os.path.join(head_dir, "config.json"), encoding="utf-8") as f:
         cfg = json.load(f)
@@ -96,12 +104,14 @@ def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", f
     os.makedirs(figures_dir, exist_ok=True)
     rel = os.path.relpath(figures_dir, os.path.dirname(os.path.abspath(out)) or ".")
 
+    copies: list[tuple[str, str]] = []  # (source, destination), copied once the text is complete
+
     def fig(exp: str, stem: str) -> str | None:
         src = os.path.join(results_dir, exp, "figures", stem + ".png")
         if not os.path.isfile(src):
             return None
         dst_name = f"{exp}_{stem}.png" if not stem.startswith(exp) else stem + ".png"
-        shutil.copyfile(src, os.path.join(figures_dir, dst_name))
+        copies.append((src, os.path.join(figures_dir, dst_name)))
         return f"{rel}/{dst_name}".replace(os.sep, "/")
 
     v = cfg.get("versions", {})
@@ -124,7 +134,20 @@ def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", f
     add("```\n")
     add(f"- scenarios: {', '.join(scen)}")
     add(f"- policies: {', '.join(pols)}")
-    add(f"- seeds: {', '.join(map(str, seeds))}; simulated seconds per episode: {', '.join(f'{d:g}' for d in durations)} (preset `{cfg.get('preset', '?')}`; arrivals stop there, then placed requests drain)")
+    windows = sorted({float(w) for w in runs["window_s"].dropna()}) if runs is not None and "window_s" in runs else []
+    warm = sorted({float(r.get("overrides", {}).get("env.warmup_s", 0.0)) for r in runs_meta})
+    starts = sorted({r.get("start_utc") for r in runs_meta if r.get("start_utc")})
+    preset = cfg.get("preset", "?")
+    if windows:
+        add(f"- measurement window: {', '.join(f'{w:g}' for w in windows)} s (steady state: after a {', '.join(f'{w:g}' for w in warm)} s burn-in "
+            "that is simulated, not counted; no drain; work in flight at the end counted as far as it was run in the window)")
+    else:
+        add("- measurement window: none (episodes from an empty cluster, arrivals for "
+            f"{', '.join(f'{d:g}' for d in durations)} s, then the drain, all counted"
+            + (": the quick preset, a smoke test, not a result)" if preset == "quick" else ")"))
+    add(f"- starts: {len(seeds)} (seeds {', '.join(map(str, seeds))}; episode starts spread over the 2023 carbon year, day x hour: "
+        f"{', '.join(str(s)[:13] for s in starts[:12])}{' ...' if len(starts) > 12 else ''})")
+    add(f"- preset `{preset}`" + (f": {PRESETS[preset].note}" if preset in PRESETS else ""))
     if "elapsed_s" in cfg:
         add(f"- wall time: {cfg['elapsed_s'] / 60:.1f} min on {cfg.get('workers')} worker process(es), {cfg.get('cpu_count')} CPU cores ({cfg.get('backend')})")
     if runs is not None and "cpu_s" in runs:
@@ -132,9 +155,15 @@ def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", f
     add("- versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if k != "platform"))
     add(f"- platform: {v.get('platform', '?')}\n")
     add("## Headline: carbon reduction vs round-robin (SLO violation %)\n")
-    add(headline_table(summary))
-    add("Full table (carbon in kg, latencies in ms; decision time is wall clock per step):\n")
+    bsum = _read_csv(os.path.join(head_dir, "bound_summary.csv"))
+    add(headline_table(summary, bsum))
+    add(f"Full table (carbon in kg, latencies in ms; decision time is wall clock per step). {METRICS_NOTE}\n")
     add(summary_markdown(summary))
+    bounds = _read_csv(os.path.join(head_dir, "bounds.csv"))
+    if bounds is not None and runs is not None:
+        from eval.bound import bound_check_markdown, with_bounds
+
+        add(bound_check_markdown(with_bounds(runs, bounds)))
     for exp, stem, caption in (
         ("headline", "headline_reduction", "Carbon reduction vs round-robin per scenario and policy."),
         ("headline", "headline_violations", "SLO violation rate per scenario and policy."),
@@ -155,9 +184,9 @@ def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", f
         ilps = [p for p in ("ilp", "ilp-state") if p in set(runs["policy"])]
         if ilps:
             add("## Facility MILP vs per-request ILPs (from the headline runs)\n")
-            add("Reduction vs rr, % (SLO violation %), and the paired gap MILP - ILP in percentage points (mean ± 95% CI over seeds).\n")
+            add(f"Reduction vs rr, % (SLO violation %; MLPerf p99 verdict), and the paired gap MILP - ILP in percentage points (mean ± 95% CI over seeds). {METRICS_NOTE}\n")
             add(milp_vs_ilp_markdown(milp_vs_ilp_table(runs, ilps=ilps), ilps))
-    for exp, title in (("milp-vs-ilp", "Facility MILP vs per-request ILPs"), ("predictor", "Predictor vs oracle"), ("polling", "Polling period"), ("tradeoff", "Carbon vs SLO trade-off"), ("bound", "Share of the clairvoyant bound")):
+    for exp, title in (("milp-vs-ilp", "Facility MILP vs per-request ILPs"), ("predictor", "Predictor vs oracle"), ("polling", "Polling period"), ("tradeoff", "Carbon vs SLO trade-off"), ("bound", "Share of the carbon lower bound"), ("diurnal", "A long run: llama8b-diurnal")):
         md_path = os.path.join(results_dir, exp, f"{exp}.md")
         if not os.path.isfile(md_path):
             continue
@@ -185,6 +214,12 @@ def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", f
     add(notes or "(to be written: where and why these numbers differ from the study's)")
     add(NOTES_END)
     text = "\n".join(lines) + "\n"
+    clash = [dst for _, dst in copies if os.path.exists(dst)]
+    if clash and not overwrite:
+        raise ConfigError("figures", f"{len(clash)} figure(s) would be replaced, e.g. {clash[0]!r}; choose another "
+                          "figures directory, or allow replacing them (carbon-gym report --force)")
+    for src, dst in copies:
+        shutil.copyfile(src, dst)
     with open(out, "w", encoding="utf-8") as f:
         f.write(text)
     return out

@@ -33,7 +33,8 @@ from eval.stats import percentile
 
 __all__ = [
     "RunSpec", "RunResult", "EpisodeRecorder", "make_specs", "fault_twin", "episode_start_offset_s",
-    "make_env", "resolve_run_scenario", "run_one", "freeze", "policy_label", "FAULT_TWIN_SUFFIX",
+    "make_env", "resolve_run_scenario", "run_one", "freeze", "policy_label", "policy_labels", "split_label",
+    "scenario_labels", "FAULT_TWIN_SUFFIX", "StepProgress", "episode_steps", "VALID_UNFINISHED_PCT",
 ]
 
 # scenario override keys (carbon_gym.scenario field names)
@@ -42,6 +43,10 @@ OVERRIDE_POLLING = "polling_period_s"
 OVERRIDE_PREDICTOR = "env.predictor"
 OVERRIDE_DURATION = "duration_s"
 SECONDS_PER_DAY = 86400.0
+#: A run leaving more than this share of its arrived requests unfinished (in flight when the
+#: drain limit ended it, or never placed) is invalid: the energy of that work was never spent,
+#: so its carbon is not comparable. Tables mark it and frontiers leave it out.
+VALID_UNFINISHED_PCT = 1.0
 DAYS_PER_YEAR = 365
 
 
@@ -153,14 +158,68 @@ def _safe(name: str) -> str:
 
 
 
+_LABEL = re.compile(r"^([A-Za-z0-9_.+-]+)=(.+)$")
+
+
+def split_label(text: str) -> tuple[str | None, str]:
+    """``"mine=learned:runs/a/best.npz"`` -> ``("mine", "learned:runs/a/best.npz")``: a policy
+    given a table name of its own (``NAME=POLICY``); ``(None, text)`` without one."""
+    m = _LABEL.match(str(text).strip())
+    if m and ":" not in m.group(1):
+        return m.group(1), m.group(2).strip()
+    return None, str(text).strip()
+
+
 def policy_label(name: str) -> str:
     """Table name of a policy: its registered (short) name (``facility-milp`` -> ``milp``); a
     prefix form's is ``<prefix>:<file stem>`` (``learned:runs/x/best.zip`` -> ``learned:best``);
-    a ``module:Class`` form is its own label."""
+    a ``module:Class`` form is its own label; ``NAME=POLICY`` is ``NAME``. (Two checkpoints with
+    the same file name get labels by path: :func:`policy_labels`.)"""
+    given, name = split_label(name)
+    if given:
+        return given
     pre = split_prefix(name)
     if pre is not None:
         return f"{pre[0]}:{os.path.splitext(os.path.basename(pre[1]))[0]}"
     return canonical_policy_name(name)
+
+
+def _path_label(prefix: str, path: str, depth: int) -> str:
+    parts = os.path.normpath(os.path.splitext(path)[0]).split(os.sep)
+    return f"{prefix}:{'/'.join(parts[-depth:])}"
+
+
+def policy_labels(policies: Sequence[str]) -> dict[str, str]:
+    """Table names of ``policies`` (policy text -> label), distinct: labels as
+    :func:`policy_label`, except that prefix forms whose file stems collide (two
+    ``learned:<dir>/best.npz``) are labelled by as much of their path as tells them apart
+    (``learned:a/best``, ``learned:b/best``), so that two checkpoints are never merged as if
+    they were seeds of one policy. A given name (``NAME=POLICY``) that collides is a
+    :class:`~carbon_gym.errors.ConfigError`."""
+    from carbon_gym.errors import ConfigError
+
+    out = {p: policy_label(p) for p in policies}
+    groups: dict[str, list[str]] = {}
+    for p, lab in out.items():
+        groups.setdefault(lab, []).append(p)
+    for lab, members in groups.items():
+        distinct = list(dict.fromkeys(split_label(m)[1] for m in members))
+        if len(distinct) < 2:
+            continue
+        if any(split_label(m)[0] for m in members):
+            raise ConfigError("policies", f"two policies are named {lab!r}: {', '.join(members)}; give each its own "
+                              "name (NAME=POLICY)")
+        pres = [split_prefix(split_label(m)[1]) for m in members]
+        if any(pr is None for pr in pres):
+            raise ConfigError("policies", f"two policies have the table name {lab!r}: {', '.join(members)}; name them "
+                              "(NAME=POLICY)")
+        for depth in range(2, 64):
+            labs = [_path_label(pr[0], pr[1], depth) for pr in pres]
+            if len(set(labs)) == len(set(distinct)):
+                break
+        for m, new in zip(members, labs):
+            out[m] = new
+    return out
 
 
 def make_specs(
@@ -174,23 +233,57 @@ def make_specs(
     """The full matrix, ordered scenario -> policy -> seed. ``policy_kwargs`` is per policy name
     (short or long; a prefix form such as ``learned:<path>`` also takes those of its prefix)."""
     pk = {canonical_policy_name(k): v for k, v in (policy_kwargs or {}).items()}
+    labels = policy_labels(policies)
 
-    def kw(p: str) -> Any:
-        own = pk.get(canonical_policy_name(p))
+    def kw(text: str) -> Any:
+        given, p = split_label(text)
+        own = pk.get(given) if given else None
+        if own is None:
+            own = pk.get(canonical_policy_name(p))
         if own is None and split_prefix(p) is not None:
             own = pk.get(split_prefix(p)[0])
         return own
 
-    def label(p: str) -> str:
-        return policy_label(p) if split_prefix(p) is not None else ""
+    def label(text: str) -> str:
+        given, p = split_label(text)
+        return labels[text] if given or split_prefix(p) is not None else ""
 
+    scen_labels = scenario_labels(scenarios)
     return [
-        RunSpec(scenario=s, policy=canonical_policy_name(p), seed=int(k), overrides=freeze(overrides),
-                policy_kwargs=freeze(kw(p)), label=label(p))
+        RunSpec(scenario=s, policy=canonical_policy_name(split_label(p)[1]), seed=int(k), overrides=freeze(overrides),
+                policy_kwargs=freeze(kw(p)), label=label(p), scenario_label=scen_labels.get(s, ""))
         for s in scenarios
         for p in policies
         for k in seeds
     ]
+
+
+def scenario_labels(scenarios: Sequence[str]) -> dict[str, str]:
+    """Table names of scenario files: the scenario's own ``name`` where it differs from the file
+    stem (a file ``runs/x/test3.toml`` with ``name = "llama-eu"`` is ``llama-eu`` in every
+    table), unless two of ``scenarios`` share that name (then both keep their stems). Shipped
+    names are their own labels (``{}`` for them)."""
+    import warnings
+
+    from carbon_gym.scenario import load_scenario
+
+    named: dict[str, str] = {}
+    for s in dict.fromkeys(scenarios):
+        if not (str(s).endswith(".toml") or os.sep in str(s)):
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                name = str(load_scenario(s).name or "")
+        except Exception:  # noqa: BLE001 - a bad file fails later, with its own error, when it is run
+            continue
+        if name and name != _scenario_stem(s):
+            named[s] = name
+    counts: dict[str, int] = {}
+    for s in dict.fromkeys(scenarios):
+        lab = named.get(s, _scenario_stem(s))
+        counts[lab] = counts.get(lab, 0) + 1
+    return {s: lab for s, lab in named.items() if counts[lab] == 1}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -355,6 +448,50 @@ class EpisodeRecorder(EpisodeObserver):
         return RequestRecords.empty().to_dict()
 
 
+def _policy_stats(policy: Any) -> dict[str, float]:
+    """The policy's own episode figures (an optional ``episode_stats()`` method, e.g. the
+    facility MILP's solves, work-limited solves and gaps) as run metrics ``policy_<key>``;
+    wall-clock ones (keys starting ``wall_``) as ``wall_policy_<rest>`` so that every
+    reproducibility check (:data:`eval.tables.NONDETERMINISTIC_PREFIXES`) leaves them out."""
+    fn = getattr(policy, "episode_stats", None)
+    if not callable(fn):
+        return {}
+    out: dict[str, float] = {}
+    for k, v in dict(fn()).items():
+        name = f"wall_policy_{k[len('wall_'):]}" if str(k).startswith("wall_") else f"policy_{k}"
+        out[name] = float(v)
+    return out
+
+
+class StepProgress(EpisodeObserver):
+    """Reports the steps done so far to ``report(steps)`` at most every ``every_s`` seconds of
+    wall time (for a progress bar that moves inside long runs); reads nothing else."""
+
+    def __init__(self, report: Any, every_s: float = 0.5) -> None:
+        self.report = report
+        self.every_s = float(every_s)
+        self._last = time.perf_counter()
+
+    def after_step(self, env: Any, step: int, action: Any, reward: float, terminated: bool, truncated: bool,
+                   info: dict[str, Any], decision_s: float) -> None:
+        now = time.perf_counter()
+        if now - self._last >= self.every_s:
+            self._last = now
+            self.report(step + 1)
+
+
+def episode_steps(spec: RunSpec) -> int:
+    """Env steps of ``spec``'s episode: ceil(duration / polling period) of its scenario."""
+    import warnings
+
+    from carbon_gym.scenario import load_scenario
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sc = load_scenario(spec.scenario, dict(spec.overrides))
+    return max(1, int(math.ceil(float(sc.duration_s) / float(sc.polling_period_s) - 1e-9)))
+
+
 def run_one(spec: RunSpec, *, keep_requests: bool = True, observers: Sequence[EpisodeObserver] = ()) -> RunResult:
     """Run one episode of ``spec`` and collect its metrics and records.
 
@@ -379,6 +516,7 @@ def run_one(spec: RunSpec, *, keep_requests: bool = True, observers: Sequence[Ep
         if not ep.ended:
             raise RuntimeError(f"episode did not end after {ep.steps} steps (max_episode_steps={max_steps})")
         em = dict(ep.info["episode_metrics"])
+        policy_stats = _policy_stats(policy)
     finally:
         env.close()
 
@@ -389,7 +527,10 @@ def run_one(spec: RunSpec, *, keep_requests: bool = True, observers: Sequence[Ep
     dec = steps["decision_s"].astype(np.float64)
     ledger = dict(em.get("ledger") or {})
     arrived = int(em.get("arrived", 0))
-    unfinished = int(em.get("in_flight_at_truncation", 0)) + int(em.get("unplaced_at_end", 0))
+    windowed = em.get("measure") == "window"
+    # a measurement window: the work it took in and did not do (the backlog's growth); else what
+    # the drain limit left unfinished plus what was never placed
+    unfinished = int(em["unfinished_window"]) if windowed else int(em.get("in_flight_at_truncation", 0)) + int(em.get("unplaced_at_end", 0))
     vr = em.get("violation_rate", float("nan"))
     metrics: dict[str, Any] = {
         "carbon_g": float(em["carbon_g"]),
@@ -400,12 +541,17 @@ def run_one(spec: RunSpec, *, keep_requests: bool = True, observers: Sequence[Ep
         "slo_violation_pct": 100.0 * float(vr),
         "ttft_violation_pct": 100.0 * float(em.get("ttft_violation_rate", float("nan"))),
         "tpot_violation_pct": 100.0 * float(em.get("tpot_violation_rate", float("nan"))),
+        # MLPerf's latency criterion (per run): p99 TTFT and p99 TPOT within the scenario's targets
         "mlperf_p99_pass": bool(float(em["ttft_p99_s"]) <= ttft_target and float(em["tpot_p99_s"]) <= tpot_target),
+        "mlperf_ttft_p99_pass": bool(float(em["ttft_p99_s"]) <= ttft_target),
+        "mlperf_tpot_p99_pass": bool(float(em["tpot_p99_s"]) <= tpot_target),
         "requests_arrived": arrived,
         "requests_completed": int(em.get("completed", 0)),
         "requests_in_flight": int(em.get("in_flight_at_truncation", 0)),
         "requests_unplaced": int(em.get("unplaced_at_end", 0)),
         "unfinished_pct": 100.0 * unfinished / arrived if arrived else 0.0,
+        # a run that leaves work unfinished did not pay for it: invalid (its carbon flatters it)
+        "run_valid": bool((100.0 * unfinished / arrived if arrived else 0.0) <= VALID_UNFINISHED_PCT),
         "slo_violations": int(em.get("violations", 0)),
         "deferred_slot_steps": int(em.get("deferred", 0)),
         "invalid_actions": int(em.get("invalid_actions", 0)),
@@ -423,6 +569,10 @@ def run_one(spec: RunSpec, *, keep_requests: bool = True, observers: Sequence[Ep
         "wall_s": time.perf_counter() - wall0,
         "cpu_s": time.process_time() - cpu0,
     }
+    metrics.update(policy_stats)
+    if windowed:
+        metrics.update({"window_start_s": float(em["window_start_s"]), "window_s": float(em["window_s"]),
+                        "backlog_start": int(em["backlog_start"]), "backlog_end": int(em["backlog_end"])})
     dcs, trace, offset = rec.datacenters, rec.trace, rec.offset_s
     meta = {
         "datacenters": [d.name for d in dcs],

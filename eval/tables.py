@@ -21,8 +21,8 @@ from eval.runner import RunResult, fault_twin
 from eval.stats import mean_ci95
 
 __all__ = [
-    "REFERENCE_POLICY", "SUMMARY_METRICS", "NONDETERMINISTIC_PREFIXES", "runs_table", "summarise",
-    "summary_markdown", "fault_pairs", "fault_summary", "fault_markdown",
+    "REFERENCE_POLICY", "SUMMARY_METRICS", "NONDETERMINISTIC_PREFIXES", "MLPERF_COLUMNS", "P99_FAIL_MARK", "METRICS_NOTE", "runs_table",
+    "summarise", "summary_markdown", "p99_verdict", "p99_fails", "invalid", "INVALID_MARK", "fmt_ci", "frame_markdown", "fault_pairs", "fault_summary", "fault_markdown",
 ]
 
 #: The reference of every "vs rr" column: round-robin's table name.
@@ -43,6 +43,18 @@ SUMMARY_METRICS = (
     "unfinished_pct",
 )
 TIMING_COLUMNS = ("decision_mean_s", "decision_p95_s")
+#: Per-run MLPerf verdicts (p99 TTFT and p99 TPOT within the scenario's targets; each alone);
+#: the summary has the share of seeds passing each (``<column>_share``).
+MLPERF_COLUMNS = ("mlperf_p99_pass", "mlperf_ttft_p99_pass", "mlperf_tpot_p99_pass")
+#: Mark of a policy that fails the MLPerf p99 criterion in at least one seed (every table).
+P99_FAIL_MARK = "✗"
+P99_PASS_MARK = "✓"
+#: Mark of an invalid run (work left unfinished, its energy never spent): no reduction is shown.
+INVALID_MARK = "(invalid: work left unfinished)"
+#: The sentence every table's caption carries about its two SLO measures.
+METRICS_NOTE = ("SLO viol. = per-request violation rate (% of completed requests whose TTFT or TPOT exceeds its "
+                "target); MLPerf p99 = seeds whose p99 TTFT and p99 TPOT are both within the scenario's targets "
+                f"(MLPerf's criterion; {P99_FAIL_MARK} = fails in some seed, with the percentile that failed).")
 # per-run fault counters averaged over seeds in the summary (only when a scenario has faults)
 FAULT_SUMMARY_COLUMNS = ("failed_over", "failed_over_completed", "wasted_carbon_g")
 NONDETERMINISTIC_PREFIXES = ("decision_", "wall_", "cpu_")  # wall-clock columns, excluded from reproducibility checks
@@ -94,8 +106,9 @@ def summarise(runs, *, reference: str = REFERENCE_POLICY):
             mean, ci = mean_ci95(g[m].to_numpy(np.float64))
             row[m] = mean
             row[m + "_ci95"] = ci
-        if "mlperf_p99_pass" in g:
-            row["mlperf_p99_pass_share"] = float(np.mean(g["mlperf_p99_pass"].astype(float)))
+        for c, name in [(c, c + "_share") for c in MLPERF_COLUMNS] + [("run_valid", "valid_share")]:
+            if c in g:
+                row[name] = float(np.mean(g[c].astype(float)))
         for c in ("requests_completed", "requests_in_flight", "requests_failed"):
             if c in g:
                 row[c] = float(g[c].mean())
@@ -110,6 +123,64 @@ def summarise(runs, *, reference: str = REFERENCE_POLICY):
                 row[c] = float(g[c].mean())
         out.append(row)
     return pd.DataFrame(out)
+
+
+def p99_verdict(row: Mapping[str, Any] | Any, seeds: int | None = None) -> str:
+    """The MLPerf p99 verdict of a summary row as table text: ``"3/3 ✓"`` when every seed's p99
+    TTFT and p99 TPOT are within the targets, else ``"1/3 ✗"`` followed by which percentile
+    failed in some seed (``TTFT``, ``TPOT`` or both); ``"–"`` without a verdict.
+
+    ``row`` holds ``mlperf_p99_pass_share`` (and optionally the TTFT / TPOT shares, see
+    :data:`MLPERF_COLUMNS`) and ``seeds`` (or pass ``seeds``)."""
+    def get(k: str) -> float:
+        v = row.get(k, float("nan")) if hasattr(row, "get") else float("nan")
+        try:
+            return float(v)
+        except (TypeError, ValueError):
+            return float("nan")
+
+    share = get("mlperf_p99_pass_share")
+    n = int(seeds if seeds is not None else get("seeds"))
+    if not np.isfinite(share) or n <= 0:
+        return "–"
+    k = int(round(share * n))
+    if k == n:
+        return f"{k}/{n} {P99_PASS_MARK}"
+    which = [name for name, c in (("TTFT", "mlperf_ttft_p99_pass_share"), ("TPOT", "mlperf_tpot_p99_pass_share"))
+             if np.isfinite(get(c)) and get(c) < 1.0]
+    return f"{k}/{n} {P99_FAIL_MARK}" + (f" ({'+'.join(which)})" if which else "")
+
+
+def invalid(row: Mapping[str, Any] | Any) -> bool:
+    """Whether some seed of a summary row is an invalid run (more than
+    :data:`eval.runner.VALID_UNFINISHED_PCT` of its requests left unfinished)."""
+    v = row.get("valid_share", float("nan")) if hasattr(row, "get") else float("nan")
+    try:
+        return bool(np.isfinite(float(v)) and float(v) < 1.0)
+    except (TypeError, ValueError):
+        return False
+
+
+def p99_fails(row: Mapping[str, Any] | Any) -> bool:
+    """Whether a summary row fails the MLPerf p99 criterion in at least one seed."""
+    v = row.get("mlperf_p99_pass_share", float("nan")) if hasattr(row, "get") else float("nan")
+    return bool(np.isfinite(float(v)) and float(v) < 1.0)
+
+
+def fmt_ci(m: float, ci: float = float("nan"), d: int = 1) -> str:
+    """``"12.3 ± 0.4"`` (``d`` decimals; the ± part only with a finite CI; ``–`` without a mean)."""
+    if m is None or not np.isfinite(m):
+        return "–"
+    return f"{m:.{d}f}" + (f" ± {ci:.{d}f}" if ci is not None and np.isfinite(ci) else "")
+
+
+def frame_markdown(df, columns: Sequence[str] | None = None) -> str:
+    """A DataFrame of display strings as a Markdown table."""
+    cols = list(columns or df.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for _, r in df.iterrows():
+        lines.append("| " + " | ".join(str(r[c]) for c in cols) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def _sig(x: float, digits: int = 3) -> str:
@@ -141,12 +212,15 @@ def _fixed(mean: float, ci: float, decimals: int = 1) -> str:
 
 
 def summary_markdown(summary, *, timing: bool = True) -> str:
-    """The summary as a Markdown table (means ± 95% CI half-widths; latencies in ms); with a
-    ``failed over`` column (mean requests failed over per episode) when the summary has one."""
+    """The summary as a Markdown table (means ± 95% CI half-widths; latencies in ms): the
+    per-request SLO violation rate beside the MLPerf p99 verdict (:func:`p99_verdict`; ✗ marks a
+    policy failing it in some seed); a row with an invalid run (:func:`invalid`) shows no
+    reduction ("invalid") and is marked in its unfinished column; with a ``failed over`` column (mean requests failed over per
+    episode) when the summary has one."""
     faults = "failed_over" in getattr(summary, "columns", ())
     head = [
         "scenario", "policy", "seeds", "carbon (kg)", "vs rr (%)", "energy (kWh)",
-        "TTFT p50/p90/p99 (ms)", "TPOT p50/p90/p99 (ms)", "SLO viol. (%)", "unfinished (%)", "MLPerf p99 pass",
+        "TTFT p50/p90/p99 (ms)", "TPOT p50/p90/p99 (ms)", "SLO viol. (%)", "unfinished (%)", "MLPerf p99 pass (seeds)",
     ]
     if faults:
         head.append("failed over")
@@ -159,17 +233,17 @@ def summary_markdown(summary, *, timing: bool = True) -> str:
             return float(v) if v is not None else float("nan")
 
         lat = lambda p: "/".join(_sig(g(f"{p}_{q}_s") * 1e3, 3) for q in ("p50", "p90", "p99"))  # noqa: E731
-        share = g("mlperf_p99_pass_share")
         seeds = int(r["seeds"])
+        bad = invalid(r)
         cells = [
             str(r["scenario"]), str(r["policy"]), str(seeds),
             _pm(g("carbon_g"), g("carbon_g_ci95"), 3, 1e-3),
-            _fixed(g("reduction_vs_rr_pct"), g("reduction_vs_rr_pct_ci95"), 1),
+            "invalid" if bad else _fixed(g("reduction_vs_rr_pct"), g("reduction_vs_rr_pct_ci95"), 1),
             _pm(g("energy_kwh"), g("energy_kwh_ci95"), 3),
             lat("ttft"), lat("tpot"),
             _fixed(g("slo_violation_pct"), g("slo_violation_pct_ci95"), 2),
-            _fixed(g("unfinished_pct"), float("nan"), 1),
-            "–" if not np.isfinite(share) else f"{int(round(share * seeds))}/{seeds}",
+            _fixed(g("unfinished_pct"), float("nan"), 1) + (f" {INVALID_MARK}" if bad else ""),
+            p99_verdict(r, seeds),
         ]
         if faults:
             cells.append(_sig(g("failed_over"), 3))
@@ -236,6 +310,8 @@ def fault_pairs(results: Sequence[RunResult]):
             "extra_carbon_pct": 100.0 * extra / float(b["carbon_g"]) if b["carbon_g"] else float("nan"),
             "ttft_p99_s": float(m["ttft_p99_s"]),
             "ttft_p99_s_base": float(b["ttft_p99_s"]),
+            "mlperf_p99_pass": bool(m.get("mlperf_p99_pass", False)),
+            "mlperf_p99_pass_base": bool(b.get("mlperf_p99_pass", False)),
             "unfinished": unfinished(m),
             "unfinished_base": unfinished(b),
             "ledger_ok": bool(m["ledger_ok"]) and bool(b["ledger_ok"]),
@@ -273,16 +349,27 @@ def fault_summary(pairs):
         row["extra_carbon_g_ci95"] = mean_ci95(g["extra_carbon_g"].to_numpy(np.float64))[1]
         row["extra_carbon_pct"] = 100.0 * row["extra_carbon_g"] / row["carbon_g_base"] if row["carbon_g_base"] else float("nan")
         row["ledger_ok"] = bool(g["ledger_ok"].astype(bool).all())
+        for c in ("mlperf_p99_pass", "mlperf_p99_pass_base"):
+            row[c + "_share"] = float(np.mean(g[c].astype(float))) if c in g else float("nan")
         out.append(row)
     return pd.DataFrame(out)
 
 
+def _pair_verdict(r: Any, suffix: str) -> str:
+    """:func:`p99_verdict` of the fault run (``suffix=""``) or of its twin (``"_base"``), from a
+    :func:`fault_summary` row (shares) or a :func:`fault_pairs` row (one seed's bool)."""
+    seeds = int(r.get("seeds", 1))
+    share = r.get(f"mlperf_p99_pass{suffix}_share", r.get(f"mlperf_p99_pass{suffix}", float("nan")))
+    return p99_verdict({"mlperf_p99_pass_share": float(share)}, seeds)
+
+
 def fault_markdown(table) -> str:
     """:func:`fault_summary` (or :func:`fault_pairs`) as a Markdown table: means over seeds;
-    ``w/o`` = the same run without the faults; ± = 95% CI half-width over seeds."""
+    ``w/o`` = the same run without the faults; ± = 95% CI half-width over seeds; the MLPerf p99
+    verdict (seeds passing, ✗ = some seed fails) beside the per-request violation rate."""
     head = ["scenario", "policy", "seeds", "failed over", "f.o. completed", "wasted (kJ)", "SLO viol. (%)", "w/o (%)",
-            "Δ (pp)", "carbon (g)", "w/o (g)", "extra (g)", "extra (%)", "TTFT p99 (ms)", "w/o (ms)", "unfinished",
-            "ledger balanced"]
+            "Δ (pp)", "MLPerf p99 pass", "w/o", "carbon (g)", "w/o (g)", "extra (g)", "extra (%)", "TTFT p99 (ms)",
+            "w/o (ms)", "unfinished", "ledger balanced"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for _, r in table.iterrows():
         def g(k: str, r: Any = r) -> float:
@@ -298,6 +385,7 @@ def fault_markdown(table) -> str:
             num("failed_over"), num("failed_over_completed"), f"{g('wasted_energy_kj'):.2f}",
             f"{g('slo_violation_pct'):.2f}", f"{g('slo_violation_pct_base'):.2f}",
             _fixed(g("slo_violation_pp"), g("slo_violation_pp_ci95"), 2),
+            _pair_verdict(r, ""), _pair_verdict(r, "_base"),
             f"{g('carbon_g'):.3f}", f"{g('carbon_g_base'):.3f}",
             _fixed(g("extra_carbon_g"), g("extra_carbon_g_ci95"), 3), f"{g('extra_carbon_pct'):+.1f}",
             _sig(g("ttft_p99_s") * 1e3, 3), _sig(g("ttft_p99_s_base") * 1e3, 3), num("unfinished"),

@@ -23,6 +23,8 @@ planner                          "earlier studies": shares re-planned every 15 m
 planner-1h                       the same, re-planned every hour
 ilp            ilp-static        per-request ILP, load-independent latency
 ilp-state                        per-request ILP, state-aware latency (estimates updated after each placement)
+greedy-cap                       carbon-greedy capped at 0.9 of each datacenter's measured capacity per step
+ilp-cap                          load-independent per-request ILP with the same capacity cap
 milp           facility-milp     facility MILP (shared per-datacenter engine energy), HiGHS
 milp-greedy    facility-greedy   state-aware greedy on the facility objective (the MILP's fallback)
 =============  ================  ==============================================================
@@ -70,6 +72,24 @@ def _ilp_static(env: Any = None, **kw: Any) -> Any:
     return PerRequestILP(env, state_aware=False, **kw)
 
 
+def _greedy_cap(env: Any = None, **kw: Any) -> Any:
+    from .baselines import CarbonGreedy
+
+    kw.setdefault("capacity_cap", 0.9)
+    pol = CarbonGreedy(env, **kw)
+    pol.name = "greedy-cap"
+    return pol
+
+
+def _ilp_cap(env: Any = None, **kw: Any) -> Any:
+    from .per_request import PerRequestILP
+
+    kw.setdefault("capacity_cap", 0.9)
+    pol = PerRequestILP(env, state_aware=False, **kw)
+    pol.name = "ilp-cap"
+    return pol
+
+
 def _ilp_state(env: Any = None, **kw: Any) -> Any:
     from .per_request import PerRequestILP
 
@@ -101,6 +121,8 @@ def register_policies() -> None:
         ("planner-1h", _planner_1h, (), "the same, re-planned every hour"),
         ("ilp", _ilp_static, ("ilp-static",), "per-request ILP, load-independent latency"),
         ("ilp-state", _ilp_state, (), "per-request ILP, state-aware latency"),
+        ("greedy-cap", _greedy_cap, (), "carbon-greedy with a static capacity cap (0.9 of the measured capacity per step)"),
+        ("ilp-cap", _ilp_cap, (), "load-independent per-request ILP with a static capacity cap (0.9)"),
         ("milp", _milp, ("facility-milp",), "facility MILP (shared engine energy), HiGHS"),
         ("milp-greedy", _milp_greedy, ("facility-greedy",), "greedy on the facility objective (the MILP's fallback)"),
     ):

@@ -6,7 +6,9 @@ physical units; never the scaled observation), calls ``place``,
 times it, and turns the assignment into the env's action. ``stats["decision_s"]`` holds the
 wall time of every ``act`` call (problem building included); it is kept on the policy, never in
 the env's ``info``. Schedulers draw no random numbers; they are deterministic functions of the
-state sequence (the facility MILP: as long as HiGHS finishes within its time limit).
+state sequence (the facility MILP too: its solves are bounded by work limits, not the wall clock,
+unless a ``time_limit_s`` is given). A scheduler may expose ``episode_stats() -> dict`` (the
+facility MILP does): figures of its episode the evaluation adds to the run's row.
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 (The reference round-robin is :class:`carbon_gym.policy.RoundRobinPolicy`, registered as ``rr``.)
 
 * :class:`CarbonGreedy` — every request to the allowed datacenter with the lowest grid carbon
-  intensity now (ties: lower PUE, then lower index). Blind to load.
+  intensity now (ties: lower PUE, then lower index). Blind to load; with ``capacity_cap``
+  (registered as ``greedy-cap``) each datacenter takes at most that share of its measured
+  capacity per step (:class:`CapacityBudget`), as earlier carbon-aware schedulers had.
 * :class:`LeastLoaded` — every request (oldest first) to the allowed datacenter with the lowest
   estimated end-to-end latency ``waited + net + W_d + alpha_d p + o x TPOT_d``, updating
   ``W_d`` and ``TPOT_d`` after each placement as the state-aware per-request ILP does. Blind to
@@ -41,16 +43,94 @@ from .problem import PlacementProblem
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CarbonGreedy", "LeastLoaded", "SharePlanner"]
+__all__ = ["CarbonGreedy", "LeastLoaded", "SharePlanner", "CapacityBudget", "capped_choice"]
+
+
+class CapacityBudget:
+    """A static per-step capacity cap, as earlier carbon-aware schedulers had (the planner's
+    capacity, per polling step): datacenter d takes at most ``cap x E_d x r x poll_s`` requests
+    per step (E_d engines, r the model's measured per-engine serving rate in requests/s,
+    ``carbon_gym/data/load_levels.toml``, else ``default_rps``), the fractional part carried to
+    the next step. Load-blind like the scheduler it caps: it counts placements, never reads the
+    backlog. Datacenters that are down get no budget.
+
+    Args:
+        cap: share of the measured capacity (0 < cap <= 2).
+        default_rps: per-engine rate when the model's is not measured.
+    """
+
+    def __init__(self, cap: float, default_rps: float = 4.0) -> None:
+        if not 0.0 < float(cap) <= 2.0:
+            raise ConfigError("capacity_cap", f"must be in (0, 2] (share of the measured capacity) or None, got {cap!r}")
+        self.cap = float(cap)
+        self.default_rps = float(default_rps)
+        self._credit: np.ndarray = np.zeros(0)  # (empty: no step yet)
+
+    def reset(self) -> None:
+        self._credit = np.zeros(0)
+
+    def budget(self, p: PlacementProblem, env: Any) -> np.ndarray:
+        """Requests each datacenter may take this step (integers; the remainder carried)."""
+        rate = _per_engine_capacity_rps(env, self.default_rps)
+        per_step = np.where(p.up, self.cap * p.n_engines * rate * p.poll_s, 0.0)
+        if self._credit.shape != per_step.shape:
+            self._credit = np.zeros_like(per_step)
+        self._credit = np.minimum(self._credit + per_step, 2.0 * per_step + 1.0)  # (no hoarding across idle steps)
+        return np.floor(self._credit + 1e-9)
+
+    def spend(self, used: np.ndarray) -> None:
+        """Charge the requests placed this step."""
+        self._credit = np.maximum(self._credit - used, 0.0)
+
+
+def capped_choice(order: np.ndarray, allowed: np.ndarray, rank: np.ndarray, budget: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each request (in ``order``) to its best-ranked allowed datacenter with budget left
+    (``rank`` (R, D): lower is better, inf = not allowed); when every allowed one is full, to the
+    allowed one with the most budget left relative to its cap (spreading the excess). Returns
+    (assignment with D = defer for requests with no allowed datacenter, requests per datacenter)."""
+    r_n, d_n = allowed.shape
+    out = np.full(r_n, d_n, dtype=np.int64)
+    left = budget.astype(np.float64).copy()
+    cap = np.maximum(budget.astype(np.float64), 1.0)
+    used = np.zeros(d_n)
+    for r in order:
+        ok = allowed[r]
+        if not ok.any():
+            continue
+        free = ok & (left >= 1.0)
+        if free.any():
+            d = int(np.argmin(np.where(free, rank[r], np.inf)))
+        else:
+            d = int(np.argmax(np.where(ok, left / cap, -np.inf)))
+        out[r] = d
+        left[d] -= 1.0
+        used[d] += 1.0
+    return out, used
 
 
 class CarbonGreedy(Scheduler):
-    """Lowest current carbon intensity among the allowed datacenters (load-blind)."""
+    """Lowest current carbon intensity among the allowed datacenters (load-blind).
+
+    Args:
+        capacity_cap: ``None`` (default, the load-blind strawman: every request to the greenest
+            datacenter) or a share of the measured capacity (:class:`CapacityBudget`): each
+            request to the greenest datacenter with budget left this step (``greedy-cap``, 0.9).
+    """
 
     name = "carbon-greedy"
 
+    def __init__(self, env: Any = None, *, capacity_cap: float | None = None, **kwargs: Any) -> None:
+        self.capacity = CapacityBudget(capacity_cap) if capacity_cap is not None else None
+        super().__init__(env, **kwargs)
+
+    def reset_state(self) -> None:
+        """Forget the carried capacity credit."""
+        capacity: CapacityBudget | None = getattr(self, "capacity", None)
+        if capacity is not None:
+            capacity.reset()
+
     def place(self, problem: PlacementProblem) -> np.ndarray:
-        """Each request to its greenest allowed datacenter."""
+        """Each request to its greenest allowed datacenter (with budget left, when capped)."""
         p = problem
         d_n = p.n_datacenters
         rank = np.lexsort((np.arange(d_n), p.pue, p.carbon_g_per_kwh))
@@ -58,7 +138,12 @@ class CarbonGreedy(Scheduler):
         score[rank] = np.arange(d_n)
         allowed = first_allowed(p)
         s = np.where(allowed, score[None, :], np.inf)
-        return np.where(allowed.any(axis=1), np.argmin(s, axis=1), d_n).astype(np.int64)
+        if self.capacity is None:
+            return np.where(allowed.any(axis=1), np.argmin(s, axis=1), d_n).astype(np.int64)
+        budget = self.capacity.budget(p, self.env)
+        out, used = capped_choice(np.argsort(-p.waited_s, kind="stable"), allowed, s, budget)
+        self.capacity.spend(used)
+        return out
 
 
 class LeastLoaded(Scheduler):

@@ -49,7 +49,21 @@ class FacilityConfig:
             datacenter-independent part of the TTFT), seconds (``None`` = do not bin on it).
         binary: per-request binary form (every request its own class) instead of classes.
         mip_gap: relative MIP gap.
-        time_limit_s: solver time limit, seconds.
+        lp_iteration_limit: simplex iterations allowed to the LP relaxation (a deterministic work
+            limit: the LP stops at the same point on any machine, however loaded).
+        bb_node_limit: branch-and-bound nodes allowed to HiGHS (``mip_max_nodes``; deterministic).
+        bb_work_limit: work allowed to branch-and-bound, in HiGHS's interrupt check points:
+            HiGHS calls the interrupt callback at fixed points of its algorithm (every 0.5-5 ms
+            of work here, root node included), the same points on every run of a problem, so
+            stopping after this many is deterministic where a time limit is not. (HiGHS reports
+            no simplex iteration count to the MIP callback, and its own options bound nodes,
+            not the root node's cut loop, which is most of the work on these programs.)
+        time_limit_s: ``None`` (default): no wall-clock limit; the solve is bounded by the
+            work limits above only, so the same problem gives the same decision on any machine
+            and every run of a seed gives the same row. A number: the real-time budget of the
+            earlier default (0.2 s inside a 1 s poll), build included: the LP and
+            branch-and-bound also stop at that deadline, and branch-and-bound is skipped when
+            less than 20 ms remain; the decisions then depend on the machine's speed and load.
         backend: ``"highspy"`` (direct arrays) or ``"pyomo"`` (reference model via appsi_highs).
         warm_start: hand the greedy placement to HiGHS as the starting incumbent.
         threads: HiGHS threads.
@@ -72,7 +86,10 @@ class FacilityConfig:
     headroom_bin_s: float | None = 0.25
     binary: bool = False
     mip_gap: float = 0.01
-    time_limit_s: float = 0.2
+    lp_iteration_limit: int = 50_000
+    bb_node_limit: int = 50
+    bb_work_limit: int = 40
+    time_limit_s: float | None = None
     backend: str = "highspy"
     warm_start: bool = True
     threads: int = 1
@@ -99,8 +116,14 @@ class FacilityConfig:
             raise ConfigError("facility.ttft_budget_quantile", "must be in [0, 1]")
         if self.violation_penalty_g < 0 or self.defer_penalty_g < 0:
             raise ConfigError("facility.violation_penalty_g", "penalties must be >= 0")
-        if self.mip_gap < 0 or self.time_limit_s < 0:
-            raise ConfigError("facility.mip_gap", "mip_gap and time_limit_s must be >= 0")
+        if self.mip_gap < 0:
+            raise ConfigError("facility.mip_gap", f"must be >= 0, got {self.mip_gap}")
+        if self.time_limit_s is not None and not self.time_limit_s >= 0:
+            raise ConfigError("facility.time_limit_s", f"must be >= 0 seconds or None (no wall-clock limit), got {self.time_limit_s}")
+        for name in ("lp_iteration_limit", "bb_node_limit", "bb_work_limit"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise ConfigError(f"facility.{name}", f"must be an integer >= 0, got {v!r}")
 
 
 # ---------------------------------------------------------------------------------- coefficients

@@ -182,7 +182,12 @@ def _complete_solution(data: FacilityData, lay: _Layout, x: np.ndarray, defer: n
 @dataclass
 class SolveResult:
     """One MILP solve: ``x`` (P,) pair counts and ``defer`` (C,) (None without an incumbent),
-    ``status`` text, ``objective`` (grams + penalties), ``mip_gap``, timings in seconds."""
+    ``status`` text, ``objective`` (grams + penalties), ``mip_gap``, timings in seconds (wall
+    clock, reported only), the work done (``lp_iterations``: simplex iterations of the LP
+    relaxation, ``bb_nodes``: branch-and-bound nodes, ``bb_work``: HiGHS interrupt check points
+    passed in branch-and-bound) and ``limit``: the limit that stopped the solve before the gap was
+    reached (``""`` none, ``"lp_iterations"``, ``"bb_nodes"``, ``"bb_work"``, ``"bb_columns"``: the program is
+    larger than ``bb_max_columns``, ``"time"``: the wall-clock deadline of ``time_limit_s``)."""
 
     x: np.ndarray | None
     defer: np.ndarray | None
@@ -191,6 +196,10 @@ class SolveResult:
     build_s: float
     solve_s: float
     mip_gap: float = float("nan")
+    lp_iterations: int = 0
+    bb_nodes: int = 0
+    bb_work: int = 0
+    limit: str = ""
 
 
 #: HiGHS options of the hot path: the greedy incumbent is handed over, so the expensive sub-MIP
@@ -207,27 +216,37 @@ _HIGHS_OPTIONS: dict[str, Any] = {"mip_heuristic_run_rins": False, "mip_heuristi
                                   "mip_heuristic_run_feasibility_jump": False}
 
 
-def solve_highspy(
+def solve_highspy(  # noqa: C901 - one pass through the solve's stages, each a few lines
     data: FacilityData, cfg: FacilityConfig = FacilityConfig(), warm: tuple[np.ndarray, np.ndarray] | None = None
 ) -> SolveResult:
-    """Solve the program with highspy arrays, within ``cfg.time_limit_s`` (build included).
+    """Solve the program with highspy arrays, within the work limits of ``cfg`` (and, when
+    ``cfg.time_limit_s`` is set, within that wall-clock budget, build included).
 
-    1. LP relaxation (dual simplex, no presolve: a few ms at 2,000 requests) -> lower bound.
+    1. LP relaxation (dual simplex, no presolve: a few ms at 2,000 requests), at most
+       ``cfg.lp_iteration_limit`` simplex iterations -> lower bound.
     2. Rounding: the LP counts rounded down, the requests left placed by :func:`class_greedy`;
        the better of this and ``warm`` (pair counts, defer counts) is the incumbent.
     3. If the incumbent is within ``cfg.mip_gap`` of the LP bound, it is returned (the gap is
        certified by the bound). Otherwise, on programs with at most ``cfg.bb_max_columns`` x
-       columns, the MILP is solved by HiGHS branch-and-bound from that incumbent until the gap
-       or the deadline (enforced by an interrupt callback too, as HiGHS's own time limit is only
-       checked between root-node phases and overran it by up to 1 s here); larger programs
-       return the incumbent and its certified gap.
+       columns, the MILP is solved by HiGHS branch-and-bound from that incumbent until the gap,
+       ``cfg.bb_node_limit`` nodes or ``cfg.bb_work_limit`` of HiGHS's interrupt check points
+       (counted by the interrupt callback: the same points on every run); larger programs return
+       the incumbent and its certified gap.
 
-    ``status`` says which step produced the answer; ``mip_gap`` is the certified relative gap.
+    With the default ``time_limit_s=None`` nothing depends on the wall clock: HiGHS runs on one
+    thread with a fixed seed, so the same problem gets the same answer on any machine under any
+    load. With a time limit the LP and branch-and-bound also stop at the deadline (the interrupt
+    callback enforces it, as HiGHS's own time limit is only checked between root-node phases and
+    overran it by up to 1 s here) and branch-and-bound is skipped when less than 20 ms remain.
+
+    ``status`` says which step produced the answer; ``mip_gap`` is the certified relative gap;
+    ``limit`` the limit that stopped the solve early, if any.
     """
     import highspy
 
     t0 = time.perf_counter()
-    deadline = t0 + float(cfg.time_limit_s)
+    timed = cfg.time_limit_s is not None
+    deadline = t0 + float(cfg.time_limit_s) if cfg.time_limit_s is not None else np.inf
     lay, arr = _build_arrays(data)
     integ = arr["integ"].copy()
     h = new_highs(cfg.threads)
@@ -240,9 +259,18 @@ def solve_highspy(
     if status == highspy.HighsStatus.kError:
         return SolveResult(None, None, "model_error", float("nan"), time.perf_counter() - t0, 0.0)
     t1 = time.perf_counter()
-    h.setOptionValue("time_limit", max(deadline - t1, 1e-3))
+    if timed:
+        h.setOptionValue("time_limit", max(deadline - t1, 1e-3))
+    h.setOptionValue("simplex_iteration_limit", int(cfg.lp_iteration_limit))
     run_highs(h)
-    lp_ok = h.getModelStatus() == highspy.HighsModelStatus.kOptimal
+    lp_status = h.getModelStatus()
+    lp_ok = lp_status == highspy.HighsModelStatus.kOptimal
+    lp_iters = int(h.getInfo().simplex_iteration_count)
+    limit = ""
+    if lp_status == highspy.HighsModelStatus.kIterationLimit:
+        limit = "lp_iterations"
+    elif lp_status == highspy.HighsModelStatus.kTimeLimit:
+        limit = "time"
     bound = float(h.getInfo().objective_function_value) if lp_ok else -np.inf
     cost = arr["cost"]
     candidates: list[tuple[float, np.ndarray, np.ndarray, str]] = []
@@ -259,15 +287,25 @@ def solve_highspy(
     def gap_of(obj: float) -> float:
         return (obj - bound) / max(abs(obj), 1e-12) if np.isfinite(bound) else float("inf")
 
-    skip_bb = lay.n_x > cfg.bb_max_columns or deadline - time.perf_counter() < 0.02
-    if best is not None and (gap_of(best[0]) <= cfg.mip_gap or skip_bb):
-        return SolveResult(best[1], best[2], best[3], best[0], t1 - t0, time.perf_counter() - t1, gap_of(best[0]))
-    if best is None and skip_bb:
-        return SolveResult(None, None, "no incumbent (LP relaxation unsolved in time)", float("nan"), t1 - t0,
-                           time.perf_counter() - t1)
+    def result(x: Any, defer: Any, text: str, obj: float, t_end: float, gap: float = float("nan"), **kw: Any) -> SolveResult:
+        return SolveResult(x, defer, text, obj, t1 - t0, t_end - t1, gap, lp_iterations=lp_iters, limit=limit, **kw)
+
+    too_big = lay.n_x > cfg.bb_max_columns
+    out_of_time = timed and deadline - time.perf_counter() < 0.02  # (wall clock: only with a time limit)
+    no_bb = too_big or out_of_time or cfg.bb_node_limit == 0
+    if best is not None and gap_of(best[0]) <= cfg.mip_gap:
+        return result(best[1], best[2], best[3], best[0], time.perf_counter(), gap_of(best[0]))
+    if no_bb:
+        if not limit:
+            limit = "bb_columns" if too_big else "time" if out_of_time else "bb_nodes"
+        if best is None:
+            return result(None, None, "no incumbent (LP relaxation unsolved)", float("nan"), time.perf_counter())
+        return result(best[1], best[2], best[3], best[0], time.perf_counter(), gap_of(best[0]))
     # branch-and-bound from the incumbent
     h.setOptionValue("presolve", "choose")
     h.setOptionValue("mip_rel_gap", float(cfg.mip_gap))
+    h.setOptionValue("mip_max_nodes", int(cfg.bb_node_limit))
+    h.setOptionValue("simplex_iteration_limit", 2**31 - 1)  # (the LP's limit; branch-and-bound has bb_work_limit)
     for key, value in _HIGHS_OPTIONS.items():
         h.setOptionValue(key, value)
     h.changeColsIntegrality(lay.n_cols, np.arange(lay.n_cols, dtype=np.int32), integ)
@@ -276,31 +314,51 @@ def solve_highspy(
         sol.col_value = list(_complete_solution(data, lay, best[1], best[2]))
         sol.value_valid = True
         h.setSolution(sol)
-    remaining = deadline - time.perf_counter()
-    h.setOptionValue("time_limit", max(remaining, 1e-3))
+    if timed:
+        h.setOptionValue("time_limit", max(deadline - time.perf_counter(), 1e-3))
+    stopped: list[str] = []
+    checks = [0]
+    work_limit = int(cfg.bb_work_limit)
 
     def interrupt(event: Any) -> None:
-        if time.perf_counter() >= deadline:
+        checks[0] += 1
+        if checks[0] > work_limit:
+            if not stopped:
+                stopped.append("bb_work")
+            event.interrupt()
+        elif timed and time.perf_counter() >= deadline:
+            if not stopped:
+                stopped.append("time")
             event.interrupt()
 
     h.cbMipInterrupt.subscribe(interrupt)
     run_highs(h)
     t2 = time.perf_counter()
     info = h.getInfo()
-    text = h.modelStatusToString(h.getModelStatus())
+    model_status = h.getModelStatus()
+    text = h.modelStatusToString(model_status)
+    nodes = int(info.mip_node_count)
+    if stopped:
+        limit = stopped[0]
+    elif model_status == highspy.HighsModelStatus.kSolutionLimit:  # (HiGHS's status for mip_max_nodes)
+        limit = "bb_nodes"
+    elif model_status == highspy.HighsModelStatus.kIterationLimit:
+        limit = "lp_iterations"
+    elif model_status == highspy.HighsModelStatus.kTimeLimit:
+        limit = "time"
+    else:
+        limit = ""
+    work = {"bb_nodes": nodes, "bb_work": min(checks[0], work_limit)}
+    bnd = max(bound, float(info.mip_dual_bound)) if np.isfinite(info.mip_dual_bound) else bound
     if info.primal_solution_status == 2:
         col = np.asarray(h.getSolution().col_value)
         obj = float(info.objective_function_value)
         if best is None or obj < best[0] - 1e-12:
-            bnd = max(bound, float(info.mip_dual_bound)) if np.isfinite(info.mip_dual_bound) else bound
             g = (obj - bnd) / max(abs(obj), 1e-12)
-            return SolveResult(np.rint(col[:lay.n_x]), np.rint(col[lay.defer0:lay.y0]), f"milp: {text}", obj,
-                               t1 - t0, t2 - t1, g)
+            return result(np.rint(col[:lay.n_x]), np.rint(col[lay.defer0:lay.y0]), f"milp: {text}", obj, t2, g, **work)
     if best is None:
-        return SolveResult(None, None, f"milp: {text}", float("nan"), t1 - t0, t2 - t1)
-    bnd = max(bound, float(info.mip_dual_bound)) if np.isfinite(info.mip_dual_bound) else bound
-    return SolveResult(best[1], best[2], f"{best[3]} (milp: {text})", best[0], t1 - t0, t2 - t1,
-                       (best[0] - bnd) / max(abs(best[0]), 1e-12))
+        return result(None, None, f"milp: {text}", float("nan"), t2, **work)
+    return result(best[1], best[2], f"{best[3]} (milp: {text})", best[0], t2, (best[0] - bnd) / max(abs(best[0]), 1e-12), **work)
 
 
 def solve_pyomo(data: FacilityData, cfg: FacilityConfig = FacilityConfig()) -> SolveResult:
@@ -360,7 +418,8 @@ def solve_pyomo(data: FacilityData, cfg: FacilityConfig = FacilityConfig()) -> S
     from pyomo.contrib.appsi.solvers import Highs  # the APPSI interface behind SolverFactory("appsi_highs")
 
     solver = Highs()
-    solver.config.time_limit = float(cfg.time_limit_s)
+    if cfg.time_limit_s is not None:
+        solver.config.time_limit = float(cfg.time_limit_s)
     solver.config.mip_gap = float(cfg.mip_gap)
     solver.config.load_solution = False
     solver.highs_options = {"threads": int(cfg.threads), "random_seed": 0}

@@ -21,7 +21,10 @@ same program with HiGHS instead, used by the tests to check the two agree).
 Variants (``state_aware``):
 
 * load-independent: ``W_d = 0``, ``TPOT_d = tpot_idle_d`` (the lone-request latency); nothing
-  changes between requests.
+  changes between requests. With ``capacity_cap`` (registered as ``ilp-cap``, 0.9) each
+  datacenter also takes at most that share of its measured capacity per step
+  (:class:`solvers.baselines.CapacityBudget`): requests, oldest first, each to its cheapest
+  datacenter with capacity left, as earlier carbon-aware schedulers were capped.
 * state-aware: ``W_d`` starts at the queue-wait estimate (from an env: the larger of the
   simulator's and the backlog's, see :mod:`solvers.envadapter`) and ``TPOT_d`` at its TPOT
   estimate; after each placement at d, ``W_d += alpha_d p_r / E_d`` (the prompt spread over the
@@ -106,7 +109,8 @@ class PerRequestILP(Scheduler):
     """
 
     def __init__(self, env: Any = None, *, state_aware: bool = True, violation_penalty_g: float = 1.0,
-                 solver: str = "enumerate", max_prefill_share: float = 0.5, **kwargs: Any) -> None:
+                 solver: str = "enumerate", max_prefill_share: float = 0.5, capacity_cap: float | None = None,
+                 **kwargs: Any) -> None:
         if solver not in ("enumerate", "highs"):
             raise ConfigError("solver", f"unknown value {solver!r}", allowed=["enumerate", "highs"])
         self.state_aware = bool(state_aware)
@@ -116,7 +120,18 @@ class PerRequestILP(Scheduler):
             raise ConfigError("max_prefill_share", f"must be in (0, 1], got {max_prefill_share}")
         self.max_prefill_share = float(max_prefill_share)
         self.name = "ilp-state" if self.state_aware else "ilp-static"
+        if capacity_cap is not None and self.state_aware:
+            raise ConfigError("capacity_cap", "only the load-independent ILP (ilp, ilp-cap) takes a static capacity cap")
+        from .baselines import CapacityBudget
+
+        self.capacity = CapacityBudget(capacity_cap) if capacity_cap is not None else None
         super().__init__(env, **kwargs)
+
+    def reset_state(self) -> None:
+        """Forget the carried capacity credit."""
+        capacity = getattr(self, "capacity", None)
+        if capacity is not None:
+            capacity.reset()
 
     def reset_stats(self) -> None:
         """Clear the statistics."""
@@ -181,7 +196,14 @@ class PerRequestILP(Scheduler):
         cost = p.grams_per_joule[None, :] * energy + lam * ((s_ttft > 0) + (s_tpot > 0))
         cost = cost + lam * (s_ttft / p.ttft_slo_s + s_tpot / p.tpot_slo_s)
         cost = np.where(allowed, cost, np.inf)
-        out = np.where(allowed.any(axis=1), np.argmin(cost, axis=1), d_n).astype(np.int64)
+        if self.capacity is not None:  # each request its cheapest datacenter with capacity left this step
+            from .baselines import capped_choice
+
+            budget = self.capacity.budget(p, self.env)
+            out, used = capped_choice(order, allowed, cost, budget)
+            self.capacity.spend(used)
+        else:
+            out = np.where(allowed.any(axis=1), np.argmin(cost, axis=1), d_n).astype(np.int64)
         planned = (s_ttft > 0) | (s_tpot > 0)
         self.stats["planned_violations"] += int(planned[np.arange(p.n_requests), np.minimum(out, d_n - 1)][out < d_n].sum())
         return out

@@ -240,3 +240,39 @@ def test_short_names_resolve_through_the_one_registry():
     assert type(make_policy("milp")) is type(make_policy("facility-milp"))
     assert type(make_policy("ilp")).__name__ == "PerRequestILP" and not make_policy("ilp").state_aware
     assert make_policy("ilp-state").state_aware
+
+
+def test_capacity_cap_fills_the_greenest_datacenters_up_to_their_measured_capacity() -> None:
+    """greedy-cap / ilp-cap: datacenter d takes at most cap x E_d x r x poll_s requests per step
+    (no env: r = 4 req/s per engine), the fraction carried; the excess is spread, never piled."""
+    from solvers.baselines import CapacityBudget
+
+    n = 40
+    p = small_problem(origin=[0] * n, prompt_tokens=[100] * n, output_tokens=[50] * n, waited_s=np.linspace(1, 0, n),
+                      network_s=[[0.01, 0.1, 0.2]] * n, allowed=[[True, True, True]] * n,
+                      n_engines=[2, 4, 1], busy_engines=[0, 0, 0], running=[0, 0, 0], queue_len=[0, 0, 0],
+                      est_queue_wait_s=[0.0] * 3)
+    # carbon order (intensity x PUE): dc1 (50 x 1.2) < dc0 (300 x 1.1) < dc2 (500 x 1.1)
+    budget = CapacityBudget(0.9)
+    np.testing.assert_array_equal(budget.budget(p, None), [7.0, 14.0, 3.0])  # floor(0.9 x E x 4 x 1 s)
+    greedy = make_policy("greedy-cap")
+    a = greedy.place(p)
+    assert (a[:14] == 1).all() and (a[14:21] == 0).all() and (a[21:24] == 2).all()  # budgets filled greenest first
+    # the 16 over the fleet's 24 are spread in proportion to the caps (most budget left relative to its cap):
+    # 12 / 7 = 1.71, 23 / 14 = 1.64, 5 / 3 = 1.67 times each cap
+    np.testing.assert_array_equal(np.bincount(a, minlength=4), [12, 23, 5, 0])
+    # the uncapped strawman piles everything on the greenest
+    np.testing.assert_array_equal(make_policy("greedy").place(p), np.ones(n, dtype=np.int64))
+    # the fraction carries: 0.9 x 1 x 4 = 3.6 per step at dc2 -> 3, then 4 (3.6 + 0.6 - 0 spent ... )
+    b = CapacityBudget(0.9)
+    first = b.budget(p, None)
+    b.spend(np.zeros(3))
+    assert b.budget(p, None)[2] == 7.0 and first[2] == 3.0  # unspent credit accumulates (capped at 2 steps + 1)
+    # ilp-cap: the load-independent ILP under the same budget
+    ilp = make_policy("ilp-cap")
+    np.testing.assert_array_equal(np.bincount(ilp.place(p), minlength=4), [12, 23, 5, 0])
+    assert (np.bincount(make_policy("ilp").place(p), minlength=4).max() == n)
+    with pytest.raises(ConfigError, match="capacity_cap"):
+        make_policy("greedy", None, capacity_cap=0.0)
+    with pytest.raises(ConfigError, match="capacity_cap"):
+        make_policy("ilp-state", None, capacity_cap=0.9)

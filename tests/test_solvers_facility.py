@@ -25,7 +25,8 @@ from solvers.facility import (
 from solvers.per_request import PerRequestILP, per_request_costs
 from solvers.problem import PlacementProblem, synthetic_problem
 
-EXACT = dict(mip_gap=0.0, time_limit_s=30.0, bb_max_columns=10_000)
+EXACT = dict(mip_gap=0.0, time_limit_s=30.0, bb_max_columns=10_000, bb_node_limit=10**9, bb_work_limit=10**9,
+             lp_iteration_limit=10**9)
 
 
 def tight_problem(seed: int, n_requests: int, n_dc: int = 3, engines: int = 2) -> PlacementProblem:
@@ -202,15 +203,62 @@ def test_class_greedy_and_disaggregation_are_consistent() -> None:
 def test_deterministic_and_timed() -> None:
     rng = np.random.default_rng(5)
     p = synthetic_problem(rng, 800, load=0.6)
-    # a generous time limit: with the default 0.2 s a loaded machine can stop one of the two
-    # solves at another point (a different incumbent or the greedy fallback), which is timing,
-    # not the determinism under test
-    a1 = FacilityMILP(time_limit_s=30.0).place(p)
-    pol = FacilityMILP(time_limit_s=30.0)
+    # the default has no wall-clock limit: the two solves stop at the same point however loaded
+    a1 = FacilityMILP().place(p)
+    pol = FacilityMILP()
     a2 = pol.place(p)
     np.testing.assert_array_equal(a1, a2)
     assert len(pol.stats["place_s"]) == 1 and pol.stats["place_s"][0] > 0
     assert math.isfinite(pol.stats["mip_gap"][0]) and pol.stats["mip_gap"][0] >= -1e-9
+    assert FacilityConfig().time_limit_s is None
+
+
+def _busy_processes(n: int) -> list:
+    """``n`` processes spinning on the CPU (the machine made busy); the caller kills them."""
+    import subprocess
+    import sys
+
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def test_work_limits_are_deterministic_on_a_busy_machine() -> None:
+    """A mid-size program (4 datacenters, where branch-and-bound runs and its work limit binds):
+    solved on a quiet machine and again with every core busy, the same answer, the same work."""
+    rng = np.random.default_rng(0)
+    p = synthetic_problem(rng, 100, n_datacenters=4, n_regions=2, load=0.5, engines_per_dc=8)
+    cfg = FacilityConfig(bb_work_limit=15)
+    data = compile_facility(p, cfg)
+    warm = class_greedy(data)
+    quiet = solve_highspy(data, cfg, warm)
+    procs = _busy_processes(3)
+    try:
+        busy = solve_highspy(data, cfg, warm)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    assert quiet.limit == "bb_work" and quiet.bb_work == 15  # the work limit stopped it ...
+    assert quiet.mip_gap > cfg.mip_gap  # ... before the gap was reached
+    np.testing.assert_array_equal(quiet.x, busy.x)
+    np.testing.assert_array_equal(quiet.defer, busy.defer)
+    assert (quiet.objective, quiet.mip_gap, quiet.bb_nodes, quiet.bb_work, quiet.limit, quiet.status) == \
+        (busy.objective, busy.mip_gap, busy.bb_nodes, busy.bb_work, busy.limit, busy.status)
+    # more work, a better certified answer: the limit is what stopped it
+    more = solve_highspy(data, replace(cfg, bb_work_limit=10**6), warm)
+    assert more.objective <= quiet.objective and more.mip_gap < quiet.mip_gap
+
+
+def test_wall_clock_budget_is_an_option() -> None:
+    """``time_limit_s`` restores the real-time behaviour: a solve stopped by the deadline says so."""
+    rng = np.random.default_rng(0)
+    p = synthetic_problem(rng, 100, n_datacenters=4, n_regions=2, load=0.5, engines_per_dc=8)
+    cfg = FacilityConfig(time_limit_s=0.03, bb_work_limit=10**6)
+    res = solve_highspy(compile_facility(p, cfg), cfg, class_greedy(compile_facility(p, cfg)))
+    assert res.limit == "time" and res.x is not None
+    pol = FacilityMILP(time_limit_s=0.03, bb_work_limit=10**6)
+    pol.place(p)
+    st = pol.episode_stats()
+    assert st["time_limited"] == 1.0 and st["work_limited"] == 0.0 and st["solves"] == 1.0 and st["wall_solve_s"] > 0
 
 
 def test_config_errors() -> None:
@@ -222,6 +270,10 @@ def test_config_errors() -> None:
         FacilityMILP(time_limit=1)
     with pytest.raises(ConfigError, match="max_prefill_share"):
         replace(FacilityConfig(), max_prefill_share=0.0)
+    with pytest.raises(ConfigError, match="facility.bb_work_limit"):
+        FacilityConfig(bb_work_limit=-1)
+    with pytest.raises(ConfigError, match="facility.time_limit_s"):
+        FacilityConfig(time_limit_s=-0.1)
 
 
 def test_survives_highs_thread_pool_set_up_elsewhere() -> None:

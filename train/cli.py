@@ -29,8 +29,22 @@ from carbon_gym.errors import CarbonGymError
 PROG = "carbon-gym train"
 
 
+#: ``carbon-gym train SUBCOMMAND``: what each does (listed by ``carbon-gym train --help``).
+SUBCOMMANDS = {
+    "evaluate": "compare a checkpoint with the schedulers on held-out days (Markdown table)",
+    "export": "write a checkpoint in the pickle-free format, optionally recording safety knobs",
+    "decision-time": "paired decision-time benchmark: learned vs a scheduler on the same observations",
+    "imitate": "class-level DAgger on the facility MILP (a config with [dagger])",
+}
+
+
 def _train_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description="Train a learned policy from a TOML config (train/configs/*.toml).")
+    epilog = "subcommands (carbon-gym train SUBCOMMAND --help for each):\n" + "\n".join(
+        f"  {name:14s} {what}" for name, what in SUBCOMMANDS.items())
+    p = argparse.ArgumentParser(prog=PROG, description="Train a learned policy from a TOML config (train/configs/*.toml), "
+                                "or run one of the subcommands below.", epilog=epilog,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                usage=f"{PROG} [-h] --config CONFIG [options]  |  {PROG} {{{','.join(SUBCOMMANDS)}}} ...")
     p.add_argument("--config", required=True, help="config file, or the name of one in train/configs/ (e.g. llama8b)")
     p.add_argument("--run-dir", default=None, help="run directory (default: runs/train/<config name>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its latest checkpoint")

@@ -345,7 +345,25 @@ def make_learned_policy(path: str | None = None, env: Any = None, *, trust: bool
     :func:`train.register_policies`): the checkpoint at ``path`` (None: the shipped one),
     reset on ``env`` when given; ``trust=True`` admits pickled SB3 zips; ``kwargs`` as for
     :meth:`LearnedPolicy.load`."""
-    policy = LearnedPolicy.load(str(SHIPPED_CHECKPOINT) if path is None else path, trust=trust, **kwargs)
+    import sys
+    import time
+
+    src = str(SHIPPED_CHECKPOINT) if path is None else path
+    from .checkpoint import require_trust
+
+    require_trust(src, trust)  # (a refused checkpoint is refused before any note)
+    first = not _LOADED
+    if first:  # say what the pause is: the first load in a process imports torch (1-3 s here)
+        print(f"carbon-gym: note: loading the learned policy {src} (first load in this process: importing torch and "
+              "building the network, a few seconds)", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    policy = LearnedPolicy.load(src, trust=trust, **kwargs)
+    if first:
+        _LOADED.append(src)
+        print(f"carbon-gym: note: learned policy loaded in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     if env is not None:
         policy.reset(env)
     return policy
+
+
+_LOADED: list[str] = []  # checkpoints loaded in this process (the first load announces itself)

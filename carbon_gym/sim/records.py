@@ -271,21 +271,27 @@ class RecordWriter:
         self.flush()
         return RequestRecords.concat([RequestRecords.load_npz(p) for p in self.files])
 
-    def column_chunks(self, column: str) -> Iterable[np.ndarray]:
-        """One column, file by file (flushes first)."""
+    def column_chunks(self, column: str, skip_rows: int = 0) -> Iterable[np.ndarray]:
+        """One column, file by file (flushes first), leaving out the first ``skip_rows`` rows."""
         self.flush()
+        left = int(skip_rows)
         for p in self.files:
             with np.load(p) as z:
-                yield np.asarray(z[column], dtype=np.float64)
+                x = np.asarray(z[column], dtype=np.float64)
+            if left:
+                cut = min(left, x.size)
+                x, left = x[cut:], left - cut
+            yield x
 
-    def percentiles(self, column: str, qs: Iterable[float]) -> list[float]:
+    def percentiles(self, column: str, qs: Iterable[float], skip_rows: int = 0) -> list[float]:
         """Exact ``numpy.percentile`` (linear) of ``column`` for each q in ``qs``, reading the
-        files twice with memory bounded by one file plus the values in a few histogram bins.
-        NaN when there are no rows."""
+        files twice with memory bounded by one file plus the values in a few histogram bins,
+        leaving out the first ``skip_rows`` rows (a measurement window's warm-up). NaN when there
+        are no rows."""
         qs = [float(q) for q in qs]
         n = 0
         lo, hi = np.inf, -np.inf
-        for x in self.column_chunks(column):
+        for x in self.column_chunks(column, skip_rows):
             if x.size:
                 n += x.size
                 lo = min(lo, float(x.min()))
@@ -297,7 +303,7 @@ class RecordWriter:
         n_bins = 4096
         edges = np.linspace(lo, hi, n_bins + 1)
         counts = np.zeros(n_bins, dtype=np.int64)
-        for x in self.column_chunks(column):
+        for x in self.column_chunks(column, skip_rows):
             counts += np.histogram(x, bins=edges)[0]
         cum = np.cumsum(counts)
         # order statistics (0-based ranks) each percentile interpolates between
@@ -313,7 +319,7 @@ class RecordWriter:
         bins_of = {k: int(np.searchsorted(cum, k, side="right")) for k in need}
         wanted = sorted(set(bins_of.values()))
         vals: dict[int, list[np.ndarray]] = {b: [] for b in wanted}
-        for x in self.column_chunks(column):
+        for x in self.column_chunks(column, skip_rows):
             idx = np.clip(np.searchsorted(edges, x, side="right") - 1, 0, n_bins - 1)
             for b in wanted:
                 sel = x[idx == b]

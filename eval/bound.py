@@ -1,0 +1,514 @@
+r"""A true lower bound on an episode's carbon: a fluid relaxation over the whole episode, solved
+with HiGHS, that no policy can beat (issue 21, item 3).
+
+What any run of the episode must emit, as the env accounts it (facility carbon of every
+datacenter from t = 0 to the end of the drain):
+
+1. **The floor** no routing avoids: every GPU draws at least its idle power and every node its
+   host power whenever the datacenter is up, for at least ``N x P`` seconds (the last decision;
+   the drain only adds). Exactly ``sum_d PUE_d (G_d P_idle + M_d P_host) \int CI_d dt`` over
+   ``[0, N P]`` (``CarbonTrace.integral``). Capacity states (engines that sleep with a lower
+   floor, the capacity-control issue) enter through ``sleep_w``: the floor is then at the sleep
+   power, and each engine-second awake pays ``P_idle - P_sleep`` on top, in the program below.
+2. **The active energy** of the work: an iteration of ``k = p + n`` tokens (``p`` prefill, ``n``
+   decode) on an engine of ``tp`` GPUs costs ``tp (P(p, n) - P_idle) T(p, n, ...)`` above idle
+   (x PUE), with ``P(p, n) >= P_lo = min(decode_min_w, prefill_w)`` (the power model) and
+   ``T >= g(k) + (terms of the requests in it)`` with ``g(k) = overhead + allreduce_fixed +
+   linear(k) + allreduce_per_token k`` (the latency model). With ``ĝ`` the convex minorant of
+   ``g`` on ``[1, K]`` (``K`` >= any iteration's tokens), ``N`` iterations processing ``X``
+   tokens take at least ``N ĝ(X / N) = max_j (a_j N + b_j X)`` engine-seconds (Jensen; ``a_j +
+   b_j k`` the hull's lines), and ``N >= D / S`` (at most ``S = max_num_seqs`` decodes per
+   iteration: the most efficient batch), ``N >= X / K``, ``N <= X``. Each request adds what the
+   latency model charges it however it is batched: per decode step ``attn_decode_per_seq`` and
+   ``attn_decode_per_ctx`` x its context (>= prompt + tokens generated before), its prompt's
+   ``attn_prefill_per_token`` and ``attn_prefill_per_pair`` x ``p (p + 1) / 2`` (the pairs of
+   any chunking), ``per_sampled_seq`` per output token; the ``D / S`` decode iterations at least
+   add ``lm_head_fixed + attn_decode_fixed`` each. Every request needs its ``p`` prompt tokens
+   prefilled and ``o - 1`` decode iterations (its first token comes with the prefill);
+   preemption and failed-over work only add.
+3. **Capacity and carbon hours**: the episode is cut at the carbon trace's hour boundaries (plus
+   ``N P`` and the end of the longest drain the env allows); an engine is active at most the
+   whole window (engine-seconds <= engines x window), work is done no earlier than the window
+   it arrives in, and it costs at least the window's lowest intensity (constant within an hour
+   for step traces; linear ones are at their lowest at an end).
+
+The program: variables ``f[a, h, d]`` (share of window ``a``'s arrivals done at datacenter
+``d`` in window ``h >= a``), ``N[h, d]`` iterations and ``T[h, d]`` active engine-seconds;
+minimise ``sum PUE_d tp (P_lo - P_idle) CImin[h, d] T[h, d] / 3.6e6`` (grams) subject to the
+rules above. It relaxes every policy (fractional, pre-emptive, latency-blind, clairvoyant,
+no network, no SLO), so its optimum plus the floor is below the carbon of every run that
+completes the work. A run that leaves work unfinished is held to the floor only (its unfinished
+work's energy was never spent; such runs are invalid anyway). Scenarios with outages or engine
+drains (datacenters drawing 0 W while down) keep no floor for any datacenter (weaker, still
+valid).
+
+Capacity here is physical (an engine cannot be active more than 100% of the time), not "at the
+SLO": a policy that violates its SLOs can push an engine past its SLO capacity, and a bound it
+could beat would be no bound.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["CarbonBound", "carbon_lower_bound", "bound_for_spec", "iteration_time_minorant", "bounds_table", "with_bounds",
+           "runs_below_bound", "bound_summary", "bound_experiment", "bound_check_markdown", "parse_bound_check", "CHECK_TITLE"]
+
+
+@dataclass
+class CarbonBound:
+    """A lower bound on an episode's carbon (grams CO2eq).
+
+    Attributes:
+        carbon_g: the bound, ``floor_g + active_g``.
+        floor_g: idle and host power over ``[0, N P]`` (at the sleep power with capacity states).
+        active_g: the program's optimum (active energy of the work; awake engine-seconds above
+            the sleep power with capacity states).
+        status: HiGHS's model status (``Optimal``), or why only the floor is given.
+        windows: the windows' ``(start_s, end_s)`` in simulated seconds.
+        work_tokens: prefill + decode tokens of the episode's requests.
+        requests: requests in the episode.
+        seconds_per_token: the least engine-seconds per token (``min_k g(k) / k``), for reference.
+    """
+
+    carbon_g: float
+    floor_g: float
+    active_g: float
+    status: str
+    windows: list[tuple[float, float]] = field(default_factory=list)
+    work_tokens: float = 0.0
+    requests: int = 0
+    seconds_per_token: float = float("nan")
+
+
+def iteration_time_minorant(latency: Any, k_max: float) -> list[tuple[float, float]]:
+    """Lines ``(a, b)`` with ``a + b k <= g(k)`` on ``[1, k_max]`` whose maximum is the convex
+    minorant of ``g(k) = overhead + allreduce_fixed + linear(k) + allreduce_per_token k``, a lower
+    bound of any iteration's time with ``k`` tokens (seconds). ``g`` is piecewise linear with
+    breakpoints at the latency table's grid, so the lower convex hull of its values at the
+    breakpoints in ``[1, k_max]`` and at both ends is its convex minorant there."""
+    grid = np.asarray(latency.tokens_grid, dtype=np.float64)
+    ks = np.unique(np.concatenate([[1.0, float(k_max)], grid[(grid > 1.0) & (grid < k_max)]]))
+    fixed = float(latency.overhead_s) + float(latency.allreduce_fixed_s)
+    per = float(latency.allreduce_per_token_s)
+    g = np.array([fixed + latency.linear_time_s(float(k)) + per * k for k in ks])
+    hull: list[int] = []  # lower convex hull (monotone chain)
+    for i in range(ks.size):
+        while len(hull) >= 2:
+            i0, i1 = hull[-2], hull[-1]
+            cross = (ks[i1] - ks[i0]) * (g[i] - g[i0]) - (g[i1] - g[i0]) * (ks[i] - ks[i0])
+            if cross <= 0:
+                hull.pop()
+            else:
+                break
+        hull.append(i)
+    lines = []
+    for i0, i1 in zip(hull[:-1], hull[1:]):
+        b = (g[i1] - g[i0]) / (ks[i1] - ks[i0])
+        lines.append((float(g[i0] - b * ks[i0]), float(b)))
+    if not lines:
+        lines.append((float(g[0]), 0.0))
+    return lines
+
+
+def _windows(offset_s: float, t_floor_s: float, t_max_s: float) -> list[tuple[float, float]]:
+    """``[0, t_max]`` cut at the carbon trace's hours (carbon time = offset + t) and at ``t_floor``."""
+    cuts = {0.0, float(t_floor_s), float(t_max_s)}
+    h = math.floor(offset_s / 3600.0) + 1
+    while h * 3600.0 - offset_s < t_max_s:
+        cuts.add(h * 3600.0 - offset_s)
+        h += 1
+    pts = sorted(c for c in cuts if 0.0 <= c <= t_max_s)
+    return [(a, b) for a, b in zip(pts[:-1], pts[1:]) if b > a]
+
+
+_POWERLESS_FAULTS = ("datacenter_outage", "region_outage", "engine_drain")  # a datacenter or its engines draw 0 W
+
+
+def carbon_lower_bound(scenario: Any, seed: int, *, sleep_w: float | None = None, backlog_end: int = 0) -> CarbonBound:  # noqa: C901
+    """The lower bound of the episode of ``scenario`` (with its episode start already in
+    ``carbon.start_utc``) under world seed ``seed``: see the module docstring.
+
+    Args:
+        sleep_w: per-GPU power of a sleeping engine (capacity states), or None (engines are idle
+            at least: the floor is at ``idle_w``).
+        backlog_end: with a measurement window (``env.measure = "window"``), the most requests
+            the runs compared with it leave in flight or pending at the window's end: of the
+            requests arriving in the window, all but that many were done entirely in it.
+    """
+    import highspy
+
+    from carbon_gym.env import DRAIN_TPOT_MULTIPLE, DRAIN_TTFT_MULTIPLE
+    from carbon_gym.world import build_parts, build_workload
+
+    from solvers._highs import new_highs
+
+    parts = build_parts(scenario)
+    topo, eng, lat, pw, trace, off = parts.topology, parts.engine, parts.latency, parts.power, parts.carbon, parts.carbon_offset_s
+    dcs = list(topo.datacenters)
+    n_d = len(dcs)
+    tp = int(eng.tp)
+    P = float(scenario.polling_period_s)
+    duration = float(scenario.duration_s)
+    n_steps = max(1, int(math.ceil(duration / P - 1e-9)))
+    t_floor = n_steps * P
+    batch = build_workload(scenario, int(seed)).arrivals_between(0.0, duration)
+    prompt = np.asarray(batch.prompt_tokens, dtype=np.float64)
+    output = np.asarray(batch.output_tokens, dtype=np.float64)
+    arrival = np.asarray(batch.arrival_s, dtype=np.float64)
+    max_out = float(output.max()) if output.size else 0.0
+    t_max = t_floor + DRAIN_TTFT_MULTIPLE * float(scenario.ttft_s) + DRAIN_TPOT_MULTIPLE * float(scenario.tpot_s) * max_out
+    zones = np.array([trace.zone_index(d.zone) for d in dcs])
+    pue = np.array([float(d.pue) for d in dcs])
+    gpus = np.array([float(d.gpus) for d in dcs])
+    nodes = np.array([float(d.nodes) for d in dcs])
+    engines = gpus / tp
+    idle_w, host_w = float(pw.idle_w), float(pw.host_w)
+    floor_gpu_w = idle_w if sleep_w is None else min(float(sleep_w), idle_w)
+    powerless = any(isinstance(f, dict) and f.get("kind") in _POWERLESS_FAULTS for f in (getattr(scenario, "faults", None) or ()))
+    floor_w = np.zeros(n_d) if powerless else pue * (gpus * floor_gpu_w + nodes * host_w)
+    if getattr(scenario.env, "measure", "episode") == "window":
+        return _window_bound(scenario, parts, floor_w, zones, prompt, output, arrival, t_floor, sleep_w, int(backlog_end))
+    floor_g = float(sum(floor_w[d] * trace.integral(int(zones[d]), off, off + t_floor) for d in range(n_d)) / 3.6e6)
+    wins = _windows(off, t_floor, t_max)
+    n_w = len(wins)
+    decode = np.maximum(output - 1.0, 0.0)
+    if prompt.size == 0:
+        return CarbonBound(floor_g, floor_g, 0.0, "no requests", wins, 0.0, 0)
+    # work per arrival window (arrivals stop at the duration, inside the windows)
+    starts = np.array([w[0] for w in wins])
+    a_idx = np.searchsorted(starts, arrival, side="right") - 1
+    work_x = np.bincount(a_idx, weights=prompt + decode, minlength=n_w)  # tokens
+    work_dec = np.bincount(a_idx, weights=decode, minlength=n_w)
+    # engine-seconds each request needs whatever the batching (the latency model's per-token,
+    # per-sequence and per-context terms): attention over its own context at every decode step
+    # (context >= prompt + tokens generated before), its prompt's (query, key) pairs (p (p + 1) / 2
+    # however it is chunked), one LM-head sample per output token
+    ctx = decode * prompt + decode * np.maximum(decode - 1.0, 0.0) / 2.0
+    per_req_s = (float(lat.attn_decode_per_seq_s) * decode + float(lat.attn_decode_per_ctx_s) * ctx
+                 + float(lat.attn_prefill_per_token_s) * prompt + float(lat.attn_prefill_per_pair_s) * prompt * (prompt + 1.0) / 2.0
+                 + float(lat.per_sampled_seq_s) * output)
+    work_s = np.bincount(a_idx, weights=per_req_s, minlength=n_w)
+    S = float(eng.max_num_seqs)
+    K = float(max(eng.max_num_batched_tokens, float(prompt.max()), float(scenario.workload.max_context_tokens))) + S
+    lines = iteration_time_minorant(lat, K)
+    # fixed cost of every iteration that decodes (LM-head read, decode attention kernels): at
+    # least D / S such iterations
+    work_s = work_s + (float(lat.lm_head_fixed_s) + float(lat.attn_decode_fixed_s)) * work_dec / S
+    ks = np.unique(np.concatenate([[1.0, K], np.asarray(lat.tokens_grid, float)[(np.asarray(lat.tokens_grid) > 1) & (np.asarray(lat.tokens_grid) < K)]]))
+    sec_per_token = float(min((float(lat.overhead_s) + float(lat.allreduce_fixed_s) + lat.linear_time_s(k) + float(lat.allreduce_per_token_s) * k) / k for k in ks))
+    p_lo = min(float(pw.decode_min_w), float(pw.prefill_w))
+    ci_min = np.zeros((n_w, n_d))
+    for h, (t0, t1) in enumerate(wins):
+        a, b = trace.intensity_all(off + t0), trace.intensity_all(off + t1 - 1e-9 if trace.interpolation == "step" else off + t1)
+        ci_min[h] = np.minimum(a, b)[zones]
+    lens = np.array([t1 - t0 for t0, t1 in wins])
+    # ---- columns: f[a,h,d] (h >= a, work_x[a] > 0), N[h,d], T[h,d] (, U[h,d] awake engine-seconds)
+    scale = 1e6  # tokens in millions in the rows (well-scaled coefficients)
+    f_cols = [(a, h, d) for a in range(n_w) if work_x[a] > 0 for h in range(a, n_w) for d in range(n_d)]
+    n_f = len(f_cols)
+    hd = [(h, d) for h in range(n_w) for d in range(n_d)]
+    n_hd = len(hd)
+    col_n0, col_t0 = n_f, n_f + n_hd
+    with_states = sleep_w is not None and float(sleep_w) < idle_w
+    col_u0 = col_t0 + n_hd
+    n_cols = col_u0 + (n_hd if with_states else 0)
+    cost = np.zeros(n_cols)
+    lo = np.zeros(n_cols)
+    hi = np.full(n_cols, np.inf)
+    hi[:n_f] = 1.0
+    for i, (h, d) in enumerate(hd):
+        grams_per_engine_s = pue[d] * tp * (p_lo - idle_w) * ci_min[h, d] / 3.6e6
+        cost[col_t0 + i] = grams_per_engine_s
+        cap = engines[d] * lens[h]
+        if with_states:
+            cost[col_u0 + i] = pue[d] * tp * (idle_w - float(sleep_w)) * ci_min[h, d] / 3.6e6
+            hi[col_u0 + i] = cap
+        else:
+            hi[col_t0 + i] = cap
+    rows_i: list[int] = []
+    rows_j: list[int] = []
+    vals: list[float] = []
+    rlo: list[float] = []
+    rhi: list[float] = []
+
+    def row(entries: list[tuple[int, float]], low: float, high: float) -> None:
+        r = len(rlo)
+        for j, v in entries:
+            rows_i.append(r)
+            rows_j.append(j)
+            vals.append(v)
+        rlo.append(low)
+        rhi.append(high)
+
+    by_a: dict[int, list[int]] = {}
+    by_hd: dict[tuple[int, int], list[int]] = {}
+    for j, (a, h, d) in enumerate(f_cols):
+        by_a.setdefault(a, []).append(j)
+        by_hd.setdefault((h, d), []).append(j)
+    for js in by_a.values():  # all of window a's work is done somewhere, no earlier than window a
+        row([(j, 1.0) for j in js], 1.0, 1.0)
+    for i, (h, d) in enumerate(hd):
+        js = by_hd.get((h, d), [])
+        x = [(j, work_x[f_cols[j][0]] / scale) for j in js]
+        dec = [(j, work_dec[f_cols[j][0]] / scale) for j in js]
+        n_col, t_col = col_n0 + i, col_t0 + i
+        row([(n_col, 1.0 / scale)] + [(j, -v / S) for j, v in dec], 0.0, np.inf)  # N >= D / S
+        row([(n_col, 1.0 / scale)] + [(j, -v / K) for j, v in x], 0.0, np.inf)    # N >= X / K
+        row([(j, v) for j, v in x] + [(n_col, -1.0 / scale)], 0.0, np.inf)        # N <= X
+        per = [(j, work_s[f_cols[j][0]]) for j in js]
+        for a_line, b_line in lines:                                              # T >= a N + b X + the requests' own terms
+            row([(t_col, 1.0), (n_col, -a_line)] + [(j, -b_line * v * scale - w) for (j, v), (_, w) in zip(x, per)], 0.0, np.inf)
+        if with_states:
+            row([(col_u0 + i, 1.0), (t_col, -1.0)], 0.0, np.inf)                  # awake >= active
+    h_ = new_highs(1)
+    nrow = len(rlo)
+    order = np.lexsort((np.asarray(rows_j), np.asarray(rows_i)))
+    ri, cj, vv = np.asarray(rows_i)[order], np.asarray(rows_j, dtype=np.int32)[order], np.asarray(vals)[order]
+    start = np.zeros(nrow + 1, dtype=np.int32)
+    np.cumsum(np.bincount(ri, minlength=nrow), out=start[1:])
+    h_.passModel(n_cols, nrow, int(vv.size), int(highspy.MatrixFormat.kRowwise), int(highspy.ObjSense.kMinimize), 0.0,
+                 cost, lo, hi, np.asarray(rlo), np.asarray(rhi), start, cj, vv, np.zeros(n_cols, dtype=np.int32))
+    h_.run()
+    status = h_.modelStatusToString(h_.getModelStatus())
+    tokens = float(work_x.sum())
+    if h_.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        return CarbonBound(floor_g, floor_g, 0.0, f"{status}: the floor only", wins, tokens, int(prompt.size), sec_per_token)
+    # HiGHS's optimum is a float; a hair below it is still a bound on the true optimum
+    active = max(0.0, float(h_.getInfo().objective_function_value) * (1.0 - 1e-7))
+    return CarbonBound(floor_g + active, floor_g, active, status, wins, tokens, int(prompt.size), sec_per_token)
+
+
+def _engine_seconds(lat: Any, eng: Any, prompt: np.ndarray, output: np.ndarray, k_max: float) -> tuple[np.ndarray, float]:
+    """(engine-seconds each request needs at least, seconds per token of the most efficient
+    iteration): ``min_k g(k) / k`` per token plus the request's own latency-model terms."""
+    decode = np.maximum(output - 1.0, 0.0)
+    grid = np.asarray(lat.tokens_grid, float)
+    ks = np.unique(np.concatenate([[1.0, k_max], grid[(grid > 1) & (grid < k_max)]]))
+    per_token = float(min((float(lat.overhead_s) + float(lat.allreduce_fixed_s) + lat.linear_time_s(k)
+                           + float(lat.allreduce_per_token_s) * k) / k for k in ks))
+    ctx = decode * prompt + decode * np.maximum(decode - 1.0, 0.0) / 2.0
+    own = (float(lat.attn_decode_per_seq_s) * decode + float(lat.attn_decode_per_ctx_s) * ctx
+           + float(lat.attn_prefill_per_token_s) * prompt + float(lat.attn_prefill_per_pair_s) * prompt * (prompt + 1.0) / 2.0
+           + float(lat.per_sampled_seq_s) * output)
+    return per_token * (prompt + decode) + own, per_token
+
+
+def _window_bound(scenario: Any, parts: Any, floor_w: np.ndarray, zones: np.ndarray, prompt: np.ndarray, output: np.ndarray,
+                  arrival: np.ndarray, t_end: float, sleep_w: float | None, backlog_end: int) -> CarbonBound:
+    """The bound of a measurement window ``[W, t_end]`` (``env.measure = "window"``): the floor
+    over the window (exact), plus the least active energy of the requests the window must have
+    done entirely: of those arriving in it, all but ``backlog_end`` (the smallest ones, by their
+    least engine-seconds), each engine-second at the lowest grams per engine-second of any
+    datacenter and hour of the window (no capacity limit: weaker, valid whatever the burn-in
+    left in flight)."""
+    eng, lat, pw, trace, off = parts.engine, parts.latency, parts.power, parts.carbon, parts.carbon_offset_s
+    dcs = list(parts.topology.datacenters)
+    w0 = float(scenario.env.warmup_s)
+    floor_g = float(sum(floor_w[d] * trace.integral(int(zones[d]), off + w0, off + t_end) for d in range(len(dcs))) / 3.6e6)
+    wins = _windows(off + w0, t_end - w0, t_end - w0)
+    wins = [(a + w0, b + w0) for a, b in wins]
+    inside = arrival >= w0
+    k_max = float(max(eng.max_num_batched_tokens, float(prompt.max()) if prompt.size else 1.0,
+                      float(scenario.workload.max_context_tokens))) + float(eng.max_num_seqs)
+    sec, per_token = _engine_seconds(lat, eng, prompt[inside], output[inside], k_max)
+    keep = max(0, int(inside.sum()) - int(backlog_end))
+    need_s = float(np.sort(sec)[:keep].sum())
+    ci_lo = min(float(min(trace.intensity_all(off + a)[zones].min(), trace.intensity_all(off + b - 1e-9)[zones].min()))
+                for a, b in wins)
+    pue_lo = min(float(d.pue) for d in dcs)
+    p_lo = min(float(pw.decode_min_w), float(pw.prefill_w))
+    active = pue_lo * int(eng.tp) * (p_lo - float(pw.idle_w)) * ci_lo * need_s / 3.6e6 * (1.0 - 1e-9)
+    return CarbonBound(floor_g + active, floor_g, active, "window", wins, float((prompt[inside] + np.maximum(output[inside] - 1, 0)).sum()),
+                       int(inside.sum()), per_token)
+
+
+def bound_for_spec(spec: Any, *, sleep_w: float | None = None, backlog_end: int = 0) -> CarbonBound:
+    """:func:`carbon_lower_bound` of a run's episode (its scenario with the overrides and the
+    episode start :func:`eval.runner.resolve_run_scenario` gives it, world seed = its seed)."""
+    import warnings
+
+    from eval.runner import resolve_run_scenario
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        scenario, _ = resolve_run_scenario(spec)
+    return carbon_lower_bound(scenario, int(spec.seed), sleep_w=sleep_w, backlog_end=backlog_end)
+
+
+def bounds_table(specs: Any, *, sleep_w: float | None = None, runs: Any = None) -> Any:
+    """One row per (scenario label, seed) of ``specs``: the bound of that episode (the policy
+    does not matter: every policy of a (scenario, seed) runs the same episode). Columns
+    ``scenario``, ``seed``, ``bound_carbon_g``, ``bound_floor_g``, ``bound_active_g``,
+    ``bound_status``. With measurement windows, ``runs`` (their runs table) gives each
+    (scenario, seed) the largest backlog its runs left at the window's end (``backlog_end``)."""
+    import pandas as pd
+
+    backlog: dict[tuple[str, int], int] = {}
+    if runs is not None and "backlog_end" in runs:
+        for (scen, seed), g in runs.groupby(["scenario", "seed"]):
+            backlog[(str(scen), int(seed))] = int(np.nanmax(g["backlog_end"].to_numpy(float))) if g["backlog_end"].notna().any() else 0
+
+    seen: dict[tuple[str, int], Any] = {}
+    for sp in specs:
+        key = (sp.scenario_name, int(sp.seed))
+        if key not in seen:
+            seen[key] = sp
+    rows = []
+    for (scen, seed), sp in seen.items():
+        b = bound_for_spec(sp, sleep_w=sleep_w, backlog_end=backlog.get((scen, seed), 0))
+        rows.append({"scenario": scen, "seed": seed, "bound_carbon_g": b.carbon_g, "bound_floor_g": b.floor_g,
+                     "bound_active_g": b.active_g, "bound_status": b.status})
+    return pd.DataFrame(rows)
+
+
+def with_bounds(runs: Any, bounds: Any) -> Any:
+    """``runs`` (a runs table) with each run's ``bound_carbon_g`` / ``bound_floor_g`` and the
+    bound's reduction vs the same seed's rr run (``bound_reduction_vs_rr_pct``)."""
+    out = runs.merge(bounds, on=["scenario", "seed"], how="left")
+    out["bound_reduction_vs_rr_pct"] = 100.0 * (out["rr_carbon_g"] - out["bound_carbon_g"]) / out["rr_carbon_g"]
+    return out
+
+
+def runs_below_bound(runs: Any) -> Any:
+    """The runs of a table from :func:`with_bounds` whose carbon is below what the bound allows:
+    the bound for runs that completed every request, the floor for the others (their unfinished
+    work's energy was never spent). Empty when the bound holds."""
+    complete = runs["unfinished_pct"].fillna(0.0) <= 0.0
+    if "window_s" in runs:  # (a window's bound already allows for the backlog its runs left)
+        complete = complete | runs["window_s"].notna()
+    limit = np.where(complete, runs["bound_carbon_g"], runs["bound_floor_g"])
+    return runs[runs["carbon_g"].to_numpy(float) < limit - 1e-9]
+
+
+def bound_summary(runs: Any) -> Any:
+    """Per scenario of a :func:`with_bounds` table: the bound's carbon and its reduction vs rr
+    (mean ± 95% CI over seeds), the floor's share of it, and how many runs fall below it
+    (``below``: 0 when the bound holds)."""
+    import pandas as pd
+
+    from eval.stats import mean_ci95
+
+    rows = []
+    bad = runs_below_bound(runs)
+    for scen, g in runs.groupby("scenario", sort=False):
+        per_seed = g.drop_duplicates("seed")
+        m, ci = mean_ci95(per_seed["bound_reduction_vs_rr_pct"])
+        c, cci = mean_ci95(per_seed["bound_carbon_g"])
+        rows.append({"scenario": scen, "seeds": int(len(per_seed)), "bound_carbon_g": c, "bound_carbon_g_ci95": cci,
+                     "bound_reduction_vs_rr_pct": m, "bound_reduction_vs_rr_pct_ci95": ci,
+                     "floor_share_pct": float(100.0 * per_seed["bound_floor_g"].sum() / per_seed["bound_carbon_g"].sum()),
+                     "below": int((bad["scenario"] == scen).sum())})
+    return pd.DataFrame(rows)
+
+
+def bound_experiment(ctx: Any, policies: Any) -> str:
+    """Experiment f (an :class:`eval.experiments.Ctx`): every policy's reduction vs rr as a
+    share of the lower bound's (per seed, the most any policy could save), with the bound row
+    and a check that no run is below it. Writes ``bound.md``, ``bound.csv`` (per policy),
+    ``bounds.csv`` (per scenario and seed) and a figure."""
+    import os
+    import sys
+
+    import pandas as pd
+
+    from eval.runner import make_specs
+    from eval.stats import mean_ci95
+    from eval.tables import METRICS_NOTE, MLPERF_COLUMNS, REFERENCE_POLICY, fmt_ci, frame_markdown, p99_verdict
+
+    scens = ctx.scenario_list(("moderate",))
+    specs = make_specs(scens, list(dict.fromkeys([REFERENCE_POLICY] + list(policies))), ctx.seeds, overrides=ctx.overrides,
+                       policy_kwargs=ctx.policy_kwargs)
+    ex = ctx.execute(specs)
+    bounds = bounds_table([s for s in specs if s.policy == REFERENCE_POLICY], runs=ex.runs)
+    bounds.to_csv(os.path.join(ctx.out, "bounds.csv"), index=False)
+    runs = with_bounds(ex.runs, bounds)
+    below = runs_below_bound(runs)
+    if not below.empty:  # a bug in the bound or the accounting: say it loudly, keep the evidence
+        print(f"carbon-gym: warning: {len(below)} run(s) below the carbon lower bound: {', '.join(below['policy'] + '/' + below['scenario'])}",
+              file=sys.stderr)
+    rows = []
+    for (scen, pol), g in runs.groupby(["scenario", "policy"], sort=False):
+        red, rci = mean_ci95(g["reduction_vs_rr_pct"])
+        bred = float(g["bound_reduction_vs_rr_pct"].mean())
+        share, sci = mean_ci95(100.0 * g["reduction_vs_rr_pct"] / g["bound_reduction_vs_rr_pct"])
+        row = {"scenario": scen, "policy": pol, "seeds": int(len(g)), "reduction_vs_rr_pct": red, "reduction_vs_rr_pct_ci95": rci,
+               "bound_reduction_vs_rr_pct": bred, "share_of_bound_pct": share, "share_of_bound_pct_ci95": sci,
+               "slo_violation_pct": float(g["slo_violation_pct"].mean()), "below_bound": int(g.index.isin(below.index).sum()),
+               "valid_share": float(g["run_valid"].astype(float).mean()) if "run_valid" in g else np.nan}
+        for c in MLPERF_COLUMNS:
+            row[c + "_share"] = float(g[c].astype(float).mean()) if c in g else np.nan
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    table.to_csv(os.path.join(ctx.out, "bound.csv"), index=False)
+    summ = bound_summary(runs)
+    disp = pd.DataFrame({
+        "scenario": table["scenario"], "policy": table["policy"],
+        "vs rr %": [fmt_ci(a, b) for a, b in zip(table["reduction_vs_rr_pct"], table["reduction_vs_rr_pct_ci95"])],
+        "share of the bound's reduction %": [fmt_ci(a, b, 0) for a, b in zip(table["share_of_bound_pct"], table["share_of_bound_pct_ci95"])],
+        "SLO viol. %": table["slo_violation_pct"].map(lambda v: fmt_ci(v, d=2)),
+        "MLPerf p99 pass": [p99_verdict(r) for _, r in table.iterrows()],
+        "below the bound": table["below_bound"].map(lambda n: "none" if n == 0 else f"{n} run(s)!"),
+    })
+    bdisp = pd.DataFrame({
+        "scenario": summ["scenario"], "seeds": summ["seeds"],
+        "bound (g)": [fmt_ci(a, b, 1) for a, b in zip(summ["bound_carbon_g"], summ["bound_carbon_g_ci95"])],
+        "bound vs rr %": [fmt_ci(a, b) for a, b in zip(summ["bound_reduction_vs_rr_pct"], summ["bound_reduction_vs_rr_pct_ci95"])],
+        "of which idle/host floor %": summ["floor_share_pct"].map(lambda v: f"{v:.0f}"),
+        "runs below it": summ["below"],
+    })
+    md = ("The carbon lower bound (eval/bound.py: a fluid relaxation of the whole episode solved with HiGHS: the idle and "
+          "host power no routing avoids, the least active energy of the episode's work from the power and latency models "
+          "at the most efficient batch, engines at most 100% busy, work no earlier than it arrives, each hour at its "
+          "carbon): no run can emit less. Each policy's reduction vs rr is shown as a share of the bound's reduction in "
+          "the same seed. " + METRICS_NOTE + "\n\n" + frame_markdown(bdisp) + "\n" + frame_markdown(disp))
+    ctx.write_text("bound.md", md)
+    if ctx.plots:
+        from eval import plots
+
+        print(f"carbon-gym: note: {ctx.name}: writing figures to {ctx.fig_dir} (PNG + PDF; --no-plots skips them)", file=sys.stderr)
+        plots.bars(table[table["policy"] != REFERENCE_POLICY], x="scenario", hue="policy", y="share_of_bound_pct",
+                   yerr="share_of_bound_pct_ci95", stem=ctx.fig("bound_share"), ylabel="share of the bound's reduction (%)",
+                   title="Reduction vs rr as a share of the lower bound's")
+    return md
+
+
+#: Title of RESULTS.md's per-(scenario, seed) check of the bound (parsed by the tests).
+CHECK_TITLE = "### Lower bound check"
+
+
+def bound_check_markdown(runs: Any) -> str:
+    """Per (scenario, seed) of a :func:`with_bounds` table: the bound, its floor, the lowest
+    carbon of a run that completed its work (and its policy), and whether every run of the
+    table is above the bound (the floor, for runs that left work unfinished)."""
+    below = runs_below_bound(runs)
+    lines = [CHECK_TITLE, "",
+             "Every run of the table against the lower bound of its episode (the floor, for a run that left work unfinished).", "",
+             "| scenario | seed | bound (g) | floor (g) | lowest complete run (g) | its policy | every run above the bound |",
+             "|---|---|---|---|---|---|---|"]
+    for (scen, seed), g in runs.groupby(["scenario", "seed"], sort=False):
+        done = g[g["unfinished_pct"].fillna(0.0) <= 0.0] if "window_s" not in g else g
+        low = done.loc[done["carbon_g"].idxmin()] if len(done) else None
+        ok = not ((below["scenario"] == scen) & (below["seed"] == seed)).any()
+        lines.append(f"| {scen} | {int(seed)} | {float(g['bound_carbon_g'].iloc[0]):.3f} | {float(g['bound_floor_g'].iloc[0]):.3f} | "
+                     + (f"{float(low['carbon_g']):.3f} | {low['policy']}" if low is not None else "– | –") + f" | {'yes' if ok else 'NO'} |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_bound_check(text: str) -> list[dict[str, Any]]:
+    """The rows of the :data:`CHECK_TITLE` section of a RESULTS.md (empty when it has none)."""
+    if CHECK_TITLE not in text:
+        return []
+    rows = []
+    for line in text.split(CHECK_TITLE, 1)[1].splitlines():
+        if line.startswith("## "):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 7 and cells[0] not in ("scenario", "---") and not cells[0].startswith("-"):
+            rows.append({"scenario": cells[0], "seed": int(cells[1]), "bound_g": float(cells[2]), "floor_g": float(cells[3]),
+                         "lowest_g": float(cells[4]) if cells[4] != "–" else float("nan"), "policy": cells[5], "ok": cells[6]})
+    return rows

@@ -1,0 +1,308 @@
+"""Carbon-vs-violation frontiers of the knob-driven policies, and comparisons at equal violation.
+
+A knob-driven policy trades carbon for SLO violations through one setting (:data:`KNOBS`: the
+planner's utilisation, the facility MILP's violation penalty, the learned agent's safety knob,
+the capacity caps of ``greedy-cap`` / ``ilp-cap``; the capacity-control issue's autoscaler
+thresholds join with :func:`register_knob`). Reporting it at its default alone compares one
+point of its trade-off with one point of another's: a policy can look better only because it
+violates more. So each is run at every value of its knob (:func:`frontier_specs`), and
+
+* :func:`frontier_points` gives its points (reduction vs rr and violation, means over seeds);
+* :func:`envelope_at` reads a frontier at a violation level: the Pareto-efficient points
+  (no other point has both less violation and more reduction) joined by straight lines (a
+  policy can reach any mix of two settings by switching between them), undefined below the
+  least violation the knob reaches, flat above the most;
+* :func:`equal_violation` compares the policies per seed at equal violation: each frontier read
+  at the violation of round-robin in that seed (the reference's SLO) and at the facility MILP's
+  default's, then mean ± 95% CI over the seeds where it is reached.
+
+Invalid runs (work left unfinished, :data:`eval.runner.VALID_UNFINISHED_PCT`) are no points.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from eval.runner import RunSpec, freeze, make_specs
+from eval.stats import mean_ci95
+
+__all__ = ["Knob", "KNOBS", "register_knob", "knob_label", "frontier_specs", "frontier_points", "envelope_at",
+           "equal_violation", "parse_knob_label"]
+
+
+@dataclass(frozen=True)
+class Knob:
+    """The setting a policy's trade-off runs along.
+
+    Attributes:
+        policy: registry name of the policy.
+        kwarg: its keyword argument swept.
+        values: the values run (the default among them).
+        default: the policy's default value (its run is the policy's own row).
+        doc: what the knob does, one line.
+    """
+
+    policy: str
+    kwarg: str
+    values: tuple[float, ...]
+    default: float
+    doc: str = ""
+
+
+KNOBS: dict[str, Knob] = {}
+
+
+def register_knob(knob: Knob) -> None:
+    """Add (or replace) a knob-driven policy's frontier (e.g. the autoscaler's thresholds)."""
+    if knob.default not in knob.values:
+        raise ValueError(f"{knob.policy}: the default {knob.default!r} must be one of the values {knob.values}")
+    KNOBS[knob.policy] = knob
+
+
+for _k in (
+    Knob("planner", "utilisation", (0.5, 0.6, 0.7, 0.8, 0.9, 1.0), 0.9, "share of the static capacity the plan may use"),
+    Knob("milp", "violation_penalty_g", (0.0, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0), 1.0, "grams of CO2 charged per SLO violation"),
+    Knob("learned", "headroom_penalty", (0.0, 5.0, 10.0, 20.0, 40.0), 20.0,
+         "safety knob: logit per TTFT SLO of headroom shortfall (the shipped checkpoint records 20)"),
+    Knob("greedy-cap", "capacity_cap", (0.5, 0.6, 0.7, 0.8, 0.9, 1.0), 0.9, "share of the measured capacity per step"),
+    Knob("ilp-cap", "capacity_cap", (0.5, 0.6, 0.7, 0.8, 0.9, 1.0), 0.9, "share of the measured capacity per step"),
+):
+    register_knob(_k)
+
+
+def knob_label(policy: str, kwarg: str, value: float) -> str:
+    """Table name of one frontier point: ``milp[violation_penalty_g=10]``."""
+    return f"{policy}[{kwarg}={value:g}]"
+
+
+def parse_knob_label(label: str) -> tuple[str, str, float] | None:
+    """``"milp[violation_penalty_g=10]"`` -> ``("milp", "violation_penalty_g", 10.0)``; None otherwise."""
+    if "[" not in label or not label.endswith("]"):
+        return None
+    pol, _, rest = label[:-1].partition("[")
+    kw, sep, v = rest.partition("=")
+    if not sep:
+        return None
+    try:
+        return pol, kw, float(v)
+    except ValueError:
+        return None
+
+
+def frontier_specs(scenarios: Sequence[str], policies: Sequence[str], seeds: Sequence[int], *,
+                   overrides: Mapping[str, Any] | None = None,
+                   policy_kwargs: Mapping[str, Mapping[str, Any]] | None = None) -> list[RunSpec]:
+    """Every policy at its defaults (labelled by its name) and every knob-driven one also at each
+    other value of its knob (labelled :func:`knob_label`), same seeds and starts."""
+    specs = make_specs(scenarios, policies, seeds, overrides=overrides, policy_kwargs=policy_kwargs)
+    pk = {k: dict(v) for k, v in (policy_kwargs or {}).items()}
+    for scen in scenarios:
+        for pol in policies:
+            knob = KNOBS.get(pol)
+            if knob is None:
+                continue
+            for v in knob.values:
+                if v == knob.default:
+                    continue
+                kw = dict(pk.get(pol, {}))
+                kw[knob.kwarg] = float(v)
+                for k in seeds:
+                    specs.append(RunSpec(scenario=scen, policy=pol, seed=int(k), overrides=freeze(overrides),
+                                         policy_kwargs=freeze(kw), label=knob_label(pol, knob.kwarg, v)))
+    return specs
+
+
+def _points_of(runs, scenario: str, policy: str) -> Any:
+    """The runs of ``policy``'s frontier on ``scenario`` with their knob value (``knob_value``)."""
+    knob = KNOBS[policy]
+    sub = runs[runs["scenario"] == scenario]
+    own = sub["policy"] == policy
+    lab = sub["policy"].map(lambda p: parse_knob_label(str(p)))
+    is_pt = lab.map(lambda t: t is not None and t[0] == policy and t[1] == knob.kwarg)
+    pts = sub[own | is_pt].copy()
+    pts["knob_value"] = [knob.default if p == policy else parse_knob_label(str(p))[2] for p in pts["policy"]]
+    return pts
+
+
+def frontier_points(runs) -> Any:
+    """Per (scenario, knob-driven policy, knob value): means and 95% CIs over seeds of the
+    reduction vs rr and the SLO violation %, the MLPerf p99 pass share, the valid share, and
+    whether the point is Pareto-efficient (``pareto``) among the policy's points (means)."""
+    import pandas as pd
+
+    rows = []
+    for scen in dict.fromkeys(runs["scenario"]):
+        for pol, knob in KNOBS.items():
+            pts = _points_of(runs, scen, pol)
+            if pts.empty:
+                continue
+            for v, g in pts.groupby("knob_value", sort=True):
+                ok = g[g["run_valid"].astype(bool)] if "run_valid" in g else g
+                r, rci = mean_ci95(ok["reduction_vs_rr_pct"])
+                vv, vci = mean_ci95(ok["slo_violation_pct"])
+                rows.append({"scenario": scen, "policy": pol, "knob": knob.kwarg, "value": float(v),
+                             "default": bool(v == knob.default), "seeds": int(len(g)), "valid_seeds": int(len(ok)),
+                             "reduction_vs_rr_pct": r, "reduction_vs_rr_pct_ci95": rci,
+                             "slo_violation_pct": vv, "slo_violation_pct_ci95": vci,
+                             "mlperf_p99_pass_share": float(np.mean(g["mlperf_p99_pass"].astype(float))) if "mlperf_p99_pass" in g else np.nan})
+    out = pd.DataFrame(rows)
+    if out.empty:
+        return out
+    out["pareto"] = False
+    for (_, _), g in out.groupby(["scenario", "policy"], sort=False):
+        eff = _pareto_mask(g["slo_violation_pct"].to_numpy(float), g["reduction_vs_rr_pct"].to_numpy(float))
+        out.loc[g.index, "pareto"] = eff
+    return out
+
+
+def _pareto_mask(viol: np.ndarray, red: np.ndarray) -> np.ndarray:
+    """Points no other point beats on both (less or equal violation and more reduction)."""
+    ok = np.isfinite(viol) & np.isfinite(red)
+    eff = np.zeros(viol.size, dtype=bool)
+    for i in np.flatnonzero(ok):
+        dominated = ok & (viol <= viol[i]) & (red >= red[i]) & ((viol < viol[i]) | (red > red[i]))
+        eff[i] = not dominated.any()
+    return eff
+
+
+def envelope_at(viol: Sequence[float], red: Sequence[float], target: float) -> float:
+    """The frontier of the points ``(viol[k], red[k])`` read at violation ``target`` (%): the
+    Pareto-efficient points joined by straight lines; NaN below the least violation reached (the
+    policy cannot get there), the best reduction above the most."""
+    v = np.asarray(viol, dtype=np.float64)
+    r = np.asarray(red, dtype=np.float64)
+    if not np.isfinite(target):
+        return float("nan")
+    eff = _pareto_mask(v, r)
+    if not eff.any():
+        return float("nan")
+    v, r = v[eff], r[eff]
+    order = np.argsort(v, kind="stable")
+    v, r = v[order], r[order]
+    if target < v[0] - 1e-12:
+        return float("nan")
+    if target >= v[-1]:
+        return float(r[-1])
+    return float(np.interp(target, v, r))
+
+
+def equal_violation(runs, *, reference: str = "rr", anchor: str = "milp") -> Any:
+    """Per (scenario, knob-driven policy): the default point, and the frontier read per seed at
+    round-robin's violation in that seed (``at_rr_*``) and at ``anchor``'s default violation
+    (``at_anchor_*``): mean ± 95% CI over the seeds where the frontier reaches that level
+    (``*_seeds``). Reductions are vs rr, as everywhere."""
+    import pandas as pd
+
+    rows = []
+    for scen in dict.fromkeys(runs["scenario"]):
+        sub = runs[runs["scenario"] == scen]
+        ref = sub[sub["policy"] == reference].set_index("seed")["slo_violation_pct"]
+        anc = sub[sub["policy"] == anchor].set_index("seed")["slo_violation_pct"]
+        for pol in KNOBS:
+            pts = _points_of(runs, scen, pol)
+            if pts.empty:
+                continue
+            if "run_valid" in pts:
+                pts = pts[pts["run_valid"].astype(bool)]
+            row: dict[str, Any] = {"scenario": scen, "policy": pol, "knob": KNOBS[pol].kwarg}
+            d = pts[pts["policy"] == pol]
+            row["default_reduction_pct"], row["default_reduction_pct_ci95"] = mean_ci95(d["reduction_vs_rr_pct"])
+            row["default_violation_pct"] = mean_ci95(d["slo_violation_pct"])[0]
+            for name, target in (("at_rr", ref), ("at_anchor", anc)):
+                vals = []
+                for seed, g in pts.groupby("seed"):
+                    if seed in target.index:
+                        vals.append(envelope_at(g["slo_violation_pct"], g["reduction_vs_rr_pct"], float(target[seed])))
+                vals = [x for x in vals if np.isfinite(x)]
+                m, ci = mean_ci95(vals)
+                row[f"{name}_reduction_pct"], row[f"{name}_reduction_pct_ci95"], row[f"{name}_seeds"] = m, ci, len(vals)
+                row[f"{name}_violation_pct"] = float(target.mean()) if len(target) else np.nan
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------------------------
+# experiment e (run through eval.experiments: ``ctx`` is its Ctx)
+
+
+def frontier_markdown(points) -> str:
+    """The frontier points: per policy and knob value, reduction and violation (mean ± CI),
+    MLPerf p99 verdict; ``*`` = the policy's default, ``◆`` = Pareto-efficient."""
+    import pandas as pd
+
+    from eval.tables import fmt_ci, frame_markdown, p99_verdict
+
+    if points.empty:
+        return "(no knob-driven policy ran)\n"
+    disp = pd.DataFrame({
+        "scenario": points["scenario"], "policy": points["policy"],
+        "knob": [f"{k}={v:g}" + (" *" if d else "") for k, v, d in zip(points["knob"], points["value"], points["default"])],
+        "vs rr %": [fmt_ci(a, b) for a, b in zip(points["reduction_vs_rr_pct"], points["reduction_vs_rr_pct_ci95"])],
+        "SLO viol. %": [fmt_ci(a, b, 2) for a, b in zip(points["slo_violation_pct"], points["slo_violation_pct_ci95"])],
+        "MLPerf p99 pass": [p99_verdict(r) for _, r in points.iterrows()],
+        "valid seeds": [f"{a}/{b}" for a, b in zip(points["valid_seeds"], points["seeds"])],
+        "frontier": ["◆" if p else "" for p in points["pareto"]],
+    })
+    return frame_markdown(disp)
+
+
+def equal_violation_markdown(table, anchor: str = "milp") -> str:
+    """:func:`equal_violation` as a Markdown table."""
+    import pandas as pd
+
+    from eval.tables import fmt_ci, frame_markdown
+
+    if table.empty:
+        return "(no knob-driven policy ran)\n"
+    disp = pd.DataFrame({
+        "scenario": table["scenario"], "policy": table["policy"], "knob": table["knob"],
+        "at default: vs rr % (viol. %)": [f"{fmt_ci(a, b)} ({c:.2f})" for a, b, c in
+                                          zip(table["default_reduction_pct"], table["default_reduction_pct_ci95"], table["default_violation_pct"])],
+        "at rr's violation: vs rr % (seeds)": [f"{fmt_ci(a, b)} ({n})" for a, b, n in
+                                               zip(table["at_rr_reduction_pct"], table["at_rr_reduction_pct_ci95"], table["at_rr_seeds"])],
+        f"at {anchor}'s violation: vs rr % (seeds)": [f"{fmt_ci(a, b)} ({n})" for a, b, n in
+                                                     zip(table["at_anchor_reduction_pct"], table["at_anchor_reduction_pct_ci95"], table["at_anchor_seeds"])],
+    })
+    return frame_markdown(disp)
+
+
+def tradeoff_experiment(ctx: Any, policies: Sequence[str]) -> str:
+    """Run ``policies`` (every knob-driven one at each value of its knob, the others at their
+    defaults) on ``ctx``'s matrix (an :class:`eval.experiments.Ctx`) and write ``tradeoff.md`` /
+    ``tradeoff.csv`` (the frontier points), ``equal_violation.csv`` and a figure per scenario."""
+    import os
+    import sys
+
+    from eval.tables import METRICS_NOTE, REFERENCE_POLICY, summary_markdown
+
+    scens = ctx.scenario_list(("moderate",), ("llama8b",))
+    pols = list(dict.fromkeys([REFERENCE_POLICY] + list(policies)))
+    specs = frontier_specs(scens, pols, ctx.seeds, overrides=ctx.overrides, policy_kwargs=ctx.policy_kwargs)
+    ex = ctx.execute(specs)
+    points = frontier_points(ex.runs)
+    eq = equal_violation(ex.runs)
+    points.to_csv(os.path.join(ctx.out, "tradeoff.csv"), index=False)
+    eq.to_csv(os.path.join(ctx.out, "equal_violation.csv"), index=False)
+    singles = ex.summary[~ex.summary["policy"].isin(list(KNOBS)) & ~ex.summary["policy"].map(lambda p: parse_knob_label(str(p)) is not None)]
+    knobs = "; ".join(f"{k.policy}: `{k.kwarg}` in {', '.join(f'{v:g}' for v in k.values)} (default {k.default:g}; {k.doc})"
+                      for k in KNOBS.values() if k.policy in pols)
+    md = ("Carbon vs SLO frontiers of the knob-driven policies, each run at every value of its knob (" + knobs + "). "
+          "◆ = on the policy's frontier (Pareto-efficient), * = its default. " + METRICS_NOTE + "\n\n"
+          + frontier_markdown(points)
+          + "\nAt equal violation: each frontier read per seed at round-robin's violation in that seed and at the facility "
+          "MILP's default's (straight lines between the Pareto points; not reached = the knob cannot get that low), mean ± "
+          "95% CI over the seeds where it is reached.\n\n" + equal_violation_markdown(eq)
+          + "\nPolicies without a knob, at their defaults:\n\n"
+          + (summary_markdown(singles, timing=False) if not singles.empty else "(none)\n"))
+    ctx.write_text("tradeoff.md", md)
+    if ctx.plots and not points.empty:
+        from eval import plots
+
+        print(f"carbon-gym: note: {ctx.name}: writing figures to {ctx.fig_dir} (PNG + PDF; --no-plots skips them)", file=sys.stderr)
+        for scen in dict.fromkeys(points["scenario"]):
+            plots.frontiers(points[points["scenario"] == scen], singles[singles["scenario"] == scen],
+                            ctx.fig(f"tradeoff_{scen}"), title=f"{scen}: carbon vs SLO frontiers")
+    return md

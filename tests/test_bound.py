@@ -1,0 +1,100 @@
+"""The carbon lower bound (eval/bound.py): exact when there is no work, its pieces, and a golden
+test: no policy of the pinned quick runs of the shipped scenarios emits less."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+import golden  # tests/golden.py
+from eval.bound import bound_for_spec, carbon_lower_bound, iteration_time_minorant
+from eval.runner import RunSpec, resolve_run_scenario, run_one
+
+
+def test_iteration_time_minorant_is_below_the_latency_model_and_tight_at_its_hull():
+    from carbon_gym.physics.latency import load_latency_model
+
+    lat = load_latency_model("a100-80gb", "llama-3.1-8b", 1)
+    k_max = 2304.0
+    lines = iteration_time_minorant(lat, k_max)
+
+    def g(k: float) -> float:
+        return lat.overhead_s + lat.allreduce_fixed_s + lat.linear_time_s(k) + lat.allreduce_per_token_s * k
+
+    ks = np.linspace(1.0, k_max, 4001)
+    minorant = np.array([max(a + b * k for a, b in lines) for k in ks])
+    assert np.all(minorant <= np.array([g(k) for k in ks]) + 1e-12)
+    assert max(a + b * 1.0 for a, b in lines) == pytest.approx(g(1.0))      # touches at both ends
+    assert max(a + b * k_max for a, b in lines) == pytest.approx(g(k_max))
+    # and every iteration of the full model takes at least g(tokens)
+    for p, n in ((0, 1), (512, 0), (2000, 48), (0, 256)):
+        assert lat.iteration_time_s(p, p * (p + 1) / 2, n, 1000.0 * n, n + (p > 0)) >= g(p + n) - 1e-15
+
+
+def test_bound_is_exact_without_work():
+    """No requests: every run emits exactly the idle and host floor over [0, N P], and so does the bound."""
+    spec = RunSpec("dev", "rr", 0, overrides=(("duration_s", 20.0), ("workload.rate_per_s", 1e-9)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = run_one(spec, keep_requests=False)
+    b = bound_for_spec(spec)
+    assert res.metrics["requests_arrived"] == 0
+    assert b.active_g == 0.0 and b.carbon_g == pytest.approx(res.metrics["carbon_g"], rel=1e-9)
+    # the floor by hand: PUE x (GPUs x idle + nodes x host) x integral of the intensity
+    sc, _ = resolve_run_scenario(spec)
+    from carbon_gym.world import build_parts
+
+    parts = build_parts(sc)
+    tr, off = parts.carbon, parts.carbon_offset_s
+    want = sum(d.pue * (d.gpus * parts.power.idle_w + d.nodes * parts.power.host_w) * tr.integral(tr.zone_index(d.zone), off, off + 20.0)
+               for d in parts.topology.datacenters) / 3.6e6
+    assert b.floor_g == pytest.approx(want, rel=1e-12)
+
+
+def test_bound_grows_with_the_work_and_capacity_states_lower_it():
+    spec = RunSpec("llama8b-moderate", "rr", 0, overrides=(("duration_s", 20.0),))
+    sc, _ = resolve_run_scenario(spec)
+    full = carbon_lower_bound(sc, 0)
+    assert full.status == "Optimal" and full.active_g > 0 and full.carbon_g > full.floor_g > 0
+    assert full.requests > 20 * 1000 and full.windows[0][0] == 0.0
+    from carbon_gym.scenario import load_scenario
+
+    low = carbon_lower_bound(load_scenario("llama8b-low", {"duration_s": 20.0, "carbon.start_utc": sc.carbon.start_utc}), 0)
+    assert low.active_g < full.active_g and low.floor_g == pytest.approx(full.floor_g)  # same fleet, less work
+    # capacity states (engines that sleep with a lower floor): a lower bound, never a higher one
+    asleep = carbon_lower_bound(sc, 0, sleep_w=20.0)
+    assert asleep.floor_g < full.floor_g and asleep.carbon_g <= full.carbon_g
+    assert math.isclose(carbon_lower_bound(sc, 0, sleep_w=1e9).carbon_g, full.carbon_g, rel_tol=1e-9)  # (no lower state)
+
+
+@pytest.mark.slow
+def test_no_pinned_run_is_below_the_bound():
+    """Golden: every run of the pinned quick matrix (shipped scenarios, seeds 0-2, every
+    deterministic policy, 60 s) emits at least the bound of its episode (the floor, for runs that
+    left work unfinished)."""
+    gold = golden.load_golden()
+    checked = 0
+    ratios = []
+    for scen in golden.SCENARIOS:
+        for seed in golden.SEEDS:
+            spec = RunSpec(scen, "rr", seed, overrides=(("duration_s", golden.DURATION_S),))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                b = bound_for_spec(spec)
+            assert b.status == "Optimal", (scen, seed, b.status)
+            for pol in golden.POLICIES:
+                cell = gold.get(golden.key((scen, pol, seed)))
+                if cell is None:
+                    continue
+                m = cell["metrics"]
+                carbon, unfinished = float(m["carbon_g"]), float(m["unfinished_pct"])
+                limit = b.carbon_g if unfinished == 0 else b.floor_g
+                assert carbon >= limit, f"{scen} seed {seed} {pol}: {carbon:.3f} g < bound {limit:.3f} g"
+                checked += 1
+                if unfinished == 0:
+                    ratios.append(carbon / b.carbon_g)
+    assert checked == len(golden.all_cells())
+    assert min(ratios) > 1.0  # (the closest run, for the record, in the assertion message if it ever fails)

@@ -1,0 +1,55 @@
+"""The evaluation's steady-state windows (issue 21, items 1 and 7): presets, --window-s /
+--warmup-s, windowed rows checked against the lower bound, and RESULTS.md saying what was
+measured (``measurement window: <N> s``, ``starts: <K>``)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from eval import cli, experiments
+
+
+def test_presets_and_window_arguments():
+    full = experiments.preset_overrides("full", None, None)
+    assert full == {"duration_s": 900.0, "env.measure": "window", "env.warmup_s": 300.0}
+    assert experiments.PRESETS["full"].seeds >= 8 and "not a result" in experiments.PRESETS["quick"].note
+    assert experiments.preset_overrides("quick", None, None) == {"duration_s": 60.0}
+    assert experiments.preset_overrides("quick", None, None, window_s=600.0) == {
+        "duration_s": 900.0, "env.measure": "window", "env.warmup_s": 300.0}
+    assert experiments.preset_overrides("full", None, None, window_s=3600.0, warmup_s=600.0)["duration_s"] == 4200.0
+    assert experiments.preset_overrides("full", 30.0, None) == {"duration_s": 30.0}  # an explicit episode, no window
+    assert min(experiments.PRESETS["full"].polling_s) <= 0.1  # the polling sweep covers 0.1-0.5 s
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["eval", "--policies", "rr", "--window-s", "0"], "--window-s: must be > 0"),
+    (["eval", "--policies", "rr", "--duration-s", "10", "--window-s", "10"], "--duration-s: is an episode without a window"),
+    (["eval", "--policies", "rr", "--warmup-s", "10"], "--warmup-s: needs a measurement window"),
+    (["eval", "--policies", "rr", "--scenarios", "dev", "--window-s", "10", "--warmup-s", "2.5", "--set", "polling_period_s=2"],
+     "env.warmup_s: must be a multiple of polling_period_s=2"),
+])
+def test_window_argument_errors(argv, needle, capsys, tmp_path):
+    assert cli.main(argv + ["--out", str(tmp_path), "--no-progress"]) == 2
+    assert needle in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_windowed_headline_bound_and_results_md(tmp_path):
+    from eval.bound import runs_below_bound, with_bounds
+
+    out = tmp_path / "res"
+    argv = ["experiment", "headline", "--scenarios", "dev", "--policies", "rr,greedy,milp", "--window-s", "12", "--warmup-s", "6",
+            "--seeds", "2", "--workers", "2", "--no-progress", "--no-tensorboard", "--out", str(out)]
+    assert cli.main(argv) == 0
+    runs = pd.read_csv(out / "headline" / "runs.csv")
+    assert set(runs["window_s"]) == {12.0} and set(runs["window_start_s"]) == {6.0}
+    assert (runs["backlog_end"] >= 0).all()
+    joined = with_bounds(runs, pd.read_csv(out / "headline" / "bounds.csv"))
+    assert runs_below_bound(joined).empty and (joined["carbon_g"] > joined["bound_floor_g"]).all()
+    md = tmp_path / "R.md"
+    assert cli.main(["report", str(out), "--out", str(md), "--figures", str(tmp_path / "figs")]) == 0
+    text = md.read_text()
+    assert "- measurement window: 12 s (steady state: after a 6 s burn-in" in text
+    assert "- starts: 2 (seeds 0, 1;" in text
+    assert "lower bound" in text
