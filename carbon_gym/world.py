@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import ConfigError
+from .errors import ConfigError, DataError
 from .physics.carbon import CarbonForecaster, CarbonTrace, carbon_offset_s, load_carbon_trace
 from .physics.network import Network, network_from_zones
 from .predict import OutputLengthPredictor, make_predictor
@@ -185,20 +185,26 @@ class WorldParts:
     carbon: CarbonTrace
     carbon_offset_s: float
     engine: Any
+    power_states: Any = None  # PowerStates (the power file's [states]), or None when it has none
 
 
 def build_parts(scenario: Scenario) -> WorldParts:
     """Load every model and data file the simulator needs (no simulator constructed)."""
     from .physics.latency import load_latency_model
-    from .physics.power import load_power_model
+    from .physics.power import load_power_model, load_power_states
     from .specs import load_gpu_spec, load_model_spec
 
     topo = build_topology(scenario)
     carbon, offset = build_carbon(scenario)
+    try:
+        states = load_power_states(scenario.gpu)
+    except DataError:  # a power file without capacity states: engines cannot sleep
+        states = None
     return WorldParts(
         topology=topo, model=load_model_spec(scenario.model), gpu=load_gpu_spec(scenario.gpu),
         latency=load_latency_model(scenario.gpu, scenario.model, scenario.tp), power=load_power_model(scenario.gpu),
         network=build_network(scenario), carbon=carbon, carbon_offset_s=offset, engine=build_engine_config(scenario),
+        power_states=states,
     )
 
 
@@ -218,7 +224,8 @@ def build_world(scenario: Scenario, seed: int | None = None, *, step_mode: bool 
 
     parts = build_parts(scenario)
     kwargs: dict[str, Any] = dict(engine=parts.engine, carbon_offset_s=parts.carbon_offset_s,
-                                  dispatcher=scenario.engine.dispatcher, step_mode=step_mode)
+                                  dispatcher=scenario.engine.dispatcher, step_mode=step_mode,
+                                  power_states=parts.power_states)
     sim = Simulator(parts.topology, parts.model, parts.gpu, parts.latency, parts.power, parts.network, parts.carbon, **kwargs)
     return sim, build_workload(scenario, seed)
 

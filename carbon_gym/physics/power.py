@@ -11,7 +11,15 @@ Per GPU (watts)::
 
 (``n`` = decoding sequences; a prefill-only iteration uses ``P_dec(1)`` as its base). An engine of
 TP degree ``k`` draws ``k`` times the per-GPU power. Each node also draws ``host_w`` (CPUs, memory,
-fans, NICs) whatever the GPUs do. Facility power = IT power x PUE (applied by the datacenter).
+fans, NICs) while it is on. Facility power = IT power x PUE (applied by the datacenter).
+
+Capacity states (:class:`PowerStates`, the ``[states]`` table of the same file): an engine that
+sleeps (vLLM sleep mode level 1: weights offloaded to host memory, KV cache freed) draws
+``sleep_w`` per GPU; falling asleep and waking copy its weights (a fixed part + weights /
+copy rate) at ``transition_w``; a node whose engines all sleep is in standby
+(``host_standby_w``); a node that is off draws ``host_off_w`` (GPUs 0 W) and takes the boot
+(``server_boot_s`` + the engines' cold start) at ``boot_host_w`` plus ``boot_gpu_w`` per GPU,
+after which its engines are awake.
 """
 
 from __future__ import annotations
@@ -102,6 +110,90 @@ class PhasePowerModel:
             return cls(name=name, **p)
         except TypeError as exc:
             raise DataError(str(path), f"[power] keys wrong: {exc}") from None
+
+
+@dataclass(frozen=True)
+class PowerStates:
+    """Power and latency of the capacity states (see the module docstring). Per GPU unless the
+    name says host (per node); watts, seconds, GB (1e9 bytes).
+
+    Attributes:
+        sleep_w: GPU power of a sleeping engine (vLLM sleep level 1 keeps the CUDA context, which
+            sets the idle floor: the same as an idle awake engine), W.
+        transition_w: GPU power while weights are copied to or from host memory (falling asleep,
+            waking), W.
+        fall_asleep_fixed_s, wake_fixed_s: fixed part of falling asleep / waking, s.
+        copy_gb_per_s_single: weights copied per second by one GPU alone (a TP1 engine), GB/s.
+        copy_gb_per_s_node: per GPU when all the GPUs of an engine copy at once (TP > 1), GB/s.
+        host_standby_w: non-GPU power of a node whose engines all sleep, W.
+        host_off_w: power of a node that is off (BMC / standby rail; its GPUs draw nothing), W.
+        server_boot_s: from off to the OS and GPU driver ready, s.
+        cold_start_fixed_s, cold_start_s_per_gb: an engine's cold start after the boot (weights
+            loaded, CUDA graphs captured): fixed part, s, and per GB of weights per GPU, s/GB.
+        boot_host_w, boot_gpu_w: non-GPU power of a booting node, W, and per-GPU power meanwhile, W.
+        source: where the numbers come from.
+
+    :meth:`fall_asleep_s`, :meth:`wake_s` and :meth:`boot_s` give the durations for an engine
+    holding ``weights_gb_per_gpu`` on each of its ``tp`` GPUs.
+    """
+
+    sleep_w: float
+    transition_w: float
+    fall_asleep_fixed_s: float
+    wake_fixed_s: float
+    copy_gb_per_s_single: float
+    copy_gb_per_s_node: float
+    host_standby_w: float
+    host_off_w: float
+    server_boot_s: float
+    cold_start_fixed_s: float
+    cold_start_s_per_gb: float
+    boot_host_w: float
+    boot_gpu_w: float
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for f in ("sleep_w", "transition_w", "fall_asleep_fixed_s", "wake_fixed_s", "host_standby_w", "host_off_w",
+                  "server_boot_s", "cold_start_fixed_s", "cold_start_s_per_gb", "boot_host_w", "boot_gpu_w"):
+            check_finite_nonneg(f"states.{f}", getattr(self, f))
+        for f in ("copy_gb_per_s_single", "copy_gb_per_s_node"):
+            check_finite_nonneg(f"states.{f}", getattr(self, f), allow_zero=False)
+
+    def _copy_s(self, weights_gb_per_gpu: float, tp: int) -> float:
+        rate = self.copy_gb_per_s_single if tp == 1 else self.copy_gb_per_s_node
+        return weights_gb_per_gpu / rate
+
+    def fall_asleep_s(self, weights_gb_per_gpu: float, tp: int) -> float:
+        """Seconds an idle engine takes to fall asleep (offload its weights)."""
+        return self.fall_asleep_fixed_s + self._copy_s(weights_gb_per_gpu, tp)
+
+    def wake_s(self, weights_gb_per_gpu: float, tp: int) -> float:
+        """Seconds a sleeping engine takes to wake (weights back; its KV cache is empty)."""
+        return self.wake_fixed_s + self._copy_s(weights_gb_per_gpu, tp)
+
+    def boot_s(self, weights_gb_per_gpu: float) -> float:
+        """Seconds from a node's power-on to its engines serving (boot + cold start)."""
+        return self.server_boot_s + self.cold_start_fixed_s + self.cold_start_s_per_gb * weights_gb_per_gpu
+
+    @classmethod
+    def from_table(cls, table: dict, source: str) -> PowerStates:
+        """The ``[states]`` table of a parameter file (``source`` names it in errors)."""
+        try:
+            return cls(**table)
+        except TypeError as exc:
+            raise DataError(source, f"[states] keys wrong: {exc}") from None
+
+
+def load_power_states(gpu: str, path: str | Path | None = None) -> PowerStates:
+    """The capacity-state parameters (``[states]`` table) of ``gpu``'s power file, or of ``path``."""
+    p = Path(path) if path else data_path("params", "power", f"{gpu}.toml")
+    if not p.exists():
+        shipped = sorted(x.stem for x in data_path("params", "power").glob("*.toml"))
+        raise ConfigError("power", f"no power parameters for gpu={gpu!r}", allowed=shipped)
+    raw = load_toml(p)
+    if "states" not in raw:
+        raise DataError(str(p), "missing [states] table (capacity-state parameters)")
+    return PowerStates.from_table(dict(raw["states"]), str(p))
 
 
 def load_power_model(gpu: str, path: str | Path | None = None) -> PhasePowerModel:

@@ -33,6 +33,8 @@ keep powered; :meth:`reconcile` moves towards them now and again whenever a tran
 :meth:`engine_for_arrival` picks, in order, a waking or booting engine (the least loaded), a
 draining one (kept awake), a sleeping one on a powered node (woken), a falling one (woken once
 asleep), or boots the first node that is off. The request's queueing wait includes the wake.
+What wakes on demand raises the targets to match (it stays awake until the next decision), so
+a controller that set 0 engines sees the scale-from-zero it caused and decides again.
 
 Nothing here is ever called by a datacenter that receives no targets, so ``always_on`` runs are
 unchanged bit for bit. Not compiled (``setup.py`` compiles the hot path only); it drives the
@@ -42,8 +44,7 @@ compiled engines and datacenter through their attributes.
 from __future__ import annotations
 
 import heapq
-import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 
@@ -87,17 +88,22 @@ class CapacityControl:
 
     Args:
         dc: the datacenter; its ``models.states`` (:class:`~carbon_gym.physics.power.PowerStates`)
-            give the powers and latencies.
+            give the powers.
         engines_per_node: engines on one node (GPUs per node / TP).
+        fall_asleep_s, wake_s, boot_s: durations of the transitions for this model and TP, s.
     """
 
-    def __init__(self, dc: Datacenter, engines_per_node: int) -> None:
+    def __init__(self, dc: Datacenter, engines_per_node: int, fall_asleep_s: float, wake_s: float,
+                 boot_s: float) -> None:
         st = dc.models.states
         if st is None:
             raise ConfigError("capacity", f"datacenter {dc.name!r}: the power model has no [states] table "
                               "(sleep / wake / boot parameters); capacity control needs one")
         self.dc = dc
         self.states = st
+        self.fall_asleep_s = float(fall_asleep_s)
+        self.wake_s = float(wake_s)
+        self.boot_s = float(boot_s)
         self.epn = int(engines_per_node)
         self.n_nodes = dc.n_engines // self.epn
         self.node_state = [NODE_ON] * self.n_nodes
@@ -106,7 +112,7 @@ class CapacityControl:
         self.awake_target = dc.n_engines
         self.nodes_target = self.n_nodes
         tp = dc.models.tp
-        self.engine_w = {FALLING: tp * st.fall_asleep_w, ASLEEP: tp * st.sleep_w, WAKING: tp * st.wake_w,
+        self.engine_w = {FALLING: tp * st.transition_w, ASLEEP: tp * st.sleep_w, WAKING: tp * st.transition_w,
                          BOOTING: tp * st.boot_gpu_w, OFF: 0.0}
         self.wakes = 0  # engines woken (from ASLEEP), counted
         self.boots = 0  # nodes booted, counted
@@ -118,9 +124,10 @@ class CapacityControl:
         return e.index // self.epn
 
     def awakeish(self) -> int:
-        """Engines awake or on their way up (AWAKE, WAKING, BOOTING)."""
+        """Engines awake or on their way up (AWAKE, WAKING, BOOTING, FALLING to wake again)."""
         n = self.dc.cap_counts
-        return n[AWAKE] + n[WAKING] + n[BOOTING]
+        back = sum(1 for e in self.dc.engines if e.wake_after) if n[FALLING] else 0
+        return n[AWAKE] + n[WAKING] + n[BOOTING] + back
 
     def powered_nodes(self) -> int:
         """Nodes not off (ON, STANDBY, BOOTING)."""
@@ -130,16 +137,15 @@ class CapacityControl:
         """Seconds until engine ``e`` could start a new request's prefill, counting its capacity
         transitions only (0 for an awake engine)."""
         s = e.cap_state
-        st = self.states
         if s in (AWAKE, DRAINING):
             return 0.0
         if s in (WAKING, BOOTING):
             return max(e.cap_end_s - t, 0.0)
         if s == FALLING:
-            return max(e.cap_end_s - t, 0.0) + st.wake_s
+            return max(e.cap_end_s - t, 0.0) + self.wake_s
         if s == ASLEEP:
-            return st.wake_s
-        return st.boot_s  # OFF
+            return self.wake_s
+        return self.boot_s  # OFF
 
     # ------------------------------------------------------------------ transitions
     def _set_state(self, e: Engine, t: float, new: int, duration_s: float = 0.0) -> None:
@@ -200,7 +206,7 @@ class CapacityControl:
     def _sleep(self, e: Engine, t: float) -> None:
         """Tell awake engine ``e`` to sleep: now if it has no work, else once drained."""
         if e.state == 0 and not e.waiting and not e.running:  # IDLE, empty
-            self._set_state(e, t, FALLING, self.states.fall_asleep_s)
+            self._set_state(e, t, FALLING, self.fall_asleep_s)
             return
         self._set_state(e, t, DRAINING)
         moved = e.take_waiting() if self.dc.accepting_now() else []
@@ -210,7 +216,7 @@ class CapacityControl:
     def _wake(self, e: Engine, t: float) -> None:
         """Engine ``e`` (ASLEEP) starts waking."""
         self.wakes += 1
-        self._set_state(e, t, WAKING, self.states.wake_s)
+        self._set_state(e, t, WAKING, self.wake_s)
 
     def _boot(self, node: int, t: float) -> None:
         """Node ``node`` (OFF) starts booting; its engines come up awake after ``boot_s``."""
@@ -218,11 +224,11 @@ class CapacityControl:
         self._set_node(node, t, NODE_BOOTING)
         for e in self.dc.engines[node * self.epn:(node + 1) * self.epn]:
             self.node_booting[node] += 1
-            self._set_state(e, t, BOOTING, self.states.boot_s)
+            self._set_state(e, t, BOOTING, self.boot_s)
 
     def engine_drained(self, e: Engine, t: float) -> None:
         """A DRAINING engine ran out of work at ``t``: it falls asleep."""
-        self._set_state(e, t, FALLING, self.states.fall_asleep_s)
+        self._set_state(e, t, FALLING, self.fall_asleep_s)
 
     def transition_done(self, e: Engine, t: float) -> None:
         """The transition of engine ``e`` ends at ``t``."""
@@ -308,6 +314,13 @@ class CapacityControl:
     def engine_for_arrival(self, t: float, commit: bool = True) -> Engine:
         """The engine a request reaching the datacenter at ``t`` goes to when no engine accepts
         work (see the module docstring); with ``commit`` False nothing is changed (estimates)."""
+        e = self._engine_for_arrival(t, commit)
+        if commit:  # what woke on demand stays awake until the next decision (scale from zero)
+            self.awake_target = max(self.awake_target, self.awakeish())
+            self.nodes_target = max(self.nodes_target, self.powered_nodes())
+        return e
+
+    def _engine_for_arrival(self, t: float, commit: bool) -> Engine:
         engines = self.dc.engines
         up = [e for e in engines if e.cap_state in (WAKING, BOOTING)]
         if up:
@@ -354,7 +367,3 @@ class CapacityControl:
         ns = self.node_state
         return ns.count(NODE_ON), ns.count(NODE_STANDBY), ns.count(NODE_OFF), ns.count(NODE_BOOTING)
 
-
-def wake_latency_s(states: Any) -> float:
-    """Seconds a sleeping engine takes to wake (the observation's wake-latency feature)."""
-    return float(states.wake_s) if states is not None else math.inf

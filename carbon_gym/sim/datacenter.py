@@ -9,13 +9,16 @@ them exactly whenever any of them changes (O(1) per change)::
     facility power = IT power x PUE
     carbon [t0,t1] = facility power x integral of intensity over [off+t0, off+t1] / 3.6e6  (grams)
 
-A datacenter that is down draws nothing.
+A datacenter that is down draws nothing. Under capacity control (:mod:`carbon_gym.sim.capacity`)
+the ledger also keeps the GPU power of the engines in each dormant state (falling asleep,
+asleep, waking, booting) and the host power of the nodes in standby, off and booting, each
+integrated into its own energy account; the active GPU power (what requests share) excludes them.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -24,6 +27,9 @@ from ..topology import DatacenterSpec
 from .engine import IDLE, Engine, EngineConfig
 from .request import CopyableState, EngineModels, RequestState, mypyc_attr
 from .kernels import draining_score_fn
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .capacity import CapacityControl
 
 J_PER_KWH = 3.6e6
 SECONDS_PER_HOUR = 3600.0
@@ -156,16 +162,22 @@ class Datacenter(CopyableState):
         "base_score_fn",          # the dispatcher's own score
         "scores",                 # [i]: score_fn(engines[i]), refreshed when engine i changes
         "n_draining",             # engines draining (the last ones)
+        "capacity",               # CapacityControl, or None (always on: every engine awake)
+        "cap_counts",             # [s]: engines in capacity state s (carbon_gym.sim.capacity)
         # power now
         "up",                     # False during an outage (draws nothing)
         "host_on_w", "host_w",    # non-GPU node power when up / now, W
         "gpu_w",                  # GPU power of all engines now (tp x per-GPU watts), W
         "idle_gpu_w",             # the part of gpu_w drawn by idle engines, W
         "n_idle",                 # idle engines
+        "state_gpu_w",            # [k]: GPU power of the engines falling asleep / asleep / waking / booting / off, W
+        "dormant_gpu_w",          # their sum, W (0 without capacity control)
+        "state_host_w",           # [node state]: host power of the nodes in standby (1), off (2), booting (3), W
         # ledger (since time 0)
         "_cum_memo_t_s", "_cum_memo",  # the last time cum(t) was evaluated at, and its value
         "ledger_t_s", "ledger_cum",  # the time the ledger was integrated to, and cum(ledger_t_s)
         "gpu_j", "idle_j", "host_j",  # GPU (all, of idle engines) and host energy, IT level, J
+        "state_gpu_j", "state_host_j",  # the energy of state_gpu_w / state_host_w, IT level, J
         "carbon_g",               # facility carbon, gCO2eq
         "active_carbon_g",        # carbon of the power drawn by engines with work (split per request), g
         "aborted_active_j", "aborted_active_carbon_g",  # of iterations cut by outages (no request's), J / g
@@ -217,6 +229,13 @@ class Datacenter(CopyableState):
         self.gpu_w = self.n_engines * models.idle_engine_w
         self.idle_gpu_w = self.gpu_w
         self.n_idle = self.n_engines
+        self.capacity: CapacityControl | None = None
+        self.cap_counts = [self.n_engines, 0, 0, 0, 0, 0, 0]
+        self.state_gpu_w = [0.0, 0.0, 0.0, 0.0, 0.0]
+        self.dormant_gpu_w = 0.0
+        self.state_host_w = [0.0, 0.0, 0.0, 0.0]
+        self.state_gpu_j = [0.0, 0.0, 0.0, 0.0, 0.0]
+        self.state_host_j = [0.0, 0.0, 0.0, 0.0]
         self._cum_memo_t_s = -1.0
         self._cum_memo = 0.0
         # a ZoneClock is immutable once built: simulators of the same world share it (see Simulator.fresh)
@@ -284,10 +303,16 @@ class Datacenter(CopyableState):
         self.gpu_j += gpu_w * dt
         self.idle_j += self.idle_gpu_w * dt
         self.host_j += host * dt
+        if self.capacity is not None:
+            sg, sgj, sh, shj = self.state_gpu_w, self.state_gpu_j, self.state_host_w, self.state_host_j
+            for i in range(5):
+                sgj[i] += sg[i] * dt
+            for i in range(1, 4):
+                shj[i] += sh[i] * dt
         c = self.cum(t)
         k = self.pue * (c - self.ledger_cum) / J_PER_KWH
         self.carbon_g += (gpu_w + host) * k
-        self.active_carbon_g += (gpu_w - self.idle_gpu_w) * k
+        self.active_carbon_g += (gpu_w - self.idle_gpu_w - self.dormant_gpu_w) * k
         self.ledger_cum = c
         self.ledger_t_s = t
 
@@ -303,6 +328,57 @@ class Datacenter(CopyableState):
         if new_idle:
             self.idle_gpu_w += new_w
             self.n_idle += 1
+
+    def engine_state_changed(self, t: float, old_w: float, new_w: float, old_cls: int, new_cls: int) -> None:
+        """An engine's capacity state changes at ``t``: its power moves from ledger class
+        ``old_cls`` to ``new_cls`` (0 active, 1 idle, 2.. the dormant states, see
+        :mod:`carbon_gym.sim.capacity`)."""
+        if not self.up:
+            return
+        self.flush(t)
+        self.gpu_w += new_w - old_w
+        if old_cls == 1:
+            self.idle_gpu_w -= old_w
+            self.n_idle -= 1
+        elif old_cls >= 2:
+            self.state_gpu_w[old_cls - 2] -= old_w
+            self.dormant_gpu_w -= old_w
+        if new_cls == 1:
+            self.idle_gpu_w += new_w
+            self.n_idle += 1
+        elif new_cls >= 2:
+            self.state_gpu_w[new_cls - 2] += new_w
+            self.dormant_gpu_w += new_w
+
+    def node_state_changed(self, t: float, old_w: float, new_w: float, old_state: int, new_state: int) -> None:
+        """A node's state changes at ``t`` (0 on, 1 standby, 2 off, 3 booting): its host power
+        moves from ``old_w`` to ``new_w``."""
+        if not self.up:
+            return
+        self.flush(t)
+        self.host_w += new_w - old_w
+        if old_state:
+            self.state_host_w[old_state] -= old_w
+        if new_state:
+            self.state_host_w[new_state] += new_w
+
+    def accepting_now(self) -> bool:
+        """Some engine takes new requests (awake, not draining)."""
+        for e in self.engines:
+            if e.cap_state == 0 and not e.draining:
+                return True
+        return False
+
+    def refresh_scores(self) -> None:
+        """Recompute the dispatch scores after engines stopped or started taking work (faults'
+        drains, capacity states)."""
+        base = self.base_score_fn
+        if self.n_draining or self.cap_counts[0] != self.n_engines:
+            self.score_fn = draining_score_fn(base)
+        else:
+            self.score_fn = base
+        for e in self.engines:
+            self.scores[e.index] = self.score_fn(e)
 
     def power_w(self) -> float:
         """Facility power now, watts."""
@@ -336,6 +412,16 @@ class Datacenter(CopyableState):
             self.gpu_w = 0.0
             self.idle_gpu_w = 0.0
             self.host_w = 0.0
+            if self.capacity is not None:  # every engine and node comes back awake and on
+                for e in self.engines:
+                    e.cap_state = 0
+                    e.cap_version += 1
+                    e.wake_after = False
+                self.cap_counts = [self.n_engines, 0, 0, 0, 0, 0, 0]
+                self.state_gpu_w = [0.0, 0.0, 0.0, 0.0, 0.0]
+                self.dormant_gpu_w = 0.0
+                self.state_host_w = [0.0, 0.0, 0.0, 0.0]
+                self.capacity.reset_after_outage()
         else:
             p = 0.0
             for e in self.engines:
@@ -346,9 +432,10 @@ class Datacenter(CopyableState):
             self.idle_gpu_w = p
             self.host_w = self.host_on_w
         self.n_idle = self.n_engines
-        for e in self.engines:
-            self.scores[e.index] = self.score_fn(e)
         self.up = up
+        self.refresh_scores()
+        if up and self.capacity is not None:
+            self.capacity.reconcile(t)
         return aborted
 
     def set_draining(self, t: float, n: int, power_off: bool = True) -> None:
@@ -373,16 +460,10 @@ class Datacenter(CopyableState):
                 e.draining = False
             if rest != e.rest_w:
                 e.rest_w = rest
-                if e.state == IDLE and self.up:  # idle now: switch its power
+                if e.state == IDLE and self.up and e.cap_state <= 1:  # idle and awake now: switch its power
                     e._set_power(t, rest, True)
         self.n_draining = n
-        base = self.base_score_fn
-        if n:
-            self.score_fn = draining_score_fn(base)
-        else:
-            self.score_fn = base
-        for e in self.engines:
-            self.scores[e.index] = self.score_fn(e)
+        self.refresh_scores()
         for r in sorted(moved, key=lambda r: r.rid):
             self.pick().enqueue(r, t)
 

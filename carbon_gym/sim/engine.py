@@ -94,6 +94,12 @@ class Engine(CopyableState):
         "total_blocks",         # KV blocks of the engine
         "draining",             # fault: takes no new requests (the dispatcher skips it)
         "rest_w",               # watts with no work: idle power, or 0 once drained with power-off
+        # capacity (carbon_gym.sim.capacity): AWAKE 0, DRAINING 1 (awake, told to sleep), FALLING,
+        # ASLEEP, WAKING, OFF, BOOTING; only AWAKE and DRAINING engines run iterations
+        "cap_state",            # capacity state
+        "cap_version",          # bumped at every capacity state change: older transition events are stale
+        "cap_end_s",            # when the transition in progress (FALLING, WAKING, BOOTING) ends, s
+        "wake_after",           # FALLING: wake again as soon as asleep
         # requests
         "waiting",              # FCFS queue (a deque of RequestState)
         "running",              # rid -> RequestState, prefilling and decoding, oldest first
@@ -145,6 +151,10 @@ class Engine(CopyableState):
         self.total_blocks = total_blocks
         self.draining = False
         self.rest_w = models.idle_engine_w
+        self.cap_state = 0
+        self.cap_version = 0
+        self.cap_end_s = 0.0
+        self.wake_after = False
         self.reset()
 
     def reset(self) -> None:
@@ -194,7 +204,7 @@ class Engine(CopyableState):
         was_empty = not self.waiting
         self._queue(req)
         state = self.state
-        if state == IDLE:
+        if state == IDLE and self.cap_state <= 1:  # (a dormant engine plans when it is awake)
             self.state = WAKE
             self.version += 1
             heapq.heappush(self.heap, (t, 1, self.counter(), self, self.version))
@@ -733,10 +743,15 @@ class Engine(CopyableState):
         heapq.heappush(self.heap, (end_s, 1, self.counter(), self, v))
 
     def _go_idle(self, t: float) -> None:
-        """Nothing to run at ``t``: idle (rest power) until a request arrives."""
+        """Nothing to run at ``t``: idle (rest power) until a request arrives; an engine told to
+        sleep (DRAINING) falls asleep."""
         self.state = IDLE
         self._set_power(t, self.rest_w, True)
         self.iter_publish = False
+        if self.cap_state == 1:
+            cap = self.dc.capacity
+            assert cap is not None  # (only capacity control drains engines to sleep)
+            cap.engine_drained(self, t)
 
     def _set_power(self, t: float, watts: float, idle: bool) -> None:
         """The engine draws ``watts`` from ``t`` on (``idle``: rest power); tell the ledger."""

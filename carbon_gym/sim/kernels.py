@@ -46,10 +46,11 @@ def prefill_power_fn(power: Any, tp: int) -> Callable[[int, int], float]:
 
 
 def draining_score_fn(base: Callable[[Any], float]) -> Callable[[Any], float]:
-    """Dispatch score that sends nothing to a draining engine (``inf``), else ``base``'s."""
+    """Dispatch score that sends nothing (``inf``) to an engine drained by a fault or not awake
+    (capacity control: told to sleep, asleep, waking...), else ``base``'s."""
 
     def score(engine: Any) -> float:
-        return math.inf if engine.draining else base(engine)
+        return math.inf if engine.draining or engine.cap_state else base(engine)
 
     return score
 

@@ -103,6 +103,7 @@ class EngineModels(CopyableState):
 
     __slots__ = (
         "latency", "power", "tp",  # the latency model (for tp GPUs), the per-GPU power model, GPUs per engine
+        "states",                  # PowerStates of the capacity states (sleep, wake, boot), or None
         "decode_ctx_coeff_s",      # seconds a decode iteration gains per context token
         "idle_engine_w",           # engine watts with no work (tp x idle GPU power)
         "iteration_time_s",        # (prefill_tokens, pairs, n_decode, ctx_sum, n_sampled) -> seconds
@@ -110,10 +111,11 @@ class EngineModels(CopyableState):
         "_decode_fixed", "_decode_power",  # caches of decode_fixed_s / decode_power_w, by sequences
     )
 
-    def __init__(self, latency: Any, power: Any, tp: int) -> None:
+    def __init__(self, latency: Any, power: Any, tp: int, states: Any = None) -> None:
         self.latency = latency
         self.power = power
         self.tp = tp
+        self.states = states
         self.decode_ctx_coeff_s = float(latency.decode_ctx_coeff_s())
         # the latency model's (a pure-Python copy for the table model, same floats; see kernels.iteration_time_fn)
         self.iteration_time_s = iteration_time_fn(latency)

@@ -66,6 +66,12 @@ class ClusterSnapshot:
     est_iteration_s: np.ndarray = field(metadata=_state("s", "estimated fixed time of one prefill-chunk iteration"))
     est_prefill_chunk_tokens: np.ndarray = field(metadata=_state("tokens", "prompt tokens per prefill chunk", "int"))
     accepting_engines: np.ndarray = field(metadata=_state("engines", "engines taking new requests", "int"))
+    awake_engines: np.ndarray = field(metadata=_state("engines", "engines awake and serving (capacity control)", "int"))
+    waking_engines: np.ndarray = field(metadata=_state("engines", "engines waking or booting", "int"))
+    sleeping_engines: np.ndarray = field(metadata=_state("engines", "engines draining to sleep, falling asleep or asleep", "int"))
+    off_engines: np.ndarray = field(metadata=_state("engines", "engines on nodes that are off", "int"))
+    servers_on: np.ndarray = field(metadata=_state("servers", "nodes powered (on, standby or booting)", "int"))
+    wake_latency_s: np.ndarray = field(metadata=_state("s", "time a sleeping engine takes to wake"))
 
 
 #: Row names of ``Simulator.snapshot_array()``: the per-datacenter :class:`ClusterSnapshot` fields
@@ -127,6 +133,13 @@ class SimTotals:
     ``carbon_g`` is facility energy x grid intensity. Counts: requests ``submitted``,
     ``completed``, ``aborted`` (datacenter outages), ``in_flight`` (= submitted - completed -
     aborted); ``preemptions``; ``iterations`` (engine forward passes completed by ``time_s``).
+
+    Capacity states (:mod:`carbon_gym.sim.capacity`; all zero without capacity control), IT
+    level, J: ``gpu_state_energy_j`` (5, D), the GPU energy of engines falling asleep, asleep,
+    waking, booting and off (0 W), in that order; ``host_state_energy_j`` (4, D), the host energy
+    of nodes on (derived: host - the others), in standby, off and booting. :meth:`energy_by_state`
+    names them all, with ``active`` (GPU energy of engines with work) and ``idle`` (awake
+    engines without work).
     """
 
     time_s: float
@@ -142,3 +155,16 @@ class SimTotals:
     preemptions: int
     aborted: int
     iterations: int
+    gpu_state_energy_j: np.ndarray
+    host_state_energy_j: np.ndarray
+
+    def energy_by_state(self) -> dict[str, np.ndarray]:
+        """IT energy per datacenter (D,) by power state, J: ``gpu_active``, ``gpu_idle``,
+        ``gpu_falling_asleep``, ``gpu_asleep``, ``gpu_waking``, ``gpu_booting``, ``host_on``,
+        ``host_standby``, ``host_off``, ``host_booting``; they sum to ``it_energy_j``."""
+        g, h = self.gpu_state_energy_j, self.host_state_energy_j
+        return {
+            "gpu_active": self.gpu_energy_j - self.idle_energy_j - g.sum(axis=0), "gpu_idle": self.idle_energy_j,
+            "gpu_falling_asleep": g[0], "gpu_asleep": g[1], "gpu_waking": g[2], "gpu_booting": g[3],
+            "host_on": h[0], "host_standby": h[1], "host_off": h[2], "host_booting": h[3],
+        }

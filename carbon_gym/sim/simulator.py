@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover - types only (the compiled build treats th
     from ..physics.carbon import CarbonTrace
     from ..physics.latency import IterationLatencyModel
     from ..physics.network import Network
-    from ..physics.power import PowerModel
+    from ..physics.power import PowerModel, PowerStates
     from ..specs import GpuSpec, ModelSpec
     from ..topology import Topology
 
@@ -102,6 +102,7 @@ class Simulator(CopyableState):
         carbon_offset_s: float = 0.0,
         dispatcher: str = "least_work",
         step_mode: bool = False,
+        power_states: PowerStates | None = None,
         _shared: Any = None,
     ) -> None:
         # ``_shared`` (internal, set by :meth:`fresh`): the immutable tables of a simulator built
@@ -156,14 +157,16 @@ class Simulator(CopyableState):
         self.carbon_offset_s = off
         self.dispatcher = dispatcher
         self.step_mode = bool(step_mode)
+        self.power_states = power_states
         self.kv_blocks_per_engine = total_blocks
         self.now_s = 0.0
         self._heap: list = []
         self._counter = itertools.count().__next__
         self._rows: list[tuple] = []
         self._ctor: tuple[tuple[Any, ...], dict[str, Any]] = ((topology, model, gpu, latency, power, network, carbon),
-                      dict(engine=engine, carbon_offset_s=carbon_offset_s, dispatcher=dispatcher, step_mode=step_mode))
-        self._models = EngineModels(latency, power, tp) if _shared is None else _shared[0]
+                      dict(engine=engine, carbon_offset_s=carbon_offset_s, dispatcher=dispatcher, step_mode=step_mode,
+                           power_states=power_states))
+        self._models = EngineModels(latency, power, tp, power_states) if _shared is None else _shared[0]
         clocks = [None] * D if _shared is None else _shared[1]
         self._one_way = [[float(x) for x in row] for row in ow]
         self._bytes_per_token_s = float(network.bytes_per_token) / float(network.bandwidth_bytes_per_s)
@@ -393,7 +396,9 @@ class Simulator(CopyableState):
                 dc.tok_rate_sum += obj.prompt_tokens
                 s = dc.scores
                 eng = dc.engines[s.index(min(s))] if len(s) > 1 else dc.engines[0]
-                if eng.state == IDLE and (not heap or heap[0][0] > time):
+                if eng.cap_state:  # no engine takes work: one wakes for it (carbon_gym.sim.capacity)
+                    eng = dc.capacity.engine_for_arrival(time)
+                if eng.state == IDLE and eng.cap_state <= 1 and (not heap or heap[0][0] > time):
                     # its wake-up event would be the next one popped: run it now (counted as one)
                     n_ev += 1
                     eng.enqueue_and_plan(obj, time)
@@ -439,11 +444,15 @@ class Simulator(CopyableState):
         """Cumulative energy/carbon per datacenter and request counts, up to ``now_s``."""
         now = self.now_s
         gl, hl, pl, cl, il = [], [], [], [], []
+        sg, sh = [], []
         completed = preemptions = iterations = 0
         for dc in self.datacenters:
             dc.flush(now)
             gl.append(dc.gpu_j)
             hl.append(dc.host_j)
+            sg.append(list(dc.state_gpu_j))
+            shj = dc.state_host_j
+            sh.append([dc.host_j - shj[1] - shj[2] - shj[3], shj[1], shj[2], shj[3]])
             pl.append(dc.pue)
             cl.append(dc.carbon_g)
             il.append(dc.idle_j)
@@ -469,6 +478,8 @@ class Simulator(CopyableState):
             preemptions=preemptions,
             aborted=self._aborted,
             iterations=iterations,
+            gpu_state_energy_j=np.array(sg, dtype=np.float64).reshape(-1, 5).T.copy(),
+            host_state_energy_j=np.array(sh, dtype=np.float64).reshape(-1, 4).T.copy(),
         )
 
     def carbon_energy_totals(self) -> tuple[float, float]:
@@ -559,6 +570,36 @@ class Simulator(CopyableState):
         self.network = dataclasses.replace(self.network, one_way_s=ow)
         self._one_way[o][d] = v
 
+    def set_capacity(self, dc: Scalar, awake_engines: Scalar, servers_on: Scalar | None = None) -> None:
+        """Capacity control (:mod:`carbon_gym.sim.capacity`): keep ``awake_engines`` engines of
+        datacenter ``dc`` awake and ``servers_on`` of its nodes powered (default: the nodes the
+        awake engines need; never fewer), from now on. Engines beyond the target drain and fall
+        asleep, nodes beyond it whose engines all sleep power off; engines below it wake and nodes
+        boot. Needs the power model's capacity states (``power_states``)."""
+        d = _as_int("dc", dc, 0, len(self.datacenters) - 1)
+        center = self.datacenters[d]
+        a = _as_int("awake_engines", awake_engines, 0, center.n_engines)
+        cap = self._capacity(center)
+        s = cap.n_nodes if servers_on is None and a == center.n_engines else (
+            -(-a // cap.epn) if servers_on is None else _as_int("servers_on", servers_on, 0, cap.n_nodes))
+        center.flush(self.now_s)
+        cap.set_targets(self.now_s, a, s)
+
+    def _capacity(self, center: Datacenter) -> Any:
+        """The datacenter's CapacityControl (created at its first capacity decision)."""
+        if center.capacity is None:
+            from .capacity import CapacityControl
+
+            if self.power_states is None:
+                raise ConfigError("capacity", "this simulator has no power_states (the power file's [states] table): "
+                                  "engines cannot sleep", allowed="Simulator(..., power_states=PowerStates(...))")
+            st = self.power_states
+            tp = self.engine_config.tp
+            gb = self.model.weight_bytes / tp / 1e9  # weights per GPU
+            center.capacity = CapacityControl(center, center.spec.gpus_per_node // tp, st.fall_asleep_s(gb, tp),
+                                              st.wake_s(gb, tp), st.boot_s(gb))
+        return center.capacity
+
     def set_engines_draining(self, dc: Scalar, n_engines: Scalar, power_off: Scalar = True) -> None:
         """Drain the last ``n_engines`` engines of datacenter ``dc`` for maintenance (0 = none).
 
@@ -587,7 +628,7 @@ class Simulator(CopyableState):
         n_in = np.zeros(D, dtype=np.int64)
         for i, dc in enumerate(self.datacenters):
             dc.flush(now)
-            out["ae"][i] = (dc.gpu_j - dc.idle_j) * dc.pue
+            out["ae"][i] = (dc.gpu_j - dc.idle_j - sum(dc.state_gpu_j)) * dc.pue
             out["ac"][i] = dc.active_carbon_g
             out["xe"][i] = dc.aborted_active_j
             out["xc"][i] = dc.aborted_active_carbon_g
@@ -667,22 +708,31 @@ class Simulator(CopyableState):
         rows = []
         kv = self.kv_blocks_per_engine
         inf = math.inf
+        st = self.power_states
+        tp = self.engine_config.tp
+        wake_s = st.wake_s(self.model.weight_bytes / tp / 1e9, tp) if st is not None else 0.0
         for dc in self.datacenters:
             dc.flush(now)
             up = dc.up
             ne = dc.n_engines
+            cc = dc.cap_counts
+            cap = dc.capacity
             if up:
                 wait, ppt, tpot, slope, f_iter, c, deficit, release, seq_wait = self._engine_estimates(dc)
                 mem = deficit / release if deficit > 0 else 0.0
                 wait += max(mem, seq_wait)
+                if cap is not None and cc[0] + cc[1] < ne:
+                    wait += cap.arrival_delay_s(now)
             else:
                 wait = ppt = tpot = slope = f_iter = inf
                 c = 0
+            servers = dc.spec.nodes if cap is None else cap.n_nodes - cap.node_state.count(2)  # (2: off)
             # one float row per datacenter (the integer columns are exact in float64)
             rows.append((
                 dc.intensity(now), dc.pue, dc.waiting + dc.in_transit, dc.running,
-                sum(map(_VIEW_FREE, dc.engines)), ne * kv, dc.power_w(), ne - dc.n_idle if up else 0, ne,
+                sum(map(_VIEW_FREE, dc.engines)), ne * kv, dc.power_w(), cc[0] + cc[1] - dc.n_idle if up else 0, ne,
                 wait, ppt, tpot, slope, 1.0 if up else 0.0, f_iter, c, dc.accepting_engines,
+                cc[0], cc[4] + cc[6], cc[1] + cc[2] + cc[3], cc[5], servers, wake_s,
             ))
         return rows
 
@@ -717,6 +767,8 @@ class Simulator(CopyableState):
             deficit_r = deficit + new_blocks
             mem = np.maximum(deficit_r, 0.0) / release
             wait[:, d] = w + np.maximum(mem, seq_wait)
+            if dc.capacity is not None:
+                wait[:, d] += dc.capacity.arrival_delay_s(self.now_s)
             pre[:, d] = np.ceil(p / c) * f_iter + p * ppt
             tpot[:, d] = tp
         return LatencyEstimates(network_s=net, queue_wait_s=wait, prefill_s=pre, tpot_s=tpot, ttft_s=net + wait + pre)
