@@ -17,6 +17,7 @@ import numpy as np
 from gymnasium import spaces
 
 from . import pending as P
+from .control import EnvCapacity
 from .episode import EpisodeTally
 from .errors import ActionError, ConfigError, check_choice
 from .faults import has_carbon_feed_gap
@@ -80,6 +81,8 @@ INVALID_ACTION_MODES = ("raise", "defer")
 
 _SNAP_UP = SNAPSHOT_ARRAY_ROWS.index("up")
 _SNAP_CARBON = SNAPSHOT_ARRAY_ROWS.index("carbon_g_per_kwh")
+_SNAP_AWAKE = SNAPSHOT_ARRAY_ROWS.index("awake_engines")
+_SNAP_SERVERS = SNAPSHOT_ARRAY_ROWS.index("servers_on")
 # The ufunc reductions behind ndarray.sum/max/min/all (same results, without the Python wrapper).
 _MAX, _MIN, _ALL = np.maximum.reduce, np.minimum.reduce, np.logical_and.reduce
 
@@ -330,7 +333,7 @@ class GeoServeEnv(gym.Env):
         sim, _ = self._new_world(int(sc.seed))
         self._static_setup(sim)
         self.observation_space = observation_space(self.layout)
-        self.action_space = spaces.MultiDiscrete(np.full(self._K, self._D + 1, dtype=np.int64))
+        self.action_space = self._capacity.action_space(spaces.MultiDiscrete(np.full(self._K, self._D + 1, dtype=np.int64)))
         self._sim: Any = None
         self._workload: Any = None
         self._done = True
@@ -369,6 +372,9 @@ class GeoServeEnv(gym.Env):
         gpus = np.array([d.gpus for d in topo.datacenters], dtype=np.float64)
         self._pue = np.array([d.pue for d in topo.datacenters], dtype=np.float64)
         nameplate = gpus * float(parts.gpu.tdp_w) * self._pue
+        servers = np.array([d.nodes for d in topo.datacenters], dtype=np.int64)
+        epn = np.array([d.gpus_per_node // int(eng_cfg.tp) for d in topo.datacenters], dtype=np.int64)
+        self._capacity = EnvCapacity(self._scenario, parts.power_states, n_engines, servers, epn, self._P)
         self.layout = layout = ObservationLayout(
             n_datacenters=D, n_regions=R, max_pending=K, forecast_hours=self._H,
             ttft_target_s=self._ttft_target, tpot_target_s=self._tpot_target, duration_s=self._duration,
@@ -376,6 +382,7 @@ class GeoServeEnv(gym.Env):
             block_tokens=int(eng_cfg.block_tokens), max_num_seqs=int(eng_cfg.max_num_seqs), nameplate_w=nameplate,
             datacenter_names=tuple(d.name for d in topo.datacenters), region_names=tuple(topo.regions),
             carbon_feed_flags=has_carbon_feed_gap(self._scenario),
+            capacity_control=self._capacity.active, capacity_agent=self._capacity.control == "agent", n_servers=servers,
         )
         self.nominal_carbon_g_per_step = float(nameplate.sum() * REFERENCE_INTENSITY_G_PER_KWH * self._P / 3.6e6)
         self._dc_encoder = DatacenterEncoder(layout)
@@ -449,6 +456,7 @@ class GeoServeEnv(gym.Env):
         self._forecaster = build_forecaster(self._scenario, self._parts.carbon, seed=world_seed) if self._H else None
         self._pending = PendingStore(self._predictor)
         self._step_index = 0
+        self._capacity.reset()
         self._done = False
         self._drain_s = 0.0
         self._step_failed_over = 0
@@ -500,7 +508,13 @@ class GeoServeEnv(gym.Env):
         D = self._D
         tally = self._tally
         n_vis = self._n_visible
-        choice, n_invalid = self._parse_action(action)
+        cap = self._capacity
+        if cap.active:
+            action, targets = cap.split(action)
+            choice, n_invalid = self._parse_action(action)
+            cap.decide(self._step_index, targets, self.state, sim)
+        else:
+            choice, n_invalid = self._parse_action(action)
         overflow = len(self._pending) - n_vis
         place = choice < D
         n_place = int(np.count_nonzero(place))
@@ -533,6 +547,8 @@ class GeoServeEnv(gym.Env):
         reward = -self._carbon_weight * carbon_g / self.nominal_carbon_g_per_step - self._slo_weight * violations
 
         obs = self._observe()
+        if cap.active:
+            cap.sample(self._snap[_SNAP_AWAKE], self._snap[_SNAP_SERVERS])
         info: dict[str, Any] = {
             "time_s": float(sim.now_s),
             "carbon_g": carbon_g,
@@ -631,9 +647,13 @@ class GeoServeEnv(gym.Env):
         )
 
     def action_masks(self) -> np.ndarray:
-        """Allowed choices, flat bool array of length K x (D + 1), slot-major (MaskablePPO)."""
+        """Allowed choices, flat bool array of length K x (D + 1), slot-major (MaskablePPO); with
+        ``capacity.control = "agent"`` followed by the capacity and servers parts (every value
+        allowed), in the order of :class:`~carbon_gym.wrappers.FlattenCapacityAction`."""
         if self._sim is None:
             raise RuntimeError("call reset() before action_masks()")
+        if self._capacity.control == "agent":
+            return np.concatenate(list(self._capacity.masks(self._mask.reshape(-1)).values()))
         return self._mask.reshape(-1).copy()
 
     # ------------------------------------------------------------------ simulation helpers
@@ -809,7 +829,8 @@ class GeoServeEnv(gym.Env):
         n = self._n_visible
         self._state = EnvState(time_s=now, hour_utc=ang_h, elapsed_s=now, datacenters=dcs,
                                pending=self._pending_view(n), pending_total=len(self._pending),
-                               action_mask=self._mask[:n].copy(), layout=self.layout)
+                               action_mask=self._mask[:n].copy(), layout=self.layout,
+                               **self._capacity.state_fields(self._step_index))
         return self._state
 
     def _pending_view(self, n: int) -> PendingRequests:
@@ -871,9 +892,11 @@ class GeoServeEnv(gym.Env):
         """
         if self._sim is None:
             raise RuntimeError("call reset() first")
-        return self._tally.metrics(self._sim, unplaced=len(self._pending), steps=self._step_index, drain_s=self._drain_s,
-                                   world_seed=self._world_seed, pue=self._pue, check_ledger=check_ledger,
-                                   strict=self._strict_ledger)
+        out = self._tally.metrics(self._sim, unplaced=len(self._pending), steps=self._step_index, drain_s=self._drain_s,
+                                  world_seed=self._world_seed, pue=self._pue, check_ledger=check_ledger,
+                                  strict=self._strict_ledger)
+        out.update(self._capacity.metrics(self._sim, self._pue))
+        return out
 
     def ledger(self, strict: bool = False) -> dict[str, Any]:
         """The accounting check of the episode so far (:func:`carbon_gym.ledger.check_ledger`):

@@ -17,7 +17,10 @@ Energy and carbon (per datacenter and in total)
     *active* energy (``(gpu - idle) x PUE``, the part batches share) equals the per-request
     shares of completed requests + the shares of failed-over requests (wasted work) + the
     shares of requests still in flight + iterations under way (not yet split) + iterations cut
-    short by outages. The same for carbon. What is not attributed to any request
+    short by outages. The same for carbon. Power states (capacity control): the host energy of
+    the nodes on, in standby, off and booting (each integrated from its own power) sums to the
+    host energy, and no state's energy (:meth:`~carbon_gym.sim.SimTotals.energy_by_state`) is
+    negative; the GPU energy of the active state is what the request-share identity checks. What is not attributed to any request
     (``unattributed``) is the idle and host energy plus the last two terms.
 
 A failed check raises :class:`~carbon_gym.errors.LedgerError` when ``strict`` (tests), and is
@@ -119,6 +122,12 @@ def check_ledger(  # noqa: C901
         problems.append(f"sum of the per-step energy {reported_energy_j!r} J != simulator total {fac.sum()!r} J")
     if not _close(reported_carbon_g, carbon.sum(), rtol):
         problems.append(f"sum of the per-step carbon {reported_carbon_g!r} g != simulator total {carbon.sum()!r} g")
+    hs = np.asarray(totals.host_state_energy_j, dtype=np.float64)
+    if not np.all(_close(hs.sum(axis=0), host, rtol)):
+        problems.append(f"host energy by node state (on, standby, off, booting) {hs.sum(axis=0)} != host energy {host}")
+    negative = [k for k, v in totals.energy_by_state().items() if np.any(v < -rtol * np.maximum(it, 1.0))]
+    if negative:
+        problems.append(f"negative energy in power state(s) {negative}")
     active_e = np.asarray(a.active_energy_j, dtype=np.float64)
     active_c = np.asarray(a.active_carbon_g, dtype=np.float64)
     ce, cc = np.asarray(completed_energy_j, dtype=np.float64), np.asarray(completed_carbon_g, dtype=np.float64)

@@ -79,6 +79,9 @@ class ObservationLayout:
         datacenter_names, region_names: names in index order.
         carbon_feed_flags: the datacenter rows end with the ``carbon_stale`` and
             ``carbon_missing`` flags (scenarios with a carbon-feed gap fault).
+        capacity_control: the rows carry the capacity columns (``[capacity] control`` other
+            than ``always_on``); capacity_agent: the action has capacity parts (``control = "agent"``).
+            n_servers: servers per datacenter (D,).
 
     Column maps (derived from the feature tables): ``dc_columns`` (name -> index in the
     ``(D, F_D)`` view of ``obs["datacenters"]``; the forecast spans ``carbon_forecast_1h`` ..
@@ -102,6 +105,9 @@ class ObservationLayout:
     datacenter_names: tuple[str, ...]
     region_names: tuple[str, ...]
     carbon_feed_flags: bool = False
+    capacity_control: bool = False
+    capacity_agent: bool = False
+    n_servers: Any = None
 
     def width(self, feature: Feature) -> int:
         """Columns ``feature`` spans in this layout (0 when it is not present)."""
@@ -172,6 +178,11 @@ def _engines(L: ObservationLayout) -> np.ndarray:
     return np.maximum(L.n_engines, 1).astype(np.float64)
 
 
+def _servers(L: ObservationLayout) -> np.ndarray:
+    n = np.ones(L.n_datacenters) if L.n_servers is None else np.asarray(L.n_servers, dtype=np.float64)
+    return np.maximum(n, 1.0)
+
+
 def _kv_blocks(L: ObservationLayout) -> np.ndarray:
     return np.maximum(L.n_engines * L.engine_kv_blocks, 1).astype(np.float64)
 
@@ -188,6 +199,7 @@ SCALES: dict[str, Scale] = {
                          lambda L: L.n_engines.astype(np.float64) * L.engine_kv_blocks),
     "nameplate": Scale("/ (GPUs_d x GPU TDP x PUE_d)", lambda L: 1.0 / L.nameplate_w, lambda L: L.nameplate_w),
     "engines": Scale("/ engines_d", lambda L: 1.0 / _engines(L), lambda L: L.n_engines.astype(np.float64)),
+    "servers": Scale("/ servers_d", lambda L: 1.0 / _servers(L), lambda L: _servers(L)),
     "ttft": Scale("/ T_ttft", lambda L: _ones(L) / L.ttft_target_s, lambda L: _ones(L) * L.ttft_target_s),
     "prefill_ref": Scale("x 1024 / T_ttft", lambda L: _ones(L) * (PREFILL_REF_TOKENS / L.ttft_target_s),
                          lambda L: _ones(L) * (L.ttft_target_s / PREFILL_REF_TOKENS)),
@@ -257,6 +269,18 @@ DC_FEATURES: tuple[Feature, ...] = (
             high=1.0, when="carbon_feed_flags", kind="bool"),
     Feature("carbon_missing", "carbon_missing", "flag", "flag", "carbon feed missing (carbon columns 0)",
             high=1.0, when="carbon_feed_flags", kind="bool"),
+    Feature("awake_engines", "awake_engines", "engines", "engines", "engines awake (serving or able to)",
+            high=1.0, when="capacity_control", kind="int"),
+    Feature("waking_engines", "waking_engines", "engines", "engines", "engines waking or booting",
+            high=1.0, when="capacity_control", kind="int"),
+    Feature("sleeping_engines", "sleeping_engines", "engines", "engines", "engines draining to sleep, falling asleep "
+            "or asleep", high=1.0, when="capacity_control", kind="int"),
+    Feature("off_engines", "off_engines", "engines", "engines", "engines on servers that are off",
+            high=1.0, when="capacity_control", kind="int"),
+    Feature("servers_on", "servers_on", "servers", "servers", "servers powered (on, standby or booting)",
+            high=1.0, when="capacity_control", kind="int"),
+    Feature("wake_latency", "wake_latency_s", "s", "ttft", "time a sleeping engine takes to wake",
+            when="capacity_control"),
 )
 """Per-datacenter features, in column order (row d of ``obs["datacenters"]`` = datacenter d)."""
 
@@ -509,7 +533,8 @@ def observation_signature(env_or_layout: Any) -> dict[str, Any]:
         "dc_columns": dict(L.dc_columns),
         "slot_columns": dict(L.slot_columns),
         "global_columns": dict(L.global_columns),
-        "action_nvec": [int(L.n_datacenters) + 1] * int(L.max_pending),
+        "action_nvec": [int(L.n_datacenters) + 1] * int(L.max_pending) + (
+            [int(x) + 1 for x in L.n_engines] + [int(x) + 1 for x in L.n_servers] if L.capacity_agent else []),
         "scales": {
             "carbon_g_per_kwh": CARBON_SCALE_G_PER_KWH, "tokens": TOKENS_SCALE,
             "queue_per_engine": QUEUE_PER_ENGINE_SCALE, "prefill_ref_tokens": PREFILL_REF_TOKENS,

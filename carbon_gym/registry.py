@@ -55,7 +55,7 @@ from .errors import ConfigError
 __all__ = [
     "ENTRY_POINT_GROUP", "PolicyInfo", "register_policy", "register_policy_prefix", "unregister_policy",
     "make_policy", "available_policies", "default_policies", "available_prefixes", "policy_info",
-    "canonical_policy_name", "check_policy_name", "split_prefix", "is_module_form", "load_policy_plugins",
+    "canonical_policy_name", "check_policy_name", "split_prefix", "split_autoscaler", "is_module_form", "load_policy_plugins",
 ]
 
 #: Entry-point group whose functions register each layer's policies (see the module docstring).
@@ -227,8 +227,23 @@ def is_module_form(name: str) -> bool:
     return bool(sep and head and attr) and split_prefix(name) is None
 
 
+def split_autoscaler(name: str) -> tuple[str, str] | None:
+    """``(routing policy, autoscaler)`` when ``name`` is ``POLICY+AUTOSCALER`` with a registered
+    autoscaler (:mod:`carbon_gym.autoscalers`), e.g. ``rr+reactive``; else None."""
+    from .autoscalers import available_autoscalers
+
+    head, sep, tail = str(name).rpartition("+")
+    if sep and head and tail in available_autoscalers():
+        return head, tail
+    return None
+
+
 def policy_info(name: str) -> PolicyInfo:
-    """The entry of a registered name, alias or ``PREFIX:...`` name; :class:`ConfigError` if unknown."""
+    """The entry of a registered name, alias or ``PREFIX:...`` name (for ``POLICY+AUTOSCALER``:
+    the routing policy's); :class:`ConfigError` if unknown."""
+    both = split_autoscaler(name)
+    if both is not None:
+        return policy_info(both[0])
     info = _lookup(name)
     if info is None and ":" not in str(name):
         _ensure_plugins()
@@ -246,6 +261,9 @@ def canonical_policy_name(name: str) -> str:
     ``milp``); registered names, ``PREFIX:...`` and ``module:Class`` forms and unknown names
     are returned unchanged."""
     name = str(name)
+    both = split_autoscaler(name)
+    if both is not None:
+        return f"{canonical_policy_name(both[0])}+{both[1]}"
     if ":" in name:
         return name
     info = _lookup(name)
@@ -352,6 +370,9 @@ def check_policy_name(name: str) -> str:
     name or alias, a registered prefix form (its ``check`` run on the argument) or an
     importable ``module:Class`` with an ``act`` method. Raises :class:`ConfigError`."""
     name = str(name).strip()
+    both = split_autoscaler(name)
+    if both is not None:
+        return f"{check_policy_name(both[0])}+{both[1]}"
     if ":" not in name:
         info = policy_info(name)
         if info.check is not None:
@@ -377,6 +398,9 @@ def make_policy(name: str, env: Any = None, **kwargs: Any) -> Any:
     ``make_policy("milp", env, time_limit_s=0.5)``. Raises :class:`ConfigError` for an unknown
     name or arguments the factory rejects."""
     name = str(name).strip()
+    both = split_autoscaler(name)
+    if both is not None:
+        return _composed(name, both[0], both[1], env, kwargs)
     if ":" not in name:
         info = policy_info(name)
         build: Callable[[], Any] = lambda: info.factory(env, **kwargs)  # noqa: E731
@@ -397,6 +421,20 @@ def make_policy(name: str, env: Any = None, **kwargs: Any) -> Any:
     if not callable(getattr(policy, "act", None)):
         raise ConfigError("policy", f"{name!r} built {type(policy).__name__!r}, which has no act(observation, info) method")
     return policy
+
+
+def _composed(name: str, router: str, scaler: str, env: Any, kwargs: dict[str, Any]) -> Any:
+    """``POLICY+AUTOSCALER``: the routing policy (built with ``kwargs``) and the autoscaler (with
+    the scenario's ``[capacity.params]``) composed (:class:`~carbon_gym.autoscalers.CapacityComposedPolicy`)."""
+    from .autoscalers import CapacityComposedPolicy, make_autoscaler
+
+    base = getattr(env, "unwrapped", env)
+    section = getattr(getattr(base, "scenario", None), "capacity", None)
+    params = section.params_dict() if section is not None else {}
+    composed = CapacityComposedPolicy(None, None, env, name)  # checks capacity.control first
+    composed.router = make_policy(router, env, **kwargs)
+    composed.autoscaler = make_autoscaler(scaler, env, **params)
+    return composed
 
 
 def _round_robin(env: Any = None, **kwargs: Any) -> Any:

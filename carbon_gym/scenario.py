@@ -261,6 +261,35 @@ class EnvConfig:
                            "(a multiple of polling_period_s)", 0.0)
 
 
+def _scalar_table(v: Any, path: str, ctx: Ctx) -> tuple[tuple[str, Any], ...]:
+    """A table of scalar settings (numbers, strings, booleans), kept as sorted (key, value) pairs."""
+    if not isinstance(v, Mapping):
+        raise ctx.err(path, f"expected a table of settings, got {v!r}")
+    for k, x in v.items():
+        if not isinstance(x, (int, float, str, bool)):
+            raise ctx.err(f"{path}.{k}", f"expected a number, string or boolean, got {x!r}")
+    return tuple(sorted(v.items()))
+
+
+@dataclass(frozen=True)
+class CapacitySection:
+    """Capacity control: how many engines are awake and servers on per datacenter
+    (:mod:`carbon_gym.sim.capacity`, :mod:`carbon_gym.autoscalers`)."""
+
+    control: str = spec(string(pattern=r"[A-Za-z0-9_.:-]+"), "who decides the awake engines and servers: 'always_on' "
+                        "(every engine awake, the default), 'agent' (the policy: the env's action gains capacity "
+                        "targets) or a built-in autoscaler ('reactive', 'carbon-aware'; carbon_gym.autoscalers)",
+                        "always_on")
+    period_s: float = spec(num(0, 86400, lo_open=True), "seconds between capacity decisions (a multiple of "
+                           "polling_period_s)", 30.0)
+    params: tuple[tuple[str, Any], ...] = spec(_scalar_table, "[capacity.params]: the autoscaler's settings "
+                                               "(see carbon_gym.autoscalers)", ())
+
+    def params_dict(self) -> dict[str, Any]:
+        """The autoscaler's settings as a dict."""
+        return dict(self.params)
+
+
 MLPERF_SLO: dict[str, tuple[float, float]] = {
     "llama-3.1-8b": (2.0, 0.1),
     "qwen2.5-7b": (2.0, 0.1),  # no MLPerf benchmark: Llama-3.1-8B targets
@@ -286,6 +315,8 @@ class Scenario:
     carbon: CarbonConfig = spec(table_of(CarbonConfig), "[carbon]", CarbonConfig())
     engine: EngineSection = spec(table_of(EngineSection), "[engine]", EngineSection())
     env: EnvConfig = spec(table_of(EnvConfig), "[env]", EnvConfig())
+    capacity: CapacitySection = spec(table_of(CapacitySection), "[capacity]: engines and servers that sleep and wake",
+                                     CapacitySection())
     faults: tuple[dict, ...] = spec(raw_tables(), "[[faults]]: outages, links, carbon-feed gaps, drains (see carbon_gym.faults)", ())
     source: str = ""
     resolved_rate_per_s: float = 0.0
@@ -351,7 +382,7 @@ def _to_plain(obj: Any) -> Any:
         for f in dataclasses.fields(obj):
             if "check" not in f.metadata:
                 continue
-            v = _to_plain(getattr(obj, f.name))
+            v = dict(getattr(obj, f.name)) if f.name == "params" else _to_plain(getattr(obj, f.name))
             if v is None or (isinstance(v, list) and not v and f.name in ("regions", "datacenters", "faults")):
                 continue
             out[f.name] = v

@@ -74,6 +74,15 @@ class EnvState:
         action_mask: (n, D + 1) bool, allowed choices of each visible request (column D = defer).
         layout: the static facts (:class:`~carbon_gym.observation.ObservationLayout`: engines, KV
             blocks per engine, block size, max_num_seqs, nameplate power, SLO targets, names).
+        capacity_control: the scenario's ``[capacity] control`` (``"always_on"``, ``"agent"`` or
+            an autoscaler's name). capacity_decision: this step takes a capacity decision (the
+            first step and every ``capacity.period_s`` after it; always False with
+            ``always_on``). capacity_period_s: seconds between capacity decisions.
+        engines_per_node: (D,) engines per server. servers: (D,) servers (nodes) per datacenter.
+        capacity_target_engines, capacity_target_servers: (D,) the targets in force (awake
+            engines, servers powered; all of them with ``always_on``).
+        engine_capacity_per_s: requests/s one engine serves within the SLO targets, as measured
+            for this model, GPU and TP (``carbon_gym/data/load_levels.toml``; NaN if unmeasured).
     """
 
     time_s: float
@@ -84,3 +93,11 @@ class EnvState:
     pending_total: int
     action_mask: np.ndarray
     layout: ObservationLayout
+    capacity_control: str = "always_on"
+    capacity_decision: bool = False
+    capacity_period_s: float = 0.0
+    engines_per_node: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    servers: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    capacity_target_engines: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    capacity_target_servers: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    engine_capacity_per_s: float = float("nan")

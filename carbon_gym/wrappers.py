@@ -18,7 +18,7 @@ from .errors import ActionError, ConfigError
 if TYPE_CHECKING:  # pragma: no cover
     from .env import GeoServeEnv
 
-__all__ = ["RoutingWeightsWrapper", "apportion"]
+__all__ = ["RoutingWeightsWrapper", "FlattenCapacityAction", "apportion"]
 
 #: Weights may exceed [0, 1] by this much (float rounding) and are then clipped.
 WEIGHT_TOLERANCE = 1e-6
@@ -149,3 +149,42 @@ class RoutingWeightsWrapper(gym.ActionWrapper):
         pos = (j + 0.5) / np.repeat(np.maximum(q, 1), q)
         order = np.lexsort((dc_of, pos))
         return dc_of[order]
+
+
+class FlattenCapacityAction(gym.ActionWrapper):
+    """One ``MultiDiscrete`` for the capacity ``Dict`` action (``[capacity] control = "agent"``):
+    ``concat(route nvec, capacity nvec, servers nvec)``, for agents that take no ``Dict`` actions
+    (stable-baselines3, sb3-contrib's MaskablePPO). :meth:`action_masks` is the env's flat mask in
+    the same order (route K x (D + 1) slot-major, then one block per datacenter of its capacity
+    values, then of its servers values). Example::
+
+        env = FlattenCapacityAction(GeoServeEnv("dev", {"capacity.control": "agent"}))
+        a = env.action_space.sample(mask=...)   # or MaskablePPO("MultiInputPolicy", env)
+    """
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        space = env.action_space
+        if not isinstance(space, spaces.Dict) or set(space.spaces) != {"route", "capacity", "servers"}:
+            raise ConfigError("env", "FlattenCapacityAction needs a capacity action (capacity.control = 'agent'), got "
+                              f"{space}", allowed=["capacity.control = 'agent'"])
+        vecs = [np.asarray(getattr(space[k], "nvec"), dtype=np.int64) for k in ("route", "capacity", "servers")]  # noqa: B009
+        self._parts = [(k, int(v.shape[0])) for k, v in zip(("route", "capacity", "servers"), vecs)]
+        self.action_space = spaces.MultiDiscrete(np.concatenate(vecs))
+
+    def action(self, action: Any) -> dict[str, np.ndarray]:
+        """Split the flat action into the env's ``{"route", "capacity", "servers"}``."""
+        a = np.asarray(action)
+        n = sum(w for _, w in self._parts)
+        if a.shape != (n,):
+            raise ActionError(f"action must have shape ({n},): route, capacity and servers entries; got shape {a.shape}")
+        out: dict[str, np.ndarray] = {}
+        i = 0
+        for k, w in self._parts:
+            out[k] = a[i:i + w]
+            i += w
+        return out
+
+    def action_masks(self) -> np.ndarray:
+        """The flat mask (see the class docstring)."""
+        return _geoserve(self.env).action_masks()

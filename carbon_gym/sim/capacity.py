@@ -106,6 +106,8 @@ class CapacityControl:
         self.boot_s = float(boot_s)
         self.epn = int(engines_per_node)
         self.n_nodes = dc.n_engines // self.epn
+        dc.state_host_w[NODE_ON] = dc.host_w  # the host power so far was all the nodes' on
+        dc.state_host_j[NODE_ON] = dc.host_j
         self.node_state = [NODE_ON] * self.n_nodes
         self.node_asleep = [0] * self.n_nodes  # engines ASLEEP per node
         self.node_booting = [0] * self.n_nodes  # engines BOOTING per node
@@ -117,6 +119,7 @@ class CapacityControl:
         self.wakes = 0  # engines woken (from ASLEEP), counted
         self.boots = 0  # nodes booted, counted
         self.sleeps = 0  # engines put to sleep (fell asleep), counted
+        self.waits = 0  # requests that reached the datacenter with no engine accepting (they waited for one)
 
     # ------------------------------------------------------------------ queries
     def node(self, e: Engine) -> int:
@@ -316,6 +319,7 @@ class CapacityControl:
         work (see the module docstring); with ``commit`` False nothing is changed (estimates)."""
         e = self._engine_for_arrival(t, commit)
         if commit:  # what woke on demand stays awake until the next decision (scale from zero)
+            self.waits += 1
             self.awake_target = max(self.awake_target, self.awakeish())
             self.nodes_target = max(self.nodes_target, self.powered_nodes())
         return e

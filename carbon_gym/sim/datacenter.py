@@ -172,7 +172,7 @@ class Datacenter(CopyableState):
         "n_idle",                 # idle engines
         "state_gpu_w",            # [k]: GPU power of the engines falling asleep / asleep / waking / booting / off, W
         "dormant_gpu_w",          # their sum, W (0 without capacity control)
-        "state_host_w",           # [node state]: host power of the nodes in standby (1), off (2), booting (3), W
+        "state_host_w",           # [node state]: host power of the nodes on (0), in standby (1), off (2), booting (3), W
         # ledger (since time 0)
         "_cum_memo_t_s", "_cum_memo",  # the last time cum(t) was evaluated at, and its value
         "ledger_t_s", "ledger_cum",  # the time the ledger was integrated to, and cum(ledger_t_s)
@@ -186,6 +186,7 @@ class Datacenter(CopyableState):
         "iterations", "completed", "preemptions",  # sums of its engines' (decode runs in progress excluded)
         # estimates
         "tok_rate_sum", "tok_rate_t",  # EWMA of prompt tokens arriving: sum (tokens), last update (s)
+        "req_rate_sum",           # EWMA of requests arriving (same decay and time): sum (requests)
         "est_key", "est_val",     # memo of the simulator's latency estimates for (running, used blocks)
     )
 
@@ -265,6 +266,7 @@ class Datacenter(CopyableState):
         # simulator at each arrival: sum *= exp(-dt / tau); sum += prompt tokens)
         self.tok_rate_sum = 0.0
         self.tok_rate_t = 0.0
+        self.req_rate_sum = 0.0
         # memo of the simulator's latency estimates for the last (running, used blocks) seen here
         self.est_key: tuple = ()
         self.est_val: tuple = ()
@@ -307,7 +309,7 @@ class Datacenter(CopyableState):
             sg, sgj, sh, shj = self.state_gpu_w, self.state_gpu_j, self.state_host_w, self.state_host_j
             for i in range(5):
                 sgj[i] += sg[i] * dt
-            for i in range(1, 4):
+            for i in range(4):
                 shj[i] += sh[i] * dt
         c = self.cum(t)
         k = self.pue * (c - self.ledger_cum) / J_PER_KWH
@@ -357,10 +359,8 @@ class Datacenter(CopyableState):
             return
         self.flush(t)
         self.host_w += new_w - old_w
-        if old_state:
-            self.state_host_w[old_state] -= old_w
-        if new_state:
-            self.state_host_w[new_state] += new_w
+        self.state_host_w[old_state] -= old_w
+        self.state_host_w[new_state] += new_w
 
     def accepting_now(self) -> bool:
         """Some engine takes new requests (awake, not draining)."""
@@ -391,6 +391,13 @@ class Datacenter(CopyableState):
         if len(s) == 1:
             return self.engines[0]
         return self.engines[s.index(min(s))]
+
+    def request_rate(self, t: float, tau_s: float = 60.0) -> float:
+        """Requests per second arriving at this datacenter (EWMA over ``tau_s``, bias-corrected
+        over the first minutes: divided by ``1 - exp(-t / tau_s)``)."""
+        dt = max(t - self.tok_rate_t, 0.0)
+        warm = 1.0 - math.exp(-t / tau_s) if t > 0.0 else 1.0
+        return self.req_rate_sum * math.exp(-dt / tau_s) / tau_s / warm
 
     def token_rate(self, t: float, tau_s: float = 60.0) -> float:
         """Prompt tokens per second arriving at this datacenter (EWMA)."""
@@ -431,6 +438,8 @@ class Datacenter(CopyableState):
             self.gpu_w = p
             self.idle_gpu_w = p
             self.host_w = self.host_on_w
+            if self.capacity is not None:
+                self.state_host_w = [self.host_on_w, 0.0, 0.0, 0.0]
         self.n_idle = self.n_engines
         self.up = up
         self.refresh_scores()

@@ -72,6 +72,7 @@ class ClusterSnapshot:
     off_engines: np.ndarray = field(metadata=_state("engines", "engines on nodes that are off", "int"))
     servers_on: np.ndarray = field(metadata=_state("servers", "nodes powered (on, standby or booting)", "int"))
     wake_latency_s: np.ndarray = field(metadata=_state("s", "time a sleeping engine takes to wake"))
+    arrival_rate_per_s: np.ndarray = field(metadata=_state("requests/s", "requests arriving at the datacenter per second (EWMA, 60 s)"))
 
 
 #: Row names of ``Simulator.snapshot_array()``: the per-datacenter :class:`ClusterSnapshot` fields
@@ -137,7 +138,8 @@ class SimTotals:
     Capacity states (:mod:`carbon_gym.sim.capacity`; all zero without capacity control), IT
     level, J: ``gpu_state_energy_j`` (5, D), the GPU energy of engines falling asleep, asleep,
     waking, booting and off (0 W), in that order; ``host_state_energy_j`` (4, D), the host energy
-    of nodes on (derived: host - the others), in standby, off and booting. :meth:`energy_by_state`
+    of nodes on, in standby, off and booting (each integrated from its own power: they sum to
+    ``host_energy_j``, which the ledger checks). :meth:`energy_by_state`
     names them all, with ``active`` (GPU energy of engines with work) and ``idle`` (awake
     engines without work).
     """

@@ -391,9 +391,12 @@ class Simulator(CopyableState):
                 # prompt-token arrival rate (EWMA), for the estimates
                 dt = time - dc.tok_rate_t
                 if dt > 0.0:
-                    dc.tok_rate_sum *= exp(-dt / RATE_TAU_S)
+                    decay = exp(-dt / RATE_TAU_S)
+                    dc.tok_rate_sum *= decay
+                    dc.req_rate_sum *= decay
                     dc.tok_rate_t = time
                 dc.tok_rate_sum += obj.prompt_tokens
+                dc.req_rate_sum += 1.0
                 s = dc.scores
                 eng = dc.engines[s.index(min(s))] if len(s) > 1 else dc.engines[0]
                 if eng.cap_state:  # no engine takes work: one wakes for it (carbon_gym.sim.capacity)
@@ -451,8 +454,7 @@ class Simulator(CopyableState):
             gl.append(dc.gpu_j)
             hl.append(dc.host_j)
             sg.append(list(dc.state_gpu_j))
-            shj = dc.state_host_j
-            sh.append([dc.host_j - shj[1] - shj[2] - shj[3], shj[1], shj[2], shj[3]])
+            sh.append(list(dc.state_host_j) if dc.capacity is not None else [dc.host_j, 0.0, 0.0, 0.0])
             pl.append(dc.pue)
             cl.append(dc.carbon_g)
             il.append(dc.idle_j)
@@ -585,10 +587,27 @@ class Simulator(CopyableState):
         center.flush(self.now_s)
         cap.set_targets(self.now_s, a, s)
 
+    def capacity_counts(self) -> dict[str, int]:
+        """Capacity events so far, summed over datacenters: ``engine_wakes`` (sleeping engines
+        woken), ``server_boots``, ``engine_sleeps`` (engines that fell asleep) and
+        ``capacity_waits`` (requests that reached a datacenter with no engine taking work and
+        waited for one to wake or boot)."""
+        out = {"engine_wakes": 0, "server_boots": 0, "engine_sleeps": 0, "capacity_waits": 0}
+        for dc in self.datacenters:
+            cap = dc.capacity
+            if cap is not None:
+                out["engine_wakes"] += cap.wakes
+                out["server_boots"] += cap.boots
+                out["engine_sleeps"] += cap.sleeps
+                out["capacity_waits"] += cap.waits
+        return out
+
     def _capacity(self, center: Datacenter) -> Any:
         """The datacenter's CapacityControl (created at its first capacity decision)."""
         if center.capacity is None:
             from .capacity import CapacityControl
+
+            center.flush(self.now_s)  # (every joule so far was an awake engine's or a node on's)
 
             if self.power_states is None:
                 raise ConfigError("capacity", "this simulator has no power_states (the power file's [states] table): "
@@ -732,7 +751,7 @@ class Simulator(CopyableState):
                 dc.intensity(now), dc.pue, dc.waiting + dc.in_transit, dc.running,
                 sum(map(_VIEW_FREE, dc.engines)), ne * kv, dc.power_w(), cc[0] + cc[1] - dc.n_idle if up else 0, ne,
                 wait, ppt, tpot, slope, 1.0 if up else 0.0, f_iter, c, dc.accepting_engines,
-                cc[0], cc[4] + cc[6], cc[1] + cc[2] + cc[3], cc[5], servers, wake_s,
+                cc[0], cc[4] + cc[6], cc[1] + cc[2] + cc[3], cc[5], servers, wake_s, dc.request_rate(now, RATE_TAU_S),
             ))
         return rows
 
