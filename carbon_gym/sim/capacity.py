@@ -18,10 +18,11 @@ datacenter's ledger into its own energy account (:class:`~carbon_gym.sim.results
 **Targets.** :meth:`CapacityControl.set_targets` sets the engines to keep awake and the nodes to
 keep powered; :meth:`reconcile` moves towards them now and again whenever a transition ends:
 
-* too many engines awake (AWAKE + WAKING + BOOTING): AWAKE engines are told to sleep, on the
-  highest-index nodes first (so that whole nodes empty and can stand by or power off), idle ones
-  first; an idle engine falls asleep at once, a busy one drains first (its queued requests move
-  to the engines still accepting, if any);
+* too many engines awake (AWAKE + WAKING + BOOTING + FALLING to wake again): the engines to
+  sleep are chosen among those, on the highest-index nodes first (so that whole nodes empty and
+  can stand by or power off), idle ones first; an idle awake engine falls asleep at once, a busy
+  one drains first (its queued requests move to the engines still accepting, if any), one still
+  waking or booting is told once it is up, a falling one that no request waits for stays asleep;
 * too few: draining engines are kept awake (no cost), falling ones wake as soon as they are
   asleep, sleeping engines on powered nodes wake (lowest node first), then nodes that are off boot;
 * nodes: powered nodes (ON, STANDBY, BOOTING) beyond the target that are in standby power off,
@@ -30,9 +31,10 @@ keep powered; :meth:`reconcile` moves towards them now and again whenever a tran
   the nodes the awake target needs.
 
 **Arrivals.** A request reaching a datacenter where no engine accepts work waits for one:
-:meth:`engine_for_arrival` picks, in order, a waking or booting engine (the least loaded), a
-draining one (kept awake), a sleeping one on a powered node (woken), a falling one (woken once
-asleep), or boots the first node that is off. The request's queueing wait includes the wake.
+:meth:`engine_for_arrival` picks, in order, a waking or booting engine up within ``wake_s``
+(the least loaded), a draining one (kept awake), a sleeping one on a powered node (woken), a
+falling one (woken once asleep), a booting one (the first up), or boots the first node that is
+off. The request's queueing wait includes the wake.
 What wakes on demand raises the targets to match (it stays awake until the next decision), so
 a controller that set 0 engines sees the scale-from-zero it caused and decides again.
 
@@ -206,13 +208,20 @@ class CapacityControl:
         dc.node_state_changed(t, watts[old], watts[new], old, new)
         self.node_state[node] = new
 
-    def _sleep(self, e: Engine, t: float) -> None:
-        """Tell awake engine ``e`` to sleep: now if it has no work, else once drained."""
-        if e.state == 0 and not e.waiting and not e.running:  # IDLE, empty
-            self._set_state(e, t, FALLING, self.fall_asleep_s)
+    def _sleep(self, sleepers: list[Engine], t: float) -> None:
+        """Tell the awake engines ``sleepers`` to sleep: now if they have no work, else once
+        drained; the queues of those that drain move to the engines still accepting work (all of
+        them told first, so that no queue moves to an engine about to drain)."""
+        draining = []
+        for e in sleepers:
+            if e.state == 0 and not e.waiting and not e.running:  # IDLE, empty
+                self._set_state(e, t, FALLING, self.fall_asleep_s)
+            else:
+                self._set_state(e, t, DRAINING)
+                draining.append(e)
+        if not draining or not self.dc.accepting_now():
             return
-        self._set_state(e, t, DRAINING)
-        moved = e.take_waiting() if self.dc.accepting_now() else []
+        moved = [r for e in draining for r in e.take_waiting()]
         for r in sorted(moved, key=lambda r: r.rid):
             self.dc.pick().enqueue(r, t)
 
@@ -274,10 +283,18 @@ class CapacityControl:
         have = self.awakeish()
         target = self.awake_target
         if have > target:
-            cands = [e for e in engines if e.cap_state == AWAKE]
+            # choose among every engine counted in ``have`` (a node still booting is the first to
+            # go back to sleep, not the awake engines of the nodes below it); an awake one sleeps
+            # now, one on its way up once it is up (the reconcile then), a falling one with no
+            # request waiting for it stays asleep
+            cands = [e for e in engines if e.cap_state in (AWAKE, WAKING, BOOTING)
+                     or (e.cap_state == FALLING and e.wake_after)]
             cands.sort(key=lambda e: (-self.node(e), bool(e.waiting or e.running), -e.index))
-            for e in cands[:have - target]:
-                self._sleep(e, t)
+            chosen = cands[:have - target]
+            for e in chosen:
+                if e.cap_state == FALLING and not e.waiting:
+                    e.wake_after = False
+            self._sleep([e for e in chosen if e.cap_state == AWAKE], t)
         elif have < target:
             need = target - have
             for e in engines:
@@ -327,8 +344,9 @@ class CapacityControl:
     def _engine_for_arrival(self, t: float, commit: bool) -> Engine:
         engines = self.dc.engines
         up = [e for e in engines if e.cap_state in (WAKING, BOOTING)]
-        if up:
-            return min(up, key=lambda e: (e.pending_tokens, e.cap_end_s, e.index))
+        soon = [e for e in up if e.cap_end_s - t <= self.wake_s]  # (not a node with minutes of boot left)
+        if soon:
+            return min(soon, key=lambda e: (e.pending_tokens, e.cap_end_s, e.index))
         draining = [e for e in engines if e.cap_state == DRAINING]
         if draining:
             e = min(draining, key=lambda e: (e.pending_tokens, e.index))
@@ -345,6 +363,8 @@ class CapacityControl:
                 if commit:
                     e.wake_after = True
                 return e
+        if up:  # booting nodes: the first engine up
+            return min(up, key=lambda e: (e.cap_end_s, e.pending_tokens, e.index))
         for node in range(self.n_nodes):
             if self.node_state[node] == NODE_OFF:
                 if commit:
