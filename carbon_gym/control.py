@@ -90,6 +90,7 @@ class EnvCapacity:
         self._awake_sum = np.zeros(len(self.engines))
         self._servers_sum = np.zeros(len(self.engines))
         self._samples = 0
+        self._window_base: dict[str, np.ndarray] | None = None
         if self.autoscaler is not None:
             self.autoscaler.reset(None)
 
@@ -167,6 +168,14 @@ class EnvCapacity:
         self.target_engines = awake
         self.target_servers = servers
 
+    def start_window(self, sim: Simulator) -> None:
+        """The measurement window opens: the energy by state and the step averages count from now."""
+        if self.active:
+            self._window_base = sim.totals().energy_by_state()
+            self._awake_sum[:] = 0.0
+            self._servers_sum[:] = 0.0
+            self._samples = 0
+
     def sample(self, snap_awake: np.ndarray, snap_servers: np.ndarray) -> None:
         """Count one step's awake engines and servers on (for the step-averaged metrics)."""
         self._awake_sum += snap_awake
@@ -184,11 +193,14 @@ class EnvCapacity:
     def metrics(self, sim: Simulator, pue: np.ndarray) -> dict[str, Any]:
         """Capacity metrics of the episode (only when capacity control is on): facility energy by
         power state (``energy_kwh_<state>``, kWh, summed over datacenters), step-averaged awake
-        engines and servers on, wakes / boots / sleeps, requests that waited for a wake or boot."""
+        engines and servers on, wakes / boots / sleeps, requests that waited for a wake or boot.
+        With a measurement window the energies and averages cover the window (the counts the
+        whole episode)."""
         if not self.active:
             return {}
-        tot = sim.totals()
-        by = tot.energy_by_state()
+        by = sim.totals().energy_by_state()
+        if self._window_base is not None:
+            by = {k: v - self._window_base[k] for k, v in by.items()}
         out: dict[str, Any] = {f"energy_kwh_{k}": float((by[k] * pue).sum() / 3.6e6) for k in STATE_KEYS}
         n = max(self._samples, 1)
         out["mean_awake_engines"] = float(self._awake_sum.sum() / n)

@@ -693,6 +693,7 @@ class GeoServeEnv(gym.Env):
         """Open the measurement window when the burn-in ends (``env.measure = "window"``)."""
         if self._window and self._tally.window is None and self._sim.now_s >= self._warmup_s - 1e-9:
             self._tally.start_window(self._sim, len(self._pending))
+            self._capacity.start_window(self._sim)
 
     def _drain(self) -> RequestRecords:
         """Advance without arrivals until every placed request completes or the drain limit passes."""

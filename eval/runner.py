@@ -448,6 +448,11 @@ class EpisodeRecorder(EpisodeObserver):
         return RequestRecords.empty().to_dict()
 
 
+#: Episode metrics of capacity control copied into the run's row (with the energy_kwh_<state> ones).
+CAPACITY_METRICS = ("mean_awake_engines", "mean_servers_on", "capacity_decisions", "engine_wakes", "server_boots",
+                    "engine_sleeps", "capacity_waits")
+
+
 def _policy_stats(policy: Any) -> dict[str, float]:
     """The policy's own episode figures (an optional ``episode_stats()`` method, e.g. the
     facility MILP's solves, work-limited solves and gaps) as run metrics ``policy_<key>``;
@@ -570,6 +575,8 @@ def run_one(spec: RunSpec, *, keep_requests: bool = True, observers: Sequence[Ep
         "cpu_s": time.process_time() - cpu0,
     }
     metrics.update(policy_stats)
+    # capacity control (carbon_gym.control): facility energy by power state, awake capacity, events
+    metrics.update({k: v for k, v in em.items() if k in CAPACITY_METRICS or k.startswith("energy_kwh_")})
     if windowed:
         metrics.update({"window_start_s": float(em["window_start_s"]), "window_s": float(em["window_s"]),
                         "backlog_start": int(em["backlog_start"]), "backlog_end": int(em["backlog_end"])})
