@@ -98,6 +98,21 @@ Class form vs per-request form: the class form charges a class's mean energy, pr
 its fraction of TTFT misses; it equals the per-request objective whenever no class is split, and
 ``tests/test_solvers_facility.py`` measures the gap on instances small enough for both.
 
+Capacity control (``[capacity] control = "agent"``; :mod:`solvers.facility_capacity`)
+------------------------------------------------------------------------------------
+At each capacity decision (``EnvState.capacity_decision``, every ``capacity.period_s``) a capacity
+stage decides integer awake engines a_d in [0, E_d] and servers powered n_d (k_d n_d >= a_d) per
+datacenter together with the period's routed arrival rate l_d (requests/s), minimising over a
+lookahead T >= period (the carbon forecast, g/kWh x PUE) the floor energy of powered servers
+(host + idle GPUs, W x s; servers off at ``host_off_w``), the boot energy of servers and the wake
+energy of engines it turns on (J), and the routed work's energy (J per request x l_d x T), with
+the period's expected fleet arrivals within a_d x ``engine_capacity_per_s`` x
+``capacity_util_cap`` (servers off now cannot serve within the period: a boot takes ~345 s).
+The placement program above then runs on the capacity in force: ``E_d`` = the serving engines,
+datacenters with none masked where a request has another choice, the wake latency added to
+``W0_d`` where no engine is awake. The action is then ``{"route", "capacity", "servers"}`` at a
+decision and the route alone between decisions. With ``always_on`` nothing changes.
+
 Work limits (:func:`solve_highspy`): a MIP gap (default 1%) and deterministic work limits, no
 wall clock by default. The LP relaxation (a few ms; at most ``lp_iteration_limit`` simplex
 iterations) gives a bound; its counts rounded down and completed by :func:`class_greedy`, or

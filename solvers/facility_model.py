@@ -130,16 +130,20 @@ class FacilityConfig:
             raise ConfigError("facility.mip_gap", f"must be >= 0, got {self.mip_gap}")
         if self.time_limit_s is not None and not self.time_limit_s >= 0:
             raise ConfigError("facility.time_limit_s", f"must be >= 0 seconds or None (no wall-clock limit), got {self.time_limit_s}")
+        self._check_capacity()
+        for name in ("lp_iteration_limit", "bb_node_limit", "bb_work_limit"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise ConfigError(f"facility.{name}", f"must be an integer >= 0, got {v!r}")
+
+    def _check_capacity(self) -> None:
+        """Check the capacity stage's settings (ConfigError naming the field)."""
         if not 0.0 < self.capacity_util_cap <= 1.0:
             raise ConfigError("facility.capacity_util_cap", f"must be in (0, 1], got {self.capacity_util_cap}")
         for name in ("capacity_load_margin", "capacity_lookahead_s"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise ConfigError(f"facility.{name}", f"must be finite and >= 0, got {v!r}")
-        for name in ("lp_iteration_limit", "bb_node_limit", "bb_work_limit"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
-                raise ConfigError(f"facility.{name}", f"must be an integer >= 0, got {v!r}")
 
 
 # ---------------------------------------------------------------------------------- coefficients
