@@ -827,7 +827,7 @@ def _resolve(s: Scenario, ctx: Ctx, base_dir: Path | None) -> Scenario:  # noqa:
         groups: dict[str, int] = {}  # engines per GPU type, in datacenter order
         for d in topo.datacenters:
             groups[d.gpu or s.gpu] = groups.get(d.gpu or s.gpu, 0) + d.gpus // tp
-        rate, texts = 0.0, []
+        rate, texts = 0.0, list[str]()
         for g, n in groups.items():
             try:
                 r, t = load_rate_per_s(s.model, g, tp, w.load, n, levels)

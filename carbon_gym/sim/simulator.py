@@ -160,7 +160,7 @@ class Simulator(CopyableState):
         self.dispatcher = dispatcher
         self.step_mode = bool(step_mode)
         self.power_states = power_states
-        self.kv_blocks_per_engine = total_blocks = blocks[gpu.name]
+        self.kv_blocks_per_engine = blocks[gpu.name]
         self.now_s = 0.0
         self._heap: list = []
         self._counter = itertools.count().__next__
