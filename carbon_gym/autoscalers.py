@@ -128,19 +128,30 @@ class ReactiveAutoscaler:
         dc = state.datacenters
         L = state.layout
         awake = np.maximum(dc.awake_engines + dc.waking_engines, 1).astype(np.float64)
-        cap = state.engine_capacity_per_s
-        if math.isfinite(cap) and cap > 0:  # the measured requests/s one engine serves within the SLO
+        cap = state.engine_capacity_per_s  # (a float, or (D,) when the datacenters' GPUs differ)
+        measured = np.isfinite(cap) & (np.nan_to_num(cap) > 0)  # the measured requests/s one engine serves within the SLO
+        if np.all(measured):
             rate = dc.arrival_rate_per_s / (awake * cap)
-        else:  # no measurement: requests in the datacenter over the batch n* the TPOT target allows
-            slope = np.where(np.isfinite(dc.tpot_slope_s_per_seq) & (dc.tpot_slope_s_per_seq > 0),
-                             dc.tpot_slope_s_per_seq, np.inf)
-            tpot_now = np.where(np.isfinite(dc.est_tpot_s), dc.est_tpot_s, 0.0)
-            n_star = dc.running / awake + 1.0 + (s.tpot_frac * L.tpot_target_s - tpot_now) / slope
-            n_star = np.clip(np.nan_to_num(n_star, nan=1.0, posinf=float(L.max_num_seqs)), 1.0, float(L.max_num_seqs))
-            rate = (dc.running + dc.queue_len) / awake / n_star
+        elif not np.any(measured):
+            rate = self._estimated_rate(state, awake)
+        else:  # (some datacenters' GPUs measured, some not)
+            rate = np.where(measured, dc.arrival_rate_per_s / (awake * np.where(measured, cap, 1.0)),
+                            self._estimated_rate(state, awake))
         queue = dc.queue_len / (awake * s.queue_high)
         kv_used = np.maximum(dc.total_kv_blocks - dc.free_kv_blocks, 0) / np.maximum(awake * L.engine_kv_blocks, 1)
         return np.maximum(np.maximum(rate, queue), kv_used / s.kv_high)
+
+    def _estimated_rate(self, state: EnvState, awake: np.ndarray) -> np.ndarray:
+        """No measurement: requests in the datacenter over the batch n* the TPOT target allows."""
+        s = self.settings
+        dc = state.datacenters
+        L = state.layout
+        slope = np.where(np.isfinite(dc.tpot_slope_s_per_seq) & (dc.tpot_slope_s_per_seq > 0),
+                         dc.tpot_slope_s_per_seq, np.inf)
+        tpot_now = np.where(np.isfinite(dc.est_tpot_s), dc.est_tpot_s, 0.0)
+        n_star = dc.running / awake + 1.0 + (s.tpot_frac * L.tpot_target_s - tpot_now) / slope
+        n_star = np.clip(np.nan_to_num(n_star, nan=1.0, posinf=float(L.max_num_seqs)), 1.0, float(L.max_num_seqs))
+        return (dc.running + dc.queue_len) / awake / n_star
 
     def targets(self, state: EnvState) -> np.ndarray:
         """(D,) awake-engine targets before any cap."""

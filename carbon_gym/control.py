@@ -20,7 +20,7 @@ policy only routes.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 from gymnasium import spaces
@@ -44,12 +44,13 @@ class EnvCapacity:
 
     Args:
         scenario: the scenario (its ``capacity`` section).
-        power_states: the power file's capacity states (None: the GPU's file has none).
+        gpus: (D,) the :class:`~carbon_gym.sim.GpuModels` of each datacenter's GPU (its ``states``: the
+            power file's capacity states, None where the file has none).
         engines, servers, engines_per_node: (D,) per datacenter.
         polling_period_s: the env's step, s.
     """
 
-    def __init__(self, scenario: Scenario, power_states: Any, engines: np.ndarray, servers: np.ndarray,
+    def __init__(self, scenario: Scenario, gpus: Sequence[Any], engines: np.ndarray, servers: np.ndarray,
                  engines_per_node: np.ndarray, polling_period_s: float) -> None:
         from .autoscalers import available_autoscalers, make_autoscaler
 
@@ -66,9 +67,11 @@ class EnvCapacity:
             raise ConfigError("capacity.params", "settings are for an autoscaler (control = its name, or 'agent' with "
                               "a POLICY+AUTOSCALER policy); control = 'always_on' takes none", allowed=[])
         self.active = c.control != "always_on"
-        if self.active and power_states is None:
+        lacking = [g.spec.name for g in gpus if g.states is None]
+        if self.active and lacking:
             raise ConfigError("capacity.control", f"{c.control!r} needs the capacity states of the GPU's power file "
-                              f"([states] of power/{scenario.gpu}.toml), which it lacks", allowed=["always_on"])
+                              f"([states] of power/{lacking[0]}.toml or its [gpu_files] power file), which it lacks",
+                              allowed=["always_on"])
         self.every = max(int(round(ratio)), 1)
         self.period_s = float(c.period_s)
         self.engines = np.asarray(engines, dtype=np.int64)
@@ -76,8 +79,11 @@ class EnvCapacity:
         self.engines_per_node = np.asarray(engines_per_node, dtype=np.int64)
         from .scenario import load_load_levels
 
-        measured = load_load_levels().find(scenario.model, scenario.gpu, scenario.tp)
-        self.engine_capacity_per_s = float("nan") if measured is None else float(measured.per_engine_rate_per_s)
+        levels = load_load_levels()
+        caps = [levels.find(scenario.model, g.spec.name, scenario.tp) for g in gpus]
+        per_dc = [float("nan") if m is None else float(m.per_engine_rate_per_s) for m in caps]
+        # one float when every datacenter has the same GPU, else (D,) per datacenter
+        self.engine_capacity_per_s: Any = per_dc[0] if len({g.spec.name for g in gpus}) == 1 else np.array(per_dc)
         self.autoscaler = make_autoscaler(c.control, None, **c.params_dict()) if self.active and c.control != "agent" else None
         self.reset()
 
@@ -188,7 +194,8 @@ class EnvCapacity:
                 "capacity_period_s": self.period_s, "engines_per_node": self.engines_per_node.copy(),
                 "servers": self.servers.copy(), "capacity_target_engines": np.asarray(self.target_engines).copy(),
                 "capacity_target_servers": np.asarray(self.target_servers).copy(),
-                "engine_capacity_per_s": self.engine_capacity_per_s}
+                "engine_capacity_per_s": np.copy(self.engine_capacity_per_s)
+                if isinstance(self.engine_capacity_per_s, np.ndarray) else self.engine_capacity_per_s}
 
     def metrics(self, sim: Simulator, pue: np.ndarray) -> dict[str, Any]:
         """Capacity metrics of the episode (only when capacity control is on): facility energy by

@@ -376,10 +376,10 @@ class GeoServeEnv(gym.Env):
         eng_cfg = parts.engine
         gpus = np.array([d.gpus for d in topo.datacenters], dtype=np.float64)
         self._pue = np.array([d.pue for d in topo.datacenters], dtype=np.float64)
-        nameplate = gpus * float(parts.gpu.tdp_w) * self._pue
+        nameplate = gpus * np.array([float(g.spec.tdp_w) for g in parts.datacenter_gpus()]) * self._pue
         servers = np.array([d.nodes for d in topo.datacenters], dtype=np.int64)
         epn = np.array([d.gpus_per_node // int(eng_cfg.tp) for d in topo.datacenters], dtype=np.int64)
-        self._capacity = EnvCapacity(self._scenario, parts.power_states, n_engines, servers, epn, self._P)
+        self._capacity = EnvCapacity(self._scenario, parts.datacenter_gpus(), n_engines, servers, epn, self._P)
         self.layout = layout = ObservationLayout(
             n_datacenters=D, n_regions=R, max_pending=K, forecast_hours=self._H,
             ttft_target_s=self._ttft_target, tpot_target_s=self._tpot_target, duration_s=self._duration,

@@ -42,6 +42,7 @@ from ._csv import parse_float, read_rows
 from ._toml import data_path, load_toml, loads_toml, toml_value
 from .errors import ConfigError, DataError
 from .schema import Ctx, boolean, integer, list_of, num, parse_table, raw_tables, spec, string, table_of, tables_of
+from .gpus import GpuFilesConfig, gpu_files_table, gpu_spec_of, resolve_gpu_files
 from .topology import DatacenterSpec, Topology
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
@@ -174,6 +175,8 @@ class DatacenterConfig:
     zone: str = spec(string(), "Electricity Maps grid zone it draws power from")
     nodes: int | None = spec(integer(1, 10_000), "servers (default: topology.nodes_per_datacenter)", None)
     pue: float | None = spec(num(1.0, 3.0), "power usage effectiveness (default: from the zone table)", None)
+    gpu: str | None = spec(string(), "GPU of this datacenter's nodes: a key of data/gpus.toml or of [gpu_files] "
+                           "(default: the scenario's gpu)", None)
 
 
 @dataclass(frozen=True)
@@ -305,7 +308,9 @@ class Scenario:
     name: str = spec(string(pattern=r"[A-Za-z0-9_.+-]+"), "scenario name")
     model: str = spec(string(), "model (key of data/models.toml)")
     description: str = spec(string(), "free text", "")
-    gpu: str = spec(string(), "GPU (key of data/gpus.toml)", "a100-80gb")
+    gpu: str = spec(string(), "GPU (key of data/gpus.toml or of [gpu_files])", "a100-80gb")
+    gpu_files: tuple[tuple[str, GpuFilesConfig], ...] = spec(
+        gpu_files_table, "[gpu_files.<gpu name>]: a GPU's spec / latency / power files by path (relative to this file)", ())
     duration_s: float = spec(num(0, 366 * 86400, lo_open=True), "episode length, s", 3600.0)
     polling_period_s: float = spec(num(0, 3600, lo_open=True), "scheduler decision interval, s", 1.0)
     seed: int = spec(integer(0, 2**63 - 1), "base seed", 0)
@@ -375,6 +380,18 @@ class Scenario:
         topo = self.topology_spec()
         return sum(d.gpus // self.tp for d in topo.datacenters)
 
+    # ---- GPUs ------------------------------------------------------------------------------
+
+    def gpu_file(self, gpu: str, kind: str) -> str | None:
+        """Path of ``gpu``'s ``kind`` file (``"spec"``, ``"latency"``, ``"power"``) named in
+        ``[gpu_files]`` (resolved), or None: the packaged one."""
+        return getattr(dict(self.gpu_files).get(gpu, GpuFilesConfig()), kind)
+
+    def datacenter_gpus(self) -> tuple[str, ...]:
+        """GPU name of each datacenter, in topology order."""
+        topo = self.topology_spec()
+        return tuple(d.gpu or topo.gpu for d in topo.datacenters)
+
 
 def _to_plain(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj):
@@ -382,8 +399,9 @@ def _to_plain(obj: Any) -> Any:
         for f in dataclasses.fields(obj):
             if "check" not in f.metadata:
                 continue
-            v = dict(getattr(obj, f.name)) if f.name == "params" else _to_plain(getattr(obj, f.name))
-            if v is None or (isinstance(v, list) and not v and f.name in ("regions", "datacenters", "faults")):
+            x = getattr(obj, f.name)
+            v = dict(x) if f.name == "params" else {k: _to_plain(c) for k, c in x} if f.name == "gpu_files" else _to_plain(x)
+            if v is None or (not v and f.name in ("regions", "datacenters", "faults", "gpu_files")):
                 continue
             out[f.name] = v
         return out
@@ -530,15 +548,14 @@ def load_rate_per_s(model: str, gpu: str, tp: int, level: str, n_engines: int,
 
 def resolve_topology(s: Scenario) -> tuple[Topology, tuple[RegionSpec, ...]]:
     """Concrete :class:`Topology` and client locations of a scenario (validated)."""
-    return _resolve_topology(s.topology, s.gpu, s.source or None)
+    return _resolve_topology(s.topology, s.gpu, s.gpu_files, s.source or None)
 
 
 @lru_cache(maxsize=64)
-def _resolve_topology(t: TopologyConfig, gpu: str, source: str | None) -> tuple[Topology, tuple[RegionSpec, ...]]:
-    from .specs import load_gpu_spec
-
+def _resolve_topology(t: TopologyConfig, gpu: str, gpu_files: tuple[tuple[str, GpuFilesConfig], ...],
+                      source: str | None) -> tuple[Topology, tuple[RegionSpec, ...]]:
     ctx = Ctx(source)
-    gpus_per_node = load_gpu_spec(gpu).gpus_per_node
+    gpus_per_node = gpu_spec_of(gpu, gpu_files, "gpu", source).gpus_per_node
     if t.preset == "default":
         if t.regions or t.datacenters:
             raise ctx.err("topology.regions" if t.regions else "topology.datacenters", "only with topology.preset = 'custom'")
@@ -561,8 +578,11 @@ def _resolve_topology(t: TopologyConfig, gpu: str, source: str | None) -> tuple[
         if d.region not in region_names:
             raise ctx.err(f"topology.datacenters[{i}].region", f"unknown region {d.region!r}", allowed=region_names)
         pue = d.pue if d.pue is not None else _zone_fact(d.zone, f"topology.datacenters[{i}].zone", ctx).pue
+        own = d.gpu if d.gpu is not None and d.gpu != gpu else ""  # "": the scenario's gpu
+        gpn = gpu_spec_of(own, gpu_files, f"topology.datacenters[{i}].gpu", source).gpus_per_node if own else gpus_per_node
         dcs.append(DatacenterSpec(name=d.name, region=d.region, zone=d.zone, pue=pue,
-                                  nodes=d.nodes if d.nodes is not None else t.nodes_per_datacenter, gpus_per_node=gpus_per_node))
+                                  nodes=d.nodes if d.nodes is not None else t.nodes_per_datacenter, gpus_per_node=gpn,
+                                  gpu=own))
     regions = []
     for i, r in enumerate(t.regions):
         off = r.utc_offset_h if r.utc_offset_h is not None else _zone_fact(r.client_zone, f"topology.regions[{i}].client_zone", ctx).utc_offset_h
@@ -705,17 +725,14 @@ def load_scenario(name_or_path: str | Path, overrides: Mapping[str, Any] | None 
 
 def _resolve(s: Scenario, ctx: Ctx, base_dir: Path | None) -> Scenario:  # noqa: C901
     """Cross-field checks; fill model-dependent defaults; resolve relative paths and the rate."""
-    from .specs import load_gpu_spec, load_model_spec
+    from .specs import load_model_spec
 
     try:
         model = load_model_spec(s.model)
     except ConfigError as e:
         raise ctx.err("model", f"unknown model {s.model!r}", allowed=e.allowed) from None
-    try:
-        gpu = load_gpu_spec(s.gpu)
-    except ConfigError as e:
-        raise ctx.err("gpu", f"unknown GPU {s.gpu!r}", allowed=e.allowed) from None
-    s = dataclasses.replace(s, source=ctx.source or "")
+    s = dataclasses.replace(s, source=ctx.source or "", gpu_files=resolve_gpu_files(s.gpu_files, base_dir, ctx))
+    gpu = gpu_spec_of(s.gpu, s.gpu_files, "gpu", ctx.source)
 
     # engine
     eng = s.engine
@@ -767,6 +784,10 @@ def _resolve(s: Scenario, ctx: Ctx, base_dir: Path | None) -> Scenario:  # noqa:
 
     # topology (validated here so errors surface at load time)
     topo, regions = resolve_topology(s)
+    for i, d in enumerate(topo.datacenters):
+        if d.gpu and d.gpus_per_node % tp:
+            raise ctx.err(f"topology.datacenters[{i}].gpu", f"engine.tp={tp} does not divide the {d.gpus_per_node} "
+                          f"GPUs of a {d.gpu} node", allowed=[k for k in range(1, d.gpus_per_node + 1) if d.gpus_per_node % k == 0])
     n_engines = sum(d.gpus // tp for d in topo.datacenters)
     if n_engines < 1:
         raise ctx.err("topology", f"no engine fits: datacenters have fewer GPUs than tp={tp}")
@@ -803,13 +824,20 @@ def _resolve(s: Scenario, ctx: Ctx, base_dir: Path | None) -> Scenario:  # noqa:
         raise ctx.err("workload.rate_per_s", "give either workload.load or workload.rate_per_s, not both")
     if w.load is not None:
         levels = load_load_levels()
-        try:
-            rate, rate_source = load_rate_per_s(s.model, s.gpu, tp, w.load, n_engines, levels)
-        except ConfigError as e:
-            raise ctx.err("workload.load", str(e).split(": ", 1)[-1].split(" (allowed")[0], allowed=e.allowed) from None
-        cap = levels.capacity(s.model, s.gpu, tp)
-        if cap.provisional:
-            warnings.warn(f"load level {w.load!r} for {cap.key} uses a PROVISIONAL capacity (not yet measured with the simulator)", UserWarning, stacklevel=3)
+        groups: dict[str, int] = {}  # engines per GPU type, in datacenter order
+        for d in topo.datacenters:
+            groups[d.gpu or s.gpu] = groups.get(d.gpu or s.gpu, 0) + d.gpus // tp
+        rate, texts = 0.0, list[str]()
+        for g, n in groups.items():
+            try:
+                r, t = load_rate_per_s(s.model, g, tp, w.load, n, levels)
+            except ConfigError as e:
+                raise ctx.err("workload.load", str(e).split(": ", 1)[-1].split(" (allowed")[0], allowed=e.allowed) from None
+            rate, texts = (r if not texts else rate + r), [*texts, t]
+            cap = levels.capacity(s.model, g, tp)
+            if cap.provisional:
+                warnings.warn(f"load level {w.load!r} for {cap.key} uses a PROVISIONAL capacity (not yet measured with the simulator)", UserWarning, stacklevel=3)
+        rate_source = " + ".join(texts)
     elif w.rate_per_s is not None:
         rate, rate_source = w.rate_per_s, "workload.rate_per_s"
     elif w.arrival == "replay":

@@ -82,7 +82,8 @@ class EnvState:
         capacity_target_engines, capacity_target_servers: (D,) the targets in force (awake
             engines, servers powered; all of them with ``always_on``).
         engine_capacity_per_s: requests/s one engine serves within the SLO targets, as measured
-            for this model, GPU and TP (``carbon_gym/data/load_levels.toml``; NaN if unmeasured).
+            for this model, GPU and TP (``carbon_gym/data/load_levels.toml``; NaN if unmeasured); a
+            (D,) array, per datacenter, when the datacenters' GPUs differ.
     """
 
     time_s: float
@@ -100,4 +101,4 @@ class EnvState:
     servers: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     capacity_target_engines: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     capacity_target_servers: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    engine_capacity_per_s: float = float("nan")
+    engine_capacity_per_s: float | np.ndarray = float("nan")

@@ -18,6 +18,7 @@ class DatacenterSpec:
         pue: power usage effectiveness (facility power / IT power), >= 1.
         nodes: servers serving the model.
         gpus_per_node: GPUs per server.
+        gpu: GPU type of its nodes when it differs from the topology's (``""``: ``Topology.gpu``).
     """
 
     name: str
@@ -26,6 +27,7 @@ class DatacenterSpec:
     pue: float = 1.1
     nodes: int = 4
     gpus_per_node: int = 8
+    gpu: str = ""
 
     @property
     def gpus(self) -> int:
@@ -40,7 +42,7 @@ class Topology:
     Attributes:
         regions: region names; requests originate in one of them.
         datacenters: the datacenters, in index order (datacenter ``i`` is action ``i``).
-        gpu: GPU type name (key of ``gpus.toml``).
+        gpu: GPU type name (key of ``gpus.toml``) of every datacenter that names no other.
     """
 
     regions: tuple[str, ...]
@@ -74,6 +76,14 @@ class Topology:
     def n_regions(self) -> int:
         """Number of regions."""
         return len(self.regions)
+
+    def datacenter_gpu(self, i: int) -> str:
+        """GPU type of datacenter ``i``'s nodes."""
+        return self.datacenters[i].gpu or self.gpu
+
+    def gpu_types(self) -> tuple[str, ...]:
+        """The distinct GPU types of the datacenters, in first-use order."""
+        return tuple(dict.fromkeys(self.datacenter_gpu(i) for i in range(len(self.datacenters))))
 
     def region_index(self, region: str) -> int:
         """Index of ``region``; :class:`ConfigError` if unknown."""

@@ -47,7 +47,7 @@ __all__ = [
     "build_world", "build_topology", "build_network", "build_carbon", "build_workload", "build_forecaster",
     "build_predictor", "build_engine_config", "default_topology", "derive_seed", "WorldParts", "build_parts",
     "reseed_workload",
-    "build_fault_runtime",
+    "build_fault_runtime", "build_gpu_models",
 ]
 
 
@@ -186,25 +186,49 @@ class WorldParts:
     carbon_offset_s: float
     engine: Any
     power_states: Any = None  # PowerStates (the power file's [states]), or None when it has none
+    gpus: Any = None  # {GPU name: carbon_gym.sim.GpuModels} of every GPU type in the topology (the first: ``gpu``'s)
+
+    def datacenter_gpus(self) -> list[Any]:
+        """The :class:`~carbon_gym.sim.GpuModels` of each datacenter's GPU, in topology order."""
+        return [self.gpus[self.topology.datacenter_gpu(i)] for i in range(self.topology.n_datacenters)]
+
+
+def build_gpu_models(scenario: Scenario, gpu: str) -> Any:
+    """:class:`~carbon_gym.sim.GpuModels` of ``gpu`` for the scenario's model and TP: each file from
+    the scenario's ``[gpu_files.<gpu>]`` where it names one, else the packaged one."""
+    from .physics.latency import load_latency_model
+    from .physics.power import load_power_model, load_power_states
+    from .gpus import gpu_spec_of
+    from .sim.config import GpuModels
+
+    where = f"gpu_files.{gpu}"
+    power_path = scenario.gpu_file(gpu, "power")
+    try:  # (a named file that is malformed raises a DataError naming it)
+        latency = load_latency_model(gpu, scenario.model, scenario.tp, scenario.gpu_file(gpu, "latency"))
+        power = load_power_model(gpu, power_path)
+    except ConfigError as e:  # no packaged file of that name
+        msg = str(e).split(": ", 1)[-1].split(" (allowed")[0]
+        raise ConfigError(f"{where}.{e.field}", f"{msg}: none is packaged; give the file in [{where}] {e.field} = "
+                          "'<path>.toml'", allowed=e.allowed, source=scenario.source or None) from None
+    try:
+        states = load_power_states(gpu, power_path)
+    except DataError:  # a power file without capacity states: engines cannot sleep
+        states = None
+    return GpuModels(gpu_spec_of(gpu, scenario.gpu_files, "gpu", scenario.source or None), latency, power, states)
 
 
 def build_parts(scenario: Scenario) -> WorldParts:
     """Load every model and data file the simulator needs (no simulator constructed)."""
-    from .physics.latency import load_latency_model
-    from .physics.power import load_power_model, load_power_states
-    from .specs import load_gpu_spec, load_model_spec
+    from .specs import load_model_spec
 
     topo = build_topology(scenario)
     carbon, offset = build_carbon(scenario)
-    try:
-        states = load_power_states(scenario.gpu)
-    except DataError:  # a power file without capacity states: engines cannot sleep
-        states = None
+    gpus = {g: build_gpu_models(scenario, g) for g in dict.fromkeys((scenario.gpu, *topo.gpu_types()))}
+    main = gpus[scenario.gpu]
     return WorldParts(
-        topology=topo, model=load_model_spec(scenario.model), gpu=load_gpu_spec(scenario.gpu),
-        latency=load_latency_model(scenario.gpu, scenario.model, scenario.tp), power=load_power_model(scenario.gpu),
+        topology=topo, model=load_model_spec(scenario.model), gpu=main.spec, latency=main.latency, power=main.power,
         network=build_network(scenario), carbon=carbon, carbon_offset_s=offset, engine=build_engine_config(scenario),
-        power_states=states,
+        power_states=main.states, gpus=gpus,
     )
 
 
@@ -226,6 +250,8 @@ def build_world(scenario: Scenario, seed: int | None = None, *, step_mode: bool 
     kwargs: dict[str, Any] = dict(engine=parts.engine, carbon_offset_s=parts.carbon_offset_s,
                                   dispatcher=scenario.engine.dispatcher, step_mode=step_mode,
                                   power_states=parts.power_states)
+    if len(parts.gpus) > 1:  # datacenters of other GPU types (a homogeneous topology passes none)
+        kwargs["gpus"] = {g: m for g, m in parts.gpus.items() if g != scenario.gpu}
     sim = Simulator(parts.topology, parts.model, parts.gpu, parts.latency, parts.power, parts.network, parts.carbon, **kwargs)
     return sim, build_workload(scenario, seed)
 

@@ -3,11 +3,16 @@
     python eval/measure_capacity.py                 # print capacities of the three study models
     python eval/measure_capacity.py --write         # ... and update carbon_gym/data/load_levels.toml
     python eval/measure_capacity.py --models llama-3.1-8b --duration 300 --seeds 0
+    python eval/measure_capacity.py --models llama-3.1-8b --cluster   # + the cluster-level figure (printed only)
 
 Method (carbon_gym/capacity.py): bisection over the Poisson rate offered to ONE engine for the
 highest rate at which p99 TTFT and p99 TPOT stay within the model's MLPerf targets; settings
 (engine, lengths, context cap, SLO) from the model's study scenario ``<model>-moderate``.
 A model whose latency parameters are missing keeps its previous entry (marked PROVISIONAL).
+
+``--cluster`` also measures the cluster-level capacity (``carbon_gym.capacity.measure_cluster_capacity``:
+the whole ``<model>-moderate`` topology under round-robin with its polling period and network) and
+prints it next to the engine figure. It is never written: the load levels use the engine figure.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 STUDY = {"llama-3.1-8b": "llama8b", "qwen2.5-7b": "qwen7b", "mixtral-8x7b": "mixtral8x7b"}
 
@@ -36,11 +42,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds pooled per probe")
     ap.add_argument("--rel-tol", type=float, default=0.01, help="bisection stops at this relative width")
     ap.add_argument("--write", action="store_true", help="update carbon_gym/data/load_levels.toml")
+    ap.add_argument("--cluster", action="store_true", help="also measure the cluster-level capacity (printed only)")
+    ap.add_argument("--cluster-duration", type=float, default=180.0, help="simulated seconds per cluster probe")
+    ap.add_argument("--cluster-warmup", type=float, default=60.0, help="seconds of a cluster probe not counted")
+    ap.add_argument("--cluster-seeds", type=int, nargs="+", default=[0], help="seeds pooled per cluster probe")
+    ap.add_argument("--skip-engine", action="store_true", help="with --cluster: quote the engine figure from the file")
     args = ap.parse_args(argv)
 
     import warnings
 
-    from carbon_gym.capacity import measure_capacity
+    from carbon_gym.capacity import measure_capacity, measure_cluster_capacity
     from carbon_gym.errors import CarbonGymError
     from carbon_gym.scenario import capacity_key, load_levels_path, load_load_levels, load_scenario
 
@@ -57,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         key = capacity_key(model, scenario.gpu, scenario.tp)
         print(f"{key} (SLO TTFT {scenario.ttft_s} s / TPOT {scenario.tpot_s} s):", flush=True)
         t0 = time.perf_counter()
+        if args.skip_engine and args.cluster and old.find(model, scenario.gpu, scenario.tp) is not None:
+            _cluster(scenario, old.find(model, scenario.gpu, scenario.tp).per_engine_rate_per_s, args, measure_cluster_capacity)
+            continue
         try:
             res = measure_capacity(scenario, rel_tol=args.rel_tol, duration_s=args.duration, warmup_s=args.warmup,
                                    seeds=tuple(args.seeds), log=print)
@@ -84,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
             "rel_tol": args.rel_tol,
             "command": command.strip(),
         }
+        if args.cluster:
+            _cluster(scenario, res.per_engine_rate_per_s, args, measure_cluster_capacity)
     if args.write:
         path = load_levels_path()
         text = path.read_text()
@@ -95,6 +111,17 @@ def main(argv: list[str] | None = None) -> int:
         Path(path).write_text(head + body)
         print(f"wrote {path}")
     return 0
+
+
+def _cluster(scenario: object, engine_rate: float, args: argparse.Namespace, measure: object) -> None:
+    """Measure and print the cluster-level capacity of ``scenario`` next to the engine figure."""
+    s: Any = scenario
+    print(f"  cluster level: {s.name} ({s.n_engines()} engines, polling {s.polling_period_s} s, round-robin):", flush=True)
+    t0 = time.perf_counter()
+    res = measure(s, rel_tol=args.rel_tol, duration_s=args.cluster_duration, warmup_s=args.cluster_warmup,  # type: ignore[operator]
+                  seeds=tuple(args.cluster_seeds), start_rate_per_s=engine_rate, log=print)
+    print(f"  engine-level {engine_rate:.4f} vs cluster-level {res.per_engine_rate_per_s:.4f} requests/s per engine "
+          f"(cluster / engine = {res.per_engine_rate_per_s / engine_rate:.3f}; {time.perf_counter() - t0:.1f} s wall)")
 
 
 if __name__ == "__main__":

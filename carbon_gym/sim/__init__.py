@@ -12,13 +12,14 @@ from ._native import select as _select_implementation
 IMPLEMENTATION = _select_implementation(__name__)
 
 
-from .config import EngineConfig  # noqa: E402 (after the implementation is chosen)
+from .config import EngineConfig, GpuModels  # noqa: E402 (after the implementation is chosen)
 from .dispatch import available_dispatchers, get_dispatcher, register_dispatcher  # noqa: E402
 from .records import RECORD_COLUMNS, AbortedRequests, RecordWriter, RequestRecords, load_record_dir  # noqa: E402
 from .results import SNAPSHOT_ARRAY_ROWS, ClusterSnapshot, EnergyAttribution, LatencyEstimates, SimTotals  # noqa: E402
 from .simulator import Simulator  # noqa: E402
 
 __all__ = [
+    "GpuModels",
     "Simulator",
     "EngineConfig",
     "ClusterSnapshot",

@@ -8,10 +8,29 @@ bad values through :meth:`EngineConfig.validate` rather than a compiled type che
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["EngineConfig"]
+__all__ = ["EngineConfig", "GpuModels"]
+
+
+@dataclass(frozen=True)
+class GpuModels:
+    """The models of one GPU type, for the datacenters whose nodes have it (heterogeneous
+    topologies: ``Simulator(..., gpus={name: GpuModels(...)})``).
+
+    Attributes:
+        spec: :class:`~carbon_gym.specs.GpuSpec` (memory: the KV cache; TDP).
+        latency: iteration latency model for this GPU, the simulation's model and ``tp``.
+        power: per-GPU power model (``host_w``: a node's non-GPU power).
+        states: :class:`~carbon_gym.physics.power.PowerStates` (capacity control), or None.
+    """
+
+    spec: Any
+    latency: Any
+    power: Any
+    states: Any = None
 
 
 @dataclass(frozen=True)

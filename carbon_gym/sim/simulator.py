@@ -84,6 +84,10 @@ class Simulator(CopyableState):
         carbon_offset_s: carbon-trace time of simulation time 0, seconds.
         dispatcher: intra-datacenter dispatcher name (see :mod:`carbon_gym.sim.dispatch`).
         step_mode: run every iteration as its own event (slow reference; same results).
+        power_states: capacity states of ``gpu`` (the power file's ``[states]``), or None.
+        gpus: :class:`~carbon_gym.sim.config.GpuModels` of the other GPU types datacenters name
+            (``DatacenterSpec.gpu``), by name: each datacenter runs its GPU's latency and power
+            models, KV capacity and capacity states (heterogeneous topologies).
 
     Request ids are 0, 1, 2, ... in submission order, per simulator.
     """
@@ -103,10 +107,11 @@ class Simulator(CopyableState):
         dispatcher: str = "least_work",
         step_mode: bool = False,
         power_states: PowerStates | None = None,
+        gpus: dict[str, Any] | None = None,
         _shared: Any = None,
     ) -> None:
         # ``_shared`` (internal, set by :meth:`fresh`): the immutable tables of a simulator built
-        # from the same arguments - (EngineModels, per-datacenter ZoneClocks) - reused as they are
+        # from the same arguments - ({GPU: EngineModels}, per-datacenter ZoneClocks) - reused as they are
         if not isinstance(engine, EngineConfig):
             raise ConfigError("engine", f"expected an EngineConfig, got {type(engine).__name__}")
         engine.validate()
@@ -124,21 +129,18 @@ class Simulator(CopyableState):
                 )
         if getattr(topology, "gpu", gpu.name) != gpu.name:
             raise ConfigError("gpu", f"topology uses {topology.gpu!r} but the GPU spec is {gpu.name!r}", allowed=[topology.gpu])
-        kv_budget = tp * gpu.memory_bytes * engine.gpu_memory_utilization - model.weight_bytes
-        block_bytes = engine.block_tokens * model.kv_bytes_per_token
-        total_blocks = int(math.floor(kv_budget / block_bytes)) if kv_budget > 0 else 0
-        if total_blocks <= 0:
-            raise ConfigError(
-                "model", f"{model.name} ({model.weight_bytes / 1e9:.1f} GB of weights) does not fit in tp={tp} x "
-                f"{gpu.name} at gpu_memory_utilization={engine.gpu_memory_utilization} (no room for KV cache)",
-                allowed="a larger engine.tp, GPU or gpu_memory_utilization",
-            )
-        if total_blocks * engine.block_tokens < engine.max_model_len:
-            raise ConfigError(
-                "engine.max_model_len",
-                f"{engine.max_model_len} tokens exceed one engine's KV cache ({total_blocks * engine.block_tokens} tokens)",
-                allowed=f"<= {total_blocks * engine.block_tokens}",
-            )
+        # every GPU type in use: (spec, latency, power, states), the simulation's own first
+        types: dict[str, tuple] = {gpu.name: (gpu, latency, power, power_states)}
+        for i, d in enumerate(topology.datacenters):
+            g = d.gpu or gpu.name
+            if g not in types:
+                if gpus is None or g not in gpus:
+                    raise ConfigError(f"topology.datacenters[{i}].gpu", f"no models for GPU {g!r} of datacenter "
+                                      f"{d.name}: pass them in Simulator(..., gpus={{name: GpuModels}})",
+                                      allowed=[gpu.name, *(gpus or {})])
+                m = gpus[g]
+                types[g] = (m.spec, m.latency, m.power, m.states)
+        blocks: dict[str, int] = {g: self._kv_blocks(t[0], model, engine) for g, t in types.items()}
         D = topology.n_datacenters
         R = topology.n_regions
         ow = np.asarray(network.one_way_s)
@@ -158,21 +160,25 @@ class Simulator(CopyableState):
         self.dispatcher = dispatcher
         self.step_mode = bool(step_mode)
         self.power_states = power_states
-        self.kv_blocks_per_engine = total_blocks
+        self.kv_blocks_per_engine = blocks[gpu.name]
         self.now_s = 0.0
         self._heap: list = []
         self._counter = itertools.count().__next__
         self._rows: list[tuple] = []
         self._ctor: tuple[tuple[Any, ...], dict[str, Any]] = ((topology, model, gpu, latency, power, network, carbon),
                       dict(engine=engine, carbon_offset_s=carbon_offset_s, dispatcher=dispatcher, step_mode=step_mode,
-                           power_states=power_states))
-        self._models = EngineModels(latency, power, tp, power_states) if _shared is None else _shared[0]
+                           power_states=power_states, gpus=gpus))
+        by_gpu: dict[str, EngineModels] = (
+            {g: EngineModels(t[1], t[2], tp, t[3]) for g, t in types.items()} if _shared is None else _shared[0])
+        self._models_by_gpu = by_gpu
+        self._models = by_gpu[gpu.name]
         clocks = [None] * D if _shared is None else _shared[1]
         self._one_way = [[float(x) for x in row] for row in ow]
         self._bytes_per_token_s = float(network.bytes_per_token) / float(network.bandwidth_bytes_per_s)
         self.datacenters = [
             Datacenter(
-                i, d, zones[i], carbon, off, engine, total_blocks, self._models, float(power.host_w), score_fn,
+                i, d, zones[i], carbon, off, engine, blocks[d.gpu or gpu.name], by_gpu[d.gpu or gpu.name],
+                float(types[d.gpu or gpu.name][2].host_w), score_fn,
                 self.step_mode, self._heap, self._counter, self._rows, clocks[i],
             )
             for i, d in enumerate(topology.datacenters)
@@ -191,7 +197,28 @@ class Simulator(CopyableState):
         caches), so it is much cheaper to build than a new :class:`Simulator`: use it to start
         another episode of the same world."""
         args, kwargs = self._ctor
-        return Simulator(*args, **kwargs, _shared=(self._models, [dc.clock for dc in self.datacenters]))
+        return Simulator(*args, **kwargs, _shared=(self._models_by_gpu, [dc.clock for dc in self.datacenters]))
+
+    @staticmethod
+    def _kv_blocks(gpu: Any, model: Any, engine: EngineConfig) -> int:
+        """KV blocks of one engine of ``engine.tp`` x ``gpu`` serving ``model`` (ConfigError if none fit)."""
+        tp = engine.tp
+        kv_budget = tp * gpu.memory_bytes * engine.gpu_memory_utilization - model.weight_bytes
+        block_bytes = engine.block_tokens * model.kv_bytes_per_token
+        total_blocks = int(math.floor(kv_budget / block_bytes)) if kv_budget > 0 else 0
+        if total_blocks <= 0:
+            raise ConfigError(
+                "model", f"{model.name} ({model.weight_bytes / 1e9:.1f} GB of weights) does not fit in tp={tp} x "
+                f"{gpu.name} at gpu_memory_utilization={engine.gpu_memory_utilization} (no room for KV cache)",
+                allowed="a larger engine.tp, GPU or gpu_memory_utilization",
+            )
+        if total_blocks * engine.block_tokens < engine.max_model_len:
+            raise ConfigError(
+                "engine.max_model_len",
+                f"{engine.max_model_len} tokens exceed one engine's KV cache ({total_blocks * engine.block_tokens} "
+                f"tokens, {gpu.name})", allowed=f"<= {total_blocks * engine.block_tokens}",
+            )
+        return total_blocks
 
     # ------------------------------------------------------------------ properties
     @property
@@ -609,10 +636,11 @@ class Simulator(CopyableState):
 
             center.flush(self.now_s)  # (every joule so far was an awake engine's or a node on's)
 
-            if self.power_states is None:
-                raise ConfigError("capacity", "this simulator has no power_states (the power file's [states] table): "
-                                  "engines cannot sleep", allowed="Simulator(..., power_states=PowerStates(...))")
-            st = self.power_states
+            st = center.models.states  # (its GPU's)
+            if st is None:
+                raise ConfigError("capacity", f"datacenter {center.name}'s GPU has no power_states (the power file's "
+                                  "[states] table): engines cannot sleep",
+                                  allowed="Simulator(..., power_states=PowerStates(...)) / GpuModels(states=...)")
             tp = self.engine_config.tp
             gb = self.model.weight_bytes / tp / 1e9  # weights per GPU
             center.capacity = CapacityControl(center, center.spec.gpus_per_node // tp, st.fall_asleep_s(gb, tp),
@@ -679,7 +707,7 @@ class Simulator(CopyableState):
         if key == dc.est_key:  # the latency-model part depends on (n, used) only
             mean_ctx, t_dec_new, t_dec_now, c, f_iter, per_tok, slope_num = dc.est_val
         else:
-            models = self._models
+            models = dc.models
             bt = cfg.block_tokens
             mean_ctx = used * bt / n if n else 0.0
             ctx_sum = n * mean_ctx
@@ -725,12 +753,13 @@ class Simulator(CopyableState):
         ``ClusterSnapshot`` field and its value here, at the same position."""
         now = self.now_s
         rows = []
-        kv = self.kv_blocks_per_engine
         inf = math.inf
-        st = self.power_states
         tp = self.engine_config.tp
-        wake_s = st.wake_s(self.model.weight_bytes / tp / 1e9, tp) if st is not None else 0.0
+        gb = self.model.weight_bytes / tp / 1e9
         for dc in self.datacenters:
+            st = dc.models.states
+            wake_s = st.wake_s(gb, tp) if st is not None else 0.0
+            kv = dc.engines[0].total_blocks if dc.engines else 0
             dc.flush(now)
             up = dc.up
             ne = dc.n_engines
