@@ -37,6 +37,8 @@ def _toml_entry(key: str, fields: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=list(STUDY), choices=list(STUDY))
+    ap.add_argument("--gpus", nargs="+", default=[None], metavar="GPU",
+                    help="GPUs to measure on (packaged names, e.g. h100-80gb a100-40gb h200; default: the scenarios' own)")
     ap.add_argument("--duration", type=float, default=900.0, help="simulated seconds of arrivals per probe")
     ap.add_argument("--warmup", type=float, default=60.0, help="seconds of arrivals not counted")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds pooled per probe")
@@ -63,8 +65,11 @@ def main(argv: list[str] | None = None) -> int:
         entries[key] = {"model": cap.model, "gpu": cap.gpu, "status": "PROVISIONAL" if cap.provisional else
                         cap.conditions.get("status", "MEASURED"), "per_engine_rate_per_s": cap.per_engine_rate_per_s,
                         "tp": cap.tp, **{k: v for k, v in cap.conditions.items() if k != "status"}}
-    for model in args.models:
-        scenario = load_scenario(f"{STUDY[model]}-moderate", overrides={"workload.rate_per_s": 1.0})
+    for model, gpu in [(m, g) for m in args.models for g in args.gpus]:
+        over: dict[str, object] = {"workload.rate_per_s": 1.0}
+        if gpu is not None:
+            over["gpu"] = gpu
+        scenario = load_scenario(f"{STUDY[model]}-moderate", overrides=over)
         key = capacity_key(model, scenario.gpu, scenario.tp)
         print(f"{key} (SLO TTFT {scenario.ttft_s} s / TPOT {scenario.tpot_s} s):", flush=True)
         t0 = time.perf_counter()

@@ -184,10 +184,18 @@ def test_heterogeneous_capacity_control_and_load_levels(tmp_path: Path) -> None:
     host = load_toml(data_path("params", "power", "a100-40gb.toml"))["power"]["host_w"]
     assert snap.power_w[1] == pytest.approx((16 * st["a100-40gb"]["sleep_w"] + 2 * host) * s.topology_spec().datacenters[1].pue)
     assert list(snap.total_kv_blocks) == [8 * _kv_blocks("a100-80gb"), 16 * _kv_blocks("a100-40gb")]
-    # load levels: each GPU type's measured capacity x its engines (a100-40gb is not measured)
+    # load levels: each GPU type's measured capacity x its engines; a GPU type not measured for the
+    # model is a named error
+    from carbon_gym.scenario import load_load_levels
+
+    caps = load_load_levels()
+    mixed = load_scenario(_write(tmp_path / "h2.toml", HETERO.replace("rate_per_s = 12.0", 'load = "moderate"')))
+    assert mixed.rate_per_s == pytest.approx(0.6 * (8 * caps.capacity("llama-3.1-8b", "a100-80gb", 1).per_engine_rate_per_s
+                                                    + 16 * caps.capacity("llama-3.1-8b", "h100-80gb", 1).per_engine_rate_per_s))
     with pytest.raises(ConfigError) as e:
-        load_scenario(_write(tmp_path / "h2.toml", HETERO.replace("rate_per_s = 12.0", 'load = "moderate"')))
-    assert e.value.field == "workload.load" and "h100-80gb" in str(e.value)
+        load_scenario(_write(tmp_path / "h4.toml", HETERO.replace("rate_per_s = 12.0", 'load = "moderate"')
+                             .replace('model = "llama-3.1-8b"', 'model = "qwen2.5-7b"')))
+    assert e.value.field == "workload.load" and "qwen2.5-7b/h100-80gb" in str(e.value)
     both = load_scenario(_write(tmp_path / "h3.toml", HETERO.replace('gpu = "h100-80gb"\n', "")
                                 .replace("rate_per_s = 12.0", 'load = "moderate"')))
     assert both.rate_per_s == pytest.approx(0.6 * 5.1875 * 24)

@@ -101,7 +101,14 @@ def test_load_levels_come_from_the_capacity_of_that_model_gpu_and_tp():
     TP is a named error (never the A100 TP1 rate, nor that rate halved by a larger TP)."""
     base = scen("llama8b-moderate")
     assert "llama-3.1-8b/a100-80gb/tp1" in base.rate_source and "x 512 engines" in base.rate_source
-    for ov, key in (({"gpu": "h100-80gb"}, "llama-3.1-8b/h100-80gb/tp1"), ({"engine.tp": 2}, "llama-3.1-8b/a100-80gb/tp2")):
+    from carbon_gym.scenario import load_load_levels
+
+    h100 = scen("llama8b-moderate", {"gpu": "h100-80gb"})
+    cap = load_load_levels().capacity("llama-3.1-8b", "h100-80gb", 1).per_engine_rate_per_s
+    assert h100.rate_per_s == pytest.approx(0.6 * cap * 512) and h100.rate_per_s != base.rate_per_s
+    assert "llama-3.1-8b/h100-80gb/tp1" in h100.rate_source
+    for ov, key in (({"gpu": "h100-80gb", "model": "qwen2.5-7b"}, "qwen2.5-7b/h100-80gb/tp1"),
+                    ({"engine.tp": 2}, "llama-3.1-8b/a100-80gb/tp2")):
         with pytest.raises(ConfigError, match="workload.load") as e:
             scen("llama8b-moderate", ov)
         assert key in str(e.value) and "llama-3.1-8b/a100-80gb/tp1" in str(e.value)  # names the measured ones
