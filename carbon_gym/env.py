@@ -41,12 +41,11 @@ from .observation import (
     observation_space,
 )
 from .pending import PendingStore
+from .scenario import resolve_scenario
 from .sim.results import SNAPSHOT_ARRAY_ROWS, snapshot_from_array
 from .state import DatacenterState, EnvState, PendingRequests
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pathlib import Path
-
     from .scenario import Scenario
     from .sim import Simulator
     from .sim.records import AbortedRequests, RequestRecords
@@ -286,7 +285,7 @@ class GeoServeEnv(gym.Env):
             raise ConfigError("render_mode", f"this environment does not render, got {render_mode!r}", allowed=[None])
         self.render_mode = None
         self._invalid_action = check_choice("invalid_action", invalid_action, INVALID_ACTION_MODES)
-        self._scenario = _resolve_scenario(scenario, overrides)
+        self._scenario = resolve_scenario(scenario, overrides)
         sc = self._scenario
         self._P = float(sc.polling_period_s)
         self._duration = float(sc.duration_s)
@@ -896,21 +895,6 @@ if GeoServeEnv.__doc__:  # the observation feature tables, generated (python -OO
 
 
 # ------------------------------------------------------------------------ adapters
-def _resolve_scenario(scenario: str | Path | Scenario, overrides: dict[str, Any] | None) -> Scenario:
-    from pathlib import Path
-
-    from .scenario import Scenario, load_scenario, scenario_from_dict
-
-    if isinstance(scenario, Scenario):
-        if not overrides:
-            return scenario
-        base = Path(scenario.source).resolve().parent if scenario.source else None
-        return scenario_from_dict(scenario.to_dict(), source=scenario.source or None, base_dir=base, overrides=overrides)
-    if isinstance(scenario, (str, Path)):
-        return load_scenario(scenario, overrides=overrides)
-    raise ConfigError("scenario", f"expected a scenario name, a path or a Scenario, got {type(scenario).__name__}")
-
-
 def _suggest_max_pending(expected_per_step: float) -> int:
     """A slot count that holds a step's arrivals with margin: next power of two >= 1.25 x mean + 4 sd + 16."""
     need = 1.25 * expected_per_step + 4.0 * math.sqrt(expected_per_step) + 16

@@ -706,6 +706,19 @@ def load_scenario(name_or_path: str | Path, overrides: Mapping[str, Any] | None 
     return scenario_from_dict(raw, source=str(path), base_dir=path.resolve().parent, overrides=overrides)
 
 
+def resolve_scenario(scenario: Any, overrides: Mapping[str, Any] | None = None) -> Scenario:
+    """A :class:`Scenario` from a shipped name, a TOML path or a ``Scenario`` (with ``overrides``
+    applied); :class:`ConfigError` for anything else."""
+    if isinstance(scenario, Scenario):
+        if not overrides:
+            return scenario
+        base = Path(scenario.source).resolve().parent if scenario.source else None
+        return scenario_from_dict(scenario.to_dict(), source=scenario.source or None, base_dir=base, overrides=overrides)
+    if isinstance(scenario, (str, Path)):
+        return load_scenario(scenario, overrides=overrides)
+    raise ConfigError("scenario", f"expected a scenario name, a path or a Scenario, got {type(scenario).__name__}")
+
+
 def _resolve(s: Scenario, ctx: Ctx, base_dir: Path | None) -> Scenario:  # noqa: C901
     """Cross-field checks; fill model-dependent defaults; resolve relative paths and the rate."""
     from .specs import load_gpu_spec, load_model_spec

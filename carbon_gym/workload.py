@@ -106,6 +106,24 @@ class LengthTable:
 MAX_LENGTH_TOKENS = 2**31 - 1
 
 
+def _time_cell(cell: str, where: str, column: str, t_first: datetime | None) -> tuple[float, str, datetime | None]:
+    """``(seconds, format, t_first)`` of one time cell: a number of seconds or an ISO date-time
+    (seconds since the first one, ``t_first``); DataError unless finite."""
+    try:
+        ts, kind = to_float(cell), "seconds"
+    except ValueError:
+        try:
+            dt = parse_utc(cell)
+        except ValueError:
+            raise DataError(where, f"cannot parse time {cell.strip()!r} in column {column!r}") from None
+        if t_first is None:
+            t_first = dt
+        ts, kind = (dt - t_first).total_seconds(), "ISO date-times"
+    if not math.isfinite(ts):
+        raise DataError(where, f"time {cell.strip()!r} in column {column!r} is not a finite number")
+    return ts, kind, t_first
+
+
 @lru_cache(maxsize=16)
 def _read_table(path: str, mtime_ns: int) -> LengthTable:
     header, rows = read_rows(path)
@@ -135,18 +153,7 @@ def _read_table(path: str, mtime_ns: int) -> LengthTable:
             dst.append(int(v))
         if tc is not None:
             cell = row[tc]
-            try:
-                ts, kind = to_float(cell), "seconds"
-            except ValueError:
-                try:
-                    dt = parse_utc(cell)
-                except ValueError:
-                    raise DataError(where, f"cannot parse time {cell.strip()!r} in column {header[tc]!r}") from None
-                if t_first is None:
-                    t_first = dt
-                ts, kind = (dt - t_first).total_seconds(), "ISO date-times"
-            if not math.isfinite(ts):
-                raise DataError(where, f"time {cell.strip()!r} in column {header[tc]!r} is not a finite number")
+            ts, kind, t_first = _time_cell(cell, where, header[tc], t_first)
             if time_kind is None:
                 time_kind = kind
             elif kind != time_kind:

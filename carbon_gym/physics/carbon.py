@@ -311,7 +311,8 @@ def _zone_values(src: str, zone: str, lines: list[int], times: list[datetime], c
     values = np.full(hours, np.nan)
     try:
         arr = np.asarray(cells, dtype=np.float64)
-        fast = bool(np.all(np.isfinite(arr)) and np.all(arr >= 0))
+        fast = bool(np.all(np.isfinite(arr)) and np.all(arr >= 0) and np.all(arr <= MAX_INTENSITY_G_PER_KWH)
+                    and not any("_" in c for c in cells))
     except ValueError:
         fast = False
     if fast:

@@ -291,7 +291,8 @@ class RecordWriter:
         come last, from memory), leaving out the first ``skip_rows`` rows."""
         self._try_flush()
         left = int(skip_rows)
-        for p in [*self.files, *self._parts]:
+        sources: list[Path | RequestRecords] = [*self.files, *self._parts]
+        for p in sources:
             if isinstance(p, RequestRecords):
                 x = np.asarray(getattr(p, column), dtype=np.float64)
             else:
