@@ -194,7 +194,7 @@ class SloConfig:
     """Latency targets, checked per request (MLPerf Server: p99)."""
 
     ttft_s: float | None = spec(num(1e-3, 600), "time to first token target, s (default: MLPerf for the model)", None)
-    tpot_s: float | None = spec(num(1e-4, 10), "time per output token target, s (default: MLPerf for the model)", None)
+    tpot_s: float | None = spec(num(1e-5, 10), "time per output token target, s (default: MLPerf for the model)", None)
 
 
 @dataclass(frozen=True)
