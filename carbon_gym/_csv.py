@@ -7,6 +7,7 @@ Every helper reports problems as :class:`~carbon_gym.errors.DataError` naming th
 from __future__ import annotations
 
 import csv
+import io
 import re
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -30,11 +31,17 @@ def read_rows(path: str | Path) -> tuple[list[str], Iterator[tuple[int, list[str
     """
     path = Path(path)
     try:
-        fh = open(path, newline="", encoding="utf-8-sig")
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise DataError(str(path), "file not found") from None
     except IsADirectoryError:
         raise DataError(str(path), "is a directory, expected a CSV file") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:  # name the line of the bad byte, not the first line
+        line = raw[: exc.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}", f"not valid UTF-8 text (byte {raw[exc.start]:#04x}); save the file as UTF-8") from None
+    fh = io.StringIO(text, newline="")
     reader = csv.reader(fh)
     try:
         header = next(reader)
@@ -65,14 +72,24 @@ def is_missing(cell: str) -> bool:
     return cell.strip().lower() in _MISSING
 
 
-def parse_float(cell: str, where: str, what: str) -> float:
-    """Parse a finite float; :class:`DataError` at ``where`` (``file:line``) otherwise."""
+def to_float(cell: str) -> float:
+    """``float(cell)`` for a plain decimal number: ``ValueError`` also for Python's digit
+    separators (``1_000``), which no data file means as a thousand."""
+    if "_" in cell:
+        raise ValueError(f"digit separator in {cell.strip()!r}")
+    return float(cell)
+
+
+def parse_float(cell: str, where: str, what: str, max_abs: float = float("inf")) -> float:
+    """Parse a finite float (``|v| <= max_abs``); :class:`DataError` at ``where`` (``file:line``) otherwise."""
     try:
-        v = float(cell)
+        v = to_float(cell)
     except ValueError:
         raise DataError(where, f"{what}: not a number: {cell.strip()!r}") from None
     if v != v or v in (float("inf"), float("-inf")):
         raise DataError(where, f"{what}: not a finite number: {cell.strip()!r}")
+    if abs(v) > max_abs:
+        raise DataError(where, f"{what}: {cell.strip()!r} is out of range (allowed: |value| <= {max_abs:g})")
     return v
 
 

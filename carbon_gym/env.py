@@ -20,7 +20,7 @@ from . import pending as P
 from .actions import parse_route_action
 from .control import EnvCapacity
 from .episode import EpisodeTally
-from .errors import ConfigError, check_choice
+from .errors import ConfigError, RecordWriteError, check_choice
 from .faults import has_carbon_feed_gap
 from .observation import (
     CARBON_SCALE_G_PER_KWH,
@@ -41,12 +41,11 @@ from .observation import (
     observation_space,
 )
 from .pending import PendingStore
+from .scenario import resolve_scenario
 from .sim.results import SNAPSHOT_ARRAY_ROWS, snapshot_from_array
 from .state import DatacenterState, EnvState, PendingRequests
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pathlib import Path
-
     from .scenario import Scenario
     from .sim import Simulator
     from .sim.records import AbortedRequests, RequestRecords
@@ -138,7 +137,7 @@ class GeoServeEnv(gym.Env):
     flattened row-major; :func:`decode_observation` reshapes and rescales them to physical units.
 
     Shapes: ``"datacenters"`` (D x F_D,), row d = datacenter d, F_D = 13 + H (+ 2 flag columns
-    with a carbon-feed gap); ``"slots"`` (K x F_S,), row k = pending request k (oldest first;
+    with a carbon-feed gap); ``"slots"`` (K x F_S,), row k = the k-th oldest placeable pending request (blocked ones take no slot;
     padded rows are all zero), F_S = 4 + R + D; ``"globals"`` (4,). The columns, in order, are
     the rows of the feature tables of :mod:`carbon_gym.observation` (generated below): each
     feature encodes a field of the typed state (:meth:`state`) times a fixed scale. The five
@@ -202,7 +201,12 @@ class GeoServeEnv(gym.Env):
     datacenter's requests; they return to the pending queue with their original arrival time
     (failed over: counted in ``failed_over``, their progress lost, their energy kept as wasted
     work) and the policy places them again. The mask forbids datacenters that are down, whose
-    engines are all drained, or whose link from the request's region is cut; a degraded link's
+    engines are all drained, or whose link from the request's region is cut. A request with no
+    allowed datacenter is *blocked*: it stays pending (in order, its wait counting) but takes no
+    slot, so the slots always show the oldest K requests that can be placed (``info["blocked"]``,
+    ``state().pending_blocked``; episode metrics ``blocked`` (request-steps) and
+    ``blocked_at_end``). A datacenter whose engines all sleep (capacity control) is not masked: a
+    request sent there wakes an engine. A degraded link's
     extra delay shows in the slots' network columns. With a carbon-feed gap, the datacenter rows
     get two more columns (``carbon_stale``, ``carbon_missing``, flags) and the carbon columns
     hold the last values before the gap (stale) or 0 (missing; NaN after
@@ -213,7 +217,9 @@ class GeoServeEnv(gym.Env):
     Deterministic (no wall-clock values). Every step: ``time_s`` (simulated time of the next
     decision), ``carbon_g``, ``energy_j`` (facility) of the step, ``arrived`` (new requests seen),
     ``placed``, ``deferred`` (pending slots left unplaced, incl. invalid ones in defer mode),
-    ``overflow`` (pending beyond K at the decision), ``pending`` (requests pending now),
+    ``overflow`` (placeable requests pending beyond K at the decision), ``blocked`` (requests
+    pending now with no allowed datacenter: they take no slot, see Faults), ``pending``
+    (requests pending now, blocked ones included),
     ``completed``, ``violations``, ``ttft_mean_s`` / ``tpot_mean_s`` / ``ttft_max_s`` /
     ``tpot_max_s`` of the requests completed in the step (0.0 when none), ``invalid_actions``,
     ``failed_over`` (requests aborted by outages during the step and re-queued),
@@ -246,7 +252,11 @@ class GeoServeEnv(gym.Env):
       ``record_dir/episode-NNNNN/`` (``carbon_gym.sim.load_record_dir`` reads them back) instead
       of keeping per-request latencies in memory: memory stays flat on long runs, and the
       latency percentiles are computed exactly from the files at the end.
-      ``record_chunk_rows``: rows per file (default 50,000, about 8 MB buffered).
+      ``record_chunk_rows``: rows per file (default 50,000, about 8 MB buffered). A bad path
+      (empty, NUL byte, under a file, unwritable) raises ``ConfigError`` at construction; a
+      failed write (disk full) raises :class:`~carbon_gym.errors.RecordWriteError` naming the
+      directory and ends the episode: nothing is lost (unwritten records stay in memory, the
+      metrics and the ledger cover them) and ``reset()`` starts a new one.
 
     Read-only attributes: ``scenario``, ``simulator`` (after reset; read it, do not drive it),
     ``layout`` (:class:`ObservationLayout`), ``nominal_carbon_g_per_step``,
@@ -275,7 +285,7 @@ class GeoServeEnv(gym.Env):
             raise ConfigError("render_mode", f"this environment does not render, got {render_mode!r}", allowed=[None])
         self.render_mode = None
         self._invalid_action = check_choice("invalid_action", invalid_action, INVALID_ACTION_MODES)
-        self._scenario = _resolve_scenario(scenario, overrides)
+        self._scenario = resolve_scenario(scenario, overrides)
         sc = self._scenario
         self._P = float(sc.polling_period_s)
         self._duration = float(sc.duration_s)
@@ -291,14 +301,18 @@ class GeoServeEnv(gym.Env):
         if isinstance(forecast_hours, bool) or not isinstance(forecast_hours, (int, np.integer)) or not (0 <= forecast_hours <= horizon):
             raise ConfigError("forecast_hours", f"must be an integer in 0..{horizon} (carbon.forecast_horizon_h), got {forecast_hours!r}")
         self._H = int(forecast_hours)
-        if drain_limit_s is not None and not (float(drain_limit_s) >= 0):
-            raise ConfigError("drain_limit_s", f"must be >= 0 seconds, got {drain_limit_s}")
+        if drain_limit_s is not None and (isinstance(drain_limit_s, (bool, str, bytes)) or not (float(drain_limit_s) >= 0)
+                                          or math.isinf(float(drain_limit_s))):
+            raise ConfigError("drain_limit_s", f"must be a finite number of seconds >= 0, got {drain_limit_s!r}",
+                              allowed="None or a number >= 0")
         self._drain_limit_s = None if drain_limit_s is None else float(drain_limit_s)
         if not isinstance(strict_ledger, (bool, np.bool_)):
             raise ConfigError("strict_ledger", f"expected true or false, got {strict_ledger!r}", allowed=[True, False])
         self._strict_ledger = bool(strict_ledger)
-        if record_dir is not None and not isinstance(record_dir, (str, bytes)) and not hasattr(record_dir, "__fspath__"):
-            raise ConfigError("record_dir", f"expected a directory path, got {type(record_dir).__name__}")
+        if record_dir is not None:
+            from .sim.records import check_record_dir
+
+            record_dir = check_record_dir(record_dir)
         if isinstance(record_chunk_rows, bool) or not isinstance(record_chunk_rows, (int, np.integer)) or record_chunk_rows < 1:
             raise ConfigError("record_chunk_rows", f"must be an integer >= 1, got {record_chunk_rows!r}")
         self._record_dir = record_dir
@@ -447,6 +461,8 @@ class GeoServeEnv(gym.Env):
     # ------------------------------------------------------------------ reset
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
         """Start a new episode (see the class docstring, Starting State)."""
+        if options is not None and not isinstance(options, dict):
+            raise ConfigError("options", f"expected a dict or None, got {type(options).__name__}", allowed=[None, {}])
         if options:
             raise ConfigError("options", f"no reset options are supported, got {sorted(options)}", allowed=[])
         if seed is None and self._np_random is None:
@@ -465,9 +481,9 @@ class GeoServeEnv(gym.Env):
         self._done = False
         self._drain_s = 0.0
         self._step_failed_over = 0
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        old_writer, self._writer = self._writer, None
+        if old_writer is not None and old_writer.failed is None:
+            old_writer.close()
         if self._record_dir is not None:
             from pathlib import Path
 
@@ -499,6 +515,7 @@ class GeoServeEnv(gym.Env):
             "energy_j": energy_j,
             "arrived": arrived,
             "pending": len(self._pending),
+            "blocked": self._pending.n_blocked,
             "completed": len(records),
             "action_mask": self._mask.copy(),
         }
@@ -520,7 +537,8 @@ class GeoServeEnv(gym.Env):
             cap.decide(self._step_index, targets, self.state, sim)
         else:
             choice, n_invalid = self._parse_action(action)
-        overflow = len(self._pending) - n_vis
+        blocked = self._pending.n_blocked
+        overflow = len(self._pending) - n_vis - blocked
         place = choice < D
         n_place = int(np.count_nonzero(place))
         deferred = n_vis - n_place
@@ -530,6 +548,7 @@ class GeoServeEnv(gym.Env):
             ids = sim.submit_batch(ints[:, 0], rows[:, P.ARRIVAL], ints[:, 1], ints[:, 2], dcs)
             tally.add_placed(ids, rows[:, P.FAILED], dcs, ints[:, 2])
         tally.deferred += deferred
+        tally.blocked += blocked
         tally.invalid_actions += n_invalid
         self._step_index += 1
 
@@ -547,7 +566,10 @@ class GeoServeEnv(gym.Env):
         self._last_completed = records
         carbon_g, energy_j = self._totals_delta()
         step_failed_over, self._step_failed_over = self._step_failed_over, 0
-        violations, stats = tally.add_completed(records)
+        try:
+            violations, stats = tally.add_completed(records)
+        except RecordWriteError as e:
+            raise self._records_failed(e) from e
         self._maybe_open_window()
         reward = -self._carbon_weight * carbon_g / self.nominal_carbon_g_per_step - self._slo_weight * violations
 
@@ -562,6 +584,7 @@ class GeoServeEnv(gym.Env):
             "placed": n_place,
             "deferred": deferred,
             "overflow": overflow,
+            "blocked": self._pending.n_blocked,
             "pending": len(self._pending),
             "completed": len(records),
             "violations": violations,
@@ -576,7 +599,15 @@ class GeoServeEnv(gym.Env):
         if last:
             self._done = True
             info["episode_metrics"] = self.episode_metrics(check_ledger=True)
+            if self._writer is not None and self._writer.failed is not None:  # (the final flush)
+                raise self._records_failed(self._writer.failed)
         return obs, float(reward), False, bool(last), info
+
+    def _records_failed(self, err: RecordWriteError) -> RecordWriteError:
+        """End the episode after a failed record write: the error to raise (see ``record_dir``)."""
+        self._done = True
+        return RecordWriteError(err.directory, f"{err.reason}; the episode is closed at t = {self._sim.now_s:g} s "
+                                "(episode_metrics() and ledger() still cover it; reset() starts a new one)")
 
     # ------------------------------------------------------------------ action handling
     def _parse_action(self, action: Any) -> tuple[np.ndarray, int]:
@@ -704,15 +735,20 @@ class GeoServeEnv(gym.Env):
         self._snap = snap
         self._view = view
         self._state = None
-        # ---- slots: region template rows + per-request columns
+        # ---- slots: region template rows + per-request columns; the oldest K placeable requests
+        faults = self._faults
+        if faults is None:
+            region_ok = np.broadcast_to(up, (self._R, D))
+        else:
+            region_ok = (up & faults.accepting())[None, :] & ~faults.link_cut
         n_pend = len(self._pending)
-        n = n_pend if n_pend < K else K
-        self._n_visible = n
+        p, allowed = self._pending.offer(K, region_ok, self._engine_kv_blocks, self._block_tokens,
+                                         self._min_engine_kv_tokens)
+        n = self._n_visible = self._pending.n_visible
         slots = np.zeros(K * self.layout.n_slot_features, dtype=np.float32)
         sl = slots.reshape(K, self.layout.n_slot_features)  # (a view)
         mask = self._mask_template.copy()
         if n:
-            p = self._pending.rows[:n]
             prompt = p[:, P.PROMPT]
             origins = p[:, P.ORIGIN].astype(np.intp)
             sl[:n] = self._region_rows[origins]
@@ -721,18 +757,12 @@ class GeoServeEnv(gym.Env):
             sl[:n, c[1]] = p[:, P.PRED] * (1.0 / TOKENS_SCALE)
             sl[:n, c[2]] = np.minimum((now - p[:, P.ARRIVAL]) * self._inv_ttft, OBS_HIGH)
             sl[:n, c[3]:] += (prompt * self._uplink_per_token_scaled)[:, None]
-            if prompt.max() < self._min_engine_kv_tokens:
-                mask[:n, :D] = up
-            else:  # some prompt does not fit an empty engine of some datacenter
-                need = np.ceil((prompt + 1.0) / self._block_tokens)
-                mask[:n, :D] = (need[:, None] <= self._engine_kv_blocks[None, :]) & up[None, :]
-            faults = self._faults
+            mask[:n, :D] = allowed
             if faults is not None:
                 delta = faults.one_way_delta_s()
                 if np.any(delta != 0.0):
                     net = c[3]
                     sl[:n, net:net + D] += (2.0 * delta[origins] / self._ttft_target).astype(np.float32)
-                mask[:n, :D] &= faults.accepting()[None, :] & ~faults.link_cut[origins]
         self._mask = mask
         # ---- globals
         ang = (2.0 * math.pi / 86400.0) * ((self._clock_s_of_day + now) % 86400.0)
@@ -767,13 +797,15 @@ class GeoServeEnv(gym.Env):
         n = self._n_visible
         self._state = EnvState(time_s=now, hour_utc=ang_h, elapsed_s=now, datacenters=dcs,
                                pending=self._pending_view(n), pending_total=len(self._pending),
+                               pending_blocked=self._pending.n_blocked,
                                action_mask=self._mask[:n].copy(), layout=self.layout,
                                **self._capacity.state_fields(self._step_index))
         return self._state
 
     def _pending_view(self, n: int) -> PendingRequests:
-        """The first ``n`` pending requests as :class:`~carbon_gym.state.PendingRequests`."""
-        p = self._pending.rows[:n]
+        """The visible pending requests (or, with ``n`` > visible, the first ``n`` in arrival
+        order) as :class:`~carbon_gym.state.PendingRequests`."""
+        p = self._pending.visible_rows(n)
         origin = p[:, P.ORIGIN].astype(np.int64)
         prompt = p[:, P.PROMPT].astype(np.int64)
         network = self._one_way_x2[origin] + (prompt * self._uplink_s_per_token)[:, None]
@@ -789,8 +821,8 @@ class GeoServeEnv(gym.Env):
         """Raw data of the pending requests in slot order (oldest first), as a dict of the
         :class:`~carbon_gym.state.PendingRequests` fields without ``failed_over``: ``seq``,
         ``origin``, ``arrival_s``, ``prompt_tokens``, ``predicted_output_tokens``, ``waited_s``,
-        ``network_s`` (n, D). The true output length is not exposed. ``include_overflow`` adds
-        the requests beyond the K slots."""
+        ``network_s`` (n, D). The true output length is not exposed. ``include_overflow``: every
+        pending request in arrival order instead (beyond the K slots, blocked ones included)."""
         if self._sim is None:
             raise RuntimeError("call reset() first")
         view = self._pending_view(len(self._pending) if include_overflow else self._n_visible)
@@ -817,7 +849,8 @@ class GeoServeEnv(gym.Env):
         Keys: ``steps``, ``sim_time_s``, ``drain_s``, ``arrived``, ``placed`` (submissions,
         re-submissions after an outage included), ``completed``, ``in_flight_at_truncation``
         (placed, not completed, not aborted), ``aborted`` (lost to an outage and re-queued),
-        ``unplaced_at_end`` (pending),
+        ``unplaced_at_end`` (pending), ``blocked`` (request-steps: at each decision, the pending
+        requests with no allowed datacenter), ``blocked_at_end`` (of ``unplaced_at_end``),
         ``failed_over`` (= ``aborted``), ``failed_over_completed`` (failed over, placed again and
         completed), ``deferred`` (slot-steps deferred), ``invalid_actions``, ``carbon_g`` (facility, all
         datacenters, from t = 0 to the end of the drain), ``energy_kwh`` (facility),
@@ -830,7 +863,7 @@ class GeoServeEnv(gym.Env):
         """
         if self._sim is None:
             raise RuntimeError("call reset() first")
-        out = self._tally.metrics(self._sim, unplaced=len(self._pending), steps=self._step_index, drain_s=self._drain_s,
+        out = self._tally.metrics(self._sim, unplaced=len(self._pending), blocked=self._pending.n_blocked, steps=self._step_index, drain_s=self._drain_s,
                                   world_seed=self._world_seed, pue=self._pue, check_ledger=check_ledger,
                                   strict=self._strict_ledger)
         out.update(self._capacity.metrics(self._sim, self._pue))
@@ -850,11 +883,11 @@ class GeoServeEnv(gym.Env):
 
     def close(self) -> None:
         """Release the simulator (and flush streamed records)."""
-        if self._writer is not None:
-            self._writer.close()
         self._sim = None
         self._workload = None
         self._done = True
+        if self._writer is not None and self._writer.failed is None:
+            self._writer.close()
 
 
 if GeoServeEnv.__doc__:  # the observation feature tables, generated (python -OO strips docstrings)
@@ -862,21 +895,6 @@ if GeoServeEnv.__doc__:  # the observation feature tables, generated (python -OO
 
 
 # ------------------------------------------------------------------------ adapters
-def _resolve_scenario(scenario: str | Path | Scenario, overrides: dict[str, Any] | None) -> Scenario:
-    from pathlib import Path
-
-    from .scenario import Scenario, load_scenario, scenario_from_dict
-
-    if isinstance(scenario, Scenario):
-        if not overrides:
-            return scenario
-        base = Path(scenario.source).resolve().parent if scenario.source else None
-        return scenario_from_dict(scenario.to_dict(), source=scenario.source or None, base_dir=base, overrides=overrides)
-    if isinstance(scenario, (str, Path)):
-        return load_scenario(scenario, overrides=overrides)
-    raise ConfigError("scenario", f"expected a scenario name, a path or a Scenario, got {type(scenario).__name__}")
-
-
 def _suggest_max_pending(expected_per_step: float) -> int:
     """A slot count that holds a step's arrivals with margin: next power of two >= 1.25 x mean + 4 sd + 16."""
     need = 1.25 * expected_per_step + 4.0 * math.sqrt(expected_per_step) + 16

@@ -18,7 +18,7 @@ __all__ = ["EpisodeTally"]
 
 # counters and per-datacenter arrays a measurement window reports from its baseline
 _WINDOW_COUNTS = ("arrived", "placed", "aborted", "completed", "violations", "ttft_violations", "tpot_violations",
-                  "deferred", "invalid_actions", "failed_over_completed")
+                  "deferred", "invalid_actions", "failed_over_completed", "blocked")
 _WINDOW_ARRAYS = ("dc_placed", "dc_completed")
 
 _SUM, _MAX = np.add.reduce, np.maximum.reduce  # the ufunc reductions behind ndarray.sum/max
@@ -49,6 +49,7 @@ class EpisodeTally:
         self.ttft_violations = 0
         self.tpot_violations = 0
         self.deferred = 0
+        self.blocked = 0  # request-steps: pending requests with no allowed datacenter, per decision
         self.invalid_actions = 0
         self.max_output_placed = 0
         self.failed_over_completed = 0
@@ -120,7 +121,6 @@ class EpisodeTally:
         self.done_energy_j += np.bincount(records.datacenter, weights=records.energy_j, minlength=D)
         self.done_carbon_g += np.bincount(records.datacenter, weights=records.carbon_g, minlength=D)
         if self.writer is not None:
-            self.writer.append(records)
             self._ttft_sum += float(_SUM(ttft))
             self._tpot_sum += float(_SUM(tpot))
         else:
@@ -132,6 +132,8 @@ class EpisodeTally:
             if hit:
                 self._failover_ids.difference_update(hit)
                 self.failed_over_completed += len(hit)
+        if self.writer is not None:  # last: a write failure (RecordWriteError) leaves the tally complete
+            self.writer.append(records)
         # sum / n is what ndarray.mean computes (same floats)
         return violations, (float(_SUM(ttft)) / n, float(_SUM(tpot)) / n, float(_MAX(ttft)), float(_MAX(tpot)))
 
@@ -183,7 +185,7 @@ class EpisodeTally:
             pue=pue, strict=strict,
         )
 
-    def metrics(self, sim: Simulator, *, unplaced: int, steps: int, drain_s: float, world_seed: int | None, pue: np.ndarray,
+    def metrics(self, sim: Simulator, *, unplaced: int, blocked: int = 0, steps: int, drain_s: float, world_seed: int | None, pue: np.ndarray,
                 check_ledger: bool, strict: bool) -> dict[str, Any]:
         """The episode metrics (see :meth:`GeoServeEnv.episode_metrics` for the keys)."""
         totals = sim.totals()
@@ -192,7 +194,8 @@ class EpisodeTally:
             warnings.warn(f"episode ledger check failed: {ledger['problems']}", RuntimeWarning, stacklevel=3)
         w = self.window
         if w is not None:
-            return self._window_metrics(sim, totals, ledger, unplaced=unplaced, steps=steps, world_seed=world_seed)
+            return self._window_metrics(sim, totals, ledger, unplaced=unplaced, blocked=blocked, steps=steps,
+                                        world_seed=world_seed)
         c = self.completed
         tq, pq, ttft_mean, tpot_mean = self.latency_stats()
         dc_carbon = np.asarray(totals.carbon_g, dtype=np.float64).copy()
@@ -210,6 +213,8 @@ class EpisodeTally:
             "failed_over_completed": self.failed_over_completed,
             "unplaced_at_end": unplaced,
             "deferred": self.deferred,
+            "blocked": self.blocked,
+            "blocked_at_end": int(blocked),
             "invalid_actions": self.invalid_actions,
             "carbon_g": float(dc_carbon.sum()),
             "energy_kwh": float(dc_energy.sum()),
@@ -235,7 +240,7 @@ class EpisodeTally:
             "ledger": ledger,
         }
 
-    def _window_metrics(self, sim: Any, totals: Any, ledger: dict[str, Any], *, unplaced: int, steps: int,
+    def _window_metrics(self, sim: Any, totals: Any, ledger: dict[str, Any], *, unplaced: int, blocked: int, steps: int,
                         world_seed: Any) -> dict[str, Any]:
         """The episode metrics of a measurement window (see :meth:`start_window`): every count,
         latency, energy and carbon from the window's start to now; the energy of work in flight
@@ -270,6 +275,8 @@ class EpisodeTally:
             "backlog_end": backlog,
             "unfinished_window": max(0, backlog - int(w["backlog"])),
             "deferred": n["deferred"],
+            "blocked": n["blocked"],
+            "blocked_at_end": int(blocked),
             "invalid_actions": n["invalid_actions"],
             "carbon_g": float(dc_carbon.sum()),
             "energy_kwh": float(dc_energy.sum()),

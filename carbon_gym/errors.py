@@ -68,6 +68,20 @@ class ActionError(CarbonGymError):
     """An action passed to ``env.step`` has the wrong shape, range or chooses a masked option."""
 
 
+class RecordWriteError(CarbonGymError):
+    """Streamed request records could not be written (disk full, directory removed, ...).
+
+    Args:
+        directory: the record directory.
+        message: what failed (the operating system's reason).
+    """
+
+    def __init__(self, directory: str, message: str):
+        self.directory = directory
+        self.reason = message
+        super().__init__(f"record_dir {directory}: {message}")
+
+
 class LedgerError(CarbonGymError):
     """The end-of-episode accounting check failed: a request or a joule is unaccounted for."""
 

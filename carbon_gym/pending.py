@@ -3,6 +3,11 @@
 One float64 matrix, one row per request (integers are exact in float64), columns
 :data:`COLUMNS`. Nothing in it is ever dropped: placed rows leave it, deferred and overflowing
 rows stay, and requests an outage aborts come back with their original arrival time.
+
+:meth:`PendingStore.offer` picks the rows the K slots show: the oldest K that have an allowed
+datacenter. Rows with none (every link from their region cut, every datacenter down or
+drained, a prompt no engine can hold) are *blocked*: they stay pending, in order, and take no
+slot, so they cannot starve the placeable requests behind them.
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ class PendingStore:
         self.predictor = predictor
         self.rows = np.empty((0, len(COLUMNS)), dtype=np.float64)
         self._seq = 0
+        self._visible: np.ndarray | None = None  # row indices the slots show (None: the first n)
+        self.n_visible = 0
+        self.n_blocked = 0
 
     def __len__(self) -> int:
         return int(self.rows.shape[0])
@@ -71,11 +79,67 @@ class PendingStore:
         merged = np.concatenate([self.rows, rows])
         self.rows = merged[np.argsort(merged[:, ARRIVAL], kind="stable")]
 
+    def offer(self, k: int, region_ok: np.ndarray, engine_kv_blocks: np.ndarray, block_tokens: int,
+              min_engine_kv_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+        """Choose the rows the ``k`` slots show: the oldest ``k`` with an allowed datacenter.
+
+        Args:
+            region_ok: (R, D) bool, datacenter d takes requests from region r now (up, accepting,
+                link not cut).
+            engine_kv_blocks: (D,) KV blocks of one engine (0: no engine).
+            block_tokens: tokens per KV block.
+            min_engine_kv_tokens: the smallest engine's KV tokens (a prompt below it fits any).
+
+        Returns ``(rows, allowed)``: the visible rows (oldest first) and their (n, D) allowed
+        datacenters (a request fits d when ``ceil((prompt + 1) / block_tokens)`` blocks fit one of
+        d's engines). Sets :attr:`n_visible` and :attr:`n_blocked` (rows with no allowed datacenter).
+        """
+        rows = self.rows
+        n_all = rows.shape[0]
+        prompt = rows[:, PROMPT]
+        region_any = bool(region_ok.any(axis=1).all())
+        kv_binds = bool(n_all) and float(prompt.max()) >= min_engine_kv_tokens
+        if region_any and not kv_binds:  # every pending request has an allowed datacenter
+            n = n_all if n_all < k else k
+            self._visible, self.n_visible, self.n_blocked = None, n, 0
+            return rows[:n], region_ok[rows[:n, ORIGIN].astype(np.intp)]
+        allowed = region_ok[rows[:, ORIGIN].astype(np.intp)]
+        if kv_binds:
+            need = np.ceil((prompt + 1.0) / block_tokens)
+            allowed = (need[:, None] <= engine_kv_blocks[None, :]) & allowed
+        placeable = allowed.any(axis=1)
+        n_ok = int(np.count_nonzero(placeable))
+        self.n_blocked = n_all - n_ok
+        if n_ok == n_all:
+            n = n_all if n_all < k else k
+            self._visible, self.n_visible = None, n
+            return rows[:n], allowed[:n]
+        idx = np.flatnonzero(placeable)[:k]
+        self._visible, self.n_visible = idx, int(idx.shape[0])
+        return rows[idx], allowed[idx]
+
+    def visible_rows(self, n: int | None = None) -> np.ndarray:
+        """The rows the slots show (the last :meth:`offer`'s), or with ``n`` > :attr:`n_visible`
+        every pending row in arrival order (blocked ones included)."""
+        if n is not None and n != self.n_visible:
+            return self.rows[:n]
+        if self._visible is None:
+            return self.rows[: self.n_visible]
+        return self.rows[self._visible]
+
     def take(self, n_visible: int, place: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Remove the visible rows (the first ``n_visible``) where ``place`` is True; return them as
-        ``(rows, ints)``: the float rows and their (origin, prompt, output) columns as int64."""
+        """Remove the visible rows (the last :meth:`offer`'s, ``n_visible`` of them) where
+        ``place`` is True; return them as ``(rows, ints)``: the float rows and their (origin,
+        prompt, output) columns as int64."""
         n_place = int(np.count_nonzero(place))
-        if n_place == n_visible:
+        idx = self._visible
+        if idx is not None:
+            chosen = idx[place]
+            rows = self.rows[chosen]
+            keep = np.ones(self.rows.shape[0], dtype=bool)
+            keep[chosen] = False
+            self.rows = self.rows[keep]
+        elif n_place == n_visible:
             rows = self.rows[:n_visible]
             self.rows = self.rows[n_visible:]
         else:
@@ -83,4 +147,5 @@ class PendingStore:
             keep = np.ones(self.rows.shape[0], dtype=bool)
             keep[:n_visible][place] = False
             self.rows = self.rows[keep]
+        self._visible, self.n_visible = None, 0  # (the next offer chooses again)
         return rows, rows[:, _INT_COLS].astype(np.int64)

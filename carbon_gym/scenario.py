@@ -196,8 +196,8 @@ class TopologyConfig:
 class SloConfig:
     """Latency targets, checked per request (MLPerf Server: p99)."""
 
-    ttft_s: float | None = spec(num(0, 600, lo_open=True), "time to first token target, s (default: MLPerf for the model)", None)
-    tpot_s: float | None = spec(num(0, 10, lo_open=True), "time per output token target, s (default: MLPerf for the model)", None)
+    ttft_s: float | None = spec(num(1e-3, 600), "time to first token target, s (default: MLPerf for the model)", None)
+    tpot_s: float | None = spec(num(1e-5, 10), "time per output token target, s (default: MLPerf for the model)", None)
 
 
 @dataclass(frozen=True)
@@ -218,7 +218,7 @@ class WorkloadConfig:
     region_shares: tuple[float, ...] | None = spec(list_of(num(0, 1), min_len=1), "share of traffic per region (default: equal)", None)
     diurnal_amplitude: float = spec(num(0, 1), "0 = flat; A in rate x (1 + A cos(2 pi (local hour - peak) / 24))", 0.0)
     diurnal_peak_hour: float = spec(num(0, 24), "local hour of the daily peak", 14.0)
-    block_s: float = spec(num(0, 86400, lo_open=True), "generation block length, s (determinism unit)", 60.0)
+    block_s: float = spec(num(1, 86400), "generation block length, s (determinism unit; each block costs a draw)", 60.0)
 
 
 @dataclass(frozen=True)
@@ -716,11 +716,27 @@ def load_scenario(name_or_path: str | Path, overrides: Mapping[str, Any] | None 
 
         s = load_scenario("llama8b-moderate", overrides={"duration_s": 600, "workload.rate_per_s": 50})
     """
+    if not isinstance(name_or_path, (str, Path)):
+        raise ConfigError("scenario", f"expected a scenario name or a path, got {type(name_or_path).__name__}",
+                          allowed="a shipped scenario name, a .toml path")
     path = scenario_path(name_or_path)
     raw = load_toml(path)
     if "name" not in raw:
         raw["name"] = path.stem
     return scenario_from_dict(raw, source=str(path), base_dir=path.resolve().parent, overrides=overrides)
+
+
+def resolve_scenario(scenario: Any, overrides: Mapping[str, Any] | None = None) -> Scenario:
+    """A :class:`Scenario` from a shipped name, a TOML path or a ``Scenario`` (with ``overrides``
+    applied); :class:`ConfigError` for anything else."""
+    if isinstance(scenario, Scenario):
+        if not overrides:
+            return scenario
+        base = Path(scenario.source).resolve().parent if scenario.source else None
+        return scenario_from_dict(scenario.to_dict(), source=scenario.source or None, base_dir=base, overrides=overrides)
+    if isinstance(scenario, (str, Path)):
+        return load_scenario(scenario, overrides=overrides)
+    raise ConfigError("scenario", f"expected a scenario name, a path or a Scenario, got {type(scenario).__name__}")
 
 
 def _resolve(s: Scenario, ctx: Ctx, base_dir: Path | None) -> Scenario:  # noqa: C901

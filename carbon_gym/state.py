@@ -70,7 +70,8 @@ class EnvState:
             clock, in [0, 24). elapsed_s: = time_s (seconds since the episode start).
         datacenters: :class:`DatacenterState`.
         pending: the visible pending requests (the K slots), :class:`PendingRequests`.
-        pending_total: pending requests in total (visible + overflow beyond the K slots).
+        pending_total: pending requests in total (visible + overflow beyond the K slots + blocked).
+        pending_blocked: pending requests with no allowed datacenter now (they take no slot).
         action_mask: (n, D + 1) bool, allowed choices of each visible request (column D = defer).
         layout: the static facts (:class:`~carbon_gym.observation.ObservationLayout`: engines, KV
             blocks per engine, block size, max_num_seqs, nameplate power, SLO targets, names).
@@ -102,3 +103,4 @@ class EnvState:
     capacity_target_engines: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     capacity_target_servers: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     engine_capacity_per_s: float | np.ndarray = float("nan")
+    pending_blocked: int = 0

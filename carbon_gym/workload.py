@@ -50,7 +50,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from ._csv import norm_name, parse_float, parse_utc, read_rows
+from ._csv import norm_name, parse_float, parse_utc, read_rows, to_float
 from ._toml import data_path
 from .errors import ConfigError, DataError, check_choice, check_finite_nonneg
 
@@ -106,6 +106,24 @@ class LengthTable:
 MAX_LENGTH_TOKENS = 2**31 - 1
 
 
+def _time_cell(cell: str, where: str, column: str, t_first: datetime | None) -> tuple[float, str, datetime | None]:
+    """``(seconds, format, t_first)`` of one time cell: a number of seconds or an ISO date-time
+    (seconds since the first one, ``t_first``); DataError unless finite."""
+    try:
+        ts, kind = to_float(cell), "seconds"
+    except ValueError:
+        try:
+            dt = parse_utc(cell)
+        except ValueError:
+            raise DataError(where, f"cannot parse time {cell.strip()!r} in column {column!r}") from None
+        if t_first is None:
+            t_first = dt
+        ts, kind = (dt - t_first).total_seconds(), "ISO date-times"
+    if not math.isfinite(ts):
+        raise DataError(where, f"time {cell.strip()!r} in column {column!r} is not a finite number")
+    return ts, kind, t_first
+
+
 @lru_cache(maxsize=16)
 def _read_table(path: str, mtime_ns: int) -> LengthTable:
     header, rows = read_rows(path)
@@ -122,6 +140,7 @@ def _read_table(path: str, mtime_ns: int) -> LengthTable:
     times: list[float] = []
     t_first = None
     prev_t = None
+    time_kind: str | None = None
     for line, row in rows:
         where = f"{path}:{line}"
         if len(row) < len(header):
@@ -134,16 +153,12 @@ def _read_table(path: str, mtime_ns: int) -> LengthTable:
             dst.append(int(v))
         if tc is not None:
             cell = row[tc]
-            try:
-                ts = float(cell)
-            except ValueError:
-                try:
-                    dt = parse_utc(cell)
-                except ValueError:
-                    raise DataError(where, f"cannot parse time {cell.strip()!r} in column {header[tc]!r}") from None
-                if t_first is None:
-                    t_first = dt
-                ts = (dt - t_first).total_seconds()
+            ts, kind, t_first = _time_cell(cell, where, header[tc], t_first)
+            if time_kind is None:
+                time_kind = kind
+            elif kind != time_kind:
+                raise DataError(where, f"time {cell.strip()!r} in column {header[tc]!r} mixes formats: earlier rows "
+                                f"hold {time_kind} (allowed: one format, seconds or ISO date-times)")
             if prev_t is not None and ts < prev_t:
                 raise DataError(where, f"arrival times not sorted: {cell.strip()!r} is earlier than the previous row")
             prev_t = ts
@@ -389,8 +404,13 @@ class TraceReplayArrivals:
             raise ConfigError("workload.trace", "a replay trace needs at least 2 sorted arrival times")
         self.time_scale = check_finite_nonneg("workload.time_scale", time_scale, allow_zero=False)
         self.source = source
+        if not np.all(np.isfinite(t)):
+            raise ConfigError("workload.trace", "arrival times must be finite numbers", source=source or None)
         t = t - t[0]
         span = float(t[-1])
+        if not span > 0:
+            raise ConfigError("workload.trace", f"every arrival time is the same ({t.size} rows at one instant): "
+                              "a replay trace needs arrivals spread over time (span > 0 s)", source=source or None)
         self._period_raw = span + span / (t.size - 1)
         self.trace_rate_per_s = t.size / self._period_raw
         self._t = t

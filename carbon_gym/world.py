@@ -84,7 +84,14 @@ def build_carbon(scenario: Scenario) -> tuple[CarbonTrace, float]:
     c = scenario.carbon
     path = None if c.file == "packaged" else c.file
     trace = load_carbon_trace(path, kind=c.kind, zones=zones, interpolation=c.interpolation, fill=c.fill)
-    return trace, carbon_offset_s(trace, c.start_utc)
+    offset = carbon_offset_s(trace, c.start_utc)
+    if path is not None and offset + float(scenario.duration_s) > trace.period_s:
+        import warnings
+
+        warnings.warn(f"carbon.file {path}: the episode (start {c.start_utc}, {float(scenario.duration_s):g} s) runs "
+                      f"past the trace's end ({trace.end_utc}); the intensities wrap around to the trace's start",
+                      stacklevel=2)
+    return trace, offset
 
 
 def build_forecaster(scenario: Scenario, trace: CarbonTrace | None = None, seed: int | None = None) -> CarbonForecaster:

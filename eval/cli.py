@@ -447,6 +447,7 @@ def resolve_out(args: argparse.Namespace, names: Sequence[str] | None = None) ->
         return [x for x in dirs if holds_results(x)]
 
     if args.out is not None:
+        _check_out_dir(args.out)
         busy = taken(args.out)
         if busy and not args.overwrite:
             raise UsageError("--out", f"{busy[0]!r} already holds results (its config.json); choose another --out, or "
@@ -461,6 +462,23 @@ def resolve_out(args: argparse.Namespace, names: Sequence[str] | None = None) ->
         print(f"{PROG}: note: {base!r} holds earlier results; writing to {out!r} (--out DIR to choose, --overwrite to "
               f"replace {base!r})", file=sys.stderr)
     return out
+
+
+def _check_out_dir(out: str) -> None:
+    """UsageError for an ``--out`` that cannot be a results directory: empty, a NUL byte, an
+    existing file, or a directory that cannot be created or written."""
+    if not out.strip():
+        raise UsageError("--out", "empty path; give a directory (e.g. --out results/run1)")
+    if "\x00" in out:
+        raise UsageError("--out", f"the path holds a NUL byte: {out!r}")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise UsageError("--out", f"{out!r} is an existing file; give a directory")
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:
+        raise UsageError("--out", f"cannot create directory {out!r}: {e.strerror or e}") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise UsageError("--out", f"directory {out!r} is not writable")
 
 
 def tensorboard_dir(args: argparse.Namespace, out: str) -> str | None:

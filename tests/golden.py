@@ -44,6 +44,14 @@ POLICY_KWARGS: dict[str, dict[str, Any]] = {}
 #: run's validity from its pinned unfinished share) or
 #: is wall clock. A regenerated cell leaves them out too, so old and new cells compare alike.
 UNPINNED_METRICS = frozenset({"mlperf_ttft_p99_pass", "mlperf_tpot_p99_pass", "run_valid"})
+#: Episode metrics added after the cells were pinned, left out of a cell while they are 0 (their
+#: value in every episode before they existed): a cell where one is not 0 shows it as "new".
+ZERO_UNTIL_PINNED = frozenset({"blocked", "blocked_at_end"})
+
+
+def _pinned_episode_metrics(em: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in em.items() if not (k in ZERO_UNTIL_PINNED and v == 0)}
+
 
 #: The subset tests/test_golden.py checks in CI: every policy on the dev scenarios (three seeds),
 #: round-robin on every paper-scale scenario and every policy on llama8b-moderate (seed 0).
@@ -120,7 +128,7 @@ def run_cell(cell: tuple[str, str, int]) -> dict[str, Any]:
                if not k.startswith(("decision_", "wall_", "cpu_")) and k not in UNPINNED_METRICS}
     return {
         "metrics": _plain(metrics),
-        "episode_metrics": _plain(em) if em is not None else None,
+        "episode_metrics": _plain(_pinned_episode_metrics(em)) if em is not None else None,
         "meta": _plain({k: v for k, v in res.meta.items() if k not in ("warnings", "episode_metrics")}),
         "requests_sha256": _digest(res.requests),
         "steps_sha256": _digest(res.steps, skip=("decision_s",)),

@@ -185,10 +185,11 @@ def test_region_outage_with_every_link_cut_leaves_only_defer_and_loses_nothing()
         m = info["action_mask"]
         if 6.0 <= t < 10.0:
             o = env.pending_requests()["origin"]
-            eu = o == 0
-            assert m[:, 4].all() and not m[: len(o)][eu, :4].any()  # European requests: only defer
-            assert (m[: len(o)][~eu] == [True, True, False, False, True]).all()  # NA: only Europe
-            saw_empty = saw_empty or bool(eu.any())
+            assert m[:, 4].all() and not np.any(o == 0)  # European requests: blocked, no slot (issue 22)
+            assert (m[: len(o)] == [True, True, False, False, True]).all()  # NA: only Europe
+            every = env.pending_requests(include_overflow=True)["origin"]
+            assert info["blocked"] == env.state().pending_blocked == np.count_nonzero(every == 0)
+            saw_empty = saw_empty or info["blocked"] > 0
         obs, r, term, trunc, info = env.step(rr.act(obs, info))
         if trunc:
             break

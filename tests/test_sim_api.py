@@ -85,7 +85,7 @@ def test_constructor_rejects_bad_configuration():
     assert ei.value.field == "engine.tp" and "1, 2, 4, 8" in str(ei.value)
     with pytest.raises(ConfigError) as ei:
         build(model=load_model_spec("mixtral-8x7b"))  # 93 GB of weights on one 80 GB GPU
-    assert ei.value.field == "model"
+    assert ei.value.field == "engine.gpu_memory_utilization" and "engine.tp" in str(ei.value)
     with pytest.raises(ConfigError) as ei:
         build(gpu=dataclasses.replace(GPU, memory_bytes=18e9))  # fits, but not max_model_len of KV
     assert ei.value.field == "engine.max_model_len"

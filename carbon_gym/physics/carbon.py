@@ -214,6 +214,10 @@ def _pick_value_column(header: list[str], skip: set[int], kind: str, value_colum
     )
 
 
+#: Largest carbon intensity a trace may hold, gCO2eq/kWh (real grids stay below ~1,500; a larger
+#: value is a unit or parsing mistake, and values near the float limit overflow the emissions).
+MAX_INTENSITY_G_PER_KWH = 1e5
+
 _Series = tuple  # (lines: list[int], times: list[datetime], cells: list[str])
 
 
@@ -307,7 +311,8 @@ def _zone_values(src: str, zone: str, lines: list[int], times: list[datetime], c
     values = np.full(hours, np.nan)
     try:
         arr = np.asarray(cells, dtype=np.float64)
-        fast = bool(np.all(np.isfinite(arr)) and np.all(arr >= 0))
+        fast = bool(np.all(np.isfinite(arr)) and np.all(arr >= 0) and np.all(arr <= MAX_INTENSITY_G_PER_KWH)
+                    and not any("_" in c for c in cells))
     except ValueError:
         fast = False
     if fast:
@@ -319,7 +324,7 @@ def _zone_values(src: str, zone: str, lines: list[int], times: list[datetime], c
                 if fill == "none":
                     raise DataError(where, f"missing value for zone {zone} at {times[k]}; fix the file or pass fill='ffill' or 'linear'")
                 continue
-            v = parse_float(cell, where, f"zone {zone} at {times[k]}")
+            v = parse_float(cell, where, f"zone {zone} at {times[k]}", max_abs=MAX_INTENSITY_G_PER_KWH)
             if v < 0:
                 raise DataError(where, f"negative carbon intensity {v} for zone {zone} at {times[k]}")
             values[idx[k]] = v

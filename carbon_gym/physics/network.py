@@ -92,6 +92,9 @@ def load_zone_rtt_ms(path: str | Path | None = None, *, metro_rtt_ms: float = ME
     zones = tuple(h.strip() for h in header[1:])
     if not zones:
         raise DataError(f"{p}:1", "no zone columns")
+    dup = sorted({z for z in zones if zones.count(z) > 1})
+    if dup:
+        raise DataError(f"{p}:1", f"duplicate zone columns: {', '.join(dup)} (allowed: each zone once)")
     mat = np.full((len(zones), len(zones)), np.nan)
     seen: list[str] = []
     for line, row in rows:
@@ -106,9 +109,12 @@ def load_zone_rtt_ms(path: str | Path | None = None, *, metro_rtt_ms: float = ME
         i = zones.index(z)
         seen.append(z)
         for j, cell in enumerate(row[1:]):
-            if is_missing(cell):
+            if not cell.strip():  # blank: same cloud region
                 mat[i, j] = metro
                 continue
+            if is_missing(cell):
+                raise DataError(where, f"RTT {z} -> {zones[j]}: {cell.strip()!r} is not a number (allowed: milliseconds "
+                                ">= 0, or a blank cell for the same cloud region)")
             v = parse_float(cell, where, f"RTT {z} -> {zones[j]}")
             if v < 0:
                 raise DataError(where, f"negative RTT {v} ms for {z} -> {zones[j]}")

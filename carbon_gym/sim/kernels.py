@@ -1,6 +1,12 @@
 """Functions that the simulator builds per simulation (closures over a model's parameters), and
 the copy / pickle helpers of its classes (:func:`slot_state`).
 
+A closure cannot be pickled, so each one built here carries its recipe (``_rebuild``: the
+factory and its arguments): :func:`slot_state` stores it as a :class:`Rebuild`, which pickles
+as "call the factory again" (the same floats: the closures are pure functions of their
+arguments) and deep-copies as the closure itself (shared, as before). Calls stay plain
+closure calls: nothing changes on the simulator's hot path.
+
 They live here, outside the modules that ``setup.py`` may compile (:mod:`carbon_gym.sim._native`),
 so that they are ordinary Python functions whatever the build: a compiled closure would be an
 object that ``copy.deepcopy`` (of an env, say) tries to rebuild instead of sharing.
@@ -15,7 +21,32 @@ from typing import Any, Callable
 from ..physics.latency import TableLatencyModel, prefill_table_s
 from ..physics.power import PhasePowerModel
 
-__all__ = ["iteration_time_fn", "prefill_power_fn", "draining_score_fn", "blank_instance", "slot_state"]
+__all__ = ["iteration_time_fn", "prefill_power_fn", "draining_score_fn", "blank_instance", "slot_state", "Rebuild"]
+
+
+class Rebuild:
+    """A closure built by a factory of this module, in a pickle: unpickles as ``factory(*args)``;
+    ``copy.deepcopy`` gives the original closure (closures are immutable: sharing is safe)."""
+
+    __slots__ = ("fn", "factory", "args")
+
+    def __init__(self, fn: Callable[..., Any], factory: Callable[..., Any], args: tuple) -> None:
+        self.fn, self.factory, self.args = fn, factory, args
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return self.factory, self.args
+
+    def __deepcopy__(self, memo: dict) -> Any:
+        return self.fn
+
+    def __copy__(self) -> Any:
+        return self.fn
+
+
+def _with_recipe(fn: Any, factory: Callable[..., Any], *args: Any) -> Any:
+    """``fn`` with its recipe attached (see the module docstring)."""
+    fn._rebuild = (factory, args)
+    return fn
 
 
 def iteration_time_fn(latency: Any) -> Callable[[int, float, int, float, int], float]:
@@ -24,12 +55,12 @@ def iteration_time_fn(latency: Any) -> Callable[[int, float, int, float, int], f
     model's own method."""
     fn = _table_time_fn(latency)
     if fn is not None:
-        return fn
+        return _with_recipe(fn, iteration_time_fn, latency)
 
     def iteration_time_s(pt: int, pairs: float, nd: int, ctx: float, ns: int) -> float:
         return float(latency.iteration_time_s(pt, pairs, nd, ctx, ns))
 
-    return iteration_time_s
+    return _with_recipe(iteration_time_s, iteration_time_fn, latency)
 
 
 def prefill_power_fn(power: Any, tp: int) -> Callable[[int, int], float]:
@@ -37,12 +68,12 @@ def prefill_power_fn(power: Any, tp: int) -> Callable[[int, int], float]:
     GPUs) during an iteration with prefill work."""
     fn = _phase_prefill_power_fn(power, tp)
     if fn is not None:
-        return fn
+        return _with_recipe(fn, prefill_power_fn, power, tp)
 
     def prefill_engine_w(pt: int, nd: int) -> float:
         return tp * float(power.gpu_power_w(pt, nd))
 
-    return prefill_engine_w
+    return _with_recipe(prefill_engine_w, prefill_power_fn, power, tp)
 
 
 def draining_score_fn(base: Callable[[Any], float]) -> Callable[[Any], float]:
@@ -52,7 +83,7 @@ def draining_score_fn(base: Callable[[Any], float]) -> Callable[[Any], float]:
     def score(engine: Any) -> float:
         return math.inf if engine.draining or engine.cap_state else base(engine)
 
-    return score
+    return _with_recipe(score, draining_score_fn, base)
 
 
 def _table_time_fn(latency: Any) -> Callable[[int, float, int, float, int], float] | None:
@@ -141,4 +172,8 @@ def slot_state(obj: Any) -> dict[str, Any]:
             pass
     if hasattr(obj, "__dict__"):
         state.update(vars(obj))
+    for name, value in state.items():
+        recipe = getattr(value, "_rebuild", None)
+        if recipe is not None and isinstance(recipe, tuple):
+            state[name] = Rebuild(value, *recipe)
     return state

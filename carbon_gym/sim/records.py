@@ -214,10 +214,7 @@ class RecordWriter:
 
         if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, (int, np.integer)) or chunk_rows < 1:
             raise ConfigError("record_chunk_rows", f"must be an integer >= 1, got {chunk_rows!r}")
-        d = Path(directory)
-        if d.exists() and not d.is_dir():
-            raise ConfigError("record_dir", f"{d} exists and is not a directory")
-        d.mkdir(parents=True, exist_ok=True)
+        d = check_record_dir(directory)
         if any(d.glob("part-*.npz")):
             raise ConfigError("record_dir", f"{d} already holds record files (part-*.npz); use an empty directory")
         self.directory = d
@@ -226,6 +223,9 @@ class RecordWriter:
         self._buffered = 0
         self.files: list[Path] = []
         self.rows_written = 0
+        #: the first write failure (:class:`~carbon_gym.errors.RecordWriteError`), or None. After
+        #: one, nothing more is written: the unwritten rows stay in memory and are still read.
+        self.failed: Exception | None = None
 
     def __len__(self) -> int:
         """Rows appended so far (written or buffered)."""
@@ -244,19 +244,34 @@ class RecordWriter:
     def flush(self) -> None:
         """Write the buffered rows (if any) to the next chunk file (a compressed ``.npz`` that
         :meth:`RequestRecords.load_npz` reads; written one column at a time, so the extra memory
-        is one column, not a copy of the buffer)."""
-        if not self._buffered:
+        is one column, not a copy of the buffer).
+
+        Raises :class:`~carbon_gym.errors.RecordWriteError` naming the directory when the file
+        cannot be written (no space left, directory gone): the partial file is removed, the rows
+        stay buffered (nothing is lost) and the writer stops writing (:attr:`failed`)."""
+        if not self._buffered or self.failed is not None:
             return
         import zipfile
 
+        from ..errors import RecordWriteError
+
         path = self.directory / f"part-{len(self.files):05d}.npz"
         parts = self._parts
-        with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-            for name, dt in RECORD_COLUMNS:
-                col: np.ndarray = np.concatenate([getattr(p, name) for p in parts]).astype(dt, copy=False)
-                with zf.open(f"{name}.npy", "w", force_zip64=True) as f:
-                    np.lib.format.write_array(f, np.ascontiguousarray(col), allow_pickle=False)
-                del col
+        try:
+            with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+                for name, dt in RECORD_COLUMNS:
+                    col: np.ndarray = np.concatenate([getattr(p, name) for p in parts]).astype(dt, copy=False)
+                    with zf.open(f"{name}.npy", "w", force_zip64=True) as f:
+                        np.lib.format.write_array(f, np.ascontiguousarray(col), allow_pickle=False)
+                    del col
+        except OSError as e:
+            try:
+                path.unlink(missing_ok=True)
+            except OSError:
+                pass
+            self.failed = RecordWriteError(str(self.directory), f"cannot write {path.name} ({e.strerror or e}); "
+                                           f"{self._buffered} unwritten records are kept in memory")
+            raise self.failed from e
         self.files.append(path)
         self.rows_written += self._buffered
         self._parts = []
@@ -268,20 +283,34 @@ class RecordWriter:
 
     def read_all(self) -> RequestRecords:
         """Every row appended so far (flushes first), in order."""
-        self.flush()
-        return RequestRecords.concat([RequestRecords.load_npz(p) for p in self.files])
+        self._try_flush()
+        return RequestRecords.concat([RequestRecords.load_npz(p) for p in self.files] + self._parts)
 
     def column_chunks(self, column: str, skip_rows: int = 0) -> Iterable[np.ndarray]:
-        """One column, file by file (flushes first), leaving out the first ``skip_rows`` rows."""
-        self.flush()
+        """One column, file by file (flushes first; after a write failure the unwritten rows
+        come last, from memory), leaving out the first ``skip_rows`` rows."""
+        self._try_flush()
         left = int(skip_rows)
-        for p in self.files:
-            with np.load(p) as z:
-                x = np.asarray(z[column], dtype=np.float64)
+        sources: list[Path | RequestRecords] = [*self.files, *self._parts]
+        for p in sources:
+            if isinstance(p, RequestRecords):
+                x = np.asarray(getattr(p, column), dtype=np.float64)
+            else:
+                with np.load(p) as z:
+                    x = np.asarray(z[column], dtype=np.float64)
             if left:
                 cut = min(left, x.size)
                 x, left = x[cut:], left - cut
             yield x
+
+    def _try_flush(self) -> None:
+        """Flush before reading; a write failure is kept (:attr:`failed`), the rows read from memory."""
+        from ..errors import RecordWriteError
+
+        try:
+            self.flush()
+        except RecordWriteError:
+            pass
 
     def percentiles(self, column: str, qs: Iterable[float], skip_rows: int = 0) -> list[float]:
         """Exact ``numpy.percentile`` (linear) of ``column`` for each q in ``qs``, reading the
@@ -339,6 +368,33 @@ class RecordWriter:
             diff = hi - lo  # numpy's _lerp
             out.append(float(hi - diff * (1.0 - frac)) if frac >= 0.5 else float(lo + diff * frac))
         return out
+
+
+def check_record_dir(directory: Any) -> Path:
+    """``directory`` as a Path, created if missing, or :class:`~carbon_gym.errors.ConfigError`
+    (field ``record_dir``) when it is empty, holds a NUL byte, lies under a file, is a file or
+    cannot be created or written."""
+    import os
+
+    from ..errors import ConfigError
+
+    if not isinstance(directory, (str, bytes)) and not hasattr(directory, "__fspath__"):
+        raise ConfigError("record_dir", f"expected a directory path, got {type(directory).__name__}")
+    raw = os.fsdecode(os.fspath(directory))
+    if raw == "":
+        raise ConfigError("record_dir", "empty path (for the working directory say '.')", allowed="a directory path")
+    if "\x00" in raw:
+        raise ConfigError("record_dir", f"the path holds a NUL byte: {raw!r}", allowed="a directory path")
+    d = Path(raw)
+    if d.exists() and not d.is_dir():
+        raise ConfigError("record_dir", f"{d} exists and is not a directory", allowed="a directory path")
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError("record_dir", f"cannot create {d}: {e.strerror or e}", allowed="a writable directory path") from None
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise ConfigError("record_dir", f"{d} is not writable", allowed="a writable directory path")
+    return d
 
 
 def load_record_dir(directory: str | Path) -> RequestRecords:

@@ -208,7 +208,7 @@ class Simulator(CopyableState):
         total_blocks = int(math.floor(kv_budget / block_bytes)) if kv_budget > 0 else 0
         if total_blocks <= 0:
             raise ConfigError(
-                "model", f"{model.name} ({model.weight_bytes / 1e9:.1f} GB of weights) does not fit in tp={tp} x "
+                "engine.gpu_memory_utilization", f"{model.name} ({model.weight_bytes / 1e9:.1f} GB of weights) does not fit in tp={tp} x "
                 f"{gpu.name} at gpu_memory_utilization={engine.gpu_memory_utilization} (no room for KV cache)",
                 allowed="a larger engine.tp, GPU or gpu_memory_utilization",
             )
