@@ -580,6 +580,12 @@ def cmd_experiment(args: argparse.Namespace, argv: Sequence[str]) -> int:
     scenarios = resolve_scenarios(args.scenarios) if args.scenarios else None
     check_scenarios(scenarios or [f"{(models or experiments.MODELS)[0]}-{(loads or ['moderate'])[0]}"], experiments.preset_overrides(args.preset or "quick", args.duration_s, parse_assignments(args.overrides, "--set"), window_s=args.window_s, warmup_s=args.warmup_s))
     note_preset(args.preset or "quick", args.window_s, experiment=True)
+    if "capacity" in names and args.window_s is None:
+        from eval.capacity_report import CAPACITY_WARMUP_S, CAPACITY_WINDOW_S
+
+        print(f"{PROG}: note: experiment capacity measures its own window ({CAPACITY_WINDOW_S:g} s after a {CAPACITY_WARMUP_S:g} s "
+              "burn-in; 60 s after 60 s under --preset quick) and one start unless --seeds; --window-s / --warmup-s set another",
+              file=sys.stderr)
     if args.no_carbon_start:
         print(f"{PROG}: note: --no-carbon-start: every episode starts at its scenario's own carbon.start_utc", file=sys.stderr)
     else:
