@@ -59,7 +59,7 @@ class EnvCapacity:
             raise ConfigError("capacity.control", f"unknown value {c.control!r}",
                               allowed=[*CAPACITY_MODES, *available_autoscalers()], source=scenario.source or None)
         ratio = c.period_s / polling_period_s
-        if abs(ratio - round(ratio)) > 1e-9 or round(ratio) < 1:
+        if c.control != "always_on" and (abs(ratio - round(ratio)) > 1e-9 or round(ratio) < 1):
             raise ConfigError("capacity.period_s", f"must be a positive multiple of polling_period_s="
                               f"{polling_period_s:g}, got {c.period_s:g}", source=scenario.source or None)
         if c.params and c.control == "always_on":
@@ -69,7 +69,7 @@ class EnvCapacity:
         if self.active and power_states is None:
             raise ConfigError("capacity.control", f"{c.control!r} needs the capacity states of the GPU's power file "
                               f"([states] of power/{scenario.gpu}.toml), which it lacks", allowed=["always_on"])
-        self.every = int(round(ratio))
+        self.every = max(int(round(ratio)), 1)
         self.period_s = float(c.period_s)
         self.engines = np.asarray(engines, dtype=np.int64)
         self.servers = np.asarray(servers, dtype=np.int64)

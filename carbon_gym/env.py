@@ -17,9 +17,10 @@ import numpy as np
 from gymnasium import spaces
 
 from . import pending as P
+from .actions import parse_route_action
 from .control import EnvCapacity
 from .episode import EpisodeTally
-from .errors import ActionError, ConfigError, check_choice
+from .errors import ConfigError, check_choice
 from .faults import has_carbon_feed_gap
 from .observation import (
     CARBON_SCALE_G_PER_KWH,
@@ -83,8 +84,6 @@ _SNAP_UP = SNAPSHOT_ARRAY_ROWS.index("up")
 _SNAP_CARBON = SNAPSHOT_ARRAY_ROWS.index("carbon_g_per_kwh")
 _SNAP_AWAKE = SNAPSHOT_ARRAY_ROWS.index("awake_engines")
 _SNAP_SERVERS = SNAPSHOT_ARRAY_ROWS.index("servers_on")
-# The ufunc reductions behind ndarray.sum/max/min/all (same results, without the Python wrapper).
-_MAX, _MIN, _ALL = np.maximum.reduce, np.minimum.reduce, np.logical_and.reduce
 
 
 class GeoServeEnv(gym.Env):
@@ -126,6 +125,12 @@ class GeoServeEnv(gym.Env):
       ``invalid_action="defer"`` each such slot is deferred instead and counted in
       ``info["invalid_actions"]``. A wrong shape (anything but K entries) or dtype (bool,
       object, strings) raises in both modes.
+
+    With ``[capacity] control = "agent"`` the action is a ``Dict`` of this ``"route"``, a
+    ``"capacity"`` (awake engines per datacenter) and a ``"servers"`` (servers powered) part,
+    applied at each capacity decision (``state().capacity_decision``); a bare route array keeps
+    the capacity. See :mod:`carbon_gym.control`, :class:`~carbon_gym.wrappers.FlattenCapacityAction`
+    (one ``MultiDiscrete`` for SB3) and :mod:`carbon_gym.sim.capacity` (sleep, wake, power-off).
 
     ## Observation Space
 
@@ -575,76 +580,8 @@ class GeoServeEnv(gym.Env):
 
     # ------------------------------------------------------------------ action handling
     def _parse_action(self, action: Any) -> tuple[np.ndarray, int]:
-        """Validate ``action``; return (choice per visible slot, number of invalid entries deferred)."""
-        K, D, n = self._K, self._D, self._n_visible
-        try:
-            a = action if type(action) is np.ndarray else np.asarray(action)
-        except Exception as exc:  # pragma: no cover - exotic objects
-            raise ActionError(f"action could not be converted to an array: {exc}") from None
-        if a.shape != (K,):
-            raise ActionError(
-                f"action must have shape ({K},): one entry per pending-request slot "
-                f"(a datacenter index 0..{D - 1}, or {D} = defer); got shape {a.shape}"
-            )
-        kind = a.dtype.kind
-        nonint: np.ndarray | None = None
-        if kind in "iu":
-            v = a[:n].astype(np.int64, copy=False)
-            if n == 0:
-                return v, 0
-            # fast path: every entry in range and allowed by the mask
-            if _MIN(v) >= 0 and _MAX(v) <= D and _ALL(self._mask[self._arange_k[:n], v]):
-                return v, 0
-        elif kind == "f":
-            av = a[:n]
-            ok = np.isfinite(av)
-            ok[ok] = av[ok] == np.round(av[ok])
-            nonint = ~ok
-            v = np.where(ok, av, -1).astype(np.int64)
-        else:
-            raise ActionError(
-                f"action must hold integers (datacenter index 0..{D - 1}, or {D} = defer); got dtype {a.dtype}"
-            )
-        out_of_range = (v < 0) | (v > D)
-        if nonint is not None:
-            out_of_range |= nonint
-        masked = np.zeros(n, dtype=bool)
-        in_range = ~out_of_range
-        if n:
-            masked[in_range] = ~self._mask[np.flatnonzero(in_range), v[in_range]]
-        invalid = out_of_range | masked
-        n_invalid = int(np.count_nonzero(invalid))
-        if n_invalid == 0:
-            return v, 0
-        if self._invalid_action == "raise":
-            k = int(np.flatnonzero(invalid)[0])
-            more = f" ({n_invalid - 1} more invalid entries)" if n_invalid > 1 else ""
-            raise ActionError(self._invalid_message(k, a[k].item(), bool(out_of_range[k])) + more)
-        return np.where(invalid, D, v), n_invalid
-
-    def _invalid_message(self, k: int, value: Any, out_of_range: bool) -> str:
-        D = self._D
-        allowed = np.flatnonzero(self._mask[k])
-        if out_of_range:
-            return (
-                f"action[{k}] = {value!r} is not a valid choice for slot {k} (a pending request): "
-                f"expected an integer 0..{D - 1} (datacenter) or {D} (defer); allowed now: {allowed.tolist()}"
-            )
-        d = int(value)
-        name = self.layout.datacenter_names[d]
-        row = self._pending.rows[k]
-        need = -(-(int(row[P.PROMPT]) + 1) // self.layout.block_tokens)
-        fault_why = self._faults.masked_reason(int(row[P.ORIGIN]), d) if self._faults is not None else None
-        if fault_why is not None:
-            why = fault_why
-        elif not self._up[d]:
-            why = "the datacenter is down"
-        else:
-            why = f"the request needs {need} KV blocks, one engine there has {int(self.layout.engine_kv_blocks[d])}"
-        return (
-            f"action[{k}] = {d} sends slot {k}'s request to datacenter {d} ({name!r}), which is masked: {why}; "
-            f"allowed now: {allowed.tolist()} ({D} = defer)"
-        )
+        """Validate the route ``action``; (choice per visible slot, invalid entries deferred)."""
+        return parse_route_action(self, action)
 
     def action_masks(self) -> np.ndarray:
         """Allowed choices, flat bool array of length K x (D + 1), slot-major (MaskablePPO); with

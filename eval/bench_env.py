@@ -147,6 +147,19 @@ def _print(label: str, r: dict[str, float], p: dict[str, float] | None) -> None:
           f"round-robin policy {p['policy_share']:.0%}")
 
 
+def _value(text: str) -> Any:
+    """A --set value: a number or true / false when it reads as one, else the string."""
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the benchmark and print the figures (last line: ``env_steps_per_s=<dev>``)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -157,16 +170,24 @@ def main(argv: list[str] | None = None) -> None:
                     help="skip the instrumented second run (time shares of the simulator's methods)")
     ap.add_argument("--repeats", type=int, default=5,
                     help="timed dev runs (the shared machine's speed drifts between runs: the median is reported)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="scenario override for both runs, e.g. --set capacity.control=reactive (repeatable)")
     args = ap.parse_args(argv)
     profile = not args.no_profile
+    extra: dict[str, Any] = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            ap.error(f"--set expects KEY=VALUE, got {item!r}")
+        extra[key.strip()] = _value(value.strip())
     impl = carbon_gym.sim.IMPLEMENTATION
     print(f"simulator modules ({', '.join(m for m in impl if m != 'reason')}): {impl['engine']} ({impl['reason']})")
     # Warm-up (data loading, predictor fitting, imports) outside the timed runs.
-    bench("carbon_gym/GeoServe-dev-v0", 10, profile=False)
-    runs = sorted((bench("carbon_gym/GeoServe-dev-v0", args.dev_steps, profile=False) for _ in range(max(args.repeats, 1))),
-                  key=lambda r: r["steps_per_s"])
+    bench("carbon_gym/GeoServe-dev-v0", 10, extra, profile=False)
+    runs = sorted((bench("carbon_gym/GeoServe-dev-v0", args.dev_steps, extra, profile=False)
+                   for _ in range(max(args.repeats, 1))), key=lambda r: r["steps_per_s"])
     dev = runs[len(runs) // 2]  # the median run (the middle one of an odd count)
-    dev_p = bench("carbon_gym/GeoServe-dev-v0", args.dev_steps, profile=True) if profile else None
+    dev_p = bench("carbon_gym/GeoServe-dev-v0", args.dev_steps, extra, profile=True) if profile else None
     _print("dev (median run)", dev, dev_p)
     if len(runs) > 1:
         rates = ", ".join(f"{r['steps_per_s']:.0f}" for r in runs)
@@ -174,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
               f"median {dev['steps_per_s']:.0f}, max {runs[-1]['steps_per_s']:.0f})")
     if args.paper_steps > 0:
         env_id = carbon_gym.env_id_for_scenario(args.paper_scenario)
-        ov = {"duration_s": float(args.paper_steps)}
+        ov = {**extra, "duration_s": float(args.paper_steps)}
         bench(env_id, 1, ov, profile=False)
         paper = bench(env_id, args.paper_steps, ov, profile=False)
         paper_p = bench(env_id, args.paper_steps, ov, profile=True) if profile else None

@@ -82,9 +82,13 @@ class Scheduler:
         (:meth:`carbon_gym.env.GeoServeEnv.state`; ``observation`` and ``info`` are not read)."""
         if self.env is None:
             raise RuntimeError(f"{self.name}: no env; pass env= or call reset(env)")
+        return self.problem_of(self.env.unwrapped.state())
+
+    def problem_of(self, state: Any) -> PlacementProblem:
+        """The :class:`PlacementProblem` of a typed ``state`` of ``self.env`` (with the margins)."""
         if self._facts is None:
             self._facts = EnvFacts(self.env)
-        p = problem_from_state(self.env.unwrapped.state(), self._facts)
+        p = problem_from_state(state, self._facts)
         p.ttft_slo_s *= 1.0 - self.ttft_margin
         p.tpot_slo_s *= 1.0 - self.tpot_margin
         return p

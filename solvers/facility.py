@@ -98,6 +98,21 @@ Class form vs per-request form: the class form charges a class's mean energy, pr
 its fraction of TTFT misses; it equals the per-request objective whenever no class is split, and
 ``tests/test_solvers_facility.py`` measures the gap on instances small enough for both.
 
+Capacity control (``[capacity] control = "agent"``; :mod:`solvers.facility_capacity`)
+------------------------------------------------------------------------------------
+At each capacity decision (``EnvState.capacity_decision``, every ``capacity.period_s``) a capacity
+stage decides integer awake engines a_d in [0, E_d] and servers powered n_d (k_d n_d >= a_d) per
+datacenter together with the period's routed arrival rate l_d (requests/s), minimising over a
+lookahead T >= period (the carbon forecast, g/kWh x PUE) the floor energy of powered servers
+(host + idle GPUs, W x s; servers off at ``host_off_w``), the boot energy of servers and the wake
+energy of engines it turns on (J), and the routed work's energy (J per request x l_d x T), with
+the period's expected fleet arrivals within a_d x ``engine_capacity_per_s`` x
+``capacity_util_cap`` (servers off now cannot serve within the period: a boot takes ~345 s).
+The placement program above then runs on the capacity in force: ``E_d`` = the serving engines,
+datacenters with none masked where a request has another choice, the wake latency added to
+``W0_d`` where no engine is awake. The action is then ``{"route", "capacity", "servers"}`` at a
+decision and the route alone between decisions. With ``always_on`` nothing changes.
+
 Work limits (:func:`solve_highspy`): a MIP gap (default 1%) and deterministic work limits, no
 wall clock by default. The LP relaxation (a few ms; at most ``lp_iteration_limit`` simplex
 iterations) gives a bound; its counts rounded down and completed by :func:`class_greedy`, or
@@ -137,6 +152,15 @@ from .facility_model import (
     facility_objective,
     marginal_energy_j,
     pair_counts,
+)
+from .envadapter import action_from_assignment
+from .facility_capacity import (
+    CapacityFacts,
+    CapacityResult,
+    capacity_greedy,
+    capacity_problem,
+    capacity_view,
+    solve_capacity,
 )
 from .facility_solve import SolveResult, solve_highspy, solve_pyomo
 from .problem import PlacementProblem
@@ -185,7 +209,8 @@ class FacilityMILP(Scheduler):
         """Clear the statistics."""
         self.stats = {"decision_s": [], "place_s": [], "build_s": [], "solve_s": [], "n_classes": [], "status": [],
                       "objective_g": [], "mip_gap": [], "limit": [], "lp_iterations": [], "bb_nodes": [], "bb_work": [],
-                      "fallbacks": 0, "solves": 0, "fallback_reasons": []}
+                      "fallbacks": 0, "solves": 0, "fallback_reasons": [], "capacity_s": [], "capacity_status": [],
+                      "capacity_fallbacks": 0}
 
     def episode_stats(self) -> dict[str, float]:
         """The episode's solver figures, for the evaluation's run rows (:func:`eval.runner.run_one`):
@@ -207,7 +232,71 @@ class FacilityMILP(Scheduler):
             "mip_gap_p95": float(np.percentile(gaps, 95)) if gaps.size else float("nan"),
             "bb_nodes": float(sum(st["bb_nodes"])),
             "wall_solve_s": float(sum(st["place_s"])),
+            # (capacity control only: the capacity stage's decisions and fallbacks to its greedy)
+            **({"capacity_solves": float(len(st["capacity_s"])), "capacity_fallbacks": float(st["capacity_fallbacks"])}
+               if st["capacity_s"] else {}),
         }
+
+    def reset_state(self) -> None:
+        """Forget the capacity stage's memory (per-request work energy, static facts)."""
+        self._cap_facts: CapacityFacts | None = None
+        self._work_j: np.ndarray | None = None
+
+    def act(self, observation: Any, info: dict[str, Any]) -> Any:
+        """The env action: the routing array, or with ``[capacity] control = "agent"`` at a capacity
+        decision ``{"route", "capacity", "servers"}`` (:mod:`solvers.facility_capacity`)."""
+        if self.env is None:
+            raise RuntimeError(f"{self.name}: no env; pass env= or call reset(env)")
+        state = self.env.unwrapped.state()
+        if state.capacity_control != "agent":
+            return super().act(observation, info)
+        t0 = time.perf_counter()
+        problem = self.problem_of(state)
+        self._remember_work_j(problem)
+        decision = None
+        targets = np.asarray(state.capacity_target_engines, dtype=np.int64)
+        if state.capacity_decision:
+            decision = self.decide_capacity(state, problem)
+            targets = decision.awake
+        view = capacity_view(problem, state, targets)
+        assignment = self.place(view)
+        assert self._facts is not None  # (set by problem_of())
+        route = action_from_assignment(view, assignment, self._facts.layout.max_pending)
+        self.stats["decision_s"].append(time.perf_counter() - t0)
+        if decision is None:
+            return route
+        return {"route": route, "capacity": decision.awake, "servers": decision.servers}
+
+    def _remember_work_j(self, problem: PlacementProblem) -> None:
+        """Update the per-request work energy at each datacenter (J): the marginal energy of this
+        step's pending requests plus the fixed energy of an engine over the current batch."""
+        if problem.n_requests == 0:
+            return
+        e, fixed = marginal_energy_j(problem)
+        w = e.mean(axis=0) + fixed / np.maximum(problem.batch_per_busy_engine, 1.0)
+        self._work_j = w if self._work_j is None else 0.9 * self._work_j + 0.1 * w
+
+    def decide_capacity(self, state: Any, problem: PlacementProblem) -> CapacityResult:
+        """The capacity stage at a decision: awake engines and servers per datacenter."""
+        t0 = time.perf_counter()
+        if self._cap_facts is None:
+            self._cap_facts = CapacityFacts.from_env(self.env)
+        cfg = self.config
+        work = self._work_j if self._work_j is not None else np.zeros(problem.n_datacenters)
+        cp = capacity_problem(state, problem, self._cap_facts, work, cfg.capacity_util_cap, cfg.capacity_load_margin,
+                              cfg.capacity_lookahead_s, cfg.violation_penalty_g)
+        try:
+            res = solve_capacity(cp, cfg.threads)
+        except Exception as exc:  # noqa: BLE001 - any solver failure falls back, counted and logged
+            res = capacity_greedy(cp)
+            res = replace(res, status=f"greedy (error: {type(exc).__name__}: {exc})", fallback=True)
+        st = self.stats
+        st["capacity_s"].append(time.perf_counter() - t0)
+        st["capacity_status"].append(res.status)
+        if res.fallback:
+            st["capacity_fallbacks"] += 1
+            log.warning("facility MILP capacity stage falls back to the greedy at t=%.1f s: %s", state.time_s, res.status)
+        return res
 
     def _solve(self, data: FacilityData, warm: tuple[np.ndarray, np.ndarray] | None) -> SolveResult:
         if self.config.backend == "pyomo":

@@ -7,6 +7,7 @@ counts back to requests. The formulation is in :mod:`solvers.facility`; the solv
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -71,6 +72,12 @@ class FacilityConfig:
             columns (pairs); larger ones return the LP-rounding incumbent with its certified gap
             (HiGHS's root cut separation alone took 0.3-0.75 s at ~1,600 columns here and does
             not honour the interrupt callback, so it cannot fit a 0.25 s decision).
+        capacity_util_cap: with ``[capacity] control = "agent"`` (:mod:`solvers.facility_capacity`):
+            the utilisation cap u, the share of the measured per-engine capacity
+            (``EnvState.engine_capacity_per_s``) the awake engines are planned to carry (0..1].
+        capacity_load_margin: the planned load is the observed fleet arrival rate x (1 + this).
+        capacity_lookahead_s: lookahead of the capacity decision, seconds (at least one
+            ``capacity.period_s``: a smaller value means the period).
     """
 
     violation_penalty_g: float = 1.0
@@ -94,6 +101,9 @@ class FacilityConfig:
     warm_start: bool = True
     threads: int = 1
     bb_max_columns: int = 600
+    capacity_util_cap: float = 0.7
+    capacity_load_margin: float = 0.1
+    capacity_lookahead_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.engine_model not in ("spread", "pack"):
@@ -120,10 +130,20 @@ class FacilityConfig:
             raise ConfigError("facility.mip_gap", f"must be >= 0, got {self.mip_gap}")
         if self.time_limit_s is not None and not self.time_limit_s >= 0:
             raise ConfigError("facility.time_limit_s", f"must be >= 0 seconds or None (no wall-clock limit), got {self.time_limit_s}")
+        self._check_capacity()
         for name in ("lp_iteration_limit", "bb_node_limit", "bb_work_limit"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
                 raise ConfigError(f"facility.{name}", f"must be an integer >= 0, got {v!r}")
+
+    def _check_capacity(self) -> None:
+        """Check the capacity stage's settings (ConfigError naming the field)."""
+        if not 0.0 < self.capacity_util_cap <= 1.0:
+            raise ConfigError("facility.capacity_util_cap", f"must be in (0, 1], got {self.capacity_util_cap}")
+        for name in ("capacity_load_margin", "capacity_lookahead_s"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ConfigError(f"facility.{name}", f"must be finite and >= 0, got {v!r}")
 
 
 # ---------------------------------------------------------------------------------- coefficients

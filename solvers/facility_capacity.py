@@ -1,0 +1,329 @@
+r"""The facility MILP's capacity stage (``[capacity] control = "agent"``): how many engines stay
+awake and how many servers stay powered per datacenter, decided with the period's routing split.
+
+At each capacity decision (``EnvState.capacity_decision``: the first step and every
+``capacity.period_s``) :func:`solve_capacity` solves a small MILP (D datacenters, 5 columns each);
+between decisions the per-step placement MILP (:mod:`solvers.facility`) routes within the
+capacity it chose (:func:`capacity_view`). Both are deterministic functions of the state.
+
+Formulation (per decision; seconds, watts, joules, grams, requests/s)
+--------------------------------------------------------------------
+Data, per datacenter d (``up`` datacenters only; one that is down keeps its targets)
+    E_d engines, S_d servers, k_d = engines per server, G_d = k_d tp GPUs per server
+    A_d = awake + waking engines now;  N_d = servers powered now (on, standby or booting)
+    U_d = awake + waking + sleeping engines now: the engines on powered servers, usable within
+        the period (a boot, ``boot_s`` ~ 345 s > period, only serves from a later decision)
+    T = max(period_s, ``capacity_lookahead_s``)               the lookahead, s
+    gbar_d = PUE_d x mean intensity over [t, t + T] / 3.6e6    g per IT joule (the current hour's
+        intensity for the rest of the hour, then the hourly forecast)
+    P_on_d = host_w + G_d idle_w   floor of a powered server, W (a sleeping engine draws its GPUs'
+        idle power: level-1 sleep keeps the CUDA context; a node in standby draws host idle)
+    P_off = host_off_w             a server that is off (its GPUs draw nothing), W
+    J_boot_d = boot_s (boot_host_w + G_d boot_gpu_w)   energy of booting one server, J
+    J_wake = wake_s tp (transition_w - sleep_w)        energy a wake adds above the floor, J
+    e_d = energy of the routed work per request at d (the placement MILP's marginal energy at the
+        current batch plus the engine's fixed energy over the batch, mean of the pending
+        requests; remembered between steps), J
+    Lam = (1 + ``capacity_load_margin``) x max(sum_d arrival_rate_per_s_d, pending / poll_s)
+        the fleet's expected arrivals in the period, requests/s (the EWMA the simulator
+        publishes; it starts at 0 on an empty cluster, so the requests pending now over one
+        polling period bound it below)
+    c = engine_capacity_per_s (measured requests/s per engine within the SLO), u =
+        ``capacity_util_cap``; lam = ``violation_penalty_g`` grams per request over capacity
+
+Variables
+    a_d in Z [0, E_d]   awake engines;  n_d in Z [0, S_d]   servers powered
+    l_d >= 0            the period's arrival rate routed to d, requests/s
+    b_d >= 0            servers booted (>= n_d - N_d);  w_d >= 0  engines woken (>= a_d - A_d)
+    o >= 0              requests/s the awake capacity cannot hold (penalised, never hidden)
+
+Objective (grams over the lookahead)
+    sum_d gbar_d [T (P_on_d - P_off) n_d + T e_d l_d + J_boot_d b_d + J_wake w_d] + lam T o
+    (the constant floor sum_d gbar_d T S_d P_off of the servers is left out)
+
+Constraints
+    servers     k_d n_d - a_d >= 0                       (the awake engines need their servers)
+    demand      sum_d l_d + o = Lam
+    capacity    l_d - c u a_d <= 0;  l_d <= c u U_d      (load within the awake capacity at the
+                                                          utilisation cap; only usable engines)
+    boots       b_d - n_d >= -N_d;   wakes  w_d - a_d >= -A_d
+
+Routing between decisions (:func:`capacity_view`): the placement problem sees ``S_d =
+min(target_d, U_d)`` serving engines at d (its TPOT, prefill and TTFT budgets scale with them);
+a datacenter with no serving engine is masked for every request that has another datacenter
+allowed; where no engine is awake now, the wake latency (``wake_latency_s``) is added to the
+queue wait of the TTFT constraints. With ``control = "always_on"`` none of this runs and the
+facility MILP is exactly the routing MILP.
+
+Fallback: when HiGHS returns no incumbent, :func:`capacity_greedy` fills the awake capacity
+datacenter by datacenter in order of ``gbar_d``, counted in ``stats["capacity_fallbacks"]``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from carbon_gym.state import EnvState
+
+from ._highs import new_highs
+from ._highs import run as run_highs
+from .problem import J_PER_KWH, PlacementProblem
+
+__all__ = ["CapacityFacts", "CapacityProblem", "CapacityResult", "capacity_problem", "solve_capacity",
+           "capacity_greedy", "capacity_view", "horizon_intensity_g_per_kwh"]
+
+
+@dataclass(frozen=True)
+class CapacityFacts:
+    """Static power and latency facts of an env for the capacity stage (watts, joules, seconds)."""
+
+    tp: int
+    idle_w: float
+    host_w: float
+    host_off_w: float
+    boot_j_per_gpu_server: tuple[float, float]  # (J per server from the host, J per GPU) while booting
+    wake_j: float
+    wake_s: float
+    boot_s: float
+
+    @classmethod
+    def from_env(cls, env: Any) -> CapacityFacts:
+        """From ``env.unwrapped.world_parts`` (the env must have capacity states)."""
+        parts = env.unwrapped.world_parts
+        st = parts.power_states
+        if st is None:
+            raise ValueError("the env's GPU power file has no capacity states")
+        tp = int(parts.engine.tp)
+        gb = float(parts.model.weight_bytes) / tp / 1e9
+        boot_s = float(st.boot_s(gb))
+        wake_s = float(st.wake_s(gb, tp))
+        return cls(tp=tp, idle_w=float(parts.power.idle_w), host_w=float(parts.power.host_w), host_off_w=float(st.host_off_w),
+                   boot_j_per_gpu_server=(boot_s * float(st.boot_host_w), boot_s * float(st.boot_gpu_w)),
+                   wake_j=wake_s * tp * max(float(st.transition_w) - float(st.sleep_w), 0.0), wake_s=wake_s, boot_s=boot_s)
+
+
+@dataclass
+class CapacityProblem:
+    """One capacity decision's data (arrays (D,); see the module docstring for the symbols)."""
+
+    up: np.ndarray
+    engines: np.ndarray
+    servers: np.ndarray
+    engines_per_node: np.ndarray
+    awake_now: np.ndarray
+    servers_now: np.ndarray
+    usable_now: np.ndarray
+    target_engines: np.ndarray
+    target_servers: np.ndarray
+    g_per_j: np.ndarray
+    server_on_w: np.ndarray
+    server_off_w: float
+    boot_j: np.ndarray
+    wake_j: float
+    work_j: np.ndarray
+    arrival_per_s: float
+    engine_capacity_per_s: float
+    util_cap: float
+    horizon_s: float
+    penalty_g: float
+
+
+@dataclass
+class CapacityResult:
+    """Awake engines and servers per datacenter (D,), the period's routing split (requests/s),
+    the objective (grams), the solver status and whether the greedy decided."""
+
+    awake: np.ndarray
+    servers: np.ndarray
+    rate_per_s: np.ndarray
+    objective_g: float
+    status: str
+    fallback: bool = False
+
+
+def horizon_intensity_g_per_kwh(now: np.ndarray, forecast: np.ndarray, hour_utc: float, horizon_s: float) -> np.ndarray:
+    """(D,) mean intensity over the next ``horizon_s`` seconds, gCO2eq/kWh: ``now`` for the rest of
+    the current hour, then the forecast's whole hours (``forecast`` (D, H); the last hour repeats)."""
+    now = np.asarray(now, dtype=np.float64)
+    fc = np.asarray(forecast, dtype=np.float64)
+    left_s = (1.0 - (hour_utc % 1.0)) * 3600.0
+    first = min(horizon_s, left_s)
+    total = now * first
+    rest = horizon_s - first
+    h = 0
+    while rest > 1e-9:
+        col = fc[:, min(h, fc.shape[1] - 1)] if fc.ndim == 2 and fc.shape[1] else now
+        step = min(rest, 3600.0)
+        total = total + col * step
+        rest -= step
+        h += 1
+    return total / max(horizon_s, 1e-12)
+
+
+def capacity_problem(state: EnvState, problem: PlacementProblem, facts: CapacityFacts, work_j: np.ndarray,
+                     util_cap: float, load_margin: float, lookahead_s: float, penalty_g: float) -> CapacityProblem:
+    """The :class:`CapacityProblem` of a decision step (``problem``: its placement problem, for the
+    carbon stand-ins and PUE)."""
+    dc = state.datacenters
+    horizon = max(float(state.capacity_period_s), float(lookahead_s))
+    fc = problem.carbon_forecast_g_per_kwh
+    fc = np.zeros((problem.n_datacenters, 0)) if fc is None else fc
+    ci = horizon_intensity_g_per_kwh(problem.carbon_g_per_kwh, fc, float(state.hour_utc), horizon)
+    epn = np.maximum(np.asarray(state.engines_per_node, dtype=np.int64), 1)
+    gpus = epn * facts.tp
+    boot_host_j, boot_gpu_j = facts.boot_j_per_gpu_server
+    awake = np.asarray(dc.awake_engines, dtype=np.int64) + np.asarray(dc.waking_engines, dtype=np.int64)
+    usable = awake + np.asarray(dc.sleeping_engines, dtype=np.int64)
+    rate = np.asarray(dc.arrival_rate_per_s, dtype=np.float64)
+    rate = np.where(np.isfinite(rate), np.maximum(rate, 0.0), 0.0)
+    # the EWMA starts at 0 on an empty cluster: the requests pending now over one poll bound it below
+    fleet = max(float(rate.sum()), float(state.pending_total) / max(problem.poll_s, 1e-9))
+    return CapacityProblem(
+        up=np.asarray(dc.up, dtype=bool), engines=np.asarray(dc.n_engines, dtype=np.int64),
+        servers=np.asarray(state.servers, dtype=np.int64), engines_per_node=epn, awake_now=awake,
+        servers_now=np.asarray(dc.servers_on, dtype=np.int64), usable_now=usable,
+        target_engines=np.asarray(state.capacity_target_engines, dtype=np.int64),
+        target_servers=np.asarray(state.capacity_target_servers, dtype=np.int64),
+        g_per_j=ci * problem.pue / J_PER_KWH, server_on_w=facts.host_w + gpus * facts.idle_w,
+        server_off_w=facts.host_off_w, boot_j=boot_host_j + gpus * boot_gpu_j, wake_j=facts.wake_j,
+        work_j=np.asarray(work_j, dtype=np.float64), arrival_per_s=fleet * (1.0 + load_margin),
+        engine_capacity_per_s=float(state.engine_capacity_per_s), util_cap=float(util_cap), horizon_s=horizon,
+        penalty_g=float(penalty_g),
+    )
+
+
+def _per_engine_cap(cp: CapacityProblem) -> float:
+    c = cp.engine_capacity_per_s
+    return (c if math.isfinite(c) and c > 0 else 1.0) * cp.util_cap
+
+
+def _objective_g(cp: CapacityProblem, a: np.ndarray, n: np.ndarray, rate: np.ndarray) -> float:
+    live = cp.up
+    b = np.maximum(n - cp.servers_now, 0)
+    w = np.maximum(a - cp.awake_now, 0)
+    over = max(cp.arrival_per_s - float(rate.sum()), 0.0)
+    g = cp.g_per_j
+    per = g * (cp.horizon_s * (cp.server_on_w - cp.server_off_w) * n + cp.horizon_s * cp.work_j * rate
+               + cp.boot_j * b + cp.wake_j * w)
+    return float(per[live].sum()) + cp.penalty_g * cp.horizon_s * over
+
+
+def capacity_greedy(cp: CapacityProblem) -> CapacityResult:
+    """Fill the load into the up datacenters in order of carbon per request (floor share
+    included), each up to its usable capacity at the utilisation cap; the others keep what
+    they need (nothing) and datacenters that are down keep their targets."""
+    d_n = cp.up.size
+    cap = _per_engine_cap(cp)
+    a = np.where(cp.up, 0, cp.target_engines).astype(np.int64)
+    n = np.where(cp.up, 0, cp.target_servers).astype(np.int64)
+    rate = np.zeros(d_n)
+    left = cp.arrival_per_s
+    per_req = cp.g_per_j * (cp.work_j + (cp.server_on_w / np.maximum(cp.engines_per_node, 1)) / cap)
+    for d in np.argsort(per_req, kind="stable"):
+        if not cp.up[d] or left <= 0:
+            continue
+        take = min(left, cap * float(cp.usable_now[d]))
+        k = int(min(math.ceil(take / cap - 1e-9), cp.engines[d]))
+        a[d] = k
+        n[d] = -(-k // int(cp.engines_per_node[d]))
+        rate[d] = take
+        left -= take
+    return CapacityResult(a, n, rate, _objective_g(cp, a, n, rate), "greedy")
+
+
+def solve_capacity(cp: CapacityProblem, threads: int = 1) -> CapacityResult:
+    """Solve the capacity MILP (module docstring) with HiGHS; :func:`capacity_greedy` on failure."""
+    import highspy
+
+    live = np.flatnonzero(cp.up)
+    m = live.size
+    if m == 0:
+        return CapacityResult(cp.target_engines.copy(), cp.target_servers.copy(), np.zeros(cp.up.size), 0.0, "no datacenter up")
+    cap = _per_engine_cap(cp)
+    T = cp.horizon_s
+    g = cp.g_per_j[live]
+    # columns: a (m), n (m), l (m), b (m), w (m), o (1)
+    A0, N0, L0, B0, W0, O0 = 0, m, 2 * m, 3 * m, 4 * m, 5 * m
+    n_cols = 5 * m + 1
+    cost = np.zeros(n_cols)
+    lo = np.zeros(n_cols)
+    hi = np.full(n_cols, np.inf)
+    integ = np.zeros(n_cols, dtype=np.int32)
+    cost[N0:L0] = g * T * (cp.server_on_w[live] - cp.server_off_w)
+    cost[L0:B0] = g * T * cp.work_j[live]
+    cost[B0:W0] = g * cp.boot_j[live]
+    cost[W0:O0] = g * cp.wake_j
+    cost[O0] = cp.penalty_g * T
+    hi[A0:N0] = cp.engines[live]
+    hi[N0:L0] = cp.servers[live]
+    hi[L0:B0] = cap * cp.usable_now[live]
+    integ[A0:L0] = 1
+    rows: list[tuple[dict[int, float], float, float]] = []
+    for j in range(m):
+        d = int(live[j])
+        rows.append(({N0 + j: float(cp.engines_per_node[d]), A0 + j: -1.0}, 0.0, np.inf))
+        rows.append(({L0 + j: 1.0, A0 + j: -cap}, -np.inf, 0.0))
+        rows.append(({B0 + j: 1.0, N0 + j: -1.0}, -float(cp.servers_now[d]), np.inf))
+        rows.append(({W0 + j: 1.0, A0 + j: -1.0}, -float(cp.awake_now[d]), np.inf))
+    demand = {L0 + j: 1.0 for j in range(m)}
+    demand[O0] = 1.0
+    rows.append((demand, cp.arrival_per_s, cp.arrival_per_s))
+    start = [0]
+    index: list[int] = []
+    value: list[float] = []
+    for coefs, _, _ in rows:
+        for k in sorted(coefs):
+            index.append(k)
+            value.append(coefs[k])
+        start.append(len(index))
+    h = new_highs(threads)
+    h.passModel(n_cols, len(rows), len(index), int(highspy.MatrixFormat.kRowwise), int(highspy.ObjSense.kMinimize), 0.0,
+                cost, lo, hi, np.array([r[1] for r in rows]), np.array([r[2] for r in rows]),
+                np.array(start, dtype=np.int32), np.array(index, dtype=np.int32), np.array(value), integ)
+    h.setOptionValue("mip_rel_gap", 1e-4)
+    run_highs(h)
+    info = h.getInfo()
+    status = h.modelStatusToString(h.getModelStatus())
+    if info.primal_solution_status != 2:
+        res = capacity_greedy(cp)
+        return replace(res, status=f"greedy (milp: {status})", fallback=True)
+    col = np.asarray(h.getSolution().col_value)
+    a = np.where(cp.up, 0, cp.target_engines).astype(np.int64)
+    n = np.where(cp.up, 0, cp.target_servers).astype(np.int64)
+    rate = np.zeros(cp.up.size)
+    a[live] = np.rint(col[A0:N0]).astype(np.int64)
+    n[live] = np.rint(col[N0:L0]).astype(np.int64)
+    rate[live] = col[L0:B0]
+    return CapacityResult(a, n, rate, float(info.objective_function_value), f"milp: {status}")
+
+
+def serving_engines(state: EnvState, targets: np.ndarray) -> np.ndarray:
+    """(D,) engines serving within the period: the awake target, at most the engines on powered
+    servers (awake, waking or sleeping now)."""
+    dc = state.datacenters
+    usable = np.asarray(dc.awake_engines) + np.asarray(dc.waking_engines) + np.asarray(dc.sleeping_engines)
+    return np.minimum(np.asarray(targets, dtype=np.int64), usable.astype(np.int64))
+
+
+def capacity_view(problem: PlacementProblem, state: EnvState, targets: np.ndarray) -> PlacementProblem:
+    """The placement problem restricted to the capacity in force (module docstring): ``n_engines``
+    = the serving engines, datacenters without one masked where a request has another choice,
+    the wake latency added to the queue wait where no engine is awake now."""
+    serving = serving_engines(state, targets)
+    has = serving > 0
+    allowed = problem.allowed & problem.up[None, :]
+    keep = allowed & has[None, :]
+    no_other = ~keep.any(axis=1)
+    allowed_view = np.where(no_other[:, None], problem.allowed, problem.allowed & has[None, :])
+    dc = state.datacenters
+    asleep = np.asarray(dc.awake_engines) <= 0
+    wake = np.where(np.isfinite(dc.wake_latency_s), np.maximum(dc.wake_latency_s, 0.0), 0.0)
+    n_eng = np.maximum(serving, 1)
+    backlog_wait = np.where(problem.up, problem.backlog_prompt_tokens * problem.prefill_s_per_token / n_eng, 0.0)
+    wait = np.maximum(problem.est_queue_wait_s, backlog_wait) + np.where(asleep & problem.up, wake, 0.0)
+    return replace(problem, allowed=allowed_view, n_engines=n_eng, busy_engines=np.minimum(problem.busy_engines, n_eng),
+                   est_queue_wait_s=wait)
