@@ -135,10 +135,19 @@ def test_merged_runs_later_directory_replaces_the_same_run(tmp_path):
     dirs = cr.capacity_dirs(str(tmp_path))
     assert [d.split(str(tmp_path))[1] for d in dirs] == ["/capacity", "/capacity-rerun/capacity"]
     m = cr.merged_runs(dirs)
-    assert len(m) == len(runs) and list(m["policy"][:4]) == list(runs["policy"][:4])  # order of first appearance
+    assert len(m) == len(runs)  # the reference, then CAPACITY_POLICIES' order, then others; seeds in order within
+    assert list(zip(m["policy"], m["seed"])) == [(p, k) for p in (cr.ALWAYS_ON_LABEL, "rr", "rr+reactive", "x+reactive") for k in (0, 1)]
     assert list(m[m["policy"] == "x+reactive"]["carbon_g"]) == [20.0, 20.0]
     t = cr.capacity_table(m).set_index("policy")
     assert t.loc["x+reactive", "reduction_vs_always_on_pct"] == pytest.approx((80.0 + 90.0) / 2)
+    # a scenario seen first in a later matrix still lists the reference first
+    milp = runs[runs["policy"] == "rr"].assign(scenario="t", policy="milp")
+    ref = runs[runs["policy"] == cr.ALWAYS_ON_LABEL].assign(scenario="t")
+    write_dir(tmp_path / "capacity-a" / "capacity", milp, "milp")
+    write_dir(tmp_path / "capacity-b" / "capacity", ref, "ref")
+    m = cr.merged_runs(cr.capacity_dirs(str(tmp_path)))
+    assert list(m[m["scenario"] == "t"]["policy"]) == [cr.ALWAYS_ON_LABEL] * 2 + ["milp"] * 2
+    assert list(dict.fromkeys(m["scenario"])) == ["s", "t"]
 
 
 def test_section_written_in_place_between_markers(tmp_path):
@@ -193,3 +202,26 @@ def test_states_table_durations_from_the_power_file():
     assert float(row["wake (s)"]) == pytest.approx(st.wake_fixed_s + gb / st.copy_gb_per_s_node, abs=0.005)
     assert float(row["fall asleep (s)"]) == pytest.approx(st.fall_asleep_fixed_s + gb / st.copy_gb_per_s_node, abs=0.005)
     assert float(row["boot to serving (s)"]) == pytest.approx(st.server_boot_s + st.cold_start_fixed_s + st.cold_start_s_per_gb * gb, abs=0.5)
+
+
+def test_experiment_end_to_end_on_dev(tmp_path):
+    """``carbon-gym experiment capacity`` on dev (16 engines, 2 nodes): rr routing only under
+    control = agent is the always-on run bit for bit; the reactive autoscaler sleeps engines."""
+    from eval import cli
+
+    argv = ["experiment", "capacity", "--scenarios", "dev", "--policies", "rr,rr+reactive", "--window-s", "60", "--warmup-s", "60",
+            "--seeds", "1", "--workers", "1", "--no-progress", "--no-tensorboard", "--no-plots", "--no-requests", "--out", str(tmp_path)]
+    assert cli.main(argv) == 0
+    runs = pd.read_csv(tmp_path / "capacity" / "runs.csv").set_index("policy")
+    assert list(runs.index) == [cr.ALWAYS_ON_LABEL, "rr", "rr+reactive"]
+    assert runs.loc["rr", "carbon_g"] == runs.loc[cr.ALWAYS_ON_LABEL, "carbon_g"]
+    assert runs.loc["rr", "engine_sleeps"] == 0 and runs.loc["rr", "mean_awake_engines"] == 16
+    assert runs.loc["rr+reactive", "engine_sleeps"] > 0 and runs.loc["rr+reactive", "mean_awake_engines"] < 16
+    states = [c for c in runs.columns if c.startswith("energy_kwh_")]
+    assert runs.loc["rr+reactive", states].sum() == pytest.approx(runs.loc["rr+reactive", "energy_kwh"], rel=1e-9)
+    table = pd.read_csv(tmp_path / "capacity" / "capacity.csv").set_index("policy")
+    c_on, c_re = runs.loc[cr.ALWAYS_ON_LABEL, "carbon_g"], runs.loc["rr+reactive", "carbon_g"]
+    assert table.loc["rr+reactive", "reduction_vs_always_on_pct"] == pytest.approx(100 * (c_on - c_re) / c_on)
+    out = tmp_path / "R.md"
+    assert cli.main(["report", str(tmp_path), "--section", "capacity", "--out", str(out)]) == 0
+    assert "| dev | rr+reactive | 1 |" in out.read_text(encoding="utf-8")
