@@ -374,6 +374,14 @@ def capacity_section(results_dir: str) -> str:
             "they are not comparable as they stand; a comparison at equal violation (frontiers over the autoscaler "
             "thresholds, eval/frontiers.py register_knob) is not done, nor a check of these runs against the carbon lower "
             "bound (eval/bound.py has the sleep_w hook).")
+    slow = table[table["decision_p95_s"] > 0.25]
+    if len(slow):
+        add("- Decision time p95 above the MILP's 0.25 s real-time budget: " + ", ".join(
+            f"{r.policy} on {r.scenario} {1e3 * r.decision_p95_s:.0f} ms" for r in slow.itertuples())
+            + " (wall clock on a 2-core machine shared with other work, load average 8-10 during these runs).")
+    if len(milp) and milp_cap:
+        add("- The routing-only MILP (capacity.control = always_on) was not run on these windows, so whether capacity "
+            "control costs the MILP violations against its own always-on run is not shown here.")
     missing = [sc for sc in CAPACITY_SCENARIOS if sc not in set(runs["scenario"])]
     if missing:
         add(f"- Not run (machine time): {', '.join(missing)}; `carbon-gym experiment capacity --preset full --scenarios "
