@@ -4,8 +4,9 @@ Subcommands (each imports what it needs only when it runs, so ``carbon-gym --hel
 
     carbon-gym eval --policies rr,greedy,milp --scenarios dev --seeds 3 [--preset quick]
     carbon-gym eval --policies rr,milp --scenarios dev-fault   # + fault report vs the same runs without faults
-    carbon-gym experiment headline|milp-vs-ilp|predictor|polling|tradeoff|bound|all  (or a..f)
+    carbon-gym experiment headline|milp-vs-ilp|predictor|polling|tradeoff|bound|diurnal|capacity|all  (or a..h)
     carbon-gym report results/headline            # regenerate RESULTS.md from a headline run
+    carbon-gym report results --section capacity   # rewrite only RESULTS.md's capacity section
     carbon-gym scenarios                           # shipped scenarios
     carbon-gym policies                            # policy names (carbon_gym.registry)
     carbon-gym calibrate ...                       # calibration.cli
@@ -36,6 +37,7 @@ EXPERIMENT_ALIASES = {
     "e": "tradeoff",
     "f": "bound",
     "g": "diurnal",
+    "h": "capacity",
 }
 EXPERIMENTS = tuple(EXPERIMENT_ALIASES.values())
 # `carbon-gym bench NAME ...` -> the module whose main(argv) runs it
@@ -374,8 +376,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--no-fault-baseline", action="store_true", help="do not also run scenarios with [[faults]] without them (no fault report)")
     ev.add_argument("--spread-starts", action="store_true", help="start each seed at its own point of the carbon year (day x hour, a low-discrepancy sequence) instead of the scenario's carbon.start_utc, which eval keeps by default")
 
-    ex = sub.add_parser("experiment", help="run one of the study's experiments (a-f) and write its table and figure")
-    ex.add_argument("name", help="headline|milp-vs-ilp|predictor|polling|tradeoff|bound|diurnal|all, or a..g")
+    ex = sub.add_parser("experiment", help="run one of the study's experiments (a-h) and write its table and figure")
+    ex.add_argument("name", help="headline|milp-vs-ilp|predictor|polling|tradeoff|bound|diurnal|capacity|all, or a..h")
     add_run_args(ex, out_default="results")
     ex.add_argument("--models", default=None, help="comma list of models to include (llama8b,qwen7b,mixtral8x7b; default all)")
     ex.add_argument("--loads", default=None, help="comma list of loads (low,moderate,high; default per experiment)")
@@ -390,6 +392,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--command", dest="run_command", default=None, help="the command that produced the run (default: from its config.json)")
     rp.add_argument("--replot", action="store_true", help="redraw the headline figures from its files first")
     rp.add_argument("--force", action="store_true", help="replace an existing --out file and figures (default: refuse)")
+    rp.add_argument("--section", choices=("capacity",), default=None, help="rewrite only this section of --out in place "
+                    "(capacity: from <results_dir>/capacity; the rest of the file is kept, no headline run needed)")
 
     sub.add_parser("scenarios", help="list the shipped scenarios")
     sub.add_parser("policies", help="list the policy names (registered names, learned:<path>, package.module:Class)")
@@ -594,6 +598,12 @@ def cmd_experiment(args: argparse.Namespace, argv: Sequence[str]) -> int:
     scenarios = resolve_scenarios(args.scenarios) if args.scenarios else None
     check_scenarios(scenarios or [f"{(models or experiments.MODELS)[0]}-{(loads or ['moderate'])[0]}"], experiments.preset_overrides(args.preset or "quick", args.duration_s, parse_assignments(args.overrides, "--set"), window_s=args.window_s, warmup_s=args.warmup_s))
     note_preset(args.preset or "quick", args.window_s, experiment=True)
+    if "capacity" in names and args.window_s is None:
+        from eval.capacity_report import CAPACITY_WARMUP_S, CAPACITY_WINDOW_S
+
+        print(f"{PROG}: note: experiment capacity measures its own window ({CAPACITY_WINDOW_S:g} s after a {CAPACITY_WARMUP_S:g} s "
+              "burn-in; 60 s after 60 s under --preset quick) and one start unless --seeds; --window-s / --warmup-s set another",
+              file=sys.stderr)
     if args.no_carbon_start:
         print(f"{PROG}: note: --no-carbon-start: every episode starts at its scenario's own carbon.start_utc", file=sys.stderr)
     else:
@@ -634,6 +644,15 @@ def cmd_experiment(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 def cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from eval import experiments
+
+    if args.section == "capacity":
+        if not os.path.isfile(os.path.join(args.results_dir, "capacity", "runs.csv")):
+            raise UsageError("results_dir", f"{os.path.join(args.results_dir, 'capacity', 'runs.csv')!r} not found; run "
+                             f"`carbon-gym experiment capacity --out {args.results_dir}` first")
+        from eval.capacity_report import write_capacity_section
+
+        print(f"wrote the capacity section of {write_capacity_section(args.results_dir, out=args.out)}")
+        return 0
 
     if not os.path.isdir(os.path.join(args.results_dir, "headline")):
         raise UsageError("results_dir", f"{os.path.join(args.results_dir, 'headline')!r} not found; run `carbon-gym experiment headline --out {args.results_dir}` first")

@@ -1,4 +1,4 @@
-"""The study's experiments (a-f), the ``carbon-gym eval`` driver and the figures they share.
+"""The study's experiments (a-h), the ``carbon-gym eval`` driver and the figures they share.
 
 Each experiment is one command (``carbon-gym experiment <name>``) that runs its matrix
 (:func:`eval.backends.run_matrix`) and writes, under ``results/<name>/``: the matrix outputs
@@ -16,6 +16,7 @@ runs.csv, records, TensorBoard), the experiment's own table ``<name>.md``/``.csv
  e     tradeoff      carbon-vs-violation frontiers of the knob-driven policies, compared at equal violation
  f     bound         every policy's reduction as a share of the carbon lower bound's (eval/bound.py)
  g     diurnal       one 6 h steady-state window of llama8b-diurnal: rr, the planner, the MILP
+ h     capacity      capacity control: always-on rr vs policies deciding awake engines / servers
 =====  ============  ==========================================================================
 
 Presets: ``quick`` (60 s episodes from an empty cluster with the drain: a smoke test for CI and
@@ -739,6 +740,23 @@ def exp_diurnal(ctx: Ctx) -> str:
     return md
 
 
+def exp_capacity(ctx: Ctx) -> str:
+    """Experiment h: capacity control (:mod:`eval.capacity_report`): round-robin always on vs,
+    with ``capacity.control = agent``, rr, the autoscalers composed with routing policies and the
+    MILP, on a steady-state window of :data:`~eval.capacity_report.CAPACITY_WINDOW_S` after
+    :data:`~eval.capacity_report.CAPACITY_WARMUP_S` (a 60 s smoke window under ``quick``) unless
+    ``--window-s`` / ``--warmup-s`` say otherwise; one start (``--seeds`` for more)."""
+    from eval import capacity_report as cr
+
+    scens = list(ctx.scenarios or cr.CAPACITY_SCENARIOS)
+    pols = list(ctx.policies or [p for p in cr.CAPACITY_POLICIES if p.split("+")[0] in available_policies()])
+    ov = dict(ctx.overrides)
+    if not ctx.explicit_window:
+        ov.update(window_overrides(60.0, 60.0) if ctx.preset_name == "quick" else window_overrides(cr.CAPACITY_WINDOW_S, cr.CAPACITY_WARMUP_S))
+    seeds = ctx.seeds if ctx.explicit_seeds else [0]
+    return cr.capacity_experiment(ctx, scens, pols, seeds, ov)
+
+
 EXPERIMENT_FUNCS: dict[str, Callable[[Ctx], str]] = {
     "headline": exp_headline,
     "milp-vs-ilp": exp_milp_vs_ilp,
@@ -747,6 +765,7 @@ EXPERIMENT_FUNCS: dict[str, Callable[[Ctx], str]] = {
     "tradeoff": exp_tradeoff,
     "bound": exp_bound,
     "diurnal": exp_diurnal,
+    "capacity": exp_capacity,
 }
 
 

@@ -202,6 +202,10 @@ def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", f
                 p = fig(exp, name[:-4])
                 if p:
                     add(f"![{exp}: {name[:-4]}]({p})\n")
+    if os.path.isfile(os.path.join(results_dir, "capacity", "runs.csv")):
+        from eval.capacity_report import capacity_section
+
+        add(capacity_section(results_dir))
     add("## Comparison with the study\n")
     ours = _claims(results_dir)
     add("| claim | study | this run |")
