@@ -27,7 +27,7 @@ import numpy as np
 from eval.runner import VALID_UNFINISHED_PCT, RunSpec, freeze
 from eval.stats import mean_ci95
 
-__all__ = ["CAPACITY_SCENARIOS", "CAPACITY_POLICIES", "ALWAYS_ON_LABEL", "REACTIVE_REFERENCE", "CAPACITY_WINDOW_S",
+__all__ = ["CAPACITY_SCENARIOS", "CAPACITY_POLICIES", "ALWAYS_ON_LABEL", "MILP_ALWAYS_ON_LABEL", "REACTIVE_REFERENCE", "CAPACITY_WINDOW_S",
            "CAPACITY_WARMUP_S", "ENERGY_GROUPS", "capacity_specs", "capacity_table", "capacity_markdown",
            "capacity_experiment", "capacity_section", "write_capacity_section", "SECTION_BEGIN", "SECTION_END"]
 
@@ -36,6 +36,9 @@ CAPACITY_SCENARIOS = ("llama8b-low", "llama8b-moderate", "mixtral8x7b-low")
 CAPACITY_POLICIES = ("rr", "rr+reactive", "planner+reactive", "ilp-state+reactive", "rr+carbon-aware", "milp")
 #: Table name of round-robin run with ``capacity.control = "always_on"``.
 ALWAYS_ON_LABEL = "rr (always on)"
+#: The routing-only MILP (capacity.control = always_on), run when ``milp`` is in the matrix: whether
+#: deciding capacity costs the MILP violations against its own always-on run.
+MILP_ALWAYS_ON_LABEL = "milp (always on)"
 #: The second reference: round-robin with the reactive autoscaler.
 REACTIVE_REFERENCE = "rr+reactive"
 OVERRIDE_CONTROL = "capacity.control"
@@ -69,7 +72,8 @@ SECTION_TITLE = "## Capacity control"
 def capacity_specs(scenarios: Sequence[str], policies: Sequence[str], seeds: Sequence[int], overrides: Mapping[str, Any],
                    policy_kwargs: Mapping[str, Mapping[str, Any]] | None = None) -> list[RunSpec]:
     """The always-on rr reference (when ``rr`` is in ``policies``: a matrix of more policies run
-    later leaves it out and is merged with the first, :func:`merged_runs`), then ``policies`` with
+    later leaves it out and is merged with the first, :func:`merged_runs`), the routing-only MILP
+    (:data:`MILP_ALWAYS_ON_LABEL`, when ``milp`` is), then ``policies`` with
     ``capacity.control = "agent"``, per scenario and seed (one scenario label: the same requests
     and episode start)."""
     pk = policy_kwargs or {}
@@ -83,6 +87,9 @@ def capacity_specs(scenarios: Sequence[str], policies: Sequence[str], seeds: Seq
             specs.append(RunSpec(scenario=scen, policy="rr", seed=int(k), overrides=freeze(on), label=ALWAYS_ON_LABEL))
         for p in policies:
             for k in seeds:
+                if p == "milp":
+                    specs.append(RunSpec(scenario=scen, policy=p, seed=int(k), overrides=freeze(on),
+                                         policy_kwargs=freeze(pk.get(p)), label=MILP_ALWAYS_ON_LABEL))
                 specs.append(RunSpec(scenario=scen, policy=p, seed=int(k), overrides=freeze(agent), policy_kwargs=freeze(pk.get(p))))
     return specs
 
@@ -202,7 +209,8 @@ def capacity_experiment(ctx: Any, scenarios: Sequence[str], policies: Sequence[s
     warm = float(overrides.get("env.warmup_s", 0.0))
     window = float(overrides["duration_s"]) - warm if "duration_s" in overrides else float("nan")
     head = (f"{', '.join(scenarios)}: {warm:g} s burn-in, then {window:g} s measured (steady-state window, no drain); "
-            f"seeds {', '.join(map(str, seeds))}. `{ALWAYS_ON_LABEL}`: capacity.control = always_on; every other row: "
+            f"seeds {', '.join(map(str, seeds))}. `{ALWAYS_ON_LABEL}`, `{MILP_ALWAYS_ON_LABEL}`: capacity.control = "
+            "always_on; every other row: "
             "capacity.control = agent.\n\n")
     md = head + capacity_markdown(table)
     ctx.write_text("capacity.md", md)
@@ -229,7 +237,12 @@ def _reading(table) -> list[str]:
                          "that only routes keeps every engine awake)")
             if abs(d) < 1e-9:  # the same run: its ledger of states is the always-on one's
                 ref = sub.loc["rr"]
-        ok = sub.drop(index=[ALWAYS_ON_LABEL, "rr"], errors="ignore")
+        if MILP_ALWAYS_ON_LABEL in sub.index and "milp" in sub.index:
+            m0, m1 = sub.loc[MILP_ALWAYS_ON_LABEL], sub.loc["milp"]
+            parts.append(f"the MILP deciding capacity: {float(m1['reduction_vs_always_on_pct']):.1f}% at "
+                         f"{float(m1['slo_violation_pct']):.2f}% violation against its routing-only run's "
+                         f"{float(m0['reduction_vs_always_on_pct']):.1f}% at {float(m0['slo_violation_pct']):.2f}%")
+        ok = sub.drop(index=[ALWAYS_ON_LABEL, MILP_ALWAYS_ON_LABEL, "rr"], errors="ignore")
         ok = ok[(ok.get("valid_share", 1.0) >= 1.0)] if "valid_share" in ok else ok
         if not ok.empty and np.isfinite(ok["reduction_vs_always_on_pct"]).any():
             best = ok["reduction_vs_always_on_pct"].astype(float).idxmax()
@@ -289,7 +302,7 @@ def merged_runs(dirs: Sequence[str]):
         latest.setdefault(k, i)  # the key's place: its first appearance ...
     rows = {k: i for i, k in enumerate(zip(runs["scenario"], runs["policy"], runs["seed"]))}  # ... its row: the latest
     scens = list(dict.fromkeys([*(sc for sc in CAPACITY_SCENARIOS if sc in set(runs["scenario"])), *runs["scenario"]]))
-    pols = [ALWAYS_ON_LABEL, *CAPACITY_POLICIES]
+    pols = [ALWAYS_ON_LABEL, MILP_ALWAYS_ON_LABEL, *CAPACITY_POLICIES]
 
     def rank(k: tuple[Any, Any, Any]) -> tuple[int, int, int]:
         return scens.index(k[0]), pols.index(k[1]) if k[1] in pols else len(pols), latest[k]

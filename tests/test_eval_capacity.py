@@ -54,9 +54,11 @@ def test_specs_reference_always_on_then_agent_policies():
     assert all(dict(s.overrides)["capacity.control"] == "agent" and dict(s.overrides)["duration_s"] == 60.0 for s in agent)
     # one scenario label: the same requests and episode starts for the reference and the others
     assert {s.scenario_name for s in specs} == {"a", "b"} and specs[0].start_offset_s() == specs[2].start_offset_s()
-    # a later matrix without rr leaves the reference out (merged with the first)
+    # a later matrix without rr leaves the rr reference out (merged with the first); milp brings its
+    # routing-only run along
     later = cr.capacity_specs(["a"], ["milp"], [0], {})
-    assert [(s.policy_name, dict(s.overrides)["capacity.control"]) for s in later] == [("milp", "agent")]
+    assert [(s.policy_name, dict(s.overrides)["capacity.control"]) for s in later] == [
+        (cr.MILP_ALWAYS_ON_LABEL, "always_on"), ("milp", "agent")]
 
 
 def test_table_reductions_paired_by_seed_with_t_intervals():
