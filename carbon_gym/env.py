@@ -533,10 +533,10 @@ class GeoServeEnv(gym.Env):
         cap = self._capacity
         if cap.active:
             action, targets = cap.split(action)
-            choice, n_invalid = self._parse_action(action)
+            choice, n_invalid = parse_route_action(self, action)
             cap.decide(self._step_index, targets, self.state, sim)
         else:
-            choice, n_invalid = self._parse_action(action)
+            choice, n_invalid = parse_route_action(self, action)
         blocked = self._pending.n_blocked
         overflow = len(self._pending) - n_vis - blocked
         place = choice < D
@@ -610,10 +610,6 @@ class GeoServeEnv(gym.Env):
                                 "(episode_metrics() and ledger() still cover it; reset() starts a new one)")
 
     # ------------------------------------------------------------------ action handling
-    def _parse_action(self, action: Any) -> tuple[np.ndarray, int]:
-        """Validate the route ``action``; (choice per visible slot, invalid entries deferred)."""
-        return parse_route_action(self, action)
-
     def action_masks(self) -> np.ndarray:
         """Allowed choices, flat bool array of length K x (D + 1), slot-major (MaskablePPO); with
         ``capacity.control = "agent"`` followed by the capacity and servers parts (every value
