@@ -419,6 +419,7 @@ class GeoServeEnv(gym.Env):
         mask = np.zeros((K, D + 1), dtype=bool)
         mask[:, D] = True
         self._mask_template = mask
+        self._all_up = np.ones((R, D), dtype=bool)
         self._block_tokens = int(eng_cfg.block_tokens)
         self._engine_kv_blocks = engine_blocks
         self._min_engine_kv_tokens = int(engine_blocks.min()) * self._block_tokens
@@ -733,8 +734,8 @@ class GeoServeEnv(gym.Env):
         self._state = None
         # ---- slots: region template rows + per-request columns; the oldest K placeable requests
         faults = self._faults
-        if faults is None:
-            region_ok = np.broadcast_to(up, (self._R, D))
+        if faults is None:  # (read only below: one cached all-up matrix, else a fresh one)
+            region_ok = self._all_up if up.all() else np.repeat(up[None, :], self._R, axis=0)
         else:
             region_ok = (up & faults.accepting())[None, :] & ~faults.link_cut
         n_pend = len(self._pending)
