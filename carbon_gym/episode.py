@@ -197,7 +197,6 @@ class EpisodeTally:
             return self._window_metrics(sim, totals, ledger, unplaced=unplaced, blocked=blocked, steps=steps,
                                         world_seed=world_seed)
         c = self.completed
-        tq, pq, ttft_mean, tpot_mean = self.latency_stats()
         dc_carbon = np.asarray(totals.carbon_g, dtype=np.float64).copy()
         dc_energy = np.asarray(totals.facility_energy_j, dtype=np.float64) / 3.6e6
         return {
@@ -220,18 +219,7 @@ class EpisodeTally:
             "energy_kwh": float(dc_energy.sum()),
             "it_energy_kwh": float(np.sum(totals.it_energy_j) / 3.6e6),
             "carbon_g_per_request": float(dc_carbon.sum() / c) if c else float("nan"),
-            "ttft_mean_s": ttft_mean,
-            "ttft_p50_s": tq[0],
-            "ttft_p90_s": tq[1],
-            "ttft_p99_s": tq[2],
-            "tpot_mean_s": tpot_mean,
-            "tpot_p50_s": pq[0],
-            "tpot_p90_s": pq[1],
-            "tpot_p99_s": pq[2],
-            "violations": self.violations,
-            "violation_rate": self.violations / c if c else float("nan"),
-            "ttft_violation_rate": self.ttft_violations / c if c else float("nan"),
-            "tpot_violation_rate": self.tpot_violations / c if c else float("nan"),
+            **_latency_metrics(c, self.latency_stats(), self.violations, self.ttft_violations, self.tpot_violations),
             "dc_carbon_g": dc_carbon,
             "dc_energy_kwh": dc_energy,
             "dc_placed": self.dc_placed.copy(),
@@ -252,7 +240,6 @@ class EpisodeTally:
         assert w is not None
         n = {k: getattr(self, k) - w["counts"][k] for k in _WINDOW_COUNTS}
         c = n["completed"]
-        tq, pq, ttft_mean, tpot_mean = self.latency_stats()
         dc_carbon = np.asarray(totals.carbon_g, dtype=np.float64) - w["carbon_g"]
         dc_energy = (np.asarray(totals.facility_energy_j, dtype=np.float64) - w["energy_j"]) / 3.6e6
         backlog = self.in_flight + int(unplaced)
@@ -282,18 +269,7 @@ class EpisodeTally:
             "energy_kwh": float(dc_energy.sum()),
             "it_energy_kwh": float((np.sum(totals.it_energy_j) - w["it_energy_j"]) / 3.6e6),
             "carbon_g_per_request": float(dc_carbon.sum() / c) if c else float("nan"),
-            "ttft_mean_s": ttft_mean,
-            "ttft_p50_s": tq[0],
-            "ttft_p90_s": tq[1],
-            "ttft_p99_s": tq[2],
-            "tpot_mean_s": tpot_mean,
-            "tpot_p50_s": pq[0],
-            "tpot_p90_s": pq[1],
-            "tpot_p99_s": pq[2],
-            "violations": n["violations"],
-            "violation_rate": n["violations"] / c if c else float("nan"),
-            "ttft_violation_rate": n["ttft_violations"] / c if c else float("nan"),
-            "tpot_violation_rate": n["tpot_violations"] / c if c else float("nan"),
+            **_latency_metrics(c, self.latency_stats(), n["violations"], n["ttft_violations"], n["tpot_violations"]),
             "dc_carbon_g": dc_carbon,
             "dc_energy_kwh": dc_energy,
             "dc_placed": self.dc_placed - w["dc"]["dc_placed"],
@@ -301,3 +277,21 @@ class EpisodeTally:
             "world_seed": world_seed,
             "ledger": ledger,
         }
+
+
+def _latency_metrics(completed: int, stats: tuple[list[float], list[float], float, float], violations: int,
+                     ttft_violations: int, tpot_violations: int) -> dict[str, Any]:
+    """The latency and violation entries of the episode metrics: TTFT / TPOT mean, p50, p90, p99
+    (s; ``stats`` from :meth:`EpisodeTally.latency_stats`) and the violation counts and rates over
+    ``completed`` requests (NaN when none)."""
+    tq, pq, ttft_mean, tpot_mean = stats
+    c = completed
+    nan = float("nan")
+    return {
+        "ttft_mean_s": ttft_mean, "ttft_p50_s": tq[0], "ttft_p90_s": tq[1], "ttft_p99_s": tq[2],
+        "tpot_mean_s": tpot_mean, "tpot_p50_s": pq[0], "tpot_p90_s": pq[1], "tpot_p99_s": pq[2],
+        "violations": violations,
+        "violation_rate": violations / c if c else nan,
+        "ttft_violation_rate": ttft_violations / c if c else nan,
+        "tpot_violation_rate": tpot_violations / c if c else nan,
+    }
