@@ -713,25 +713,46 @@ def exp_bound(ctx: Ctx) -> str:
 #: day's traffic play out.
 DIURNAL_WINDOW_S = 6 * 3600.0
 DIURNAL_WARMUP_S = 600.0
-DIURNAL_POLICIES = ("rr", "planner", "milp")
+#: Round-robin always on (the reference), the planner with the reactive autoscaler and the MILP
+#: deciding capacity (both with ``capacity.control = "agent"``).
+DIURNAL_POLICIES = ("rr", "planner+reactive", "milp")
+
+
+def diurnal_specs(scenarios: Sequence[str], policies: Sequence[str], seeds: Sequence[int], overrides: Mapping[str, Any],
+                  policy_kwargs: Mapping[str, Mapping[str, Any]] | None = None) -> list[RunSpec]:
+    """Experiment g's runs: ``rr`` as the scenario has it (always on, the reference); every other
+    policy with ``capacity.control = "agent"`` (it decides awake engines / servers on where it
+    can: the MILP itself, ``POLICY+AUTOSCALER`` through its autoscaler), unless ``overrides``
+    set ``capacity.control`` for all. One scenario label, so rows pair by seed."""
+    agent = dict(overrides)
+    agent.setdefault("capacity.control", "agent")
+    specs: list[RunSpec] = []
+    for p in policies:
+        ov = overrides if p == REFERENCE_POLICY else agent
+        specs.extend(make_specs(scenarios, [p], seeds, overrides=ov, policy_kwargs=policy_kwargs))
+    return specs
 
 
 def exp_diurnal(ctx: Ctx) -> str:
-    """Experiment g: one long steady-state run of ``llama8b-diurnal`` (traffic follows the sun)
-    for round-robin, the planner and the facility MILP: a 6 h window after a 10 min burn-in
+    """Experiment g: one long steady-state run of ``llama8b-diurnal`` (traffic follows the sun):
+    round-robin always on vs the planner with the reactive autoscaler and the facility MILP
+    deciding capacity (:func:`diurnal_specs`), a 6 h window after a 10 min burn-in
     (``--preset full``; a 60 s smoke window under ``quick``), unless ``--window-s`` /
     ``--warmup-s`` say otherwise; one start (``--seeds`` for more)."""
     scens = list(ctx.scenarios or ["llama8b-diurnal"])
-    pols = list(ctx.policies or [p for p in DIURNAL_POLICIES if p in available_policies()])
+    pols = list(ctx.policies or [p for p in DIURNAL_POLICIES if p.split("+")[0] in available_policies()])
     ov = dict(ctx.overrides)
     if not ctx.explicit_window:  # its own window (a 60 s smoke window under the quick preset)
         ov.update(window_overrides(60.0, 60.0) if ctx.preset_name == "quick" else window_overrides(DIURNAL_WINDOW_S, DIURNAL_WARMUP_S))
     seeds = ctx.seeds if ctx.explicit_seeds else [0]
-    specs = make_specs(scens, pols, seeds, overrides=ov, policy_kwargs=ctx.policy_kwargs)
+    specs = diurnal_specs(scens, pols, seeds, ov, ctx.policy_kwargs)
     ex = ctx.execute(specs)
     table = headline_table(ex.summary)
+    control = {p: ("always on" if p == REFERENCE_POLICY and "capacity.control" not in ov else str(ov.get("capacity.control", "agent")))
+               for p in pols}
     md = (f"{scens[0]}: {float(ov['env.warmup_s']):g} s burn-in, then {float(ov['duration_s']) - float(ov['env.warmup_s']):g} s "
-          "measured (steady-state window, no drain).\n\n" + table + "\n" + summary_markdown(ex.summary))
+          "measured (steady-state window, no drain); capacity control: "
+          + ", ".join(f"{p} {c}" for p, c in control.items()) + ".\n\n" + table + "\n" + summary_markdown(ex.summary))
     ctx.write_text("diurnal.md", md)
     if ctx.plots:
         say(f"{ctx.name}: writing figures to {ctx.fig_dir} (PNG + PDF; --no-plots skips them)")
