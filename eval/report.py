@@ -77,6 +77,41 @@ def _claims(results_dir: str) -> dict[str, str]:
     return out
 
 
+
+def run_costs(results_dir: str) -> list[dict]:
+    """Every experiment matrix under ``results_dir`` (``<exp>/config.json`` with its runs.csv,
+    also ``capacity-*/capacity``): its command, runs, wall time (s, of the whole command) and
+    CPU time of its runs (s, ``cpu_s`` summed), in directory order."""
+    import glob
+
+    rows = []
+    for conf in sorted(glob.glob(os.path.join(results_dir, "*", "config.json")) + glob.glob(os.path.join(results_dir, "*", "*", "config.json"))):
+        d = os.path.dirname(conf)
+        with open(conf, encoding="utf-8") as f:
+            c = json.load(f)
+        runs = _read_csv(os.path.join(d, "runs.csv"))
+        cpu = float(runs["cpu_s"].sum()) if runs is not None and "cpu_s" in runs else float("nan")
+        rows.append({"dir": os.path.relpath(d, results_dir), "command": c.get("command", "?"), "runs": len(c.get("runs", [])),
+                     "elapsed_s": float(c.get("elapsed_s", float("nan"))), "cpu_s": cpu, "workers": c.get("workers")})
+    return rows
+
+
+def run_costs_markdown(results_dir: str) -> str:
+    """The table of :func:`run_costs` and the whole run's totals (Markdown)."""
+    rows = run_costs(results_dir)
+    if not rows:
+        return ""
+    out = ["| results | runs | workers | wall (min) | CPU of the runs (min) | command |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['dir']} | {r['runs']} | {r['workers']} | {r['elapsed_s'] / 60:.1f} | {r['cpu_s'] / 60:.1f} | `{r['command']}` |")
+    wall = sum(r["elapsed_s"] for r in rows)
+    cpu = sum(r["cpu_s"] for r in rows)
+    out.append("")
+    out.append(f"Whole run: {sum(r['runs'] for r in rows)} runs, {wall / 60:.1f} min of wall time summed over the commands "
+               f"(some ran at the same time), {cpu / 60:.1f} CPU-minutes ({cpu / 120:.1f} min on 2 dedicated cores).\n")
+    return "\n".join(out)
+
+
 def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", figures_dir: str = "docs/figures", command: str | None = None,  # noqa: C901
                      overwrite: bool = True) -> str:
     """Write RESULTS.md from ``results_dir/headline`` (+ the other experiments found there).
@@ -152,6 +187,10 @@ def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", f
         add(f"- wall time: {cfg['elapsed_s'] / 60:.1f} min on {cfg.get('workers')} worker process(es), {cfg.get('cpu_count')} CPU cores ({cfg.get('backend')})")
     if runs is not None and "cpu_s" in runs:
         add(f"- CPU time of the runs: {runs['cpu_s'].sum() / 60:.1f} min in total ({runs['cpu_s'].sum() / 120:.1f} min of wall time on 2 dedicated cores)")
+    costs = run_costs_markdown(results_dir)
+    if costs:
+        add("\nEvery matrix in this file, its command and cost:\n")
+        add(costs)
     add("- versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if k != "platform"))
     add(f"- platform: {v.get('platform', '?')}\n")
     add("## Headline: carbon reduction vs round-robin (SLO violation %)\n")
