@@ -470,6 +470,19 @@ class Capacity:
         """``"<model>/<gpu>/tp<k>"``."""
         return capacity_key(self.model, self.gpu, self.tp)
 
+    @property
+    def basis(self) -> str:
+        """How ``per_engine_rate_per_s`` (what the load levels are fractions of) was measured: the
+        entry's ``basis`` ("engine: one engine fed every request ...")."""
+        return str(self.conditions.get("basis", "engine"))
+
+    @property
+    def cluster_per_engine_rate_per_s(self) -> float | None:
+        """The cluster-level figure measured beside it (the whole study topology under round-robin
+        with its polling period and network, requests/s per engine), or None if not measured."""
+        v = self.conditions.get("cluster_per_engine_rate_per_s")
+        return None if v is None else float(v)
+
 
 @dataclass(frozen=True)
 class LoadLevels:
