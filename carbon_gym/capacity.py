@@ -23,8 +23,12 @@ each waits for the next decision and then crosses the network, and both count in
 Poisson); probes are shorter (default 180 s, 60 s warm-up) because a probe simulates every
 engine. It is the rate at which the simplest placement meets the p99 targets: with ~0.3 s of RTT
 and up to one polling period of wait inside the 2 s TTFT budget it sits below the engine figure.
-It is reported next to the engine figure; the load levels (``workload.load``) still use the
-engine figure (the golden results depend on it).
+``eval/measure_capacity.py --cluster --write`` writes it beside the engine figure in
+``load_levels.toml`` (``cluster_per_engine_rate_per_s``, ``cluster_to_engine_ratio``, the probe
+settings as ``cluster_*``); the load levels (``workload.load``) use the engine figure, as every
+entry's ``basis`` says (every scenario's rate and the golden results are computed from it; the
+cluster figure depends on the topology, the polling period and the placement, the engine figure
+on the model, GPU and engine settings only).
 """
 
 from __future__ import annotations

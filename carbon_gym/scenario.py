@@ -36,6 +36,7 @@ import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
 from ._csv import parse_float, read_rows
@@ -469,6 +470,19 @@ class Capacity:
         """``"<model>/<gpu>/tp<k>"``."""
         return capacity_key(self.model, self.gpu, self.tp)
 
+    @property
+    def basis(self) -> str:
+        """How ``per_engine_rate_per_s`` (what the load levels are fractions of) was measured: the
+        entry's ``basis`` ("engine: one engine fed every request ...")."""
+        return str(self.conditions.get("basis", "engine"))
+
+    @property
+    def cluster_per_engine_rate_per_s(self) -> float | None:
+        """The cluster-level figure measured beside it (the whole study topology under round-robin
+        with its polling period and network, requests/s per engine), or None if not measured."""
+        v = self.conditions.get("cluster_per_engine_rate_per_s")
+        return None if v is None else float(v)
+
 
 @dataclass(frozen=True)
 class LoadLevels:
@@ -504,8 +518,31 @@ def load_levels_path() -> Path:
 
 
 def load_load_levels(path: str | Path | None = None) -> LoadLevels:
-    """Read the load-level file (capacities measured by ``eval/measure_capacity.py``)."""
-    p = Path(path) if path else load_levels_path()
+    """Read the load-level file (capacities measured by ``eval/measure_capacity.py``).
+
+    The packaged file (``path`` None) is read once per version of it: cached by its path,
+    modification time and size, so an edited file is read again; the object returned is shared
+    (its mappings are read-only). A file given by path is read on every call.
+    """
+    if path:
+        return _read_load_levels(Path(path))
+    p = load_levels_path()
+    try:
+        st = p.stat()
+        stamp = (st.st_mtime_ns, st.st_size)
+    except OSError:  # (missing: read it, for the error naming it)
+        return _read_load_levels(p)
+    return _packaged_load_levels(str(p), stamp)
+
+
+@lru_cache(maxsize=4)
+def _packaged_load_levels(path: str, stamp: tuple[int, int]) -> LoadLevels:
+    levels = _read_load_levels(Path(path))
+    caps = {k: dataclasses.replace(c, conditions=MappingProxyType(dict(c.conditions))) for k, c in levels.capacities.items()}
+    return LoadLevels(MappingProxyType(dict(levels.fractions)), MappingProxyType(caps))  # type: ignore[arg-type]
+
+
+def _read_load_levels(p: Path) -> LoadLevels:
     raw = load_toml(p)
     try:
         fractions = {k: float(v) for k, v in raw["fractions"].items()}

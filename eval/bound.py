@@ -42,6 +42,10 @@ work's energy was never spent; such runs are invalid anyway). Scenarios with out
 drains (datacenters drawing 0 W while down) keep no floor for any datacenter (weaker, still
 valid).
 
+Heterogeneous topologies (datacenters of different GPUs): every datacenter's floor, power
+figures (``P_idle``, ``P_lo``, host) and latency terms (``ĝ``, the requests' own terms) are its own
+GPU's models, so work done at a datacenter costs what it would cost on that datacenter's engines.
+
 Capacity here is physical (an engine cannot be active more than 100% of the time), not "at the
 SLO": a policy that violates its SLOs can push an engine past its SLO capacity, and a bound it
 could beat would be no bound.
@@ -148,8 +152,11 @@ def carbon_lower_bound(scenario: Any, seed: int, *, sleep_w: float | None = None
     from solvers._highs import new_highs
 
     parts = build_parts(scenario)
-    topo, eng, lat, pw, trace, off = parts.topology, parts.engine, parts.latency, parts.power, parts.carbon, parts.carbon_offset_s
+    topo, eng, trace, off = parts.topology, parts.engine, parts.carbon, parts.carbon_offset_s
     dcs = list(topo.datacenters)
+    # each datacenter's own GPU (heterogeneous topologies): its latency and power models
+    gpu_of = [topo.datacenter_gpu(d) for d in range(len(dcs))]
+    models = dict(zip(gpu_of, parts.datacenter_gpus()))
     n_d = len(dcs)
     tp = int(eng.tp)
     P = float(scenario.polling_period_s)
@@ -167,12 +174,13 @@ def carbon_lower_bound(scenario: Any, seed: int, *, sleep_w: float | None = None
     gpus = np.array([float(d.gpus) for d in dcs])
     nodes = np.array([float(d.nodes) for d in dcs])
     engines = gpus / tp
-    idle_w, host_w = float(pw.idle_w), float(pw.host_w)
-    floor_gpu_w = idle_w if sleep_w is None else min(float(sleep_w), idle_w)
+    idle_w = np.array([float(models[g].power.idle_w) for g in gpu_of])
+    host_w = np.array([float(models[g].power.host_w) for g in gpu_of])
+    floor_gpu_w = idle_w if sleep_w is None else np.minimum(float(sleep_w), idle_w)
     powerless = any(isinstance(f, dict) and f.get("kind") in _POWERLESS_FAULTS for f in (getattr(scenario, "faults", None) or ()))
     floor_w = np.zeros(n_d) if powerless else pue * (gpus * floor_gpu_w + nodes * host_w)
     if getattr(scenario.env, "measure", "episode") == "window":
-        return _window_bound(scenario, parts, floor_w, zones, prompt, output, arrival, t_floor, sleep_w, int(backlog_end))
+        return _window_bound(scenario, parts, floor_w, zones, prompt, output, arrival, t_floor, int(backlog_end))
     floor_g = float(sum(floor_w[d] * trace.integral(int(zones[d]), off, off + t_floor) for d in range(n_d)) / 3.6e6)
     wins = _windows(off, t_floor, t_max)
     n_w = len(wins)
@@ -184,24 +192,21 @@ def carbon_lower_bound(scenario: Any, seed: int, *, sleep_w: float | None = None
     a_idx = np.searchsorted(starts, arrival, side="right") - 1
     work_x = np.bincount(a_idx, weights=prompt + decode, minlength=n_w)  # tokens
     work_dec = np.bincount(a_idx, weights=decode, minlength=n_w)
-    # engine-seconds each request needs whatever the batching (the latency model's per-token,
-    # per-sequence and per-context terms): attention over its own context at every decode step
-    # (context >= prompt + tokens generated before), its prompt's (query, key) pairs (p (p + 1) / 2
-    # however it is chunked), one LM-head sample per output token
-    ctx = decode * prompt + decode * np.maximum(decode - 1.0, 0.0) / 2.0
-    per_req_s = (float(lat.attn_decode_per_seq_s) * decode + float(lat.attn_decode_per_ctx_s) * ctx
-                 + float(lat.attn_prefill_per_token_s) * prompt + float(lat.attn_prefill_per_pair_s) * prompt * (prompt + 1.0) / 2.0
-                 + float(lat.per_sampled_seq_s) * output)
-    work_s = np.bincount(a_idx, weights=per_req_s, minlength=n_w)
+    # engine-seconds each request needs whatever the batching (_own_seconds), the iteration-time
+    # minorant and the decode iterations' fixed cost, per GPU type: each datacenter's own GPU's
     S = float(eng.max_num_seqs)
     K = float(max(eng.max_num_batched_tokens, float(prompt.max()), float(scenario.workload.max_context_tokens))) + S
-    lines = iteration_time_minorant(lat, K)
-    # fixed cost of every iteration that decodes (LM-head read, decode attention kernels): at
-    # least D / S such iterations
-    work_s = work_s + (float(lat.lm_head_fixed_s) + float(lat.attn_decode_fixed_s)) * work_dec / S
-    ks = np.unique(np.concatenate([[1.0, K], np.asarray(lat.tokens_grid, float)[(np.asarray(lat.tokens_grid) > 1) & (np.asarray(lat.tokens_grid) < K)]]))
-    sec_per_token = float(min((float(lat.overhead_s) + float(lat.allreduce_fixed_s) + lat.linear_time_s(k) + float(lat.allreduce_per_token_s) * k) / k for k in ks))
-    p_lo = min(float(pw.decode_min_w), float(pw.prefill_w))
+    work_by_gpu: dict[str, np.ndarray] = {}
+    lines_by_gpu: dict[str, list[tuple[float, float]]] = {}
+    for g, m in models.items():
+        lat = m.latency
+        work_s = np.bincount(a_idx, weights=_own_seconds(lat, prompt, output), minlength=n_w)
+        lines_by_gpu[g] = iteration_time_minorant(lat, K)
+        # fixed cost of every iteration that decodes (LM-head read, decode attention kernels): at
+        # least D / S such iterations
+        work_by_gpu[g] = work_s + (float(lat.lm_head_fixed_s) + float(lat.attn_decode_fixed_s)) * work_dec / S
+    sec_per_token = min(_per_token_s(m.latency, K) for m in models.values())
+    p_lo = np.array([min(float(models[g].power.decode_min_w), float(models[g].power.prefill_w)) for g in gpu_of])
     ci_min = np.zeros((n_w, n_d))
     for h, (t0, t1) in enumerate(wins):
         a, b = trace.intensity_all(off + t0), trace.intensity_all(off + t1 - 1e-9 if trace.interpolation == "step" else off + t1)
@@ -214,7 +219,7 @@ def carbon_lower_bound(scenario: Any, seed: int, *, sleep_w: float | None = None
     hd = [(h, d) for h in range(n_w) for d in range(n_d)]
     n_hd = len(hd)
     col_n0, col_t0 = n_f, n_f + n_hd
-    with_states = sleep_w is not None and float(sleep_w) < idle_w
+    with_states = sleep_w is not None and bool(np.any(float(sleep_w) < idle_w))
     col_u0 = col_t0 + n_hd
     n_cols = col_u0 + (n_hd if with_states else 0)
     cost = np.zeros(n_cols)
@@ -222,11 +227,11 @@ def carbon_lower_bound(scenario: Any, seed: int, *, sleep_w: float | None = None
     hi = np.full(n_cols, np.inf)
     hi[:n_f] = 1.0
     for i, (h, d) in enumerate(hd):
-        grams_per_engine_s = pue[d] * tp * (p_lo - idle_w) * ci_min[h, d] / 3.6e6
+        grams_per_engine_s = pue[d] * tp * (p_lo[d] - idle_w[d]) * ci_min[h, d] / 3.6e6
         cost[col_t0 + i] = grams_per_engine_s
         cap = engines[d] * lens[h]
         if with_states:
-            cost[col_u0 + i] = pue[d] * tp * (idle_w - float(sleep_w)) * ci_min[h, d] / 3.6e6
+            cost[col_u0 + i] = pue[d] * tp * (idle_w[d] - floor_gpu_w[d]) * ci_min[h, d] / 3.6e6
             hi[col_u0 + i] = cap
         else:
             hi[col_t0 + i] = cap
@@ -260,6 +265,7 @@ def carbon_lower_bound(scenario: Any, seed: int, *, sleep_w: float | None = None
         row([(n_col, 1.0 / scale)] + [(j, -v / S) for j, v in dec], 0.0, np.inf)  # N >= D / S
         row([(n_col, 1.0 / scale)] + [(j, -v / K) for j, v in x], 0.0, np.inf)    # N >= X / K
         row([(j, v) for j, v in x] + [(n_col, -1.0 / scale)], 0.0, np.inf)        # N <= X
+        work_s, lines = work_by_gpu[gpu_of[d]], lines_by_gpu[gpu_of[d]]
         per = [(j, work_s[f_cols[j][0]]) for j in js]
         for a_line, b_line in lines:                                              # T >= a N + b X + the requests' own terms
             row([(t_col, 1.0), (n_col, -a_line)] + [(j, -b_line * v * scale - w) for (j, v), (_, w) in zip(x, per)], 0.0, np.inf)
@@ -283,31 +289,48 @@ def carbon_lower_bound(scenario: Any, seed: int, *, sleep_w: float | None = None
     return CarbonBound(floor_g + active, floor_g, active, status, wins, tokens, int(prompt.size), sec_per_token)
 
 
+def _per_token_s(lat: Any, k_max: float) -> float:
+    """Seconds per token of the most efficient iteration, ``min_k g(k) / k`` on ``[1, k_max]``."""
+    grid = np.asarray(lat.tokens_grid, float)
+    ks = np.unique(np.concatenate([[1.0, k_max], grid[(grid > 1) & (grid < k_max)]]))
+    return float(min((float(lat.overhead_s) + float(lat.allreduce_fixed_s) + lat.linear_time_s(k)
+                      + float(lat.allreduce_per_token_s) * k) / k for k in ks))
+
+
+def _own_seconds(lat: Any, prompt: np.ndarray, output: np.ndarray) -> np.ndarray:
+    """Engine-seconds each request adds whatever the batching (the latency model's per-token,
+    per-sequence and per-context terms): attention over its own context at every decode step
+    (context >= prompt + tokens generated before), its prompt's (query, key) pairs (p (p + 1) / 2
+    however it is chunked), one LM-head sample per output token."""
+    decode = np.maximum(output - 1.0, 0.0)
+    ctx = decode * prompt + decode * np.maximum(decode - 1.0, 0.0) / 2.0
+    return (float(lat.attn_decode_per_seq_s) * decode + float(lat.attn_decode_per_ctx_s) * ctx
+            + float(lat.attn_prefill_per_token_s) * prompt + float(lat.attn_prefill_per_pair_s) * prompt * (prompt + 1.0) / 2.0
+            + float(lat.per_sampled_seq_s) * output)
+
+
 def _engine_seconds(lat: Any, eng: Any, prompt: np.ndarray, output: np.ndarray, k_max: float) -> tuple[np.ndarray, float]:
     """(engine-seconds each request needs at least, seconds per token of the most efficient
     iteration): ``min_k g(k) / k`` per token plus the request's own latency-model terms."""
     decode = np.maximum(output - 1.0, 0.0)
-    grid = np.asarray(lat.tokens_grid, float)
-    ks = np.unique(np.concatenate([[1.0, k_max], grid[(grid > 1) & (grid < k_max)]]))
-    per_token = float(min((float(lat.overhead_s) + float(lat.allreduce_fixed_s) + lat.linear_time_s(k)
-                           + float(lat.allreduce_per_token_s) * k) / k for k in ks))
-    ctx = decode * prompt + decode * np.maximum(decode - 1.0, 0.0) / 2.0
-    own = (float(lat.attn_decode_per_seq_s) * decode + float(lat.attn_decode_per_ctx_s) * ctx
-           + float(lat.attn_prefill_per_token_s) * prompt + float(lat.attn_prefill_per_pair_s) * prompt * (prompt + 1.0) / 2.0
-           + float(lat.per_sampled_seq_s) * output)
-    return per_token * (prompt + decode) + own, per_token
+    per_token = _per_token_s(lat, k_max)
+    return per_token * (prompt + decode) + _own_seconds(lat, prompt, output), per_token
 
 
 def _window_bound(scenario: Any, parts: Any, floor_w: np.ndarray, zones: np.ndarray, prompt: np.ndarray, output: np.ndarray,
-                  arrival: np.ndarray, t_end: float, sleep_w: float | None, backlog_end: int) -> CarbonBound:
+                  arrival: np.ndarray, t_end: float, backlog_end: int) -> CarbonBound:
     """The bound of a measurement window ``[W, t_end]`` (``env.measure = "window"``): the floor
     over the window (exact), plus the least active energy of the requests the window must have
     done entirely: of those arriving in it, all but ``backlog_end`` (the smallest ones, by their
-    least engine-seconds), each engine-second at the lowest grams per engine-second of any
-    datacenter and hour of the window (no capacity limit: weaker, valid whatever the burn-in
-    left in flight)."""
-    eng, lat, pw, trace, off = parts.engine, parts.latency, parts.power, parts.carbon, parts.carbon_offset_s
+    least cost), each engine-second at the lowest grams per engine-second of any datacenter and
+    hour of the window (no capacity limit: weaker, valid whatever the burn-in left in flight).
+    With several GPU types, each request costs the least over the types of its engine-seconds
+    there times the type's lowest grams per engine-second (its datacenters' lowest PUE and
+    intensity)."""
+    eng, trace, off = parts.engine, parts.carbon, parts.carbon_offset_s
     dcs = list(parts.topology.datacenters)
+    gpu_of = [parts.topology.datacenter_gpu(d) for d in range(len(dcs))]
+    models = dict(zip(gpu_of, parts.datacenter_gpus()))
     w0 = float(scenario.env.warmup_s)
     floor_g = float(sum(floor_w[d] * trace.integral(int(zones[d]), off + w0, off + t_end) for d in range(len(dcs))) / 3.6e6)
     wins = _windows(off + w0, t_end - w0, t_end - w0)
@@ -315,16 +338,27 @@ def _window_bound(scenario: Any, parts: Any, floor_w: np.ndarray, zones: np.ndar
     inside = arrival >= w0
     k_max = float(max(eng.max_num_batched_tokens, float(prompt.max()) if prompt.size else 1.0,
                       float(scenario.workload.max_context_tokens))) + float(eng.max_num_seqs)
-    sec, per_token = _engine_seconds(lat, eng, prompt[inside], output[inside], k_max)
     keep = max(0, int(inside.sum()) - int(backlog_end))
-    need_s = float(np.sort(sec)[:keep].sum())
-    ci_lo = min(float(min(trace.intensity_all(off + a)[zones].min(), trace.intensity_all(off + b - 1e-9)[zones].min()))
-                for a, b in wins)
-    pue_lo = min(float(d.pue) for d in dcs)
-    p_lo = min(float(pw.decode_min_w), float(pw.prefill_w))
-    active = pue_lo * int(eng.tp) * (p_lo - float(pw.idle_w)) * ci_lo * need_s / 3.6e6 * (1.0 - 1e-9)
+    tp = int(eng.tp)
+    costs, per_tokens = [], []
+    for g, m in models.items():
+        ds = [d for d in range(len(dcs)) if gpu_of[d] == g]
+        z = zones[ds]
+        sec, per_token = _engine_seconds(m.latency, eng, prompt[inside], output[inside], k_max)
+        ci_lo = min(float(min(trace.intensity_all(off + a)[z].min(), trace.intensity_all(off + b - 1e-9)[z].min()))
+                    for a, b in wins)
+        pue_lo = min(float(dcs[d].pue) for d in ds)
+        p_lo = min(float(m.power.decode_min_w), float(m.power.prefill_w))
+        costs.append((pue_lo * tp * (p_lo - float(m.power.idle_w)) * ci_lo, sec))
+        per_tokens.append(per_token)
+    if len(costs) == 1:
+        grams_per_engine_s, sec = costs[0]
+        active = grams_per_engine_s * float(np.sort(sec)[:keep].sum()) / 3.6e6 * (1.0 - 1e-9)
+    else:
+        least = np.min(np.stack([c * sec for c, sec in costs]), axis=0)
+        active = float(np.sort(least)[:keep].sum()) / 3.6e6 * (1.0 - 1e-9)
     return CarbonBound(floor_g + active, floor_g, active, "window", wins, float((prompt[inside] + np.maximum(output[inside] - 1, 0)).sum()),
-                       int(inside.sum()), per_token)
+                       int(inside.sum()), min(per_tokens))
 
 
 def bound_for_spec(spec: Any, *, sleep_w: float | None = None, backlog_end: int = 0) -> CarbonBound:

@@ -72,27 +72,40 @@ class ClairvoyantPolicy:
         cfg = sim.engine_config
         mean_p = float(self._prompt.mean()) if self._prompt.size else 512.0
         mean_o = float(self._output.mean()) if self._output.size else 128.0
-        kv_tokens = float(sim.kv_blocks_per_engine * cfg.block_tokens)
-        batch = int(max(1, min(cfg.max_num_seqs, math.floor(kv_tokens * self.kv_fill / max(mean_p + mean_o, 1.0)))))
-        ctx = mean_p + mean_o / 2.0
-        lat = sim.latency
-        t_iter = float(lat.iteration_time_s(0, 0.0, batch, batch * ctx, batch))
-        chunk = int(cfg.max_num_batched_tokens)
-        p_tok = max(1, int(round(mean_p)))
-        t_prefill = float(lat.prefill_time_s(p_tok, chunk)) / p_tok
-        self.batch = batch
-        self.t_decode_per_token_s = t_iter / batch
-        self.t_prefill_per_token_s = t_prefill
-        w = self._work_s(self._prompt.astype(np.float64), self._output.astype(np.float64))
-        mean_w = float(w.mean()) if w.size else 1.0
         from carbon_gym.scenario import load_load_levels
 
-        cap = load_load_levels().find(sc.model, sc.gpu, sc.tp)  # None: not measured, the latency model's
-        rate = cap.per_engine_rate_per_s if cap is not None else None
-        # engine capacity in "mean requests" per second; a request costs w / mean(w) of them
-        self.engine_rate_per_s = float(rate) if rate else 1.0 / mean_w
-        self.capacity_source = "measured (load_levels.toml)" if rate else "latency model"
-        self._work_scale = 1.0 / (mean_w * self.engine_rate_per_s)  # engine-seconds per work-second
+        levels = load_load_levels()
+        # per GPU type (each datacenter's own: latency model, KV capacity, measured rate)
+        topo = sim.topology
+        gpu_of = [topo.datacenter_gpu(d) for d in range(topo.n_datacenters)]
+        models = dict(zip(gpu_of, u.world_parts.datacenter_gpus()))
+        first = {g: gpu_of.index(g) for g in models}
+        per_gpu: dict[str, tuple[int, float, float, float, float, str]] = {}
+        for g, m in models.items():
+            kv_tokens = float(sim.datacenters[first[g]].engines[0].total_blocks * cfg.block_tokens)
+            batch = int(max(1, min(cfg.max_num_seqs, math.floor(kv_tokens * self.kv_fill / max(mean_p + mean_o, 1.0)))))
+            ctx = mean_p + mean_o / 2.0
+            lat = m.latency
+            t_iter = float(lat.iteration_time_s(0, 0.0, batch, batch * ctx, batch))
+            chunk = int(cfg.max_num_batched_tokens)
+            p_tok = max(1, int(round(mean_p)))
+            t_prefill = float(lat.prefill_time_s(p_tok, chunk)) / p_tok
+            w = self._prompt.astype(np.float64) * t_prefill + self._output.astype(np.float64) * (t_iter / batch)
+            mean_w = float(w.mean()) if w.size else 1.0
+            cap = levels.find(sc.model, g, sc.tp)  # None: not measured, the latency model's
+            rate = cap.per_engine_rate_per_s if cap is not None else None
+            # engine capacity in "mean requests" per second; a request costs w / mean(w) of them
+            engine_rate = float(rate) if rate else 1.0 / mean_w
+            per_gpu[g] = (batch, t_iter / batch, t_prefill, engine_rate, 1.0 / (mean_w * engine_rate),
+                          "measured (load_levels.toml)" if rate else "latency model")
+        cols = [per_gpu[g] for g in gpu_of]
+        main = per_gpu[gpu_of[0]]
+        self.batch = main[0]  # (the first datacenter's; per datacenter in the arrays below)
+        self.t_decode_per_token_s = np.array([c[1] for c in cols])
+        self.t_prefill_per_token_s = np.array([c[2] for c in cols])
+        self.engine_rate_per_s = np.array([c[3] for c in cols])
+        self.capacity_source = main[5] if len(per_gpu) == 1 else ", ".join(f"{g}: {c[5]}" for g, c in per_gpu.items())
+        self._work_scale = np.array([c[4] for c in cols])  # engine-seconds per work-second, per datacenter
         snap = sim.snapshot()
         self._n_engines = np.asarray(snap.n_engines, dtype=np.float64)
         self._pue = np.asarray(snap.pue, dtype=np.float64)
@@ -105,8 +118,9 @@ class ClairvoyantPolicy:
         self._last_t = float(sim.now_s)
 
     def _work_s(self, prompt: np.ndarray, output: np.ndarray) -> np.ndarray:
-        """Latency-model engine-seconds of each request at the saturated batch."""
-        return prompt * self.t_prefill_per_token_s + output * self.t_decode_per_token_s
+        """(n, D) latency-model engine-seconds of each request at the saturated batch on each
+        datacenter's GPU."""
+        return prompt[:, None] * self.t_prefill_per_token_s[None, :] + output[:, None] * self.t_decode_per_token_s[None, :]
 
     def act(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
         """Per-slot datacenter (or defer for padded slots / nothing allowed)."""
@@ -131,26 +145,26 @@ class ClairvoyantPolicy:
         ok[ok] &= self._prompt[seq[ok]] == prompt[ok]
         self.mismatches += int(n - np.count_nonzero(ok))
         output = np.where(ok, self._output[np.minimum(seq, max(self._prompt.size - 1, 0))] if self._prompt.size else 0, np.rint(pend["predicted_output_tokens"])).astype(np.float64)
-        work = self._work_s(prompt.astype(np.float64), output) * self._work_scale
+        work = self._work_s(prompt.astype(np.float64), output) * self._work_scale[None, :]
         t0 = self._offset + now
         ci = np.array([self._trace.mean_intensity(int(z), t0, t0 + self._P) for z in self._zones]) * self._pue
         order = np.argsort(ci, kind="stable")
         limit = cap_rate * self._P * self.horizon_steps
         allowed = mask[:n, :D]
-        for i in np.argsort(-work, kind="stable"):
+        for i in np.argsort(-work.max(axis=1), kind="stable"):
             row = allowed[i]
             if not row.any():
                 continue
             pick = -1
             for d in order:
-                if row[d] and self._backlog[d] + work[i] <= limit[d]:
+                if row[d] and self._backlog[d] + work[i, d] <= limit[d]:
                     pick = int(d)
                     break
             if pick < 0:  # every allowed datacenter is full: least relative backlog
                 rel = np.where(row, self._backlog / np.maximum(limit, 1e-12), np.inf)
                 pick = int(np.argmin(rel))
             action[i] = pick
-            self._backlog[pick] += work[i]
+            self._backlog[pick] += work[i, pick]
         return action
 
 

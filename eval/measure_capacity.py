@@ -3,7 +3,8 @@
     python eval/measure_capacity.py                 # print capacities of the three study models
     python eval/measure_capacity.py --write         # ... and update carbon_gym/data/load_levels.toml
     python eval/measure_capacity.py --models llama-3.1-8b --duration 300 --seeds 0
-    python eval/measure_capacity.py --models llama-3.1-8b --cluster   # + the cluster-level figure (printed only)
+    python eval/measure_capacity.py --models llama-3.1-8b --cluster   # + the cluster-level figure
+    python eval/measure_capacity.py --cluster --skip-engine --write  # cluster figures beside the file's engine ones
 
 Method (carbon_gym/capacity.py): bisection over the Poisson rate offered to ONE engine for the
 highest rate at which p99 TTFT and p99 TPOT stay within the model's MLPerf targets; settings
@@ -12,7 +13,11 @@ A model whose latency parameters are missing keeps its previous entry (marked PR
 
 ``--cluster`` also measures the cluster-level capacity (``carbon_gym.capacity.measure_cluster_capacity``:
 the whole ``<model>-moderate`` topology under round-robin with its polling period and network) and
-prints it next to the engine figure. It is never written: the load levels use the engine figure.
+prints it next to the engine figure; with ``--write`` it is written BESIDE the engine figure
+(``cluster_per_engine_rate_per_s``, ``cluster_to_engine_ratio`` and the probe settings, prefixed
+``cluster_``). The load levels keep the engine figure (``basis = "engine"`` in every entry): it is
+what every scenario's rate and every golden result were computed from; the cluster figure
+documents how much of it round-robin keeps once the polling wait and the network count.
 """
 
 from __future__ import annotations
@@ -23,6 +28,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+#: How ``per_engine_rate_per_s`` (the load levels' basis) is measured.
+ENGINE_BASIS = "engine: one engine fed every request at its arrival (no network, no polling wait)"
+#: How ``cluster_per_engine_rate_per_s`` is measured.
+CLUSTER_BASIS = ("cluster: the <model>-moderate topology, round-robin over its datacenters, placed every polling "
+                 "period, network delays in TTFT")
 STUDY = {"llama-3.1-8b": "llama8b", "qwen2.5-7b": "qwen7b", "mixtral-8x7b": "mixtral8x7b"}
 
 
@@ -44,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds pooled per probe")
     ap.add_argument("--rel-tol", type=float, default=0.01, help="bisection stops at this relative width")
     ap.add_argument("--write", action="store_true", help="update carbon_gym/data/load_levels.toml")
-    ap.add_argument("--cluster", action="store_true", help="also measure the cluster-level capacity (printed only)")
+    ap.add_argument("--cluster", action="store_true",
+                    help="also measure the cluster-level capacity (written beside the engine figure with --write)")
     ap.add_argument("--cluster-duration", type=float, default=180.0, help="simulated seconds per cluster probe")
     ap.add_argument("--cluster-warmup", type=float, default=60.0, help="seconds of a cluster probe not counted")
     ap.add_argument("--cluster-seeds", type=int, nargs="+", default=[0], help="seeds pooled per cluster probe")
@@ -64,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     for key, cap in old.capacities.items():  # kept unless re-measured below
         entries[key] = {"model": cap.model, "gpu": cap.gpu, "status": "PROVISIONAL" if cap.provisional else
                         cap.conditions.get("status", "MEASURED"), "per_engine_rate_per_s": cap.per_engine_rate_per_s,
-                        "tp": cap.tp, **{k: v for k, v in cap.conditions.items() if k != "status"}}
+                        "tp": cap.tp, "basis": ENGINE_BASIS,
+                        **{k: v for k, v in cap.conditions.items() if k not in ("status", "basis")}}
     for model, gpu in [(m, g) for m in args.models for g in args.gpus]:
         over: dict[str, object] = {"workload.rate_per_s": 1.0}
         if gpu is not None:
@@ -74,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{key} (SLO TTFT {scenario.ttft_s} s / TPOT {scenario.tpot_s} s):", flush=True)
         t0 = time.perf_counter()
         if args.skip_engine and args.cluster and old.find(model, scenario.gpu, scenario.tp) is not None:
-            _cluster(scenario, old.find(model, scenario.gpu, scenario.tp).per_engine_rate_per_s, args, measure_cluster_capacity)
+            entries[key].update(_cluster(scenario, old.find(model, scenario.gpu, scenario.tp).per_engine_rate_per_s, args,
+                                         measure_cluster_capacity, command.strip()))
             continue
         try:
             res = measure_capacity(scenario, rel_tol=args.rel_tol, duration_s=args.duration, warmup_s=args.warmup,
@@ -91,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             "status": "MEASURED",
             "per_engine_rate_per_s": round(res.per_engine_rate_per_s, 4),
             "tp": res.tp,
+            "basis": ENGINE_BASIS,
             "lengths": res.settings["lengths"],
             "max_context_tokens": res.settings["max_context_tokens"],
             "ttft_s": res.settings["ttft_s"],
@@ -104,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             "command": command.strip(),
         }
         if args.cluster:
-            _cluster(scenario, res.per_engine_rate_per_s, args, measure_cluster_capacity)
+            entries[key].update(_cluster(scenario, res.per_engine_rate_per_s, args, measure_cluster_capacity, command.strip()))
     if args.write:
         path = load_levels_path()
         text = path.read_text()
@@ -118,15 +132,34 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _cluster(scenario: object, engine_rate: float, args: argparse.Namespace, measure: object) -> None:
-    """Measure and print the cluster-level capacity of ``scenario`` next to the engine figure."""
+def _cluster(scenario: object, engine_rate: float, args: argparse.Namespace, measure: object, command: str) -> dict:
+    """Measure and print the cluster-level capacity of ``scenario`` next to the engine figure;
+    returns the ``cluster_*`` fields of its load-level entry."""
     s: Any = scenario
     print(f"  cluster level: {s.name} ({s.n_engines()} engines, polling {s.polling_period_s} s, round-robin):", flush=True)
     t0 = time.perf_counter()
     res = measure(s, rel_tol=args.rel_tol, duration_s=args.cluster_duration, warmup_s=args.cluster_warmup,  # type: ignore[operator]
                   seeds=tuple(args.cluster_seeds), start_rate_per_s=engine_rate, log=print)
+    ratio = res.per_engine_rate_per_s / engine_rate
     print(f"  engine-level {engine_rate:.4f} vs cluster-level {res.per_engine_rate_per_s:.4f} requests/s per engine "
-          f"(cluster / engine = {res.per_engine_rate_per_s / engine_rate:.3f}; {time.perf_counter() - t0:.1f} s wall)")
+          f"(cluster / engine = {ratio:.3f}; {time.perf_counter() - t0:.1f} s wall)")
+    ok = [p for p in res.probes if p.ok]
+    best = max(ok, key=lambda p: p.rate_per_s) if ok else None
+    return {
+        "cluster_per_engine_rate_per_s": round(res.per_engine_rate_per_s, 4),
+        "cluster_to_engine_ratio": round(ratio, 4),
+        "cluster_basis": CLUSTER_BASIS,
+        "cluster_scenario": s.name,
+        "cluster_engines": s.n_engines(),
+        "cluster_polling_period_s": s.polling_period_s,
+        "cluster_p99_ttft_s_at_capacity": round(best.p99_ttft_s, 4) if best else float("nan"),
+        "cluster_p99_tpot_s_at_capacity": round(best.p99_tpot_s, 5) if best else float("nan"),
+        "cluster_probe_duration_s": args.cluster_duration,
+        "cluster_probe_warmup_s": args.cluster_warmup,
+        "cluster_probe_seeds": list(args.cluster_seeds),
+        "cluster_rel_tol": args.rel_tol,
+        "cluster_command": command,
+    }
 
 
 if __name__ == "__main__":

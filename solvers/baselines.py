@@ -23,8 +23,8 @@
 
   (capacities are scaled up together if the traffic exceeds them), then routes each request by
   a smooth weighted round-robin over its origin's shares until the next plan. The per-engine
-  rate is the measured serving capacity of the model (``carbon_gym/data/load_levels.toml``)
-  when the scenario's model is there, else ``capacity_per_engine_rps``.
+  rate is the measured serving capacity of the model on each datacenter's GPU
+  (``carbon_gym/data/load_levels.toml``) where it is there, else ``capacity_per_engine_rps``.
 """
 
 from __future__ import annotations
@@ -174,16 +174,26 @@ class LeastLoaded(Scheduler):
         return out
 
 
-def _per_engine_capacity_rps(env: Any, default: float) -> float:
+def _per_engine_capacity_rps(env: Any, default: float) -> float | np.ndarray:
     """Measured per-engine serving capacity of the env's (model, GPU, TP), requests/s (or
-    ``default`` without an env or a measurement)."""
+    ``default`` without an env or a measurement): a float when every datacenter has the same
+    GPU, else (D,) per datacenter (each its own GPU's measurement, ``default`` where none)."""
     if env is None:
         return float(default)
     from carbon_gym.scenario import load_load_levels
 
-    sc = env.unwrapped.scenario
-    cap = load_load_levels().find(sc.model, sc.gpu, sc.tp)
-    return float(cap.per_engine_rate_per_s) if cap is not None else float(default)
+    u = env.unwrapped
+    sc = u.scenario
+    levels = load_load_levels()
+    topo = u.world_parts.topology
+    gpus = [topo.datacenter_gpu(i) for i in range(topo.n_datacenters)]
+    rates: dict[str, float] = {}
+    for g in dict.fromkeys(gpus):
+        cap = levels.find(sc.model, g, sc.tp)
+        rates[g] = float(cap.per_engine_rate_per_s) if cap is not None else float(default)
+    if len(set(gpus)) == 1:
+        return rates[gpus[0]]
+    return np.array([rates[g] for g in gpus], dtype=np.float64)
 
 
 class SharePlanner(Scheduler):
@@ -256,7 +266,7 @@ class SharePlanner(Scheduler):
         mean_o = float(p.output_tokens.mean()) if p.n_requests else 200.0
         lone_prefill = mean_p * p.prefill_s_per_token
         energy = p.tp * ((p.gpu_prefill_w - p.gpu_idle_w) * lone_prefill
-                         + (float(p.decode_power_w(1.0)) - p.gpu_idle_w) * mean_o * p.tpot_idle_s)
+                         + (p.decode_power_w(1.0) - p.gpu_idle_w) * mean_o * p.tpot_idle_s)
         cost = p.grams_per_joule * energy
         net = np.where(np.isnan(self._net), 0.0, self._net)
         feas = (net + lone_prefill[None, :] <= p.ttft_slo_s) & (p.tpot_idle_s <= p.tpot_slo_s)[None, :] & p.up[None, :]

@@ -3,8 +3,8 @@
 Everything a scheduler sees comes from :meth:`carbon_gym.env.GeoServeEnv.state` (an
 :class:`~carbon_gym.state.EnvState` in physical units: the datacenters' snapshot and carbon as
 the feed reports it, the visible pending requests, the action mask, the static layout) and static
-facts of the scenario (the power and latency models the simulator was built with, engine
-settings, SLO targets). Nothing is read from the simulator's hidden state: the true output lengths
+facts of the scenario (the power and latency models the simulator was built with - each
+datacenter's own GPU's in a heterogeneous topology -, engine settings, SLO targets). Nothing is read from the simulator's hidden state: the true output lengths
 of pending requests stay hidden. The scaled float32 observation is never decoded.
 
 Mapping (state -> problem):
@@ -20,8 +20,8 @@ Mapping (state -> problem):
   ``ceil(prompt / chunk) x est_iteration_s + prompt x est_prefill_s_per_token`` when prompts
   queue back to back; a request's own prefill latency adds ``prefill_fixed_s = est_iteration_s``
   (the iteration it joins);
-  ``tpot_idle_s`` is the latency model's decode iteration of one sequence with a 1,000-token
-  context; ``decode_iteration_s`` is the model's decode iteration at the current batch per busy
+  ``tpot_idle_s`` is the latency model's (the datacenter's GPU's) decode iteration of one
+  sequence with a 1,000-token context; ``decode_iteration_s`` is the model's decode iteration at the current batch per busy
   engine (no prefill interference), at most the TPOT estimate; ``free_kv_tokens =
   free_kv_blocks x block_tokens``; ``backlog_prompt_tokens = queue_len x`` the mean pending
   prompt, and ``est_queue_wait_s`` is the larger of the simulator's estimate (the queue of the
@@ -30,6 +30,9 @@ Mapping (state -> problem):
   (infinite in the state) are replaced by a large finite number (``up`` is False and the mask
   forbids it anyway). A missing carbon value (feed gap) gets a stand-in
   (:meth:`EnvFacts.carbon_stand_in`).
+* power: the per-GPU power fields from each datacenter's GPU power model: floats when every
+  datacenter has the same GPU, else (D,) arrays (:func:`datacenter_power_fields`); the KV
+  capacity (``free_kv_blocks``) and the simulator's latency estimates are already per datacenter.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import numpy as np
 
 from carbon_gym.state import EnvState
 
-from .problem import PlacementProblem
+from .problem import POWER_FIELDS, PlacementProblem
 
 #: Finite stand-in for the infinite estimates of a datacenter that is down, seconds.
 DOWN_ESTIMATE_S = 1.0e6
@@ -50,13 +53,29 @@ FALLBACK_CARBON_G_PER_KWH = 400.0
 LONE_CONTEXT_TOKENS = 1000.0
 
 
+def datacenter_power_fields(powers: list[Any]) -> dict[str, Any]:
+    """The per-GPU power fields of a :class:`PlacementProblem` (:data:`~solvers.problem.POWER_FIELDS`)
+    from each datacenter's power model (D,): floats when every datacenter's model gives the same
+    figures (a homogeneous topology), else (D,) arrays, each datacenter its own GPU's."""
+    attrs = ("idle_w", "prefill_w", "decode_min_w", "decode_max_w", "decode_sat_seqs")
+    vals = {f: np.array([float(getattr(pw, a)) for pw in powers], dtype=np.float64) for f, a in zip(POWER_FIELDS, attrs)}
+    if all(np.all(v == v[0]) for v in vals.values()):
+        return {f: float(v[0]) for f, v in vals.items()}
+    return vals
+
+
 class EnvFacts:
     """Static facts of an env needed to build problems (read once per episode): the engine
-    settings and the latency and power models of the env's world.
+    settings and the latency and power models of each datacenter's GPU.
 
     Attributes:
-        tp, power (the power model), max_num_batched_tokens, chunked_prefill, tpot_idle_s (D,),
-        raw_slope_s_per_seq, poll_s: see :class:`PlacementProblem`.
+        tp, max_num_batched_tokens, chunked_prefill, poll_s: see :class:`PlacementProblem`.
+        gpus: (D,) GPU type name of each datacenter.
+        tpot_idle_s: (D,) lone-sequence decode iteration of each datacenter's GPU, seconds.
+        raw_slope_s_per_seq: (D,) decode iteration time per extra sequence there, seconds.
+        power_w: the :data:`~solvers.problem.POWER_FIELDS` of the problem: floats when every
+            datacenter has the same GPU (the power model of ``power``), else (D,) arrays.
+        power: the power model of the scenario's main GPU (every datacenter's, when homogeneous).
     """
 
     def __init__(self, env: Any) -> None:
@@ -64,21 +83,31 @@ class EnvFacts:
         self.env = env
         self.layout = base.layout
         parts = base.world_parts
-        latency, power, eng = parts.latency, parts.power, parts.engine
+        eng = parts.engine
         self.tp = int(eng.tp)
         self.max_num_batched_tokens = int(eng.max_num_batched_tokens)
         self.chunked_prefill = bool(eng.chunked_prefill)
-        self.power = power
+        self.power = parts.power
+        d_n = self.layout.n_datacenters
+        self.gpus = [parts.topology.datacenter_gpu(i) for i in range(d_n)]
+        models = parts.datacenter_gpus()
         c = LONE_CONTEXT_TOKENS
-        lone = float(latency.iteration_time_s(0, 0.0, 1, c, 1))
-        self.tpot_idle_s = np.full(self.layout.n_datacenters, lone)
-        # decode iteration time per extra sequence (no prefill interference), at 1,000-token contexts
         n = 32
-        self.raw_slope_s_per_seq = (float(latency.iteration_time_s(0, 0.0, n + 1, c * (n + 1), n + 1))
-                                    - float(latency.iteration_time_s(0, 0.0, n, c * n, n)))
+        lone: dict[str, float] = {}
+        slope: dict[str, float] = {}
+        for g, m in zip(self.gpus, models):  # each GPU type's latency model, once
+            if g not in lone:
+                lat = m.latency
+                lone[g] = float(lat.iteration_time_s(0, 0.0, 1, c, 1))
+                # decode iteration time per extra sequence (no prefill interference), at 1,000-token contexts
+                slope[g] = (float(lat.iteration_time_s(0, 0.0, n + 1, c * (n + 1), n + 1))
+                            - float(lat.iteration_time_s(0, 0.0, n, c * n, n)))
+        self.tpot_idle_s = np.array([lone[g] for g in self.gpus], dtype=np.float64)
+        self.raw_slope_s_per_seq = np.array([slope[g] for g in self.gpus], dtype=np.float64)
+        self.power_w = datacenter_power_fields([m.power for m in models])
         self.poll_s = float(self.layout.polling_period_s)
         #: last intensity seen per datacenter (gCO2eq/kWh), the stand-in while a feed is missing
-        self.last_carbon_g_per_kwh = np.full(self.layout.n_datacenters, np.nan)
+        self.last_carbon_g_per_kwh = np.full(d_n, np.nan)
 
     def carbon_stand_in(self, observed_g_per_kwh: np.ndarray, forecast_g_per_kwh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Replace missing (NaN) intensities by a stand-in and remember the observed ones.
@@ -133,7 +162,6 @@ def problem_from_state(state: EnvState, facts: EnvFacts) -> PlacementProblem:
     # (often idle even when the datacenter holds a backlog); a batch of placements waits behind
     # the whole backlog spread over the engines
     wait = np.maximum(finite(ds.est_queue_wait_s), np.where(up, backlog * ppt / n_eng, 0.0))
-    pw = facts.power
     carbon_now, carbon_forecast = facts.carbon_stand_in(ds.carbon_g_per_kwh, ds.carbon_forecast_g_per_kwh)
     n = len(pend)
     return PlacementProblem(
@@ -160,11 +188,7 @@ def problem_from_state(state: EnvState, facts: EnvFacts) -> PlacementProblem:
         tpot_idle_s=facts.tpot_idle_s,
         tpot_slope_s_per_seq=np.where(up, finite(ds.tpot_slope_s_per_seq), 0.0),
         tp=facts.tp,
-        gpu_idle_w=float(pw.idle_w),
-        gpu_prefill_w=float(pw.prefill_w),
-        decode_min_w=float(pw.decode_min_w),
-        decode_max_w=float(pw.decode_max_w),
-        decode_sat_seqs=float(pw.decode_sat_seqs),
+        **facts.power_w,
         max_seqs_per_engine=int(L.max_num_seqs),
         ttft_slo_s=float(L.ttft_target_s),
         tpot_slo_s=float(L.tpot_target_s),

@@ -79,36 +79,51 @@ __all__ = ["CapacityFacts", "CapacityProblem", "CapacityResult", "capacity_probl
 
 @dataclass(frozen=True)
 class CapacityFacts:
-    """Static power and latency facts of an env for the capacity stage (watts, joules, seconds)."""
+    """Static power and latency facts of an env for the capacity stage (watts, joules, seconds):
+    each a float, or (D,) per datacenter (each datacenter's GPU's power file, heterogeneous
+    topologies); ``tp`` is every engine's."""
 
     tp: int
-    idle_w: float
-    host_w: float
-    host_off_w: float
-    boot_j_per_gpu_server: tuple[float, float]  # (J per server from the host, J per GPU) while booting
-    wake_j: float
-    wake_s: float
-    boot_s: float
+    idle_w: float | np.ndarray
+    host_w: float | np.ndarray
+    host_off_w: float | np.ndarray
+    boot_j_per_gpu_server: tuple[Any, Any]  # (J per server from the host, J per GPU) while booting
+    wake_j: float | np.ndarray
+    wake_s: float | np.ndarray
+    boot_s: float | np.ndarray
 
     @classmethod
     def from_env(cls, env: Any) -> CapacityFacts:
-        """From ``env.unwrapped.world_parts`` (the env must have capacity states)."""
+        """From ``env.unwrapped.world_parts`` (every datacenter's GPU must have capacity states):
+        floats when every datacenter has the same GPU, else (D,) arrays."""
         parts = env.unwrapped.world_parts
-        st = parts.power_states
-        if st is None:
+        models = parts.datacenter_gpus()
+        if parts.power_states is None or any(m.states is None for m in models):
             raise ValueError("the env's GPU power file has no capacity states")
         tp = int(parts.engine.tp)
         gb = float(parts.model.weight_bytes) / tp / 1e9
-        boot_s = float(st.boot_s(gb))
-        wake_s = float(st.wake_s(gb, tp))
-        return cls(tp=tp, idle_w=float(parts.power.idle_w), host_w=float(parts.power.host_w), host_off_w=float(st.host_off_w),
-                   boot_j_per_gpu_server=(boot_s * float(st.boot_host_w), boot_s * float(st.boot_gpu_w)),
-                   wake_j=wake_s * tp * max(float(st.transition_w) - float(st.sleep_w), 0.0), wake_s=wake_s, boot_s=boot_s)
+        per_gpu: dict[str, tuple[float, ...]] = {}
+        for m in models:
+            if m.spec.name in per_gpu:
+                continue
+            st, pw = m.states, m.power
+            boot_s = float(st.boot_s(gb))
+            wake_s = float(st.wake_s(gb, tp))
+            per_gpu[m.spec.name] = (float(pw.idle_w), float(pw.host_w), float(st.host_off_w), boot_s * float(st.boot_host_w),
+                                    boot_s * float(st.boot_gpu_w), wake_s * tp * max(float(st.transition_w) - float(st.sleep_w), 0.0),
+                                    wake_s, boot_s)
+        rows = [per_gpu[m.spec.name] for m in models]
+        cols: list[Any] = ([float(v) for v in rows[0]] if len(per_gpu) == 1 else
+                           [np.array(c, dtype=np.float64) for c in zip(*rows)])
+        idle, host, off, boot_host, boot_gpu, wake_j, wake_s, boot_s = cols
+        return cls(tp=tp, idle_w=idle, host_w=host, host_off_w=off, boot_j_per_gpu_server=(boot_host, boot_gpu),
+                   wake_j=wake_j, wake_s=wake_s, boot_s=boot_s)
 
 
 @dataclass
 class CapacityProblem:
-    """One capacity decision's data (arrays (D,); see the module docstring for the symbols)."""
+    """One capacity decision's data (arrays (D,), each datacenter its own GPU's figures; see the
+    module docstring for the symbols)."""
 
     up: np.ndarray
     engines: np.ndarray
@@ -121,15 +136,21 @@ class CapacityProblem:
     target_servers: np.ndarray
     g_per_j: np.ndarray
     server_on_w: np.ndarray
-    server_off_w: float
+    server_off_w: np.ndarray
     boot_j: np.ndarray
-    wake_j: float
+    wake_j: np.ndarray
     work_j: np.ndarray
     arrival_per_s: float
-    engine_capacity_per_s: float
+    engine_capacity_per_s: np.ndarray
     util_cap: float
     horizon_s: float
     penalty_g: float
+
+    def __post_init__(self) -> None:
+        # a float (every datacenter the same GPU) becomes (D,)
+        d_n = np.asarray(self.up).size
+        for name in ("server_off_w", "wake_j", "engine_capacity_per_s"):
+            setattr(self, name, np.broadcast_to(np.asarray(getattr(self, name), dtype=np.float64), (d_n,)))
 
 
 @dataclass
@@ -191,14 +212,15 @@ def capacity_problem(state: EnvState, problem: PlacementProblem, facts: Capacity
         g_per_j=ci * problem.pue / J_PER_KWH, server_on_w=facts.host_w + gpus * facts.idle_w,
         server_off_w=facts.host_off_w, boot_j=boot_host_j + gpus * boot_gpu_j, wake_j=facts.wake_j,
         work_j=np.asarray(work_j, dtype=np.float64), arrival_per_s=fleet * (1.0 + load_margin),
-        engine_capacity_per_s=float(state.engine_capacity_per_s), util_cap=float(util_cap), horizon_s=horizon,
+        engine_capacity_per_s=state.engine_capacity_per_s, util_cap=float(util_cap), horizon_s=horizon,
         penalty_g=float(penalty_g),
     )
 
 
-def _per_engine_cap(cp: CapacityProblem) -> float:
+def _per_engine_cap(cp: CapacityProblem) -> np.ndarray:
+    """(D,) requests/s one awake engine may carry: the measured capacity (1 where unknown) x the cap."""
     c = cp.engine_capacity_per_s
-    return (c if math.isfinite(c) and c > 0 else 1.0) * cp.util_cap
+    return np.where(np.isfinite(c) & (c > 0), c, 1.0) * cp.util_cap
 
 
 def _objective_g(cp: CapacityProblem, a: np.ndarray, n: np.ndarray, rate: np.ndarray) -> float:
@@ -226,8 +248,9 @@ def capacity_greedy(cp: CapacityProblem) -> CapacityResult:
     for d in np.argsort(per_req, kind="stable"):
         if not cp.up[d] or left <= 0:
             continue
-        take = min(left, cap * float(cp.usable_now[d]))
-        k = int(min(math.ceil(take / cap - 1e-9), cp.engines[d]))
+        c = float(cap[d])
+        take = min(left, c * float(cp.usable_now[d]))
+        k = int(min(math.ceil(take / c - 1e-9), cp.engines[d]))
         a[d] = k
         n[d] = -(-k // int(cp.engines_per_node[d]))
         rate[d] = take
@@ -253,20 +276,20 @@ def solve_capacity(cp: CapacityProblem, threads: int = 1) -> CapacityResult:
     lo = np.zeros(n_cols)
     hi = np.full(n_cols, np.inf)
     integ = np.zeros(n_cols, dtype=np.int32)
-    cost[N0:L0] = g * T * (cp.server_on_w[live] - cp.server_off_w)
+    cost[N0:L0] = g * T * (cp.server_on_w[live] - cp.server_off_w[live])
     cost[L0:B0] = g * T * cp.work_j[live]
     cost[B0:W0] = g * cp.boot_j[live]
-    cost[W0:O0] = g * cp.wake_j
+    cost[W0:O0] = g * cp.wake_j[live]
     cost[O0] = cp.penalty_g * T
     hi[A0:N0] = cp.engines[live]
     hi[N0:L0] = cp.servers[live]
-    hi[L0:B0] = cap * cp.usable_now[live]
+    hi[L0:B0] = cap[live] * cp.usable_now[live]
     integ[A0:L0] = 1
     rows: list[tuple[dict[int, float], float, float]] = []
     for j in range(m):
         d = int(live[j])
         rows.append(({N0 + j: float(cp.engines_per_node[d]), A0 + j: -1.0}, 0.0, np.inf))
-        rows.append(({L0 + j: 1.0, A0 + j: -cap}, -np.inf, 0.0))
+        rows.append(({L0 + j: 1.0, A0 + j: -float(cap[d])}, -np.inf, 0.0))
         rows.append(({B0 + j: 1.0, N0 + j: -1.0}, -float(cp.servers_now[d]), np.inf))
         rows.append(({W0 + j: 1.0, A0 + j: -1.0}, -float(cp.awake_now[d]), np.inf))
     demand = {L0 + j: 1.0 for j in range(m)}

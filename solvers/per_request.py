@@ -67,7 +67,7 @@ def per_request_costs(
     p = problem
     pre = p.prompt_tokens[r] * p.prefill_s_per_token
     energy = p.tp * ((p.gpu_prefill_w - p.gpu_idle_w) * pre
-                     + (float(p.decode_power_w(1.0)) - p.gpu_idle_w) * p.output_tokens[r] * tpot_s)
+                     + (p.decode_power_w(1.0) - p.gpu_idle_w) * p.output_tokens[r] * tpot_s)
     ttft = p.waited_s[r] + p.network_s[r] + queue_wait_s + p.prefill_fixed_s + pre
     s_ttft = np.maximum(0.0, ttft - p.ttft_slo_s)
     s_tpot = np.maximum(0.0, tpot_s - p.tpot_slo_s)
@@ -188,7 +188,7 @@ class PerRequestILP(Scheduler):
         pre = p.prompt_tokens[:, None] * p.prefill_s_per_token[None, :]
         tpot = p.tpot_idle_s[None, :]
         energy = p.tp * ((p.gpu_prefill_w - p.gpu_idle_w) * pre
-                         + (float(p.decode_power_w(1.0)) - p.gpu_idle_w) * p.output_tokens[:, None] * tpot)
+                         + (p.decode_power_w(1.0) - p.gpu_idle_w) * p.output_tokens[:, None] * tpot)
         ttft = p.waited_s[:, None] + p.network_s + p.prefill_fixed_s[None, :] + pre
         s_ttft = np.maximum(0.0, ttft - p.ttft_slo_s)
         s_tpot = np.maximum(0.0, tpot - p.tpot_slo_s)

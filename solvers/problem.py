@@ -26,8 +26,10 @@ import numpy as np
 from carbon_gym.errors import ConfigError
 
 J_PER_KWH = 3.6e6
+#: The per-GPU power fields of a :class:`PlacementProblem` (a float, or (D,) per datacenter).
+POWER_FIELDS = ("gpu_idle_w", "gpu_prefill_w", "decode_min_w", "decode_max_w", "decode_sat_seqs")
 
-__all__ = ["PlacementProblem", "synthetic_problem", "J_PER_KWH"]
+__all__ = ["PlacementProblem", "synthetic_problem", "J_PER_KWH", "POWER_FIELDS"]
 
 
 def _arr(x: Any, dtype: Any) -> np.ndarray:
@@ -71,7 +73,9 @@ class PlacementProblem:
         prefill interference, seconds (default ``tpot_idle_s + slope (n - 1)``, n the batch per
         busy engine).
         tp: GPUs per engine; gpu_idle_w, gpu_prefill_w, decode_min_w, decode_max_w, decode_sat_seqs:
-        per-GPU power model (watts, sequences); max_seqs_per_engine: vLLM max_num_seqs;
+        per-GPU power model (watts, sequences): one float when every datacenter has the same GPU,
+        else (D,) per datacenter (heterogeneous topologies: each datacenter's own GPU);
+        max_seqs_per_engine: vLLM max_num_seqs;
         ttft_slo_s, tpot_slo_s: SLO targets, seconds; poll_s: polling period, seconds;
         carbon_forecast_g_per_kwh: optional (D, H) forecast, gCO2eq/kWh; time_s: sim time, s.
     """
@@ -96,11 +100,11 @@ class PlacementProblem:
     tpot_idle_s: np.ndarray
     tpot_slope_s_per_seq: np.ndarray
     tp: int = 1
-    gpu_idle_w: float = 63.0
-    gpu_prefill_w: float = 400.0
-    decode_min_w: float = 180.0
-    decode_max_w: float = 300.0
-    decode_sat_seqs: float = 48.0
+    gpu_idle_w: float | np.ndarray = 63.0
+    gpu_prefill_w: float | np.ndarray = 400.0
+    decode_min_w: float | np.ndarray = 180.0
+    decode_max_w: float | np.ndarray = 300.0
+    decode_sat_seqs: float | np.ndarray = 48.0
     max_seqs_per_engine: int = 256
     ttft_slo_s: float = 2.0
     tpot_slo_s: float = 0.1
@@ -167,6 +171,14 @@ class PlacementProblem:
             raise ConfigError("problem.n_engines", "must be >= 1 per datacenter")
         if self.tp < 1:
             raise ConfigError("problem.tp", "must be >= 1")
+        for name in POWER_FIELDS:  # a float (every datacenter the same GPU) or (D,) per datacenter
+            v = getattr(self, name)
+            if np.ndim(v) == 0:
+                continue
+            a = _arr(v, np.float64)
+            if a.shape != (d,) or not np.all(np.isfinite(a)) or np.any(a < 0):
+                raise ConfigError(f"problem.{name}", f"must be a float or ({d},) finite values >= 0 (one per datacenter)")
+            setattr(self, name, a)
         if not (self.ttft_slo_s > 0 and self.tpot_slo_s > 0 and self.poll_s > 0):
             raise ConfigError("problem.slo", "ttft_slo_s, tpot_slo_s and poll_s must be > 0")
 
@@ -193,7 +205,8 @@ class PlacementProblem:
         return self.carbon_g_per_kwh * self.pue / J_PER_KWH
 
     def decode_power_w(self, n: np.ndarray | float) -> np.ndarray:
-        """Per-GPU decode power with ``n`` (real, >= 1) sequences, watts."""
+        """Per-GPU decode power with ``n`` (real, >= 1) sequences, watts (``n`` (D,), or the power
+        fields (D,), give (D,) per datacenter; a scalar ``n`` with float fields gives a 0-d array)."""
         n = np.maximum(np.asarray(n, dtype=np.float64), 1.0)
         return self.decode_max_w - (self.decode_max_w - self.decode_min_w) * np.exp(-(n - 1.0) / self.decode_sat_seqs)
 

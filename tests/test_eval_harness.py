@@ -71,4 +71,4 @@ def test_clairvoyant_twin_workload_matches_env():
     for _ in range(10):
         obs, _, _, _, info = env.step(pol.act(obs, info))
     assert pol.mismatches == 0
-    assert pol.batch >= 1 and 0 < pol.t_decode_per_token_s < 0.05
+    assert pol.batch >= 1 and np.all((0 < pol.t_decode_per_token_s) & (pol.t_decode_per_token_s < 0.05))

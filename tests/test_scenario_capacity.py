@@ -54,3 +54,39 @@ def test_round_robin_at_presets_runs_at_the_intended_fraction():
     r_over = round_robin_slo(over, duration_s=240.0, warmup_s=60.0)
     assert not r_over.ok, r_over  # beyond capacity round-robin breaks the p99 targets
     assert results["moderate"].p99_tpot_s < results["high"].p99_tpot_s < r_over.p99_tpot_s
+
+
+def test_load_levels_say_their_basis_and_hold_the_cluster_figure_beside_it():
+    """Every entry names its basis (the engine figure: what the load levels are fractions of);
+    the study models' A100 entries hold the cluster-level figure and its ratio beside it."""
+    levels = load_load_levels()
+    for cap in levels.capacities.values():
+        assert cap.basis.startswith("engine:"), cap.key
+    for model, short in SHORT.items():
+        s = scen(f"{short}-moderate", {"workload.rate_per_s": 1.0})
+        cap = levels.capacity(model, s.gpu, s.tp)
+        c = cap.cluster_per_engine_rate_per_s
+        assert c is not None and 0.4 * cap.per_engine_rate_per_s < c < cap.per_engine_rate_per_s, cap.key
+        assert cap.conditions["cluster_to_engine_ratio"] == pytest.approx(c / cap.per_engine_rate_per_s, abs=1e-4)
+        assert cap.conditions["cluster_scenario"] == s.name and cap.conditions["cluster_engines"] == s.n_engines()
+        assert cap.conditions["cluster_p99_ttft_s_at_capacity"] <= s.ttft_s
+        # the scenario's rate is the engine figure's fraction, not the cluster figure's
+        m = scen(f"{short}-moderate")
+        assert m.rate_per_s == pytest.approx(levels.fractions["moderate"] * cap.per_engine_rate_per_s * m.n_engines())
+
+
+@pytest.mark.slow
+def test_stored_cluster_capacity_is_round_robins_knee():
+    """The cluster figure of Llama-3.1-8B reproduces: round-robin over llama8b-moderate with 1 s
+    polling meets both p99 targets at it and not 5% above it (same probes as the measurement)."""
+    from carbon_gym.capacity import cluster_probe
+
+    cap = load_load_levels().capacity("llama-3.1-8b", "a100-80gb", 1)
+    cond = cap.conditions
+    s = scen("llama8b-moderate", {"workload.rate_per_s": 1.0})
+    kw = dict(duration_s=cond["cluster_probe_duration_s"], warmup_s=cond["cluster_probe_warmup_s"],
+              seeds=tuple(cond["cluster_probe_seeds"]))
+    at = cluster_probe(s, cap.cluster_per_engine_rate_per_s, **kw)
+    assert at.ok and at.p99_ttft_s == pytest.approx(cond["cluster_p99_ttft_s_at_capacity"], rel=1e-3), at
+    above = cluster_probe(s, 1.05 * cap.cluster_per_engine_rate_per_s, **kw)
+    assert not above.ok, above
