@@ -546,7 +546,7 @@ class GeoServeEnv(gym.Env):
         if n_place:
             dcs = choice if n_place == n_vis else choice[place]
             rows, ints = self._pending.take(n_vis, place)  # origin, prompt, output
-            ids = sim.submit_batch(ints[:, 0], rows[:, P.ARRIVAL], ints[:, 1], ints[:, 2], dcs)
+            ids = P.submit_placed(sim, ints[:, 0], rows[:, P.ARRIVAL], ints[:, 1], ints[:, 2], dcs, self._pending.placed_hashes)
             tally.add_placed(ids, rows[:, P.FAILED], dcs, ints[:, 2])
         tally.deferred += deferred
         tally.blocked += blocked
@@ -633,7 +633,8 @@ class GeoServeEnv(gym.Env):
         n = len(batch)
         if n == 0:
             return 0
-        self._pending.append(batch.origin, batch.arrival_s, batch.prompt_tokens, batch.output_tokens)
+        self._pending.append_batch(batch)  # (with any prefix hashes and sessions: carbon_gym.sessions)
+        self._tally.add_context_truncated(batch.context_truncated_tokens)
         self._tally.arrived += n
         return n
 
@@ -650,7 +651,7 @@ class GeoServeEnv(gym.Env):
         n = len(ab)
         if not n:
             return
-        self._pending.requeue(ab.origin, ab.arrival_s, ab.prompt_tokens, ab.output_tokens)
+        self._pending.requeue(ab.origin, ab.arrival_s, ab.prompt_tokens, ab.output_tokens, getattr(ab, "prefix_hashes", None))
         self._tally.add_aborted(ab)
         self._step_failed_over += n
 
@@ -848,7 +849,8 @@ class GeoServeEnv(gym.Env):
         (placed, not completed, not aborted), ``aborted`` (lost to an outage and re-queued),
         ``unplaced_at_end`` (pending), ``blocked`` (request-steps: at each decision, the pending
         requests with no allowed datacenter), ``blocked_at_end`` (of ``unplaced_at_end``),
-        ``failed_over`` (= ``aborted``), ``failed_over_completed`` (failed over, placed again and
+        ``context_truncated`` / ``context_truncated_tokens`` (arrivals cut to the context window,
+        tokens dropped: :func:`carbon_gym.sessions.fit_context`), ``failed_over`` (= ``aborted``), ``failed_over_completed`` (failed over, placed again and
         completed), ``deferred`` (slot-steps deferred), ``invalid_actions``, ``carbon_g`` (facility, all
         datacenters, from t = 0 to the end of the drain), ``energy_kwh`` (facility),
         ``it_energy_kwh``, ``carbon_g_per_request`` (carbon_g / completed), TTFT / TPOT

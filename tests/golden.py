@@ -46,7 +46,7 @@ POLICY_KWARGS: dict[str, dict[str, Any]] = {}
 UNPINNED_METRICS = frozenset({"mlperf_ttft_p99_pass", "mlperf_tpot_p99_pass", "run_valid"})
 #: Episode metrics added after the cells were pinned, left out of a cell while they are 0 (their
 #: value in every episode before they existed): a cell where one is not 0 shows it as "new".
-ZERO_UNTIL_PINNED = frozenset({"blocked", "blocked_at_end"})
+ZERO_UNTIL_PINNED = frozenset({"blocked", "blocked_at_end", "context_truncated", "context_truncated_tokens"})
 
 
 def _pinned_episode_metrics(em: dict[str, Any]) -> dict[str, Any]:
