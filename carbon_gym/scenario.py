@@ -253,6 +253,9 @@ class EngineSection:
     dispatcher: str = spec(string(), "engine choice inside a datacenter: a registered dispatcher "
                            "(carbon_gym.sim.dispatch: least_work, most_free_kv, or one added with register_dispatcher)",
                            "least_work")
+    prefix_caching: bool = spec(boolean(), "automatic prefix caching per engine (carbon_gym.sim.prefix_cache; requests of a "
+                                "prefix workload reuse cached prompt blocks; prefix block = workload.sessions.prefix_block_tokens)",
+                                False)
 
 
 @dataclass(frozen=True)

@@ -179,6 +179,8 @@ def build_engine_config(scenario: Scenario) -> EngineConfig:
         "max_num_seqs": e.max_num_seqs, "max_num_batched_tokens": e.max_num_batched_tokens,
         "chunked_prefill": e.chunked_prefill, "max_model_len": e.max_model_len,
     }
+    if e.prefix_caching:  # (off: the EngineConfig defaults, so that every other scenario builds as before)
+        values.update(prefix_caching=True, prefix_block_tokens=scenario.workload.sessions.prefix_block_tokens)
     known = {f.name for f in fields(EngineConfig)}
     unknown = sorted(set(values) - known)
     if unknown:

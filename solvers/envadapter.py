@@ -30,6 +30,11 @@ Mapping (state -> problem):
   (infinite in the state) are replaced by a large finite number (``up`` is False and the mask
   forbids it anyway). A missing carbon value (feed gap) gets a stand-in
   (:meth:`EnvFacts.carbon_stand_in`).
+* prefix caches and sessions (scenarios with a prefix workload): ``cached_prompt_tokens`` = the
+  state's ``cached_prefix_tokens`` (None when no visible request has a cached prefix anywhere, so
+  that such steps build exactly the problem of a workload without caching), capped at
+  ``prompt - 1`` (an engine computes at least one prompt token); ``session_dc`` = the state's
+  (None when no visible request's session has a previous turn).
 """
 
 from __future__ import annotations
@@ -136,6 +141,10 @@ def problem_from_state(state: EnvState, facts: EnvFacts) -> PlacementProblem:
     pw = facts.power
     carbon_now, carbon_forecast = facts.carbon_stand_in(ds.carbon_g_per_kwh, ds.carbon_forecast_g_per_kwh)
     n = len(pend)
+    cached = getattr(pend, "cached_prefix_tokens", None)
+    cached = np.minimum(cached, prompts[:, None] - 1.0) if cached is not None and cached.size and cached.any() else None
+    sdc = getattr(pend, "session_dc", None)
+    sdc = sdc if sdc is not None and sdc.size and bool((sdc >= 0).any()) else None
     return PlacementProblem(
         origin=pend.origin,
         prompt_tokens=prompts,
@@ -172,6 +181,8 @@ def problem_from_state(state: EnvState, facts: EnvFacts) -> PlacementProblem:
         time_s=float(state.elapsed_s),
         slot=np.arange(n),
         carbon_forecast_g_per_kwh=carbon_forecast,
+        cached_prompt_tokens=cached,
+        session_dc=sdc,
     )
 
 
