@@ -22,7 +22,7 @@ Scenarios: the Mooncake conversation-trace replay (``llama8b-mooncake-low`` and 
 moderate load) and the synthetic sessions fitted to it (``llama8b-sessions-low`` /
 ``-moderate``). Episodes are steady-state windows (a burn-in fills the caches: sessions' later
 turns arrive minutes after their first): :data:`FULL_WINDOW_S` after :data:`FULL_WARMUP_S`;
-under ``--preset quick`` a tiny smoke run (one scenario, :data:`QUICK_WINDOW_S` after
+two starts (:data:`FULL_SEEDS`); under ``--preset quick`` a tiny smoke run (one scenario, :data:`QUICK_WINDOW_S` after
 :data:`QUICK_WARMUP_S`, two frontier points), for CI.
 
 Writes ``sessions.csv`` (one row per scenario x policy: means over seeds), ``sessions_frontier.csv``
@@ -64,6 +64,9 @@ FRONTIER_AFFINITY: tuple[float, ...] = (0.0, 0.003, 0.01, 0.03, 0.1, 1.0)
 FULL_WINDOW_S, FULL_WARMUP_S = 300.0, 240.0
 QUICK_WINDOW_S, QUICK_WARMUP_S = 20.0, 20.0
 QUICK_SCENARIOS = ("llama8b-sessions-low",)
+#: Episode starts (seeds) unless ``--seeds`` / ``--seed-list``: the full run is sized for ~15-20
+#: CPU-minutes on a 2-core machine (68 runs; a MILP run of a moderate scenario ~21 CPU-s, rr ~5).
+QUICK_SEEDS, FULL_SEEDS = (0,), (0, 1)
 FULL_SCENARIOS = tuple(SESSION_SCENARIOS)
 #: The scenarios whose frontier the full run traces (the quick one: its single scenario).
 FULL_FRONTIER_SCENARIOS = ("llama8b-mooncake-moderate", "llama8b-sessions-moderate")
@@ -186,7 +189,7 @@ def sessions_experiment(ctx: Any, window_overrides: Callable[[float, float], dic
     ov = dict(ctx.overrides)
     if not ctx.explicit_window:  # its own steady-state window (the caches need a burn-in)
         ov.update(window_overrides(QUICK_WINDOW_S, QUICK_WARMUP_S) if quick else window_overrides(FULL_WINDOW_S, FULL_WARMUP_S))
-    seeds = ctx.seeds if ctx.explicit_seeds else [0]
+    seeds = ctx.seeds if ctx.explicit_seeds else list(QUICK_SEEDS if quick else FULL_SEEDS)
     frontier_scens = scens if quick else [s for s in FULL_FRONTIER_SCENARIOS if s in scens]
     affinity = (0.0, 1.0) if quick else FRONTIER_AFFINITY
     specs = sessions_specs(scens, seeds, ov, frontier_scenarios=frontier_scens, affinity=affinity, policies=ctx.policies)
