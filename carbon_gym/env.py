@@ -22,26 +22,14 @@ from .control import EnvCapacity
 from .episode import EpisodeTally
 from .errors import ConfigError, RecordWriteError, check_choice
 from .faults import has_carbon_feed_gap
-from .observation import (
-    CARBON_SCALE_G_PER_KWH,
-    ENV_VERSION,
-    ESTIMATE_CAP,
-    OBS_HIGH,
-    PREFILL_REF_TOKENS,
-    QUEUE_PER_ENGINE_SCALE,
-    TOKENS_SCALE,
-    TPOT_SLOPE_REF_SEQS,
-    DatacenterEncoder,
-    ObservationLayout,
-    check_env_compatible,
-    decode_observation,
-    env_fingerprint,
-    features_markdown,
-    observation_signature,
-    observation_space,
-)
+from .observation import (CARBON_SCALE_G_PER_KWH, ENV_VERSION, ESTIMATE_CAP, OBS_HIGH, PREFILL_REF_TOKENS,  # noqa: F401
+                          QUEUE_PER_ENGINE_SCALE, TOKENS_SCALE, TPOT_SLOPE_REF_SEQS, DatacenterEncoder, ObservationLayout,
+                          check_env_compatible, decode_observation, env_fingerprint, features_markdown,
+                          observation_signature, observation_space, suggest_max_pending)
 from .pending import PendingStore
 from .scenario import resolve_scenario
+from .sessions import is_prefix_workload
+from .sessions_state import session_tracker
 from .sim.results import SNAPSHOT_ARRAY_ROWS, snapshot_from_array
 from .state import DatacenterState, EnvState, PendingRequests
 
@@ -340,7 +328,7 @@ class GeoServeEnv(gym.Env):
             warnings.warn(
                 f"scenario {sc.name!r}: about {expected:.0f} requests arrive per polling period but only "
                 f"env.max_pending={self._K} are shown per step; the rest overflow to later steps. "
-                f"Consider overrides={{'env.max_pending': {_suggest_max_pending(expected)}}}.",
+                f"Consider overrides={{'env.max_pending': {suggest_max_pending(expected)}}}.",
                 stacklevel=2,
             )
 
@@ -402,7 +390,9 @@ class GeoServeEnv(gym.Env):
             datacenter_names=tuple(d.name for d in topo.datacenters), region_names=tuple(topo.regions),
             carbon_feed_flags=has_carbon_feed_gap(self._scenario),
             capacity_control=self._capacity.active, capacity_agent=self._capacity.control == "agent", n_servers=servers,
+            prefix_cache=is_prefix_workload(self._scenario.workload),
         )
+        self._sessions = session_tracker(layout, parts, self._pue)  # (None without a prefix workload)
         self.nominal_carbon_g_per_step = float(nameplate.sum() * REFERENCE_INTENSITY_G_PER_KWH * self._P / 3.6e6)
         self._dc_encoder = DatacenterEncoder(layout)
         sc_ = layout.slot_columns
@@ -477,6 +467,8 @@ class GeoServeEnv(gym.Env):
         self._faults = build_fault_runtime(self._scenario, self._sim)
         self._forecaster = build_forecaster(self._scenario, self._parts.carbon, seed=world_seed) if self._H else None
         self._pending = PendingStore(self._predictor)
+        if self._sessions is not None:
+            self._sessions.reset()
         self._step_index = 0
         self._capacity.reset()
         self._done = False
@@ -545,8 +537,10 @@ class GeoServeEnv(gym.Env):
         deferred = n_vis - n_place
         if n_place:
             dcs = choice if n_place == n_vis else choice[place]
+            if self._sessions is not None:
+                self._sessions.placed(sim, self._window and tally.window is not None, place, dcs, self._snap)
             rows, ints = self._pending.take(n_vis, place)  # origin, prompt, output
-            ids = sim.submit_batch(ints[:, 0], rows[:, P.ARRIVAL], ints[:, 1], ints[:, 2], dcs)
+            ids = P.submit_placed(sim, ints[:, 0], rows[:, P.ARRIVAL], ints[:, 1], ints[:, 2], dcs, self._pending.placed_hashes)
             tally.add_placed(ids, rows[:, P.FAILED], dcs, ints[:, 2])
         tally.deferred += deferred
         tally.blocked += blocked
@@ -633,7 +627,8 @@ class GeoServeEnv(gym.Env):
         n = len(batch)
         if n == 0:
             return 0
-        self._pending.append(batch.origin, batch.arrival_s, batch.prompt_tokens, batch.output_tokens)
+        self._pending.append_batch(batch)  # (with any prefix hashes and sessions: carbon_gym.sessions)
+        self._tally.add_context_truncated(batch.context_truncated_tokens)
         self._tally.arrived += n
         return n
 
@@ -650,7 +645,7 @@ class GeoServeEnv(gym.Env):
         n = len(ab)
         if not n:
             return
-        self._pending.requeue(ab.origin, ab.arrival_s, ab.prompt_tokens, ab.output_tokens)
+        self._pending.requeue(ab.origin, ab.arrival_s, ab.prompt_tokens, ab.output_tokens, getattr(ab, "prefix_hashes", None))
         self._tally.add_aborted(ab)
         self._step_failed_over += n
 
@@ -760,6 +755,9 @@ class GeoServeEnv(gym.Env):
                 if np.any(delta != 0.0):
                     net = c[3]
                     sl[:n, net:net + D] += (2.0 * delta[origins] / self._ttft_target).astype(np.float32)
+        if self._sessions is not None:  # cached prefixes and sessions of the visible requests
+            self._sessions.observe(sim, self._pending, p)
+            self._sessions.encode(sl, n, self.layout.slot_columns["cached_prefix"], p[:, P.PROMPT] if n else None)
         self._mask = mask
         # ---- globals
         ang = (2.0 * math.pi / 86400.0) * ((self._clock_s_of_day + now) % 86400.0)
@@ -812,6 +810,7 @@ class GeoServeEnv(gym.Env):
             seq=p[:, P.SEQ].astype(np.int64), origin=origin, arrival_s=p[:, P.ARRIVAL].copy(), prompt_tokens=prompt,
             predicted_output_tokens=p[:, P.PRED].copy(), waited_s=self._sim.now_s - p[:, P.ARRIVAL],
             network_s=network, failed_over=p[:, P.FAILED] > 0,
+            **(self._sessions.state_fields(n) if self._sessions is not None else {}),
         )
 
     def pending_requests(self, include_overflow: bool = False) -> dict[str, np.ndarray]:
@@ -848,7 +847,8 @@ class GeoServeEnv(gym.Env):
         (placed, not completed, not aborted), ``aborted`` (lost to an outage and re-queued),
         ``unplaced_at_end`` (pending), ``blocked`` (request-steps: at each decision, the pending
         requests with no allowed datacenter), ``blocked_at_end`` (of ``unplaced_at_end``),
-        ``failed_over`` (= ``aborted``), ``failed_over_completed`` (failed over, placed again and
+        ``context_truncated`` / ``context_truncated_tokens`` (arrivals cut to the context window,
+        tokens dropped: :func:`carbon_gym.sessions.fit_context`), ``failed_over`` (= ``aborted``), ``failed_over_completed`` (failed over, placed again and
         completed), ``deferred`` (slot-steps deferred), ``invalid_actions``, ``carbon_g`` (facility, all
         datacenters, from t = 0 to the end of the drain), ``energy_kwh`` (facility),
         ``it_energy_kwh``, ``carbon_g_per_request`` (carbon_g / completed), TTFT / TPOT
@@ -864,6 +864,8 @@ class GeoServeEnv(gym.Env):
                                   world_seed=self._world_seed, pue=self._pue, check_ledger=check_ledger,
                                   strict=self._strict_ledger)
         out.update(self._capacity.metrics(self._sim, self._pue))
+        if self._sessions is not None:
+            out.update(self._sessions.metrics(self._sim))
         return out
 
     def ledger(self, strict: bool = False) -> dict[str, Any]:
@@ -889,10 +891,3 @@ class GeoServeEnv(gym.Env):
 
 if GeoServeEnv.__doc__:  # the observation feature tables, generated (python -OO strips docstrings)
     GeoServeEnv.__doc__ = GeoServeEnv.__doc__.replace("{FEATURE_TABLES}", features_markdown().replace("\n", "\n    "))
-
-
-# ------------------------------------------------------------------------ adapters
-def _suggest_max_pending(expected_per_step: float) -> int:
-    """A slot count that holds a step's arrivals with margin: next power of two >= 1.25 x mean + 4 sd + 16."""
-    need = 1.25 * expected_per_step + 4.0 * math.sqrt(expected_per_step) + 16
-    return int(2 ** math.ceil(math.log2(need)))

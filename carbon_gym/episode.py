@@ -18,7 +18,8 @@ __all__ = ["EpisodeTally"]
 
 # counters and per-datacenter arrays a measurement window reports from its baseline
 _WINDOW_COUNTS = ("arrived", "placed", "aborted", "completed", "violations", "ttft_violations", "tpot_violations",
-                  "deferred", "invalid_actions", "failed_over_completed", "blocked")
+                  "deferred", "invalid_actions", "failed_over_completed", "blocked", "context_truncated",
+                  "context_truncated_tokens")
 _WINDOW_ARRAYS = ("dc_placed", "dc_completed")
 
 _SUM, _MAX = np.add.reduce, np.maximum.reduce  # the ufunc reductions behind ndarray.sum/max
@@ -51,6 +52,8 @@ class EpisodeTally:
         self.deferred = 0
         self.blocked = 0  # request-steps: pending requests with no allowed datacenter, per decision
         self.invalid_actions = 0
+        self.context_truncated = 0  # arrivals cut to the context window (carbon_gym.sessions.fit_context)
+        self.context_truncated_tokens = 0
         self.max_output_placed = 0
         self.failed_over_completed = 0
         self._failover_ids: set[int] = set()
@@ -72,6 +75,12 @@ class EpisodeTally:
     def in_flight(self) -> int:
         """Placed requests neither completed nor aborted."""
         return self.placed - self.completed - self.aborted
+
+    def add_context_truncated(self, dropped_tokens: np.ndarray | None) -> None:
+        """Count arrivals whose context was truncated (``dropped_tokens`` > 0 per request)."""
+        if dropped_tokens is not None and dropped_tokens.size:
+            self.context_truncated += int(np.count_nonzero(dropped_tokens))
+            self.context_truncated_tokens += int(dropped_tokens.sum())
 
     def add_placed(self, ids: np.ndarray, failed_over: np.ndarray, datacenters: np.ndarray, output_tokens: np.ndarray) -> None:
         """``ids`` (simulator request ids) were submitted to ``datacenters``; ``failed_over``
@@ -214,6 +223,8 @@ class EpisodeTally:
             "deferred": self.deferred,
             "blocked": self.blocked,
             "blocked_at_end": int(blocked),
+            "context_truncated": self.context_truncated,
+            "context_truncated_tokens": self.context_truncated_tokens,
             "invalid_actions": self.invalid_actions,
             "carbon_g": float(dc_carbon.sum()),
             "energy_kwh": float(dc_energy.sum()),
@@ -264,6 +275,8 @@ class EpisodeTally:
             "deferred": n["deferred"],
             "blocked": n["blocked"],
             "blocked_at_end": int(blocked),
+            "context_truncated": n["context_truncated"],
+            "context_truncated_tokens": n["context_truncated_tokens"],
             "invalid_actions": n["invalid_actions"],
             "carbon_g": float(dc_carbon.sum()),
             "energy_kwh": float(dc_energy.sum()),

@@ -36,7 +36,7 @@ __all__ = [
     "Feature", "Scale", "SCALES", "DC_FEATURES", "SLOT_FEATURES", "GLOBAL_FEATURES", "ObservationLayout",
     "DatacenterEncoder", "observation_space", "decode_observation", "features_markdown", "observation_signature", "env_fingerprint",
     "check_env_compatible", "ENV_VERSION", "CARBON_SCALE_G_PER_KWH", "TOKENS_SCALE", "QUEUE_PER_ENGINE_SCALE",
-    "PREFILL_REF_TOKENS", "TPOT_SLOPE_REF_SEQS", "ESTIMATE_CAP", "OBS_HIGH",
+    "PREFILL_REF_TOKENS", "TPOT_SLOPE_REF_SEQS", "ESTIMATE_CAP", "OBS_HIGH", "suggest_max_pending",
 ]
 
 # --------------------------------------------------------------------------- fixed scales
@@ -82,6 +82,8 @@ class ObservationLayout:
         capacity_control: the rows carry the capacity columns (``[capacity] control`` other
             than ``always_on``); capacity_agent: the action has capacity parts (``control = "agent"``).
             n_servers: servers per datacenter (D,).
+        prefix_cache: the slots carry the ``cached_prefix`` columns (scenarios with a prefix
+            workload, :func:`carbon_gym.sessions.is_prefix_workload`).
 
     Column maps (derived from the feature tables): ``dc_columns`` (name -> index in the
     ``(D, F_D)`` view of ``obs["datacenters"]``; the forecast spans ``carbon_forecast_1h`` ..
@@ -108,6 +110,7 @@ class ObservationLayout:
     capacity_control: bool = False
     capacity_agent: bool = False
     n_servers: Any = None
+    prefix_cache: bool = False
 
     def width(self, feature: Feature) -> int:
         """Columns ``feature`` spans in this layout (0 when it is not present)."""
@@ -207,6 +210,7 @@ SCALES: dict[str, Scale] = {
     "tpot_slope_ref": Scale("x 64 / T_tpot", lambda L: _ones(L) * (TPOT_SLOPE_REF_SEQS / L.tpot_target_s),
                             lambda L: _ones(L) * (L.tpot_target_s / TPOT_SLOPE_REF_SEQS)),
     "tokens": Scale("/ 1024", lambda L: _ones(L) / TOKENS_SCALE, lambda L: _ones(L) * TOKENS_SCALE),
+    "prompt_fraction": Scale("/ prompt tokens of the slot", _ones, _ones),
 }
 """Scaling rules by name (per-datacenter factors; slot and global rules are documented here and
 applied by the env's slot encoder)."""
@@ -290,6 +294,8 @@ SLOT_FEATURES: tuple[Feature, ...] = (
     Feature("prompt", "prompt_tokens", "tokens", "tokens", "prompt length"),
     Feature("predicted_output", "predicted_output_tokens", "tokens", "tokens",
             "predicted output length (scenario's predictor; \"oracle\" = true length)"),
+    Feature("cached_prefix", "cached_prefix_tokens", "tokens", "prompt_fraction", "share of the prompt cached at the "
+            "best engine of each datacenter", high=1.0, width="D", when="prefix_cache"),
     Feature("waited", "waited_s", "s", "ttft", "time waited since arrival at the origin"),
     Feature("network", "network_s", "s", "ttft", "network delay to each datacenter (uplink + downlink)", width="D"),
 )
@@ -394,6 +400,8 @@ def observation_space(L: ObservationLayout) -> Any:
     sc = L.slot_columns
     sl_high[:, sc["valid"]] = 1.0
     sl_high[:, sc["origin"]:sc["origin"] + L.n_regions] = 1.0
+    if L.prefix_cache:
+        sl_high[:, sc["cached_prefix"]:sc["cached_prefix"] + L.n_datacenters] = 1.0
     g_lo = np.array([-1.0 if f.name.startswith("hour_") else 0.0 for f in GLOBAL_FEATURES], np.float32)
     g_hi = np.array([f.high for f in GLOBAL_FEATURES], np.float32)
     return gym_spaces.Dict({
@@ -433,7 +441,8 @@ def decode_observation(obs: Mapping[str, np.ndarray], env_or_layout: Any) -> dic
         without a carbon-feed gap; carbon NaN where missing)), plus ``free_kv_fraction``.
         Per slot: ``slot_valid`` (K,) bool; ``slot_origin`` (K,) int, -1 on padded slots;
         ``slot_prompt_tokens``; ``slot_predicted_output_tokens``; ``slot_waited_s``;
-        ``slot_network_s`` (K, D). Global: ``hour_utc`` in [0, 24); ``pending_total`` (int);
+        ``slot_network_s`` (K, D); ``slot_cached_prefix_tokens`` (K, D) (zeros without a prefix
+        workload; from the rounded prompt share, so within a token or so). Global: ``hour_utc`` in [0, 24); ``pending_total`` (int);
         ``elapsed_s``. Static (copied from the layout): ``n_engines``, ``engine_kv_blocks``,
         ``block_tokens``, ``max_num_seqs``, ``nameplate_w``, ``ttft_target_s``, ``tpot_target_s``.
     """
@@ -484,6 +493,8 @@ def decode_observation(obs: Mapping[str, np.ndarray], env_or_layout: Any) -> dic
         "slot_predicted_output_tokens": sl[:, s["predicted_output"]] * TOKENS_SCALE,
         "slot_waited_s": sl[:, s["waited"]] * L.ttft_target_s,
         "slot_network_s": sl[:, s["network"]:s["network"] + D] * L.ttft_target_s,
+        "slot_cached_prefix_tokens": (np.rint(sl[:, s["cached_prefix"]:s["cached_prefix"] + D] * sl[:, [s["prompt"]]]
+                                              * TOKENS_SCALE) if L.prefix_cache else np.zeros((K, D))),
         "hour_utc": hour,
         "pending_total": int(round(gl[g["pending_total"]] * K)),
         "elapsed_s": gl[g["elapsed"]] * L.duration_s,
@@ -496,6 +507,12 @@ def decode_observation(obs: Mapping[str, np.ndarray], env_or_layout: Any) -> dic
         "tpot_target_s": L.tpot_target_s,
     })
     return out
+
+
+def suggest_max_pending(expected_per_step: float) -> int:
+    """A slot count K that holds a step's arrivals with margin: next power of two >= 1.25 x mean + 4 sd + 16."""
+    need = 1.25 * expected_per_step + 4.0 * math.sqrt(expected_per_step) + 16
+    return int(2 ** math.ceil(math.log2(need)))
 
 
 # --------------------------------------------------------------------------- docs

@@ -8,6 +8,11 @@ rows stay, and requests an outage aborts come back with their original arrival t
 datacenter. Rows with none (every link from their region cut, every datacenter down or
 drained, a prompt no engine can hold) are *blocked*: they stay pending, in order, and take no
 slot, so they cannot starve the placeable requests behind them.
+
+Requests of a prefix workload (:mod:`carbon_gym.sessions`) also carry their prefix hashes,
+session id and turn, kept beside the matrix in a dict keyed by the row's sequence number (empty,
+and free, for every other workload): :meth:`PendingStore.prefix_of` reads them for given rows,
+:meth:`PendingStore.take` hands the placed rows' hashes to the env for ``Simulator.submit_batch``.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PendingStore", "COLUMNS", "ORIGIN", "ARRIVAL", "PROMPT", "OUTPUT", "PRED", "SEQ", "FAILED"]
+__all__ = ["PendingStore", "submit_placed", "COLUMNS", "ORIGIN", "ARRIVAL", "PROMPT", "OUTPUT", "PRED", "SEQ", "FAILED"]
 
 #: Column names, in order: origin region, arrival at the origin (s), prompt tokens, true output
 #: tokens (hidden from policies), predicted output tokens, arrival sequence number in the
@@ -40,6 +45,9 @@ class PendingStore:
         self._visible: np.ndarray | None = None  # row indices the slots show (None: the first n)
         self.n_visible = 0
         self.n_blocked = 0
+        #: seq -> (prefix hashes, session id, turn) of rows from a prefix workload
+        self.prefix: dict[int, tuple[tuple[int, ...], int, int]] = {}
+        self.placed_hashes: list[tuple[int, ...] | None] | None = None  # of the last take(), None: no prefix rows
 
     def __len__(self) -> int:
         return int(self.rows.shape[0])
@@ -58,6 +66,33 @@ class PendingStore:
         out[:, FAILED] = failed_over
         self._seq += n
 
+    def _remember(self, first_seq: int, hashes: Any, session_id: Any, turn: Any) -> None:
+        """Keep the prefix hashes, sessions and turns of rows ``first_seq, first_seq + 1, ...``."""
+        if hashes is None:
+            return
+        sid = session_id.tolist() if session_id is not None else [-1] * len(hashes)
+        tn = turn.tolist() if turn is not None else [0] * len(hashes)
+        for i, (h, s, t) in enumerate(zip(hashes, sid, tn)):
+            if h is not None:
+                self.prefix[first_seq + i] = (h, s, t)
+
+    def append_batch(self, batch: Any) -> None:
+        """Add a :class:`~carbon_gym.workload.RequestBatch` of new arrivals (with its prefix hashes)."""
+        seq = self._seq
+        self.append(batch.origin, batch.arrival_s, batch.prompt_tokens, batch.output_tokens)
+        self._remember(seq, batch.prefix_hashes, batch.session_id, batch.turn)
+
+    def prefix_of(self, rows: np.ndarray) -> tuple[list[tuple[int, ...] | None], np.ndarray, np.ndarray] | None:
+        """``(prefix hashes, session id (int64, -1: none), turn (int32))`` of ``rows`` (pending
+        rows, e.g. :meth:`visible_rows`), or None when no pending request has prefix hashes."""
+        if not self.prefix:
+            return None
+        got = [self.prefix.get(int(q)) for q in rows[:, SEQ].tolist()]
+        hashes = [g[0] if g is not None else None for g in got]
+        sid = np.array([g[1] if g is not None else -1 for g in got], dtype=np.int64)
+        turn = np.array([g[2] if g is not None else 0 for g in got], dtype=np.int32)
+        return hashes, sid, turn
+
     def append(self, origin: np.ndarray, arrival_s: np.ndarray, prompt_tokens: np.ndarray,
                output_tokens: np.ndarray) -> None:
         """Add new arrivals (later than every pending row) at the end (one allocation)."""
@@ -71,11 +106,14 @@ class PendingStore:
         self.rows = table
 
     def requeue(self, origin: np.ndarray, arrival_s: np.ndarray, prompt_tokens: np.ndarray,
-                output_tokens: np.ndarray) -> None:
-        """Put failed-over requests back, merged in arrival order (stable: ties keep the older rows first)."""
+                output_tokens: np.ndarray, prefix_hashes: Any = None) -> None:
+        """Put failed-over requests back, merged in arrival order (stable: ties keep the older rows
+        first), with their prefix hashes where known (a sequence, one per request, or None)."""
         n = int(np.shape(origin)[0])
         rows = np.empty((n, len(COLUMNS)), dtype=np.float64)
+        seq = self._seq
         self._fill(rows, origin, arrival_s, prompt_tokens, output_tokens, 1.0)
+        self._remember(seq, prefix_hashes, None, None)
         merged = np.concatenate([self.rows, rows])
         self.rows = merged[np.argsort(merged[:, ARRIVAL], kind="stable")]
 
@@ -148,4 +186,29 @@ class PendingStore:
             keep[:n_visible][place] = False
             self.rows = self.rows[keep]
         self._visible, self.n_visible = None, 0  # (the next offer chooses again)
+        if self.prefix:
+            pop = self.prefix.pop
+            got = [pop(int(q), None) for q in rows[:, SEQ].tolist()]
+            self.placed_hashes = [g[0] if g is not None else None for g in got]
+        else:
+            self.placed_hashes = None
         return rows, rows[:, _INT_COLS].astype(np.int64)
+
+
+def submit_placed(sim: Any, origins: np.ndarray, arrival_s: np.ndarray, prompt_tokens: np.ndarray,
+                  output_tokens: np.ndarray, datacenters: np.ndarray, prefix_hashes: Any) -> np.ndarray:
+    """``sim.submit_batch`` of placed rows, with ``prefix_hashes=`` only when there are any (a
+    workload without prefix structure submits exactly as before). A simulator without the
+    keyword (no prefix cache) gets the requests without their hashes, with a warning."""
+    if prefix_hashes is None:
+        return sim.submit_batch(origins, arrival_s, prompt_tokens, output_tokens, datacenters)
+    try:
+        return sim.submit_batch(origins, arrival_s, prompt_tokens, output_tokens, datacenters, prefix_hashes=prefix_hashes)
+    except TypeError as e:
+        if "prefix_hashes" not in str(e) and "argument" not in str(e):  # (compiled: "takes at most 5 arguments")
+            raise
+    import warnings
+
+    warnings.warn("this simulator's submit_batch takes no prefix_hashes (no prefix cache): requests are submitted "
+                  "without them", RuntimeWarning, stacklevel=3)
+    return sim.submit_batch(origins, arrival_s, prompt_tokens, output_tokens, datacenters)

@@ -45,6 +45,7 @@ from .errors import ConfigError, DataError
 from .schema import Ctx, boolean, integer, list_of, num, parse_table, raw_tables, spec, string, table_of, tables_of
 from .gpus import GpuFilesConfig, gpu_files_table, gpu_spec_of, resolve_gpu_files
 from .topology import DatacenterSpec, Topology
+from .sessions import SessionsConfig, resolve_prefix_workload
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 
@@ -205,11 +206,13 @@ class SloConfig:
 class WorkloadConfig:
     """Arrivals, lengths and regional traffic."""
 
-    arrival: str = spec(string(("poisson", "gamma", "replay")), "arrival process", "poisson")
+    arrival: str = spec(string(("poisson", "gamma", "replay", "sessions")), "arrival process ('sessions': multi-turn, "
+                        "carbon_gym.sessions)", "poisson")
     load: str | None = spec(string(("low", "moderate", "high")), "load level; sets rate_per_s from data/load_levels.toml", None)
     rate_per_s: float | None = spec(num(0, 1e7, lo_open=True), "mean total request rate over all regions, requests/s", None)
     cv: float = spec(num(0, 100, lo_open=True), "gamma: coefficient of variation of inter-arrival times", 2.0)
-    trace: str = spec(string(), "replay: azure-conv | azure-code | path to a CSV with TIMESTAMP", "azure-conv")
+    trace: str = spec(string(), "replay: azure-conv | azure-code | mooncake-conv | mooncake-synth | a CSV with TIMESTAMP "
+                      "| a Mooncake .jsonl[.gz]", "azure-conv")
     time_scale: float | None = spec(num(0, 1e6, lo_open=True), "replay: factor on inter-arrival times (default: from rate_per_s)", None)
     lengths: str = spec(string(), "azure-conv | azure-code | sharegpt | arxiv | fixed | trace (replay) | CSV path", "azure-conv")
     prompt_tokens: int = spec(integer(1, 10_000_000), "lengths = 'fixed': prompt tokens", 512)
@@ -220,6 +223,8 @@ class WorkloadConfig:
     diurnal_amplitude: float = spec(num(0, 1), "0 = flat; A in rate x (1 + A cos(2 pi (local hour - peak) / 24))", 0.0)
     diurnal_peak_hour: float = spec(num(0, 24), "local hour of the daily peak", 14.0)
     block_s: float = spec(num(1, 86400), "generation block length, s (determinism unit; each block costs a draw)", 60.0)
+    sessions: SessionsConfig = spec(table_of(SessionsConfig), "[workload.sessions]: prefix workloads (carbon_gym.sessions)",
+                                    SessionsConfig())
 
 
 @dataclass(frozen=True)
@@ -249,6 +254,9 @@ class EngineSection:
     dispatcher: str = spec(string(), "engine choice inside a datacenter: a registered dispatcher "
                            "(carbon_gym.sim.dispatch: least_work, most_free_kv, or one added with register_dispatcher)",
                            "least_work")
+    prefix_caching: bool = spec(boolean(), "automatic prefix caching per engine (carbon_gym.sim.prefix_cache; requests of a "
+                                "prefix workload reuse cached prompt blocks; prefix block = workload.sessions.prefix_block_tokens)",
+                                False)
 
 
 @dataclass(frozen=True)
@@ -862,6 +870,13 @@ def _resolve(s: Scenario, ctx: Ctx, base_dir: Path | None) -> Scenario:  # noqa:
         raise ctx.err("workload.lengths", "'trace' lengths need workload.arrival = 'replay'")
     if w.lengths == "fixed" and w.prompt_tokens + w.output_tokens > w.max_context_tokens:
         raise ctx.err("workload.prompt_tokens", f"fixed lengths {w.prompt_tokens}+{w.output_tokens} exceed max_context_tokens = {w.max_context_tokens}")
+    groups: dict[str, int] = {}  # engines per GPU type, in datacenter order
+    for d in topo.datacenters:
+        groups[d.gpu or s.gpu] = groups.get(d.gpu or s.gpu, 0) + d.gpus // tp
+    prefix = resolve_prefix_workload(w, model=s.model, tp=tp, engine_groups=groups, base_dir=base_dir, ctx=ctx,
+                                     fractions=load_load_levels().fractions if w.load else None)
+    if prefix is not None:  # synthetic sessions or a Mooncake replay
+        return dataclasses.replace(s, workload=prefix[0], resolved_rate_per_s=prefix[1], rate_source=prefix[2])
     from .workload import LENGTH_DATASETS, TRACES
 
     w = dataclasses.replace(
@@ -877,9 +892,6 @@ def _resolve(s: Scenario, ctx: Ctx, base_dir: Path | None) -> Scenario:  # noqa:
         raise ctx.err("workload.rate_per_s", "give either workload.load or workload.rate_per_s, not both")
     if w.load is not None:
         levels = load_load_levels()
-        groups: dict[str, int] = {}  # engines per GPU type, in datacenter order
-        for d in topo.datacenters:
-            groups[d.gpu or s.gpu] = groups.get(d.gpu or s.gpu, 0) + d.gpus // tp
         rate, texts = 0.0, list[str]()
         for g, n in groups.items():
             try:

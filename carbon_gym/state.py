@@ -46,6 +46,12 @@ class PendingRequests:
         waited_s: time since arrival, s. network_s: (n, D) uplink + downlink delay to each
             datacenter now (link degradation included), s.
         failed_over: the request was aborted by an outage and re-queued.
+        cached_prefix_tokens: (n, D) prompt tokens of the request the prefix cache of the best
+            engine of each datacenter holds now (``Simulator.cached_prefix_tokens``; whole prefix
+            blocks), tokens; zeros without prefix caching or prefix hashes.
+        session_id: the request's session (-1: none). session_dc: the datacenter that served
+            the session's previous turn (-1: none, or a first turn); see
+            :mod:`carbon_gym.sessions_state`.
     """
 
     seq: np.ndarray
@@ -56,6 +62,18 @@ class PendingRequests:
     waited_s: np.ndarray
     network_s: np.ndarray
     failed_over: np.ndarray
+    cached_prefix_tokens: np.ndarray | None = None
+    session_id: np.ndarray | None = None
+    session_dc: np.ndarray | None = None
+
+    def __post_init__(self) -> None:  # (None: no prefix workload; zeros / -1 of the right shapes)
+        n = int(self.seq.shape[0])
+        if self.cached_prefix_tokens is None:
+            d = int(self.network_s.shape[1]) if self.network_s.ndim == 2 else 0
+            object.__setattr__(self, "cached_prefix_tokens", np.zeros((n, d), dtype=np.int64))
+        for name in ("session_id", "session_dc"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, np.full(n, -1, dtype=np.int64))
 
     def __len__(self) -> int:
         return int(self.seq.shape[0])

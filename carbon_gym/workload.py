@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
@@ -201,15 +201,31 @@ class RequestBatch:
         arrival_s: float64 arrival time, seconds since the episode start.
         prompt_tokens: int64 prompt length, tokens.
         output_tokens: int64 output length, tokens (hidden from schedulers; for the simulator).
+        prefix_hashes: per request, the ids of its prompt's consecutive prefix blocks (a tuple of
+            ints, Mooncake ``hash_ids`` semantics; see :mod:`carbon_gym.sessions`), or ``None``
+            for the whole batch: a workload without prefix structure.
+        session_id: int64 session of each request (-1: none), or ``None`` for the whole batch.
+        turn: int32 turn of each request in its session (0 = first), or ``None``.
+        context_truncated_tokens: int64 context tokens dropped to fit the context window
+            (0: not truncated; :func:`carbon_gym.sessions.fit_context`), or ``None``.
     """
 
     origin: np.ndarray
     arrival_s: np.ndarray
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
+    prefix_hashes: list[tuple[int, ...]] | None = None
+    session_id: np.ndarray | None = None
+    turn: np.ndarray | None = None
+    context_truncated_tokens: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.arrival_s.shape[0])
+
+    @property
+    def has_sessions(self) -> bool:
+        """True when the batch carries prefix hashes, sessions and turns."""
+        return self.prefix_hashes is not None
 
     @classmethod
     def empty(cls) -> RequestBatch:
@@ -218,17 +234,75 @@ class RequestBatch:
 
     @classmethod
     def concat(cls, batches: Sequence[RequestBatch]) -> RequestBatch:
-        """Concatenate batches that are already in time order relative to each other."""
+        """Concatenate batches that are already in time order relative to each other (all with
+        prefix hashes or all without)."""
         batches = [b for b in batches if len(b)]
         if not batches:
             return cls.empty()
         if len(batches) == 1:
             return batches[0]
-        return cls(*(np.concatenate([getattr(b, f) for b in batches]) for f in ("origin", "arrival_s", "prompt_tokens", "output_tokens")))
+        cols = [np.concatenate([getattr(b, f) for b in batches]) for f in ("origin", "arrival_s", "prompt_tokens", "output_tokens")]
+        if not batches[0].has_sessions:
+            return cls(*cols)
+        hashes = [h for b in batches for h in (b.prefix_hashes or ())]
+        extra = [np.concatenate([getattr(b, f) for b in batches]) for f in ("session_id", "turn", "context_truncated_tokens")]
+        return cls(*cols, hashes, *extra)
 
     def take(self, idx: np.ndarray | slice) -> RequestBatch:
         """Rows ``idx`` (an index array, boolean mask or slice)."""
-        return RequestBatch(self.origin[idx], self.arrival_s[idx], self.prompt_tokens[idx], self.output_tokens[idx])
+        if self.prefix_hashes is None:
+            return RequestBatch(self.origin[idx], self.arrival_s[idx], self.prompt_tokens[idx], self.output_tokens[idx])
+        if isinstance(idx, slice):
+            hashes = self.prefix_hashes[idx]
+        else:
+            ix = np.asarray(idx)
+            ix = np.flatnonzero(ix) if ix.dtype == bool else ix
+            hashes = [self.prefix_hashes[i] for i in ix.tolist()]
+        assert self.session_id is not None and self.turn is not None and self.context_truncated_tokens is not None
+        return RequestBatch(self.origin[idx], self.arrival_s[idx], self.prompt_tokens[idx], self.output_tokens[idx], hashes,
+                            self.session_id[idx], self.turn[idx], self.context_truncated_tokens[idx])
+
+
+def _check_shares(region_shares: Sequence[float] | None, n_regions: int) -> np.ndarray:
+    """Normalized traffic share per region (equal by default); ConfigError unless ``n_regions``
+    finite shares >= 0 summing to 1."""
+    if n_regions < 1:
+        raise ConfigError("workload.n_regions", f"must be >= 1, got {n_regions}")
+    shares = np.full(n_regions, 1.0 / n_regions) if region_shares is None else np.asarray(region_shares, dtype=np.float64)
+    if shares.shape != (n_regions,) or np.any(~np.isfinite(shares)) or np.any(shares < 0) or abs(shares.sum() - 1.0) > 1e-6:
+        raise ConfigError("workload.region_shares", f"need {n_regions} shares >= 0 summing to 1, got {list(np.atleast_1d(shares))}")
+    return shares / shares.sum()
+
+
+def remember_block(cache: dict[int, RequestBatch], times: dict[int, list[float]], b: int, batch: RequestBatch) -> RequestBatch:
+    """Keep generation block ``b`` (and its arrival times as a list) in a two-block cache."""
+    if len(cache) >= 2:
+        oldest = next(iter(cache))
+        del cache[oldest]
+        del times[oldest]
+    cache[b] = batch
+    times[b] = batch.arrival_s.tolist()
+    return batch
+
+
+def blocked_arrivals(workload: Any, t0_s: float, t1_s: float) -> RequestBatch:
+    """Every request of ``workload`` (with ``block_s``, ``_block(b)`` and ``_times``) arriving in
+    ``[t0_s, t1_s)``, sorted by time: the blocks' requests in that range."""
+    if not (t0_s >= 0 and math.isfinite(t0_s)) or not math.isfinite(t1_s):
+        raise ConfigError("t0_s", f"times must be finite and >= 0, got [{t0_s}, {t1_s})")
+    if t1_s <= t0_s:
+        return RequestBatch.empty()
+    b0 = int(math.floor(t0_s / workload.block_s))
+    b1 = int(math.ceil(t1_s / workload.block_s))
+    out = []
+    for b in range(b0, b1):
+        blk = workload._block(b)
+        times = workload._times[b]  # the block's arrival times as a list: bisect == searchsorted "left"
+        lo = bisect_left(times, t0_s)
+        hi = bisect_left(times, t1_s)
+        if hi > lo:
+            out.append(blk.take(slice(lo, hi)))
+    return RequestBatch.concat(out)
 
 
 # ------------------------------------------------------------------------------ lengths
@@ -525,15 +599,10 @@ class Workload:
                  region_shares: Sequence[float] | None = None, diurnal: DiurnalProfile | None = None, seed: int = 0,
                  block_s: float = 60.0, replay_lengths: bool = False, max_context_tokens: int | None = None,
                  cap_policy: str = "resample", replay_table: LengthTable | None = None):
-        if n_regions < 1:
-            raise ConfigError("workload.n_regions", f"must be >= 1, got {n_regions}")
+        self.region_shares = _check_shares(region_shares, n_regions)
         self.arrivals = arrivals
         self.lengths = lengths
         self.n_regions = int(n_regions)
-        shares = np.full(n_regions, 1.0 / n_regions) if region_shares is None else np.asarray(region_shares, dtype=np.float64)
-        if shares.shape != (n_regions,) or np.any(~np.isfinite(shares)) or np.any(shares < 0) or abs(shares.sum() - 1.0) > 1e-6:
-            raise ConfigError("workload.region_shares", f"need {n_regions} shares >= 0 summing to 1, got {list(np.atleast_1d(shares))}")
-        self.region_shares = shares / shares.sum()
         if diurnal is not None and len(diurnal.utc_offsets_h) != n_regions:
             raise ConfigError("workload.utc_offsets_h", f"need one UTC offset per region ({n_regions}), got {len(diurnal.utc_offsets_h)}")
         self.diurnal = diurnal if (diurnal is not None and diurnal.amplitude > 0) else None
@@ -631,31 +700,11 @@ class Workload:
         o = np.concatenate([x[3] for x in parts]) if parts else np.empty(0, np.int64)
         order = np.argsort(t, kind="stable")
         batch = RequestBatch(origin[order], t[order].astype(np.float64), p[order].astype(np.int64), o[order].astype(np.int64))
-        if len(self._cache) >= 2:
-            oldest = next(iter(self._cache))
-            del self._cache[oldest]
-            del self._times[oldest]
-        self._cache[b] = batch
-        self._times[b] = batch.arrival_s.tolist()
-        return batch
+        return remember_block(self._cache, self._times, b, batch)
 
     def arrivals_between(self, t0_s: float, t1_s: float) -> RequestBatch:
         """Every request arriving in ``[t0_s, t1_s)`` (seconds since the episode start), sorted by time."""
-        if not (t0_s >= 0 and math.isfinite(t0_s)) or not math.isfinite(t1_s):
-            raise ConfigError("t0_s", f"times must be finite and >= 0, got [{t0_s}, {t1_s})")
-        if t1_s <= t0_s:
-            return RequestBatch.empty()
-        b0 = int(math.floor(t0_s / self.block_s))
-        b1 = int(math.ceil(t1_s / self.block_s))
-        out = []
-        for b in range(b0, b1):
-            blk = self._block(b)
-            times = self._times[b]  # the block's arrival times as a list: bisect == searchsorted "left"
-            lo = bisect_left(times, t0_s)
-            hi = bisect_left(times, t1_s)
-            if hi > lo:
-                out.append(blk.take(slice(lo, hi)))
-        return RequestBatch.concat(out)
+        return blocked_arrivals(self, t0_s, t1_s)
 
     def expected_count(self, t0_s: float, t1_s: float) -> float:
         """Expected number of arrivals in ``[t0_s, t1_s)`` ignoring the diurnal profile."""

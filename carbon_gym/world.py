@@ -27,6 +27,7 @@ from .physics.carbon import CarbonForecaster, CarbonTrace, carbon_offset_s, load
 from .physics.network import Network, network_from_zones
 from .predict import OutputLengthPredictor, make_predictor
 from .scenario import Scenario, default_topology, resolve_topology
+from .sessions import build_prefix_workload, is_prefix_workload, prefix_length_pairs
 from .topology import Topology
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -103,7 +104,7 @@ def build_forecaster(scenario: Scenario, trace: CarbonTrace | None = None, seed:
     return CarbonForecaster(trace, c.forecast_horizon_h, c.forecast_error_std_frac, derive_seed(seed, "forecast"))
 
 
-def build_workload(scenario: Scenario, seed: int | None = None) -> Workload:
+def build_workload(scenario: Scenario, seed: int | None = None) -> Any:
     """The scenario's request generator (see :mod:`carbon_gym.workload`)."""
     from .physics.carbon import parse_start_utc
 
@@ -114,6 +115,9 @@ def build_workload(scenario: Scenario, seed: int | None = None) -> Workload:
     if w.diurnal_amplitude > 0:
         diurnal = DiurnalProfile(w.diurnal_amplitude, w.diurnal_peak_hour, tuple(r.utc_offset_h for r in regions),
                                  parse_start_utc(scenario.carbon.start_utc))
+    if is_prefix_workload(w):  # multi-turn sessions or a Mooncake replay, with prefix hashes
+        return build_prefix_workload(w, rate_per_s=scenario.rate_per_s, n_regions=len(regions), diurnal=diurnal,
+                                     seed=derive_seed(seed, "workload"))
     replay_lengths = w.lengths == "trace"
     if replay_lengths:
         sampler = make_length_sampler(w.trace, max_context_tokens=w.max_context_tokens, cap_policy="resample")
@@ -138,7 +142,7 @@ def build_workload(scenario: Scenario, seed: int | None = None) -> Workload:
     )
 
 
-def reseed_workload(workload: Workload, seed: int) -> Workload:
+def reseed_workload(workload: Any, seed: int) -> Any:
     """What ``build_workload(scenario, seed)`` returns, from a ``workload`` built for the same
     scenario with another seed (no data reloaded: for episode resets)."""
     return workload.with_seed(derive_seed(seed, "workload"))
@@ -154,6 +158,9 @@ def build_predictor(scenario: Scenario) -> OutputLengthPredictor:
     name = scenario.env.predictor
     if name == "oracle":
         return make_predictor("oracle")
+    if is_prefix_workload(w):
+        p, o = prefix_length_pairs(w)
+        return make_predictor(name, prompt_tokens=p, output_tokens=o)
     if w.lengths == "fixed":
         return make_predictor(name, prompt_tokens=np.array([w.prompt_tokens]), output_tokens=np.array([w.output_tokens]), min_count=1)
     dataset = w.trace if w.lengths == "trace" else w.lengths
@@ -172,6 +179,8 @@ def build_engine_config(scenario: Scenario) -> EngineConfig:
         "max_num_seqs": e.max_num_seqs, "max_num_batched_tokens": e.max_num_batched_tokens,
         "chunked_prefill": e.chunked_prefill, "max_model_len": e.max_model_len,
     }
+    if e.prefix_caching:  # (off: the EngineConfig defaults, so that every other scenario builds as before)
+        values.update(prefix_caching=True, prefix_block_tokens=scenario.workload.sessions.prefix_block_tokens)
     known = {f.name for f in fields(EngineConfig)}
     unknown = sorted(set(values) - known)
     if unknown:

@@ -17,6 +17,7 @@ runs.csv, records, TensorBoard), the experiment's own table ``<name>.md``/``.csv
  f     bound         every policy's reduction as a share of the carbon lower bound's (eval/bound.py)
  g     diurnal       one 6 h steady-state window of llama8b-diurnal: rr, the planner, the MILP
  h     capacity      capacity control: always-on rr vs policies deciding awake engines / servers
+ i     sessions      multi-turn sessions with prefix caching: affinity-blind vs sticky vs cache-aware
 =====  ============  ==========================================================================
 
 Presets: ``quick`` (60 s episodes from an empty cluster with the drain: a smoke test for CI and
@@ -38,7 +39,7 @@ import numpy as np
 
 from carbon_gym.registry import available_policies
 
-from eval import backends, writers
+from eval import backends, sessions_experiment, writers
 from eval.runner import (
     OVERRIDE_DURATION,
     OVERRIDE_POLLING,
@@ -787,6 +788,7 @@ EXPERIMENT_FUNCS: dict[str, Callable[[Ctx], str]] = {
     "bound": exp_bound,
     "diurnal": exp_diurnal,
     "capacity": exp_capacity,
+    "sessions": lambda ctx: sessions_experiment.sessions_experiment(ctx, window_overrides),
 }
 
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from carbon_gym.policy import EpisodeObserver, run_episode
 from carbon_gym.registry import canonical_policy_name, make_policy, split_prefix
+from carbon_gym.sessions_state import SESSION_METRICS
 
 from eval.stats import percentile
 
@@ -577,6 +578,8 @@ def run_one(spec: RunSpec, *, keep_requests: bool = True, observers: Sequence[Ep
     metrics.update(policy_stats)
     # capacity control (carbon_gym.control): facility energy by power state, awake capacity, events
     metrics.update({k: v for k, v in em.items() if k in CAPACITY_METRICS or k.startswith("energy_kwh_")})
+    # prefix caches and sessions (prefix workloads only: carbon_gym.sessions_state)
+    metrics.update({k: v for k, v in em.items() if k in SESSION_METRICS and np.isscalar(v)})
     if windowed:
         metrics.update({"window_start_s": float(em["window_start_s"]), "window_s": float(em["window_s"]),
                         "backlog_start": int(em["backlog_start"]), "backlog_end": int(em["backlog_end"])})
@@ -597,6 +600,7 @@ def run_one(spec: RunSpec, *, keep_requests: bool = True, observers: Sequence[Ep
         "world_seed": em.get("world_seed"),
         "dc_carbon_g": [float(x) for x in np.asarray(em.get("dc_carbon_g", []), dtype=float)],
         "dc_placed": [int(x) for x in np.asarray(em.get("dc_placed", []))],
+        **({"dc_prefix_hit_rate": [float(x) for x in em["dc_prefix_hit_rate"]]} if "dc_prefix_hit_rate" in em else {}),
         "warnings": list(dict.fromkeys(str(w.message) for w in caught)),
     }
     return RunResult(spec=spec, metrics=metrics, steps=steps, requests=requests, meta=meta)

@@ -19,6 +19,7 @@ name           alias             scheduler
 =============  ================  ==============================================================
 greedy         carbon-greedy     lowest current carbon intensity, load-blind
 least-loaded                     lowest estimated latency (state updated per placement), carbon-blind
+sticky                           session-sticky: a session's turn to its previous turn's datacenter while allowed, else least-loaded
 planner                          "earlier studies": shares re-planned every 15 min from carbon + static latency
 planner-1h                       the same, re-planned every hour
 ilp            ilp-static        per-request ILP, load-independent latency
@@ -49,6 +50,12 @@ def _least_loaded(env: Any = None, **kw: Any) -> Any:
     from .baselines import LeastLoaded
 
     return LeastLoaded(env, **kw)
+
+
+def _sticky(env: Any = None, **kw: Any) -> Any:
+    from .baselines import LeastLoaded
+
+    return LeastLoaded(env, sticky=True, **kw)
 
 
 def _planner(env: Any = None, **kw: Any) -> Any:
@@ -117,6 +124,8 @@ def register_policies() -> None:
     for name, factory, aliases, doc in (
         ("greedy", _greedy, ("carbon-greedy",), "lowest current carbon intensity, blind to load"),
         ("least-loaded", _least_loaded, (), "lowest estimated latency, blind to carbon"),
+        ("sticky", _sticky, ("session-sticky",), "session-sticky: each turn to its session's previous datacenter while "
+         "allowed, else least-loaded (prefix workloads)"),
         ("planner", _planner, (), "earlier studies: datacenter shares re-planned every 15 min"),
         ("planner-1h", _planner_1h, (), "the same, re-planned every hour"),
         ("ilp", _ilp_static, ("ilp-static",), "per-request ILP, load-independent latency"),

@@ -39,17 +39,22 @@ class Scheduler:
             ``(1 - margin) x`` the scenario's SLO, so that the schedulers' estimates (which
             ignore the randomness of arrivals and lengths) keep some headroom. 0 = plan to the
             target itself. Problems passed to :meth:`place` directly are used as they are.
+        cache_aware: use the cached prefix tokens of the state (prefix workloads): prefill time,
+            energy and TTFT of the cached-prefix-adjusted prompt (default). False: affinity-blind,
+            every request costed with its whole prompt (problems built from the env carry no
+            ``cached_prompt_tokens``).
     """
 
     name = "scheduler"
 
     def __init__(self, env: Any = None, *, ttft_margin: float = DEFAULT_TTFT_MARGIN,
-                 tpot_margin: float = DEFAULT_TPOT_MARGIN) -> None:
+                 tpot_margin: float = DEFAULT_TPOT_MARGIN, cache_aware: bool = True) -> None:
         for field, v in (("ttft_margin", ttft_margin), ("tpot_margin", tpot_margin)):
             if not 0.0 <= float(v) < 1.0:
                 raise ConfigError(field, f"must be in [0, 1), got {v}")
         self.ttft_margin = float(ttft_margin)
         self.tpot_margin = float(tpot_margin)
+        self.cache_aware = bool(cache_aware)
         self.env = env
         self._facts: EnvFacts | None = None
         self.stats: dict[str, Any] = {}
@@ -91,6 +96,8 @@ class Scheduler:
         p = problem_from_state(state, self._facts)
         p.ttft_slo_s *= 1.0 - self.ttft_margin
         p.tpot_slo_s *= 1.0 - self.tpot_margin
+        if not self.cache_aware:
+            p.cached_prompt_tokens = None
         return p
 
     def act(self, observation: Any, info: dict[str, Any]) -> np.ndarray:

@@ -9,7 +9,9 @@
 * :class:`LeastLoaded` — every request (oldest first) to the allowed datacenter with the lowest
   estimated end-to-end latency ``waited + net + W_d + alpha_d p + o x TPOT_d``, updating
   ``W_d`` and ``TPOT_d`` after each placement as the state-aware per-request ILP does. Blind to
-  carbon.
+  carbon. With ``sticky`` (registered as ``sticky``, the session-sticky baseline of prefix
+  workloads): a turn of a session goes to the datacenter that served its previous turn
+  (``PlacementProblem.session_dc``) while the env allows it there, else least-loaded.
 * :class:`SharePlanner` — earlier carbon-aware schedulers (placement re-planned on 15-minute to
   1-hour intervals, latency assumed independent of load): every ``replan_s`` seconds of
   simulated time (default 900 s, up to 3,600 s) it solves a small LP for the share of each
@@ -25,6 +27,11 @@
   a smooth weighted round-robin over its origin's shares until the next plan. The per-engine
   rate is the measured serving capacity of the model on each datacenter's GPU
   (``carbon_gym/data/load_levels.toml``) where it is there, else ``capacity_per_engine_rps``.
+
+  Prefix caches (``PlacementProblem.cached_prompt_tokens``, a cache-aware planner): the lone
+  prefill of a datacenter is that of the mean prefill tokens there (prompt - cached), and a
+  request with a cached prefix at datacenters its origin's plan uses goes to the one holding the
+  most of it (its share's credit charged as usual, so the plan's shares still hold on average).
 """
 
 from __future__ import annotations
@@ -147,9 +154,20 @@ class CarbonGreedy(Scheduler):
 
 
 class LeastLoaded(Scheduler):
-    """Lowest estimated end-to-end latency, updated after each placement (carbon-blind)."""
+    """Lowest estimated end-to-end latency, updated after each placement (carbon-blind).
+
+    Args:
+        sticky: a session's turn goes to the datacenter of its previous turn while allowed there
+            (the session-sticky baseline, ``sticky``); least-loaded otherwise and for first turns.
+    """
 
     name = "least-loaded"
+
+    def __init__(self, env: Any = None, *, sticky: bool = False, **kwargs: Any) -> None:
+        self.sticky = bool(sticky)
+        if self.sticky:
+            self.name = "sticky"
+        super().__init__(env, **kwargs)
 
     def place(self, problem: PlacementProblem) -> np.ndarray:
         """Oldest first, each to the datacenter with the lowest latency estimate."""
@@ -161,15 +179,20 @@ class LeastLoaded(Scheduler):
         tpot = p.tpot_now_s.copy()
         wait_inc = p.prefill_s_per_token / p.n_engines
         tpot_inc = p.tpot_slope_s_per_seq / p.n_engines
+        home = p.session_dc if self.sticky and p.session_dc is not None else None
         for r in np.argsort(-p.waited_s, kind="stable"):
             ok = allowed[r]
             if not ok.any():
                 continue
-            pre = p.prefill_fixed_s + p.prompt_tokens[r] * p.prefill_s_per_token
-            e2e = p.network_s[r] + wait + pre + p.output_tokens[r] * tpot
-            d = int(np.argmin(np.where(ok, e2e, np.inf)))
+            pt = p.prefill_tokens_of(int(r))  # (the prompt, or (D,) prompt - cached)
+            if home is not None and home[r] >= 0 and ok[home[r]]:
+                d = int(home[r])
+            else:
+                pre = p.prefill_fixed_s + pt * p.prefill_s_per_token
+                e2e = p.network_s[r] + wait + pre + p.output_tokens[r] * tpot
+                d = int(np.argmin(np.where(ok, e2e, np.inf)))
             out[r] = d
-            wait[d] += wait_inc[d] * p.prompt_tokens[r]
+            wait[d] += wait_inc[d] * (pt if np.ndim(pt) == 0 else pt[d])
             tpot[d] += tpot_inc[d]
         return out
 
@@ -264,7 +287,10 @@ class SharePlanner(Scheduler):
         cap = np.where(p.up, self.utilisation * p.n_engines * per_engine, 0.0)
         mean_p = float(p.prompt_tokens.mean()) if p.n_requests else 1000.0
         mean_o = float(p.output_tokens.mean()) if p.n_requests else 200.0
-        lone_prefill = mean_p * p.prefill_s_per_token
+        if p.cached_prompt_tokens is not None and p.n_requests:  # (D,) mean prefill tokens: prompt - cached
+            lone_prefill = p.prefill_tokens.mean(axis=0) * p.prefill_s_per_token
+        else:
+            lone_prefill = mean_p * p.prefill_s_per_token
         energy = p.tp * ((p.gpu_prefill_w - p.gpu_idle_w) * lone_prefill
                          + (p.decode_power_w(1.0) - p.gpu_idle_w) * mean_o * p.tpot_idle_s)
         cost = p.grams_per_joule * energy
@@ -331,6 +357,7 @@ class SharePlanner(Scheduler):
         out = np.full(p.n_requests, d_n, dtype=np.int64)
         allowed = first_allowed(p)
         greenest = np.lexsort((np.arange(d_n), p.carbon_g_per_kwh * p.pue))
+        cached = p.cached_prompt_tokens
         for r in range(p.n_requests):
             ok = allowed[r]
             if not ok.any():
@@ -341,7 +368,11 @@ class SharePlanner(Scheduler):
                 d = int(greenest[np.argmax(ok[greenest])])
             else:
                 self._credit[o] += w / w.sum()
-                d = int(np.argmax(np.where(ok, self._credit[o], -np.inf)))
+                hit = np.where(w > 0, cached[r], 0.0) if cached is not None else None
+                if hit is not None and hit.max() > 0:  # the planned datacenter holding most of its prefix
+                    d = int(np.argmax(hit))
+                else:
+                    d = int(np.argmax(np.where(ok, self._credit[o], -np.inf)))
                 self._credit[o, d] -= 1.0
             out[r] = d
         return out

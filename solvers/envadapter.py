@@ -33,6 +33,11 @@ Mapping (state -> problem):
 * power: the per-GPU power fields from each datacenter's GPU power model: floats when every
   datacenter has the same GPU, else (D,) arrays (:func:`datacenter_power_fields`); the KV
   capacity (``free_kv_blocks``) and the simulator's latency estimates are already per datacenter.
+* prefix caches and sessions (scenarios with a prefix workload): ``cached_prompt_tokens`` = the
+  state's ``cached_prefix_tokens`` (None when no visible request has a cached prefix anywhere, so
+  that such steps build exactly the problem of a workload without caching), capped at
+  ``prompt - 1`` (an engine computes at least one prompt token); ``session_dc`` = the state's
+  (None when no visible request's session has a previous turn).
 """
 
 from __future__ import annotations
@@ -164,6 +169,10 @@ def problem_from_state(state: EnvState, facts: EnvFacts) -> PlacementProblem:
     wait = np.maximum(finite(ds.est_queue_wait_s), np.where(up, backlog * ppt / n_eng, 0.0))
     carbon_now, carbon_forecast = facts.carbon_stand_in(ds.carbon_g_per_kwh, ds.carbon_forecast_g_per_kwh)
     n = len(pend)
+    cached = getattr(pend, "cached_prefix_tokens", None)
+    cached = np.minimum(cached, prompts[:, None] - 1.0) if cached is not None and cached.size and cached.any() else None
+    sdc = getattr(pend, "session_dc", None)
+    sdc = sdc if sdc is not None and sdc.size and bool((sdc >= 0).any()) else None
     return PlacementProblem(
         origin=pend.origin,
         prompt_tokens=prompts,
@@ -196,6 +205,8 @@ def problem_from_state(state: EnvState, facts: EnvFacts) -> PlacementProblem:
         time_s=float(state.elapsed_s),
         slot=np.arange(n),
         carbon_forecast_g_per_kwh=carbon_forecast,
+        cached_prompt_tokens=cached,
+        session_dc=sdc,
     )
 
 

@@ -195,7 +195,7 @@ class FacilityMILP(Scheduler):
     name = "facility-milp"
 
     def __init__(self, env: Any = None, config: FacilityConfig | None = None, **overrides: Any) -> None:
-        base_kw = {k: overrides.pop(k) for k in ("ttft_margin", "tpot_margin") if k in overrides}
+        base_kw = {k: overrides.pop(k) for k in ("ttft_margin", "tpot_margin", "cache_aware") if k in overrides}
         cfg = config if config is not None else FacilityConfig()
         if overrides:
             unknown = sorted(set(overrides) - set(FacilityConfig.__dataclass_fields__))
@@ -350,7 +350,7 @@ class FacilityGreedy(Scheduler):
     name = "facility-greedy"
 
     def __init__(self, env: Any = None, config: FacilityConfig | None = None, **overrides: Any) -> None:
-        base_kw = {k: overrides.pop(k) for k in ("ttft_margin", "tpot_margin") if k in overrides}
+        base_kw = {k: overrides.pop(k) for k in ("ttft_margin", "tpot_margin", "cache_aware") if k in overrides}
         cfg = config if config is not None else FacilityConfig()
         self.config = replace(cfg, **overrides) if overrides else cfg
         super().__init__(env, **base_kw)

@@ -78,6 +78,11 @@ class FacilityConfig:
         capacity_load_margin: the planned load is the observed fleet arrival rate x (1 + this).
         capacity_lookahead_s: lookahead of the capacity decision, seconds (at least one
             ``capacity.period_s``: a smaller value means the period).
+        affinity_g_per_ktok: the cache-affinity knob (prefix workloads), grams CO2eq charged per
+            1,000 prompt tokens a placement re-prefills that another datacenter holds cached:
+            ``kappa_cd += affinity x (max_d' cached_rd' - cached_rd) / 1000`` (0, the default: the
+            cached prefixes count only through the prefill time, energy and TTFT they save). Its
+            sweep traces the carbon-vs-affinity frontier (``carbon-gym experiment sessions``).
     """
 
     violation_penalty_g: float = 1.0
@@ -104,6 +109,7 @@ class FacilityConfig:
     capacity_util_cap: float = 0.7
     capacity_load_margin: float = 0.1
     capacity_lookahead_s: float = 0.0
+    affinity_g_per_ktok: float = 0.0
 
     def __post_init__(self) -> None:
         if self.engine_model not in ("spread", "pack"):
@@ -140,7 +146,7 @@ class FacilityConfig:
         """Check the capacity stage's settings (ConfigError naming the field)."""
         if not 0.0 < self.capacity_util_cap <= 1.0:
             raise ConfigError("facility.capacity_util_cap", f"must be in (0, 1], got {self.capacity_util_cap}")
-        for name in ("capacity_load_margin", "capacity_lookahead_s"):
+        for name in ("capacity_load_margin", "capacity_lookahead_s", "affinity_g_per_ktok"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise ConfigError(f"facility.{name}", f"must be finite and >= 0, got {v!r}")
@@ -202,10 +208,11 @@ def ttft_budget_s(problem: PlacementProblem, cfg: FacilityConfig, h: np.ndarray 
     allowed = allowed_pairs(p)
     beta = p.prefill_s_per_token / p.n_engines
     theta = np.zeros(p.n_datacenters)
+    tokens = p.prefill_tokens if p.cached_prompt_tokens is not None else None
     for d in range(p.n_datacenters):
         col = h[allowed[:, d], d]
         col = col[col >= 0]
-        wmax = beta[d] * float(p.prompt_tokens[allowed[:, d]].sum())
+        wmax = beta[d] * float((p.prompt_tokens if tokens is None else tokens[:, d])[allowed[:, d]].sum())
         q = float(np.quantile(col, cfg.ttft_budget_quantile, method="lower")) if col.size else 0.0
         theta[d] = min(q, wmax)
     return theta
@@ -217,7 +224,8 @@ class FacilityData:
 
     Attributes (C classes, D datacenters, P allowed pairs):
         class_of: (R,) class of each request; count, prompt, kv: (C,) size, mean prompt tokens,
-            mean prompt + predicted output tokens.
+            mean prompt + predicted output tokens. pair_prompt: (P,) mean prefill tokens of the
+            pair's class at its datacenter (= prompt of the class without cached prefixes).
         pc, pd: (P,) class and datacenter of each pair; cost: (P,) grams per request
             (kappa + lambda x miss fraction); kappa, miss: its two parts.
         cap_seq, spe, idle, fixed_g, free_kv, beta, theta, prefill_cap, floor_tok, big_m: (D,)
@@ -246,6 +254,7 @@ class FacilityData:
     prefill_cap: np.ndarray
     floor_tok: np.ndarray
     defer_cost: np.ndarray
+    pair_prompt: np.ndarray
     budget_scale: float
     big_m: np.ndarray
     lam: float
@@ -287,6 +296,11 @@ def _class_keys(problem: PlacementProblem, allowed: np.ndarray, cfg: FacilityCon
     if cfg.headroom_bin_s is not None:
         used = problem.waited_s + problem.prompt_tokens * float(np.mean(problem.prefill_s_per_token))
         parts.append(np.floor(used / cfg.headroom_bin_s).astype(np.int64))
+    if problem.cached_prompt_tokens is not None:  # the datacenter holding most of its prefix, and the share in quarters
+        c = problem.cached_prompt_tokens
+        best = c.max(axis=1)
+        parts.append(np.where(best > 0, np.argmax(c, axis=1), -1).astype(np.int64))
+        parts.append(np.floor(4.0 * best / np.maximum(problem.prompt_tokens, 1.0)).astype(np.int64))
     key = np.zeros(r, dtype=np.int64)
     for v in parts:
         v = v - v.min()
@@ -310,17 +324,25 @@ def compile_facility(problem: PlacementProblem, cfg: FacilityConfig = FacilityCo
     h = effective_headroom_s(p)
     theta = ttft_budget_s(p, cfg, h)
     miss_r = (h < theta[None, :] - 1e-12).astype(np.float64)
+    kappa_r = e * g[None, :]
+    if p.cached_prompt_tokens is not None and cfg.affinity_g_per_ktok > 0:  # the affinity knob
+        c = p.cached_prompt_tokens
+        kappa_r = kappa_r + cfg.affinity_g_per_ktok * (c.max(axis=1, keepdims=True) - c) / 1000.0
     if n_cls:
-        kappa_c = np.add.reduceat((e * g[None, :])[order], starts, axis=0) / count[:, None]
+        kappa_c = np.add.reduceat(kappa_r[order], starts, axis=0) / count[:, None]
         miss_c = np.add.reduceat(miss_r[order], starts, axis=0) / count[:, None]
         prompt_c = np.add.reduceat(p.prompt_tokens[order], starts) / count
         kv_c = np.add.reduceat((p.prompt_tokens + p.output_tokens)[order], starts) / count
         allowed_c = allowed[order][starts]
+        prefill_c = (np.add.reduceat(p.prefill_tokens[order], starts, axis=0) / count[:, None]
+                     if p.cached_prompt_tokens is not None else None)
     else:
         kappa_c = miss_c = np.zeros((0, d_n))
         prompt_c = kv_c = np.zeros(0)
         allowed_c = np.zeros((0, d_n), bool)
+        prefill_c = None
     pc, pd = np.nonzero(allowed_c)
+    pair_prompt = prompt_c[pc] if prefill_c is None else prefill_c[pc, pd]
     spe = p.seqs_per_engine
     load = p.running + p.queue_len
     busy = np.minimum(p.busy_engines, p.n_engines)
@@ -348,7 +370,7 @@ def compile_facility(problem: PlacementProblem, cfg: FacilityConfig = FacilityCo
         class_of=class_of, count=count, prompt=prompt_c, kv=kv_c, pc=pc.astype(np.int64), pd=pd.astype(np.int64),
         kappa=kappa_c[pc, pd], miss=miss_c[pc, pd], cap_seq=cap_seq, spe=spe, idle=idle, fixed_g=g * fixed,
         free_kv=np.maximum(p.free_kv_tokens, 0.0), beta=p.prefill_s_per_token / p.n_engines, theta=theta,
-        prefill_cap=prefill_cap, floor_tok=floor_tok, defer_cost=defer_cost,
+        prefill_cap=prefill_cap, floor_tok=floor_tok, defer_cost=defer_cost, pair_prompt=pair_prompt,
         budget_scale=1.0 if cfg.binary else 1.0 - cfg.class_budget_margin,
         big_m=big_m, lam=lam, lam_tok=lam / max(pbar, 1.0), lam_kv=lam / max(kvbar, 1.0),
         lam_defer=float(cfg.defer_penalty_g), engine_model=cfg.engine_model, n_datacenters=d_n,
@@ -400,7 +422,8 @@ def facility_objective(
     marginal = float(data.kappa[idx].sum())
     misses = float(data.miss[idx].sum())
     k = np.bincount(dcs, minlength=d_n).astype(np.float64)
-    pr = np.bincount(dcs, weights=p.prompt_tokens[placed], minlength=d_n)
+    pre = p.prompt_tokens[placed] if p.cached_prompt_tokens is None else p.prefill_tokens[placed, dcs]
+    pr = np.bincount(dcs, weights=pre, minlength=d_n)
     kvt = np.bincount(dcs, weights=(p.prompt_tokens + p.output_tokens)[placed], minlength=d_n)
     _, fixed_g, seq_over = engine_terms(data, k)
     tok_over = np.maximum(0.0, pr - data.tok_cap)
@@ -445,7 +468,7 @@ def facility_greedy(problem: PlacementProblem, cfg: FacilityConfig = FacilityCon
         row = cost[r]
         if not np.isfinite(row).any():
             continue
-        pt = p.prompt_tokens[r]
+        pt = p.prefill_tokens_of(int(r))  # (the prompt, or (D,) prompt - cached)
         tok_inc = np.maximum(0.0, pr + pt - tok_cap) - np.maximum(0.0, pr - tok_cap)
         kv_inc = np.maximum(0.0, kv_used + kvr[r] - data.free_kv) - np.maximum(0.0, kv_used - data.free_kv)
         c = row + data.lam_tok * tok_inc + data.lam_kv * kv_inc
@@ -460,7 +483,7 @@ def facility_greedy(problem: PlacementProblem, cfg: FacilityConfig = FacilityCon
         if not spread and data.cap_seq[d] + data.spe[d] * woken[d] - k[d] < 1 and woken[d] < data.idle[d]:
             woken[d] += 1
         k[d] += 1
-        pr[d] += pt
+        pr[d] += pt if np.ndim(pt) == 0 else pt[d]
         kv_used[d] += kvr[r]
     return out
 
@@ -476,7 +499,7 @@ def class_greedy(data: FacilityData, x0: np.ndarray | None = None, defer0: np.nd
     x = np.zeros(data.pc.size) if x0 is None else np.array(x0, dtype=np.float64)
     defer = np.zeros(data.n_classes) if defer0 is None else np.array(defer0, dtype=np.float64)
     k = np.bincount(data.pd, weights=x, minlength=d_n)
-    pr = np.bincount(data.pd, weights=x * data.prompt[data.pc], minlength=d_n)
+    pr = np.bincount(data.pd, weights=x * data.pair_prompt, minlength=d_n)
     kv = np.bincount(data.pd, weights=x * data.kv[data.pc], minlength=d_n)
     done = np.bincount(data.pc, weights=x, minlength=data.n_classes) + defer
     tok_cap = data.tok_cap
@@ -494,11 +517,11 @@ def class_greedy(data: FacilityData, x0: np.ndarray | None = None, defer0: np.nd
         if dcs.size == 0:
             defer[c] = left
             continue
-        pc_, kc_ = data.prompt[c], data.kv[c]
+        pc_, kc_ = data.pair_prompt[sl], data.kv[c]  # (prefill tokens of the class at each of its datacenters)
         while left > 0:
             kd, prd, kvd = k[dcs], pr[dcs], kv[dcs]
             seq_room = data.cap_seq[dcs] - kd
-            tok_room = (tok_cap[dcs] - prd) / max(pc_, 1e-9)
+            tok_room = (tok_cap[dcs] - prd) / np.maximum(pc_, 1e-9)
             kv_room = (data.free_kv[dcs] - kvd) / max(kc_, 1e-9)
             unit = base + data.lam * (seq_room < 1) + data.lam_tok * pc_ * (tok_room < 1) + data.lam_kv * kc_ * (kv_room < 1)
             if spread:
@@ -518,7 +541,7 @@ def class_greedy(data: FacilityData, x0: np.ndarray | None = None, defer0: np.nd
             x[pair_start[c] + j] += n
             d = dcs[j]
             k[d] += n
-            pr[d] += n * pc_
+            pr[d] += n * pc_[j]
             kv[d] += n * kc_
             left -= n
     return x, defer
@@ -552,6 +575,7 @@ def assignment_from_counts(problem: PlacementProblem, data: FacilityData, x: np.
     starts = np.searchsorted(data.class_of[order], np.arange(data.n_classes + 1))
     pair_start = np.searchsorted(data.pc, np.arange(data.n_classes + 1))  # pc is sorted (np.nonzero order)
     budget = data.tok_cap.copy()
+    tokens = problem.prefill_tokens if problem.cached_prompt_tokens is not None else None
     split: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     for c in range(data.n_classes):
         members = order[starts[c]:starts[c + 1]]
@@ -564,7 +588,8 @@ def assignment_from_counts(problem: PlacementProblem, data: FacilityData, x: np.
             continue
         if dcs.size == 1:
             out[members[: counts[0]]] = dcs[0]
-            budget[dcs[0]] -= problem.prompt_tokens[members[: counts[0]]].sum()
+            budget[dcs[0]] -= (problem.prompt_tokens[members[: counts[0]]] if tokens is None
+                               else tokens[members[: counts[0]], dcs[0]]).sum()
         else:
             split.append((members, dcs, counts.copy()))
     if split:
@@ -572,13 +597,19 @@ def assignment_from_counts(problem: PlacementProblem, data: FacilityData, x: np.
         h = effective_headroom_s(problem)
         # slack_d = budget left - prompt tokens still planned at d by the split classes
         slack = budget.copy()
+        pair_of = {(int(c), int(d)): i for i, (c, d) in enumerate(zip(data.pc, data.pd))} if tokens is not None else None
         for members, dcs, quota in split:
             c = int(data.class_of[members[0]])
-            slack[dcs] -= quota * data.prompt[c]
+            if pair_of is None:
+                slack[dcs] -= quota * data.prompt[c]
+            else:
+                slack[dcs] -= quota * data.pair_prompt[[pair_of[(c, int(d))] for d in dcs]]
         prompt = problem.prompt_tokens
         for members, dcs, quota in split:
             c = int(data.class_of[members[0]])
             mean_p = float(data.prompt[c])
+            if pair_of is not None:  # per datacenter: the class's mean and each member's prefill tokens there
+                mean_pd = {int(d): float(data.pair_prompt[pair_of[(c, int(d))]]) for d in dcs}
             dl = [int(d) for d in dcs]
             q = [int(v) for v in quota]
             th = [float(theta[d]) for d in dl]
@@ -596,7 +627,7 @@ def assignment_from_counts(problem: PlacementProblem, data: FacilityData, x: np.
                 d = dl[best]
                 out[r] = d
                 q[best] -= 1
-                slack[d] += mean_p - prompt[r]
+                slack[d] += mean_p - prompt[r] if tokens is None else mean_pd[d] - tokens[r, d]
     return out
 
 

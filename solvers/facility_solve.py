@@ -106,7 +106,7 @@ def _build_arrays(data: FacilityData, integer_x: bool = True) -> tuple[_Layout, 
     nrow += d_n
     # TTFT / prefill, in mean prompts: (Pr_d - o_tok_d) / pbar <= T_d / pbar   (rows scaled)
     ps = data.lam / data.lam_tok
-    add(nrow + data.pd, xi, data.prompt[data.pc] / ps)
+    add(nrow + data.pd, xi, data.pair_prompt / ps)
     add(nrow + ar, lay.otok0 + ar, -1.0 / ps)
     rlo.append(np.full(d_n, -inf))
     rhi.append(data.tok_cap / ps)
@@ -165,7 +165,7 @@ def _complete_solution(data: FacilityData, lay: _Layout, x: np.ndarray, defer: n
     col[:lay.n_x] = x
     col[lay.defer0:lay.y0] = defer
     k = np.bincount(data.pd, weights=x, minlength=d_n)
-    pr = np.bincount(data.pd, weights=x * data.prompt[data.pc], minlength=d_n)
+    pr = np.bincount(data.pd, weights=x * data.pair_prompt, minlength=d_n)
     kv = np.bincount(data.pd, weights=x * data.kv[data.pc], minlength=d_n)
     y, _, over = engine_terms(data, k)
     col[lay.y0:lay.s0] = y[lay.y_dc]
@@ -408,7 +408,7 @@ def solve_pyomo(data: FacilityData, cfg: FacilityConfig = FacilityConfig()) -> S
 
     m.tpot = pyo.Constraint(m.D, rule=tpot_rule)
     tok_cap = data.tok_cap
-    m.ttft = pyo.Constraint(m.D, rule=lambda m, d: sum(data.prompt[pc[i]] * m.x[i] for i in at_d[d]) - m.otok[d]
+    m.ttft = pyo.Constraint(m.D, rule=lambda m, d: sum(data.pair_prompt[i] * m.x[i] for i in at_d[d]) - m.otok[d]
                             <= tok_cap[d])
     m.kv = pyo.Constraint(m.D, rule=lambda m, d: sum(data.kv[pc[i]] * m.x[i] for i in at_d[d]) - m.okv[d] <= data.free_kv[d])
     if data.engine_model == "spread":

@@ -33,6 +33,10 @@ Variants (``state_aware``):
   (``P_d`` prompt tokens placed at d in this step), so ``TPOT_d = t_dec_d / (1 - rho_d)``; the
   prefill share this step's placements add, ``alpha_d P_d / (E_d poll_s)``, is kept within
   ``max_prefill_share`` (the facility MILP's utilisation cap) by one more penalised slack.
+
+Prefix caches (``problem.cached_prompt_tokens``): ``p_r`` above is the request's prefill tokens at
+d, ``prompt - cached_rd`` (:attr:`~solvers.problem.PlacementProblem.prefill_tokens`), in the
+energy, the TTFT and the state updates; without cached tokens it is the prompt.
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ def per_request_costs(
         violation_penalty_g: lambda.
     """
     p = problem
-    pre = p.prompt_tokens[r] * p.prefill_s_per_token
+    pre = p.prefill_tokens_of(r) * p.prefill_s_per_token
     energy = p.tp * ((p.gpu_prefill_w - p.gpu_idle_w) * pre
                      + (p.decode_power_w(1.0) - p.gpu_idle_w) * p.output_tokens[r] * tpot_s)
     ttft = p.waited_s[r] + p.network_s[r] + queue_wait_s + p.prefill_fixed_s + pre
@@ -165,18 +169,20 @@ class PerRequestILP(Scheduler):
             if not allowed[r].any():
                 continue
             cost = per_request_costs(p, int(r), wait, tpot, self.violation_penalty_g)
+            pt = p.prefill_tokens_of(int(r))  # (the prompt, or (D,) prompt - cached)
             if self.state_aware:  # utilisation cap: prefill share after adding r (penalised slack)
-                rho_new = rho_per_token * (placed_tokens + p.prompt_tokens[r])
+                rho_new = rho_per_token * (placed_tokens + pt)
                 over = np.maximum(0.0, rho_new - self.max_prefill_share)
                 cost = cost + self.violation_penalty_g * ((over > 0) + over / self.max_prefill_share)
             d = _solve_with_highs(cost) if self.solver == "highs" else int(np.argmin(cost))
             out[r] = d
-            ttft = p.waited_s[r] + p.network_s[r, d] + wait[d] + p.prefill_fixed_s[d] + p.prompt_tokens[r] * p.prefill_s_per_token[d]
+            ptd = pt if np.ndim(pt) == 0 else pt[d]
+            ttft = p.waited_s[r] + p.network_s[r, d] + wait[d] + p.prefill_fixed_s[d] + ptd * p.prefill_s_per_token[d]
             planned += int(ttft > p.ttft_slo_s or tpot[d] > p.tpot_slo_s)
             if self.state_aware:
-                wait[d] += wait_inc[d] * p.prompt_tokens[r]
+                wait[d] += wait_inc[d] * ptd
                 t_dec[d] += tpot_inc[d]
-                placed_tokens[d] += p.prompt_tokens[r]
+                placed_tokens[d] += ptd
                 rho = min(max(rho0[d], rho_per_token[d] * placed_tokens[d]), 0.95)
                 tpot[d] = max(tpot[d], t_dec[d] / (1.0 - rho))
         self.stats["planned_violations"] += planned
@@ -185,7 +191,7 @@ class PerRequestILP(Scheduler):
     def _place_static(self, p: PlacementProblem, order: np.ndarray, allowed: np.ndarray) -> np.ndarray:
         """Load-independent variant, vectorised (the requests do not interact)."""
         d_n = p.n_datacenters
-        pre = p.prompt_tokens[:, None] * p.prefill_s_per_token[None, :]
+        pre = p.prefill_compute_s
         tpot = p.tpot_idle_s[None, :]
         energy = p.tp * ((p.gpu_prefill_w - p.gpu_idle_w) * pre
                          + (p.decode_power_w(1.0) - p.gpu_idle_w) * p.output_tokens[:, None] * tpot)

@@ -48,6 +48,12 @@ class PlacementProblem:
         network_s: (R, D) network delay added to TTFT (uplink + downlink), seconds.
         allowed: (R, D) bool, datacenters the env allows for this request (its action mask).
         slot: env action slot of each request (``-1`` when the problem is not from an env).
+        cached_prompt_tokens: optional (R, D) prompt tokens of each request already in the prefix
+            cache of the best engine of each datacenter (the env's ``cached_prefix_tokens``),
+            tokens, at most the prompt; None (default): no prefix caching. Prefill time, prefill
+            energy and TTFT use the *prefill tokens* ``prompt - cached`` (:attr:`prefill_tokens`).
+        session_dc: optional (R,) datacenter that served the request's session's previous turn
+            (-1: none); None: no sessions.
 
     Datacenters (length D):
         carbon_g_per_kwh: grid carbon intensity now, gCO2eq/kWh.
@@ -115,6 +121,8 @@ class PlacementProblem:
     decode_iteration_s: np.ndarray | None = None
     prefill_fixed_s: np.ndarray = None  # type: ignore[assignment]  # None: the default, filled in __post_init__
     backlog_prompt_tokens: np.ndarray = None  # type: ignore[assignment]  # None: the default, filled in __post_init__
+    cached_prompt_tokens: np.ndarray | None = None
+    session_dc: np.ndarray | None = None
 
     def __post_init__(self) -> None:  # noqa: C901
         for name in ("origin", "slot"):
@@ -165,6 +173,7 @@ class PlacementProblem:
                 raise ConfigError(f"problem.{name}", "must be finite and >= 0")
         if d < 1:
             raise ConfigError("problem.carbon_g_per_kwh", "needs at least one datacenter")
+        self._check_sessions(r, d)
         if np.any(self.pue < 1.0):
             raise ConfigError("problem.pue", "must be >= 1")
         if np.any(self.n_engines < 1):
@@ -181,6 +190,20 @@ class PlacementProblem:
             setattr(self, name, a)
         if not (self.ttft_slo_s > 0 and self.tpot_slo_s > 0 and self.poll_s > 0):
             raise ConfigError("problem.slo", "ttft_slo_s, tpot_slo_s and poll_s must be > 0")
+
+    def _check_sessions(self, r: int, d: int) -> None:
+        """Validate ``cached_prompt_tokens`` ((R, D), 0 <= cached <= prompt) and ``session_dc``."""
+        if self.cached_prompt_tokens is not None:
+            c = _arr(self.cached_prompt_tokens, np.float64)
+            c = c.reshape(r, d) if c.size == r * d else c
+            if c.shape != (r, d) or not np.all(np.isfinite(c)) or np.any(c < 0) or np.any(c > self.prompt_tokens[:, None]):
+                raise ConfigError("problem.cached_prompt_tokens", f"must be ({r}, {d}) tokens in [0, prompt_tokens]")
+            self.cached_prompt_tokens = c
+        if self.session_dc is not None:
+            s = _arr(self.session_dc, np.int64)
+            if s.shape != (r,) or np.any(s < -1) or np.any(s >= d):
+                raise ConfigError("problem.session_dc", f"must be ({r},) datacenter indices or -1 (none)")
+            self.session_dc = s
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -222,14 +245,30 @@ class PlacementProblem:
         return np.where(n <= 0, 0.0, e)
 
     @property
+    def prefill_tokens(self) -> np.ndarray:
+        """(R, D) prompt tokens each request would prefill at each datacenter: prompt - cached
+        (the prompt everywhere without ``cached_prompt_tokens``)."""
+        if self.cached_prompt_tokens is None:
+            return np.repeat(self.prompt_tokens[:, None], self.n_datacenters, axis=1)
+        return self.prompt_tokens[:, None] - self.cached_prompt_tokens
+
+    def prefill_tokens_of(self, r: int) -> np.ndarray | float:
+        """Prefill tokens of request ``r``: (D,) with cached prefixes, else its prompt (a float)."""
+        if self.cached_prompt_tokens is None:
+            return self.prompt_tokens[r]
+        return self.prompt_tokens[r] - self.cached_prompt_tokens[r]
+
+    @property
     def prefill_s(self) -> np.ndarray:
-        """(R, D) prefill latency of each request at each datacenter: fixed + prompt x per-token, s."""
-        return self.prefill_fixed_s[None, :] + self.prompt_tokens[:, None] * self.prefill_s_per_token[None, :]
+        """(R, D) prefill latency of each request at each datacenter: fixed + prefill tokens x per-token, s."""
+        return self.prefill_fixed_s[None, :] + self.prefill_compute_s
 
     @property
     def prefill_compute_s(self) -> np.ndarray:
-        """(R, D) engine time the prefill of each request adds (prompt x per-token), seconds."""
-        return self.prompt_tokens[:, None] * self.prefill_s_per_token[None, :]
+        """(R, D) engine time the prefill of each request adds (prefill tokens x per-token), seconds."""
+        if self.cached_prompt_tokens is None:
+            return self.prompt_tokens[:, None] * self.prefill_s_per_token[None, :]
+        return (self.prompt_tokens[:, None] - self.cached_prompt_tokens) * self.prefill_s_per_token[None, :]
 
     @property
     def batch_per_busy_engine(self) -> np.ndarray:
@@ -301,8 +340,10 @@ class PlacementProblem:
         """The same step restricted to requests ``idx`` (datacenter state unchanged)."""
         idx = np.asarray(idx, dtype=np.int64)
         kw = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
-        for name in ("origin", "prompt_tokens", "output_tokens", "waited_s", "network_s", "allowed", "slot"):
-            kw[name] = getattr(self, name)[idx]
+        for name in ("origin", "prompt_tokens", "output_tokens", "waited_s", "network_s", "allowed", "slot",
+                     "cached_prompt_tokens", "session_dc"):
+            if getattr(self, name) is not None:
+                kw[name] = getattr(self, name)[idx]
         return PlacementProblem(**kw)
 
     def ttft_estimate_s(self, queue_wait_s: np.ndarray | None = None) -> np.ndarray:

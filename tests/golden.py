@@ -46,7 +46,7 @@ POLICY_KWARGS: dict[str, dict[str, Any]] = {}
 UNPINNED_METRICS = frozenset({"mlperf_ttft_p99_pass", "mlperf_tpot_p99_pass", "run_valid"})
 #: Episode metrics added after the cells were pinned, left out of a cell while they are 0 (their
 #: value in every episode before they existed): a cell where one is not 0 shows it as "new".
-ZERO_UNTIL_PINNED = frozenset({"blocked", "blocked_at_end"})
+ZERO_UNTIL_PINNED = frozenset({"blocked", "blocked_at_end", "context_truncated", "context_truncated_tokens"})
 
 
 def _pinned_episode_metrics(em: dict[str, Any]) -> dict[str, Any]:
@@ -89,12 +89,19 @@ def _plain(v: Any) -> Any:
     return repr(v)
 
 
+#: Record columns added after the cells were pinned, left out of a digest while they are all 0 (their
+#: value in every episode before they existed): ``cached_tokens`` (prefix caching, off by default).
+ZERO_UNTIL_PINNED_COLUMNS = frozenset({"cached_tokens"})
+
+
 def _digest(columns: dict[str, np.ndarray], skip: tuple[str, ...] = ()) -> str:
     h = hashlib.sha256()
     for name in sorted(columns):
         if name in skip:
             continue
         a = np.ascontiguousarray(np.asarray(columns[name]))
+        if name in ZERO_UNTIL_PINNED_COLUMNS and not a.any():
+            continue
         if a.dtype.kind == "f":
             a = a.astype(np.float64)
         elif a.dtype.kind in "iub":
