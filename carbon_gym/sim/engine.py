@@ -41,6 +41,12 @@ per-sequence bookkeeping (the slow reference); both give the same results.
 preempted or completed something - moments that exist identically in both modes - so decisions
 do not depend on how decode runs were cut.
 
+**Prefix caching** (``EngineConfig.prefix_caching``; :mod:`carbon_gym.sim.prefix_cache`): a
+request with prefix keys is admitted with its cached prefix already "prefilled" (``prefilled``
+starts at the hit: those tokens take no chunk, no time and no energy, while the attention of the
+computed ones still covers them) and those blocks shared; ``free_blocks`` counts cached-free
+blocks as free and the cache evicts them, least recently used first, when allocations need them.
+
 **Energy shares.** Each iteration's facility energy (engine power x duration x PUE) is split over
 its batch in proportion to the tokens computed (a decode = 1 token); decoding sequences collect
 theirs through engine-level cumulative per-sequence counters (``decode_share_j`` / ``_g``, O(1)
