@@ -63,7 +63,7 @@ SESSION_PARAMS: dict[str, str] = {"mooncake-conv": "mooncake_conv.toml"}
 class SessionsConfig:
     """``[workload.sessions]``: prefix-structured workloads (synthetic sessions, Mooncake replay)."""
 
-    params: str = spec(string(), "arrival = 'sessions': generator parameters, 'mooncake-conv' (fitted) or a TOML path",
+    generator: str = spec(string(), "arrival = 'sessions': generator parameters, 'mooncake-conv' (fitted) or a TOML path",
                        "mooncake-conv")
     prefix_block_tokens: int = spec(integer(16, 1 << 20), "tokens per prefix hash block (the Mooncake traces: 512)", 512)
     max_session_span_s: float = spec(num(1, 86400), "a session's turns end this long after its first turn, s", 3600.0)
@@ -120,7 +120,7 @@ def _params_path(name_or_path: str) -> Path:
         if not p.exists():
             raise DataError(str(p), "file not found")
         return p
-    raise ConfigError("workload.sessions.params", f"unknown session parameters {name_or_path!r}",
+    raise ConfigError("workload.sessions.generator", f"unknown session parameters {name_or_path!r}",
                       allowed=[*SESSION_PARAMS, "<path>.toml"])
 
 
@@ -516,13 +516,13 @@ def resolve_prefix_workload(w: Any, *, model: str, tp: int, engine_groups: dict[
             raise ctx.err("workload.time_scale", "give one of workload.load, workload.rate_per_s, workload.time_scale for replay")
     else:
         w = dataclasses.replace(w, sessions=dataclasses.replace(
-            sc, params=_resolve_file(sc.params, list(SESSION_PARAMS), (".toml",), "workload.sessions.params", base_dir, ctx)))
+            sc, generator=_resolve_file(sc.generator, list(SESSION_PARAMS), (".toml",), "workload.sessions.generator", base_dir, ctx)))
     if w.load is not None and w.rate_per_s is not None:
         raise ctx.err("workload.rate_per_s", "give either workload.load or workload.rate_per_s, not both")
     if w.rate_per_s is not None:
         return w, float(w.rate_per_s), "workload.rate_per_s"
     if w.load is not None:
-        params = load_session_params(w.sessions.params if w.arrival == "sessions" else "mooncake-conv")
+        params = load_session_params(w.sessions.generator if w.arrival == "sessions" else "mooncake-conv")
         assert fractions is not None
         rate, texts = 0.0, []
         for gpu, n in engine_groups.items():
@@ -552,7 +552,7 @@ def build_prefix_workload(w: Any, *, rate_per_s: float, n_regions: int, diurnal:
 
     sc = w.sessions
     if w.arrival == "sessions":
-        return SessionWorkload(load_session_params(sc.params), rate_per_s=rate_per_s, n_regions=n_regions,
+        return SessionWorkload(load_session_params(sc.generator), rate_per_s=rate_per_s, n_regions=n_regions,
                                region_shares=w.region_shares, diurnal=diurnal, seed=seed, block_s=w.block_s,
                                max_context_tokens=w.max_context_tokens, block_tokens=sc.prefix_block_tokens,
                                max_session_span_s=sc.max_session_span_s, system_prompts=sc.system_prompts,
@@ -571,7 +571,7 @@ def prefix_length_pairs(w: Any) -> tuple[np.ndarray, np.ndarray]:
     replayed trace, or the trace the generator's parameters were fitted to."""
     from .mooncake import load_prefix_trace
 
-    name = w.trace if w.arrival == "replay" else load_session_params(w.sessions.params).trace
+    name = w.trace if w.arrival == "replay" else load_session_params(w.sessions.generator).trace
     t = load_prefix_trace(name, w.sessions.prefix_block_tokens)
     keep = t.prompt_tokens + t.output_tokens <= w.max_context_tokens
     return t.prompt_tokens[keep], t.output_tokens[keep]

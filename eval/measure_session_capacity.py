@@ -36,7 +36,7 @@ def _records(scenario, rate_per_s: float, duration_s: float, seed: int):
 
     parts, topo, net, carbon = _single_engine_parts(scenario, 1)
     w = scenario.workload
-    wl = SessionWorkload(load_session_params(w.sessions.params), rate_per_s=rate_per_s, seed=seed, block_s=w.block_s,
+    wl = SessionWorkload(load_session_params(w.sessions.generator), rate_per_s=rate_per_s, seed=seed, block_s=w.block_s,
                          max_context_tokens=w.max_context_tokens, block_tokens=w.sessions.prefix_block_tokens,
                          max_session_span_s=w.sessions.max_session_span_s)
     sim = Simulator(topo, parts.model, parts.gpu, parts.latency, parts.power, net, carbon, engine=parts.engine,
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         from carbon_gym.sessions import load_session_params
 
-        path = Path(load_session_params(sc.workload.sessions.params).source)
+        path = Path(load_session_params(sc.workload.sessions.generator).source)
         text = path.read_text()
         i = text.find(f'\n[capacity."{key}"]')
         if i >= 0:

@@ -307,8 +307,8 @@ def test_shipped_prefix_scenarios_and_their_errors(tmp_path):
         scenario_from_dict({**base, "workload": {**base["workload"], "lengths": "trace", "diurnal_amplitude": 0.5}})
     assert e.value.field == "workload.diurnal_amplitude"
     with pytest.raises(ConfigError) as e:
-        scenario_from_dict({**base, "workload": {"arrival": "sessions", "rate_per_s": 1.0, "sessions": {"params": "nope"}}})
-    assert e.value.field == "workload.sessions.params" and "mooncake-conv" in e.value.allowed
+        scenario_from_dict({**base, "workload": {"arrival": "sessions", "rate_per_s": 1.0, "sessions": {"generator": "nope"}}})
+    assert e.value.field == "workload.sessions.generator" and "mooncake-conv" in e.value.allowed
     s = scenario_from_dict({**base, "workload": {**base["workload"], "lengths": "trace"}})
     assert s.rate_per_s == pytest.approx(12031 / (3536.999 * 12031 / 12030))  # the trace's own rate
 
