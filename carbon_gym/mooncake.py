@@ -57,10 +57,10 @@ MOONCAKE_TRACES: dict[str, str] = {
 
 _SUFFIXES = (".jsonl", ".jsonl.gz")
 _FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
-#: Largest hash id a trace may hold (the replay offsets ids per loop copy below 2**61).
+#: Largest hash id a trace may hold (the replay offsets ids per loop copy below 2**60).
 MAX_HASH_ID = 2**40 - 1
-#: Id space of the blocks of truncated prompts (see carbon_gym.sessions.fit_context).
-TRUNCATED_ID_BASE = 1 << 61
+#: Id space of the blocks of truncated prompts (see carbon_gym.sessions.fit_context); every id < 2**61.
+TRUNCATED_ID_BASE = 1 << 60
 
 
 def is_prefix_trace(name_or_path: str) -> bool:

@@ -24,8 +24,9 @@ session begun before the episode has a context no engine has cached).
 full blocks of the system prompt carry the prompt's ids (shared by every session using it);
 every later full block carries an id unique to (session, epoch, position), so that turn ``k``'s
 ids extend turn ``k-1``'s full blocks; a partial last block has an id unique to (session, turn).
-Session ids: ``1 + ((block + lookback) << 23 | region << 17 | index)`` (``lookback`` =
-``ceil(max_session_span_s / block_s)``); block ids below 2**63.
+Session ids: ``1 + ((block + lookback) << 21 | region << 15 | index)`` (``lookback`` =
+``ceil(max_session_span_s / block_s)``); block ids ``session << 20 | ...``, below 2**61 (the
+simulator's range).
 
 **Context window** (:func:`fit_context`): a request with ``prompt + output > max_context_tokens``
 keeps its system prompt and the most recent context: the oldest context tokens after the system
@@ -191,7 +192,7 @@ def fit_context(prompt_tokens: int, output_tokens: int, system_tokens: int, max_
 
 # ------------------------------------------------------------------------------ generator
 
-_SESSION_BLOCK_BITS, _REGION_BITS, _INDEX_BITS = 20, 6, 17
+_SESSION_BLOCK_BITS, _REGION_BITS, _INDEX_BITS = 20, 6, 15  # uid < 2**41: every id < 2**61
 _EPOCH_BITS, _POS_BITS = 8, 11
 
 
