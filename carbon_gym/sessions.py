@@ -51,6 +51,7 @@ import numpy as np
 from ._toml import data_path, load_toml
 from .errors import ConfigError, DataError, check_finite_nonneg
 from .schema import integer, num, spec, string
+from .workload import fit_context
 
 __all__ = ["SessionsConfig", "SessionParams", "SESSION_PARAMS", "load_session_params", "fit_context", "SessionWorkload",
            "trace_session_stats", "batch_session_stats"]
@@ -174,20 +175,6 @@ def load_session_params(name_or_path: str = "mooncake-conv") -> SessionParams:
 
 
 # ------------------------------------------------------------------------------ context window
-
-
-def fit_context(prompt_tokens: int, output_tokens: int, system_tokens: int, max_context_tokens: int | None) -> tuple[int, int, int]:
-    """``(prompt, output, dropped)`` of a request under the context-window rule (module docstring):
-    unchanged (``dropped = 0``) when ``prompt + output <= max_context_tokens``; else the oldest
-    context after the first ``system_tokens`` is dropped (then, if needed, the output clipped) so
-    that ``prompt + output == max_context_tokens``; ``dropped`` = tokens removed (>= 1)."""
-    if max_context_tokens is None or prompt_tokens + output_tokens <= max_context_tokens:
-        return prompt_tokens, output_tokens, 0
-    cap = int(max_context_tokens)
-    min_prompt = max(1, min(system_tokens + 1, cap - 1, prompt_tokens))
-    out = min(output_tokens, cap - min_prompt)
-    p = cap - out
-    return p, out, (prompt_tokens - p) + (output_tokens - out)
 
 
 # ------------------------------------------------------------------------------ generator
@@ -319,7 +306,8 @@ class SessionWorkload:
         starts = np.cumsum(d["turns"]) - d["turns"]
         think = d["think"].copy()
         think[starts] = 0.0  # the first turn of each session has no think time
-        elapsed = np.cumsum(think) - np.repeat(np.cumsum(think)[starts] - think[starts], d["turns"])
+        c = np.cumsum(think)
+        elapsed = c - np.repeat(c[starts], d["turns"])  # time since the session's first turn
         return float(max(1.0, np.count_nonzero(elapsed <= self.max_session_span_s) / 20_000))
 
     def _session_block(self, b: int) -> dict[str, np.ndarray]:
@@ -333,8 +321,7 @@ class SessionWorkload:
         t0, t1 = b * self.block_s, (b + 1) * self.block_s
         peak = 1.0 + (self.diurnal.amplitude if self.diurnal else 0.0)
         cols: dict[str, list] = {k: [] for k in ("arrival", "origin", "prompt", "output", "uid", "turn", "epoch", "sys", "cut")}
-        bt, cap = self.block_tokens, self.max_context_tokens
-        span = self.max_session_span_s
+        cap, span = self.max_context_tokens, self.max_session_span_s
         for r in range(self.n_regions):
             rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(self.seed, spawn_key=(b + self.lookback_blocks, r))))
             lam = self.rate_per_s * self.region_shares[r] / self.turns_per_session * peak
@@ -381,7 +368,6 @@ class SessionWorkload:
         for old in [x for x in self._sessions if x < b - self.lookback_blocks - 1]:
             del self._sessions[old]
         self._sessions[b] = blk
-        del bt
         return blk
 
     def _hashes(self, uid: int, epoch: int, s: int, prompt: int, turn: int) -> tuple[int, ...]:

@@ -63,7 +63,7 @@ def probe(scenario, rate: float, duration_s: float, warmup_s: float, seeds, ttft
     t1, t2 = np.concatenate(ttft), np.concatenate(tpot)
     p1 = float(np.percentile(t1, 99)) if t1.size else 0.0
     p2 = float(np.percentile(t2, 99)) if t2.size else 0.0
-    viol = float(np.mean((t1 > scenario.ttft_s))) if t1.size else 0.0
+    viol = float(np.mean(t1 > scenario.ttft_s)) if t1.size else 0.0
     return SloProbe(rate, int(t1.size), p1, p2, viol, p1 <= ttft_limit_s and p2 <= scenario.tpot_s)
 
 
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             f"probe_seeds = {list(args.seeds)}",
             f"rel_tol = {args.rel_tol}",
             "prefix_cache = false",
-            f'command = "python eval/measure_session_capacity.py --write"',
+            'command = "python eval/measure_session_capacity.py --write"',
         ]) + "\n"
         path.write_text(text)
         print(f"wrote {path}")
