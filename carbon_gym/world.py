@@ -180,6 +180,8 @@ def build_engine_config(scenario: Scenario) -> EngineConfig:
         "chunked_prefill": e.chunked_prefill, "max_model_len": e.max_model_len,
     }
     known = {f.name for f in fields(EngineConfig)}
+    if is_prefix_workload(scenario.workload) and "prefix_block_tokens" in known:  # the prefix cache's block = the workload's
+        values["prefix_block_tokens"] = scenario.workload.sessions.prefix_block_tokens
     unknown = sorted(set(values) - known)
     if unknown:
         raise ConfigError(f"engine.{unknown[0]}", "not supported by this simulator's EngineConfig", allowed=sorted(known))
