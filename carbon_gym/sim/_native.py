@@ -27,7 +27,7 @@ from pathlib import Path
 __all__ = ["COMPILED_MODULES", "PURE_ENV_VAR", "SOURCES_FILE", "select", "source_digest"]
 
 #: Modules of this package that ``setup.py`` compiles (dependency order: engine first).
-COMPILED_MODULES = ("request", "engine", "datacenter", "simulator")
+COMPILED_MODULES = ("request", "prefix_cache", "engine", "datacenter", "simulator")
 #: Set to 1 to run the pure-Python modules even when compiled ones are installed.
 PURE_ENV_VAR = "CARBON_GYM_PURE_PYTHON"
 #: Written by ``setup.py``: ``{module: sha256 of its .py source}`` for the compiled build.

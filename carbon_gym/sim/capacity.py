@@ -5,7 +5,7 @@ Engine capacity states (``Engine.cap_state``)::
 
     AWAKE     weights loaded, serving (its rest power is the idle power)
     DRAINING  awake, told to sleep: takes no new requests, finishes its running and queued ones
-    FALLING   falling asleep: weights offloaded, KV cache freed (fall_asleep_s at fall_asleep_w)
+    FALLING   falling asleep: weights offloaded, KV cache (and prefix cache) freed (fall_asleep_s at fall_asleep_w)
     ASLEEP    sleeping (sleep_w per GPU); its KV cache is empty when it wakes
     WAKING    waking (wake_s at wake_w), then AWAKE
     OFF       its node is off (0 W)
@@ -183,6 +183,8 @@ class CapacityControl:
         counts[new] += 1
         e.cap_state = new
         e.cap_version += 1
+        if new in (FALLING, OFF) and e.cache is not None:
+            e.cache.clear()  # weights offloaded, KV cache freed: the prefix cache is lost
         if new in (FALLING, WAKING, BOOTING):
             e.cap_end_s = t + duration_s
             heapq.heappush(dc.engines[0].heap, (e.cap_end_s, TRANSITION_PRIORITY, e.counter(), _Transition(e, self),

@@ -47,6 +47,11 @@ class EngineConfig:
         chunked_prefill: mix prefill chunks with decodes (vLLM V1 default) or alternate
             prefill-only and decode-only iterations.
         max_model_len: largest prompt + output accepted, tokens.
+        prefix_caching: automatic prefix caching (:mod:`carbon_gym.sim.prefix_cache`): requests
+            that carry ``prefix_hashes`` reuse the KV blocks of cached prompt prefixes. Off by
+            default (then every result is that of an engine without it).
+        prefix_block_tokens: tokens per prefix block, the unit of ``prefix_hashes`` (Mooncake:
+            512); a multiple of ``block_tokens`` (one prefix block = that many / block_tokens KV blocks).
     """
 
     tp: int = 1
@@ -56,10 +61,12 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     chunked_prefill: bool = True
     max_model_len: int = 32768
+    prefix_caching: bool = False
+    prefix_block_tokens: int = 512
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first invalid field."""
-        for name in ("tp", "block_tokens", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+        for name in ("tp", "block_tokens", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "prefix_block_tokens"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"engine.{name}", f"must be an integer >= 1, got {v!r}")
@@ -73,3 +80,10 @@ class EngineConfig:
             )
         if self.max_model_len < 2:
             raise ConfigError("engine.max_model_len", "must be >= 2 (one prompt and one output token)")
+        if not isinstance(self.prefix_caching, bool):
+            raise ConfigError("engine.prefix_caching", f"must be true or false, got {self.prefix_caching!r}",
+                              allowed=[True, False])
+        if self.prefix_block_tokens % self.block_tokens:
+            bt = self.block_tokens
+            raise ConfigError("engine.prefix_block_tokens", f"must be a multiple of block_tokens ({bt}), got "
+                              f"{self.prefix_block_tokens}", allowed=f"{bt}, {2 * bt}, ... (Mooncake traces: 512)")

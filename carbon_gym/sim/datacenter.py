@@ -188,6 +188,13 @@ class Datacenter(CopyableState):
         "tok_rate_sum", "tok_rate_t",  # EWMA of prompt tokens arriving: sum (tokens), last update (s)
         "req_rate_sum",           # EWMA of requests arriving (same decay and time): sum (requests)
         "est_key", "est_val",     # memo of the simulator's latency estimates for (running, used blocks)
+        # prefix caching (carbon_gym.sim.prefix_cache)
+        "prefix_index",           # key -> engines whose cache holds the entry (empty without caching)
+        "prefix_weight",          # dispatch: load tokens one cached prompt token is worth (0: not cache-aware)
+        "prefix_tokens",          # tokens per prefix block
+        "prompt_tokens",          # prompt tokens of the requests admitted (first admission), tokens
+        "cached_prompt_tokens",   # of those, served from the prefix cache at the first admission, tokens
+        "prefill_saved_tokens",   # prompt tokens not computed thanks to the cache, every admission, tokens
     )
 
     def __init__(
@@ -216,6 +223,10 @@ class Datacenter(CopyableState):
         self.offset_s = float(carbon_offset_s)
         self.pue = float(spec.pue)
         self.score_fn = score_fn
+        self.prefix_index: dict[int, int] = {}
+        self.prefix_weight = 0.0
+        self.prefix_tokens = cfg.prefix_block_tokens
+        self.prompt_tokens = self.cached_prompt_tokens = self.prefill_saved_tokens = 0
         self.n_engines = spec.nodes * spec.gpus_per_node // cfg.tp
         self.scores: list[float] = [0.0] * self.n_engines
         self.engines = [
@@ -392,6 +403,57 @@ class Datacenter(CopyableState):
             return self.engines[0]
         return self.engines[s.index(min(s))]
 
+    def pick_cached(self, req: RequestState) -> Engine:
+        """Cache-aware dispatch of ``req`` (which has prefix keys): the engine with the lowest
+        ``score - prefix_weight x cached prefix tokens of req there`` (ties: lowest index); the
+        plain :meth:`pick` when no engine holds its first block."""
+        keys = req.prefix_keys
+        assert keys is not None
+        n_max = (req.prefill_len - 1) // self.prefix_tokens
+        if n_max > len(keys):
+            n_max = len(keys)
+        index = self.prefix_index
+        d = 0
+        while d < n_max and keys[d] in index:  # deepest block some engine holds (caches are prefix-closed)
+            d += 1
+        if d == 0:
+            return self.pick()
+        w = self.prefix_weight * self.prefix_tokens
+        s = self.scores
+        best = self.pick()
+        best_v = math.inf
+        for e in self.engines:
+            v = s[e.index]
+            if v == math.inf:
+                continue
+            cache = e.cache
+            if cache is not None:
+                v -= w * cache.match(keys, d)
+            if v < best_v:
+                best_v = v
+                best = e
+        return best
+
+    def cached_prefix_blocks(self, keys: tuple[int, ...], n_max: int) -> int:
+        """Prefix blocks of ``keys`` (at most ``n_max``) cached at the best engine that takes
+        work (0 when down or none does)."""
+        if not self.up or n_max <= 0:
+            return 0
+        if not self.n_draining and self.cap_counts[0] == self.n_engines:
+            index = self.prefix_index
+            d = 0
+            while d < n_max and keys[d] in index:
+                d += 1
+            return d
+        best = 0
+        for e in self.engines:
+            cache = e.cache
+            if cache is not None and e.cap_state == 0 and not e.draining:
+                h = cache.match(keys, n_max)
+                if h > best:
+                    best = h
+        return best
+
     def request_rate(self, t: float, tau_s: float = 60.0) -> float:
         """Requests per second arriving at this datacenter (EWMA over ``tau_s``, bias-corrected
         over the first minutes: divided by ``1 - exp(-t / tau_s)``)."""
@@ -465,6 +527,8 @@ class Datacenter(CopyableState):
                 e.draining = True
                 if n < self.n_engines:  # some engine still takes work: move the queue there
                     moved.extend(e.take_waiting())
+                if power_off and e.state == IDLE and e.cache is not None:
+                    e.cache.clear()  # powered off: its KV cache is lost
             elif not drain and e.draining:
                 e.draining = False
             if rest != e.rest_w:

@@ -20,6 +20,20 @@ Registered dispatchers:
 ``"most_free_kv"``
     Most free KV blocks after the queued requests are admitted: published free blocks minus the
     blocks the waiting requests' prompts need (score = its negative).
+``"cache_aware"``
+    Prefix-cache affinity against load (like SGLang's cache-aware router or llm-d's weighted
+    prefix-cache and load scorers): for a request with prefix keys, the engine minimising
+    ``least_work - cached`` where ``cached`` is the request's prefix tokens already in that
+    engine's prefix cache (:mod:`carbon_gym.sim.prefix_cache`). In tokens, that is the engine's
+    outstanding work after taking the request (``least_work + prompt - cached``, the prompt being
+    the same everywhere): a cached token saves one token of prefill, so affinity wins until the
+    load gap exceeds the tokens it saves. Requests without prefix keys, or whose first block no
+    engine holds, go by ``least_work`` alone (ties: lowest engine index).
+
+A dispatcher's ``prefix_weight`` (:func:`register_dispatcher`; 0 for the score-only ones) is the
+load tokens one cached prompt token is worth; the cache part is evaluated per request at
+dispatch (one walk of its prefix blocks per engine, only when some engine of the datacenter holds
+its first block), from the cache as last settled (module docstring of the prefix cache).
 
 Add your own with :func:`register_dispatcher`.
 """
@@ -49,14 +63,28 @@ def most_free_kv_score(engine: Engine) -> float:
 _DISPATCHERS: dict[str, ScoreFn] = {
     "least_work": least_work_score,
     "most_free_kv": most_free_kv_score,
+    "cache_aware": least_work_score,
 }
+_PREFIX_WEIGHTS: dict[str, float] = {"cache_aware": 1.0}
 
 
-def register_dispatcher(name: str, score: ScoreFn) -> None:
-    """Register a dispatcher ``score(engine) -> float`` (lowest score wins) under ``name``."""
+def register_dispatcher(name: str, score: ScoreFn, prefix_weight: float = 0.0) -> None:
+    """Register a dispatcher ``score(engine) -> float`` (lowest score wins) under ``name``; with
+    ``prefix_weight > 0`` a request's cached prefix tokens at an engine, times that weight, are
+    subtracted from the engine's score (cache-aware dispatch)."""
     if not callable(score):
         raise ConfigError("dispatcher", f"score for {name!r} must be callable")
+    w = float(prefix_weight)
+    if not (w >= 0.0) or w == float("inf"):
+        raise ConfigError("prefix_weight", f"must be finite and >= 0, got {prefix_weight!r}")
     _DISPATCHERS[name] = score
+    _PREFIX_WEIGHTS[name] = w
+
+
+def get_prefix_weight(name: str) -> float:
+    """Load tokens one cached prompt token is worth for dispatcher ``name`` (0: not cache-aware)."""
+    get_dispatcher(name)
+    return _PREFIX_WEIGHTS.get(name, 0.0)
 
 
 def available_dispatchers() -> list[str]:

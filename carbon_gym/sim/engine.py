@@ -54,6 +54,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Callable
 
 from .config import EngineConfig
+from .prefix_cache import PrefixCache
 from .request import CopyableState, EngineModels, RequestState, mypyc_attr
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -133,6 +134,10 @@ class Engine(CopyableState):
         # counters (kept by reset)
         "iterations",           # iterations run (all kinds)
         "preemptions", "completed",  # requests preempted / completed
+        # automatic prefix caching (carbon_gym.sim.prefix_cache)
+        "cache",                # PrefixCache, or None (prefix caching off)
+        "prefix_tokens",        # tokens per prefix block
+        "prefix_kv",            # KV blocks per prefix block
     )
 
     def __init__(self, dc: Datacenter, index: int, cfg: EngineConfig, total_blocks: int, models: EngineModels,
@@ -155,6 +160,10 @@ class Engine(CopyableState):
         self.cap_version = 0
         self.cap_end_s = 0.0
         self.wake_after = False
+        self.prefix_tokens = cfg.prefix_block_tokens
+        self.prefix_kv = cfg.prefix_block_tokens // cfg.block_tokens
+        self.cache: PrefixCache | None = (
+            PrefixCache(cfg.prefix_block_tokens, cfg.block_tokens, dc.prefix_index) if cfg.prefix_caching else None)
         self.reset()
 
     def reset(self) -> None:
@@ -180,6 +189,8 @@ class Engine(CopyableState):
         self.iter_publish = self.last_prefill_only = False
         self.view_free_blocks = self.total_blocks
         self.view_used_blocks = 0
+        if self.cache is not None:
+            self.cache.clear()
         if not hasattr(self, "iterations"):
             self.iterations = self.decode_iters = self.preemptions = self.completed = 0
 
@@ -308,6 +319,8 @@ class Engine(CopyableState):
 
     def _publish(self) -> None:
         """Publish the KV occupancy (``view_*``) and refresh the dispatch score."""
+        if self.cache is not None:
+            self.cache.settle(self.free_blocks)
         self.view_free_blocks = self.free_blocks
         self.view_used_blocks = self.total_blocks - self.free_blocks
         dc = self.dc
@@ -368,11 +381,20 @@ class Engine(CopyableState):
             else:
                 self.decode_share_j += e / tot
                 self.decode_share_g += c / tot
+        cache = self.cache
         for req, ch in self.iter_chunks:
             f = ch / tot
             req.energy_j += e * f
             req.carbon_g += c * f
             req.prefilled += ch
+            if cache is not None:
+                keys = req.prefix_keys
+                if keys is not None:  # its full prefix blocks computed so far become cache entries
+                    n_full = req.prefilled // self.prefix_tokens
+                    if n_full > len(keys):
+                        n_full = len(keys)
+                    if n_full > req.held:
+                        self.free_blocks += cache.insert(req, n_full, self.free_blocks)
             if req.prefilled == req.prefill_len:
                 self._prompt_done(req, t)
         self.iter_chunks = []
@@ -433,10 +455,7 @@ class Engine(CopyableState):
 
     def _complete(self, req: RequestState, t: float) -> None:
         """``req`` produced its last token at engine time ``t``: free it and record it."""
-        if req.decoding:
-            self.free_blocks += self._drop_decoder(req)
-        else:
-            self.free_blocks += req.kv_blocks
+        self._free_request(req)
         del self.running[req.rid]
         req.alive = False
         dc = self.dc
@@ -453,18 +472,33 @@ class Engine(CopyableState):
             req.rid, req.origin, req.dc, self.index, arrival, req.sent_s, req.dc_arrival_s,
             req.first_sched_s, req.first_token_s + down, t + down, req.prompt_tokens, out, ttft, tpot, e2e,
             req.first_sched_s - req.dc_arrival_s, req.first_token_s - req.first_sched_s,
-            req.up_s + down, req.preemptions, req.energy_j, req.carbon_g,
+            req.up_s + down, req.preemptions, req.energy_j, req.carbon_g, req.cached_tokens,
         ))
+
+    def _free_request(self, req: RequestState) -> None:
+        """Free the KV blocks of ``req`` (completed or preempted); with prefix caching its
+        cache entries are released (those no request holds stay cached, as cached-free)."""
+        cache = self.cache
+        if cache is None:
+            if req.decoding:
+                self.free_blocks += self._drop_decoder(req)
+            else:
+                self.free_blocks += req.kv_blocks
+            return
+        if req.decoding:  # its context blocks, the held entries' included
+            b = self._drop_decoder(req) - req.held * self.prefix_kv
+        else:
+            b = req.kv_blocks  # its private blocks
+        b += cache.release(req, self.free_blocks)
+        self.free_blocks += b
 
     # ------------------------------------------------------------------ preemption
     def _preempt_newest(self) -> RequestState:
         """Preempt the newest running request (recompute later); return it."""
         victim = next(reversed(self.running.values()))
-        if victim.decoding:
-            self.free_blocks += self._drop_decoder(victim)
-        else:
-            self.free_blocks += victim.kv_blocks
+        if not victim.decoding:
             self.prefilling.remove(victim)
+        self._free_request(victim)
         del self.running[victim.rid]
         victim.prefill_len = victim.prompt_tokens + victim.generated
         victim.prefilled = 0
@@ -536,6 +570,12 @@ class Engine(CopyableState):
         waiting = self.waiting
         if not waiting or len(self.running) >= self.max_seqs:
             return 0
+        cache = self.cache
+        if cache is not None and waiting[0].prefix_keys is not None:  # its cached prefix takes no new blocks
+            if self.chunked_prefill:
+                return cache.admission_blocks(waiting[0], free_blocks, -1) if budget_tokens > 0 else 0
+            return cache.admission_blocks(waiting[0], free_blocks,
+                                          -1 if budget_tokens == self.token_budget else budget_tokens)
         L = waiting[0].prefill_len
         if self.chunked_prefill:
             if budget_tokens <= 0:
@@ -562,16 +602,32 @@ class Engine(CopyableState):
             self.running[head.rid] = head
             self.prefilling.append(head)
             L = head.prefill_len
-            head.kv_blocks = b
+            cache = self.cache
+            cached = 0
+            if cache is not None and head.prefix_keys is not None:
+                # its cached prefix is shared, not allocated, and not computed
+                h = cache.acquire(head, free_blocks)
+                cached = h * self.prefix_tokens
+                head.prefilled = cached
+                full = (L + self.block_tokens - 1) // self.block_tokens
+                head.kv_blocks = full - h * self.prefix_kv
+                self.waiting_blocks -= full
+            else:
+                head.kv_blocks = b
+                self.waiting_blocks -= b
             self.free_blocks -= b
             self.pending_tokens -= L
-            self.waiting_blocks -= b
             if head.first_sched_s < 0.0:
                 head.first_sched_s = t
+                head.cached_tokens = cached
+                dc.prompt_tokens += head.prompt_tokens
+                dc.cached_prompt_tokens += cached
+            dc.prefill_saved_tokens += cached
             dc.waiting -= 1
             dc.running += 1
             free_blocks -= b
-            ch = L if (whole or L < budget_tokens) else budget_tokens
+            rest = L - cached
+            ch = rest if (whole or rest < budget_tokens) else budget_tokens
             chunks.append((head, ch))
             budget_tokens -= ch
 
@@ -752,6 +808,8 @@ class Engine(CopyableState):
             cap = self.dc.capacity
             assert cap is not None  # (only capacity control drains engines to sleep)
             cap.engine_drained(self, t)
+        elif self.draining and self.rest_w == 0.0 and self.cache is not None:
+            self.cache.clear()  # drained for maintenance and powered off: its KV cache is lost
 
     def _set_power(self, t: float, watts: float, idle: bool) -> None:
         """The engine draws ``watts`` from ``t`` on (``idle``: rest power); tell the ledger."""

@@ -39,6 +39,7 @@ RECORD_COLUMNS: tuple[tuple[str, type], ...] = (
     ("preemptions", np.int64),
     ("energy_j", np.float64),
     ("carbon_g", np.float64),
+    ("cached_tokens", np.int64),
 )
 
 _N_COLUMNS = len(RECORD_COLUMNS)
@@ -68,6 +69,8 @@ class RequestRecords:
     its engine's active energy at facility level (GPU energy of the iterations it took part in,
     split in proportion to the tokens it computed, times PUE; idle and host energy are not
     attributed); ``carbon_g`` is that energy times the grid intensity while it was drawn.
+    ``cached_tokens`` are the prompt tokens its engine's prefix cache served at its first admission
+    (whole prefix blocks; 0 without prefix caching, :mod:`carbon_gym.sim.prefix_cache`).
     """
 
     request_id: np.ndarray
@@ -91,6 +94,7 @@ class RequestRecords:
     preemptions: np.ndarray
     energy_j: np.ndarray
     carbon_g: np.ndarray
+    cached_tokens: np.ndarray
 
     def __len__(self) -> int:
         return int(self.request_id.shape[0])
@@ -146,7 +150,10 @@ class RequestRecords:
         """Read records from an ``.npz`` file holding one array per column (as
         :class:`RecordWriter` writes them)."""
         with np.load(path) as z:
-            return cls(**{name: np.asarray(z[name], dtype=dt) for name, dt in RECORD_COLUMNS})
+            n = len(z["request_id"])
+            # files written before a column existed (cached_tokens) read it as zeros
+            return cls(**{name: np.asarray(z[name], dtype=dt) if name in z.files else np.zeros(n, dtype=dt)
+                          for name, dt in RECORD_COLUMNS})
 
 
 class _TableRecords(RequestRecords):

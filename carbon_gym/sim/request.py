@@ -68,6 +68,10 @@ class RequestState(CopyableState):
         "preemptions",              # times it was preempted (and recomputed)
         "energy_j", "carbon_g",     # facility energy (J) and carbon (gCO2eq) attributed so far
         "alive",                    # False once completed or aborted (its heap entries are stale)
+        # prefix caching (carbon_gym.sim.prefix_cache; None / 0 without it)
+        "prefix_keys",              # chained keys of its full prompt prefix blocks, or None (not cacheable)
+        "held",                     # leading prefix-cache entries it holds a reference on
+        "cached_tokens",            # prompt tokens served from the cache at its first admission
     )
 
     def __init__(self, rid: int, origin: int, dc: int, arrival_s: float, sent_s: float,
@@ -90,6 +94,8 @@ class RequestState(CopyableState):
         self.share_mark_j = self.share_mark_g = self.energy_j = self.carbon_g = 0.0
         self.first_sched_s = self.first_token_s = -1.0
         self.alive = True
+        self.prefix_keys: tuple[int, ...] | None = None
+        self.held = self.cached_tokens = 0
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)

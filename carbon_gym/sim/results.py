@@ -142,6 +142,14 @@ class SimTotals:
     ``host_energy_j``, which the ledger checks). :meth:`energy_by_state`
     names them all, with ``active`` (GPU energy of engines with work) and ``idle`` (awake
     engines without work).
+
+    Prefix caching (:mod:`carbon_gym.sim.prefix_cache`; int64 (D,), tokens): ``prompt_tokens``
+    of the requests admitted by ``time_s`` (counted at their first admission),
+    ``cached_prompt_tokens`` (of those, served from the prefix cache at that admission; hit rate
+    = cached / prompt, :attr:`prefix_hit_rate`), ``prefill_saved_tokens`` (prompt tokens not
+    computed thanks to the cache, re-admissions after a preemption included: >= cached) and
+    ``prefix_evictions`` (cache entries evicted for room, prefix blocks). Zero cached, saved and
+    evicted without prefix caching.
     """
 
     time_s: float
@@ -159,6 +167,23 @@ class SimTotals:
     iterations: int
     gpu_state_energy_j: np.ndarray
     host_state_energy_j: np.ndarray
+    prompt_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    cached_prompt_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    prefill_saved_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    prefix_evictions: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    @property
+    def prefix_hit_rate(self) -> np.ndarray:
+        """Per datacenter (D,): cached prompt tokens / prompt tokens (NaN where none was admitted)."""
+        p = np.asarray(self.prompt_tokens, dtype=np.float64)
+        c = np.asarray(self.cached_prompt_tokens, dtype=np.float64)
+        return np.divide(c, p, out=np.full(p.shape, np.nan), where=p > 0)
+
+    @property
+    def overall_prefix_hit_rate(self) -> float:
+        """All datacenters: cached prompt tokens / prompt tokens (NaN when none was admitted)."""
+        p = int(np.sum(self.prompt_tokens))
+        return float(np.sum(self.cached_prompt_tokens)) / p if p else float("nan")
 
     def energy_by_state(self) -> dict[str, np.ndarray]:
         """IT energy per datacenter (D,) by power state, J: ``gpu_active``, ``gpu_idle``,

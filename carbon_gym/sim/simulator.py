@@ -26,8 +26,9 @@ import numpy as np
 
 from ..errors import ConfigError
 from .datacenter import Datacenter
-from .dispatch import get_dispatcher
+from .dispatch import get_dispatcher, get_prefix_weight
 from .engine import IDLE, RUN, EngineConfig
+from .prefix_cache import batch_prefix_keys, prefix_keys
 from .request import CopyableState, EngineModels, RequestState, mypyc_attr
 from .records import AbortedRequests, RequestRecords
 from .results import ClusterSnapshot, EnergyAttribution, LatencyEstimates, SimTotals, snapshot_from_array
@@ -84,6 +85,8 @@ class Simulator(CopyableState):
         carbon_offset_s: carbon-trace time of simulation time 0, seconds.
         dispatcher: intra-datacenter dispatcher name (see :mod:`carbon_gym.sim.dispatch`).
         step_mode: run every iteration as its own event (slow reference; same results).
+            Prefix caching is ``engine.prefix_caching`` (requests carry ``prefix_hashes``, see
+            :meth:`submit` and :mod:`carbon_gym.sim.prefix_cache`).
         power_states: capacity states of ``gpu`` (the power file's ``[states]``), or None.
         gpus: :class:`~carbon_gym.sim.config.GpuModels` of the other GPU types datacenters name
             (``DatacenterSpec.gpu``), by name: each datacenter runs its GPU's latency and power
@@ -183,6 +186,9 @@ class Simulator(CopyableState):
             )
             for i, d in enumerate(topology.datacenters)
         ]
+        prefix_weight = get_prefix_weight(dispatcher) if engine.prefix_caching else 0.0
+        for center in self.datacenters:
+            center.prefix_weight = prefix_weight
         self._in_transit: dict[int, RequestState] = {}
         self._next_id = 0
         self._aborted = 0
@@ -232,11 +238,15 @@ class Simulator(CopyableState):
         return self.topology.n_regions
 
     # ------------------------------------------------------------------ submission
-    def submit(self, origin: Scalar, arrival_s: Scalar, prompt_tokens: Scalar, output_tokens: Scalar, datacenter: Scalar) -> int:
+    def submit(self, origin: Scalar, arrival_s: Scalar, prompt_tokens: Scalar, output_tokens: Scalar, datacenter: Scalar,
+               prefix_hashes: Any = None) -> int:
         """Send one request from ``origin`` to ``datacenter`` now; return its id.
 
         ``arrival_s`` (<= ``now_s``) is when the client issued it; ``output_tokens`` is the true
-        output length (hidden from schedulers, used only to end the request).
+        output length (hidden from schedulers, used only to end the request). ``prefix_hashes``:
+        None, or one integer id in [0, 2**61) per consecutive ``engine.prefix_block_tokens``-token
+        block of the prompt (at most ``ceil(prompt_tokens / prefix_block_tokens)``; Mooncake's
+        ``hash_ids``): equal ids mean reusable KV; used when ``engine.prefix_caching`` is on.
         """
         R, D = self.topology.n_regions, len(self.datacenters)
         o = _as_int("origin", origin, 0, R - 1)
@@ -250,7 +260,29 @@ class Simulator(CopyableState):
         if not math.isfinite(a) or a < 0:
             raise ConfigError("arrival_s", f"must be finite and >= 0, got {arrival_s!r}")
         self._check_request(a, p, q, d)
-        return self._submit(o, a, p, q, d)
+        keys = self._prefix_keys(prefix_hashes, p, "prefix_hashes")
+        rid = self._submit(o, a, p, q, d)
+        if keys is not None:
+            self._in_transit[rid].prefix_keys = keys
+        return rid
+
+    def _prefix_keys(self, hashes: Any, p: int, field: str) -> tuple[int, ...] | None:
+        """Validated ``prefix_hashes`` of a ``p``-token prompt -> its chained keys (or None)."""
+        cfg = self.engine_config
+        return prefix_keys(hashes, p, cfg.prefix_block_tokens, cfg.prefix_caching, field)
+
+    def _batch_keys(self, hashes: Any, prompts: list[int]) -> list[tuple[int, ...] | None] | None:
+        cfg = self.engine_config
+        return batch_prefix_keys(hashes, prompts, cfg.prefix_block_tokens, cfg.prefix_caching)
+
+    def _set_keys(self, first: int, keys: list[tuple[int, ...] | None] | None) -> None:
+        """Attach the prefix keys of a batch submitted with ids ``first, first + 1, ...``."""
+        if keys is None:
+            return
+        in_transit = self._in_transit
+        for i, k in enumerate(keys):
+            if k is not None:
+                in_transit[first + i].prefix_keys = k
 
     def _check_request(self, a: float, p: int, q: int, d: int, index: str = "") -> None:
         """Checks shared by submit and submit_batch (``index`` = "[i]" names the batch row)."""
@@ -302,8 +334,9 @@ class Simulator(CopyableState):
         return np.arange(first, rid, dtype=np.int64)
 
     def submit_batch(self, origins: Any, arrival_s: Any, prompt_tokens: Any, output_tokens: Any,  # noqa: C901
-                     datacenters: Any) -> np.ndarray:
-        """Submit several requests now (arrays of equal length); return their ids (int64)."""
+                     datacenters: Any, prefix_hashes: Any = None) -> np.ndarray:
+        """Submit several requests now (arrays of equal length); return their ids (int64).
+        ``prefix_hashes``: None, or one entry per request, each None or its block ids (:meth:`submit`)."""
         try:
             n_small = len(origins)
         except TypeError:
@@ -343,7 +376,11 @@ class Simulator(CopyableState):
                 if p + q > mml or not dcs[d].up:
                     self._check_request(a, p, q, d, f"[{i}]")
                 rows.append((o, a, p, q, d))
-            return self._submit_rows(rows)
+            keys = self._batch_keys(prefix_hashes, [r[2] for r in rows])
+            first = self._next_id
+            ids = self._submit_rows(rows)
+            self._set_keys(first, keys)
+            return ids
         arrs = {
             "origins": np.asarray(origins), "arrival_s": np.asarray(arrival_s, dtype=np.float64),
             "prompt_tokens": np.asarray(prompt_tokens), "output_tokens": np.asarray(output_tokens),
@@ -389,8 +426,13 @@ class Simulator(CopyableState):
             if not self.datacenters[int(d)].up:
                 raise ConfigError("datacenters", f"datacenter {int(d)} ({self.datacenters[int(d)].name}) is down",
                                   allowed=[i for i, x in enumerate(self.datacenters) if x.up])
-        return self._submit_rows(zip(ints["origins"].tolist(), a.tolist(), ints["prompt_tokens"].tolist(),
-                                     ints["output_tokens"].tolist(), dc_index.tolist()))
+        prompts = ints["prompt_tokens"].tolist()
+        keys = self._batch_keys(prefix_hashes, prompts)
+        first = self._next_id
+        ids = self._submit_rows(zip(ints["origins"].tolist(), a.tolist(), prompts,
+                                    ints["output_tokens"].tolist(), dc_index.tolist()))
+        self._set_keys(first, keys)
+        return ids
 
     # ------------------------------------------------------------------ time
     def advance_to(self, t_s: Scalar) -> None:
@@ -425,7 +467,10 @@ class Simulator(CopyableState):
                 dc.tok_rate_sum += obj.prompt_tokens
                 dc.req_rate_sum += 1.0
                 s = dc.scores
-                eng = dc.engines[s.index(min(s))] if len(s) > 1 else dc.engines[0]
+                if dc.prefix_weight > 0.0 and obj.prefix_keys is not None:
+                    eng = dc.pick_cached(obj)  # cache-aware dispatch (carbon_gym.sim.dispatch)
+                else:
+                    eng = dc.engines[s.index(min(s))] if len(s) > 1 else dc.engines[0]
                 if eng.cap_state:  # no engine takes work: one wakes for it (carbon_gym.sim.capacity)
                     eng = dc.capacity.engine_for_arrival(time)
                 if eng.state == IDLE and eng.cap_state <= 1 and (not heap or heap[0][0] > time):
@@ -475,6 +520,7 @@ class Simulator(CopyableState):
         now = self.now_s
         gl, hl, pl, cl, il = [], [], [], [], []
         sg, sh = [], []
+        tok: list[tuple[int, int, int, int]] = []
         completed = preemptions = iterations = 0
         for dc in self.datacenters:
             dc.flush(now)
@@ -488,6 +534,11 @@ class Simulator(CopyableState):
             completed += dc.completed
             preemptions += dc.preemptions
             iterations += dc.iterations
+            ev = 0
+            for e in dc.engines:
+                if e.cache is not None:
+                    ev += e.cache.evictions
+            tok.append((dc.prompt_tokens, dc.cached_prompt_tokens, dc.prefill_saved_tokens, ev))
             for e in dc.engines:
                 if e.state == RUN:
                     iterations += e.run_iterations_done(now)
@@ -509,7 +560,43 @@ class Simulator(CopyableState):
             iterations=iterations,
             gpu_state_energy_j=np.array(sg, dtype=np.float64).reshape(-1, 5).T.copy(),
             host_state_energy_j=np.array(sh, dtype=np.float64).reshape(-1, 4).T.copy(),
+            prompt_tokens=np.array([x[0] for x in tok], dtype=np.int64),
+            cached_prompt_tokens=np.array([x[1] for x in tok], dtype=np.int64),
+            prefill_saved_tokens=np.array([x[2] for x in tok], dtype=np.int64),
+            prefix_evictions=np.array([x[3] for x in tok], dtype=np.int64),
         )
+
+    def cached_prefix_tokens(self, prefix_hashes: Any, prompt_tokens: Scalar) -> np.ndarray:
+        """Prompt tokens of a request (its block ids ``prefix_hashes``, as :meth:`submit` takes
+        them, and its length) that the prefix cache of the best engine of each datacenter holds
+        now: int64 array (D,), 0 where prefix caching is off, nothing matches, the datacenter is
+        down or none of its engines takes work. Whole prefix blocks, at most the hit its admission
+        could get (at least one prompt token computed); read from the caches as last settled
+        (:mod:`carbon_gym.sim.prefix_cache`)."""
+        p = _as_int("prompt_tokens", prompt_tokens, 1)
+        out = np.zeros(len(self.datacenters), dtype=np.int64)
+        keys = self._prefix_keys(prefix_hashes, p, "prefix_hashes")
+        if keys is not None:
+            P = self.engine_config.prefix_block_tokens
+            n_max = min(len(keys), (p - 1) // P)
+            for d, dc in enumerate(self.datacenters):
+                out[d] = dc.cached_prefix_blocks(keys, n_max) * P
+        return out
+
+    def cached_prefix_tokens_batch(self, prefix_hashes: Any, prompt_tokens: Any) -> np.ndarray:
+        """:meth:`cached_prefix_tokens` of R requests (a sequence of R block-id sequences or
+        None, and R prompt lengths): int64 array (R, D)."""
+        p = np.asarray(prompt_tokens).reshape(-1)
+        R = int(p.shape[0])
+        out = np.zeros((R, len(self.datacenters)), dtype=np.int64)
+        if prefix_hashes is None:
+            return out
+        if len(prefix_hashes) != R:
+            raise ConfigError("prefix_hashes", f"must have one entry per request ({R}), got {len(prefix_hashes)}")
+        for i in range(R):
+            if prefix_hashes[i] is not None:
+                out[i] = self.cached_prefix_tokens(prefix_hashes[i], p[i])
+        return out
 
     def carbon_energy_totals(self) -> tuple[float, float]:
         """(carbon g, facility energy J) of all datacenters from time 0 to ``now_s``: the same
