@@ -320,3 +320,42 @@ def test_batches_and_pending_carry_hashes():
     assert plain.prefix_of(rows) is None
     plain.take(3, np.ones(3, bool))
     assert plain.placed_hashes is None and not math.isnan(0.0)
+
+
+def test_prefix_hashes_reach_the_prefix_cache_through_the_env():
+    """Sessions through the env into a datacenter of 8 engines with prefix caching and the
+    cache-aware dispatcher: the cached prompt tokens are at most what an unbounded cache of one
+    engine could hit (the full blocks of each prompt seen before), and most of it."""
+    from carbon_gym.env import GeoServeEnv
+    from carbon_gym.scenario import scenario_from_dict
+    from carbon_gym.sim import EngineConfig
+    from carbon_gym.world import build_workload
+
+    if "prefix_caching" not in {f for f in EngineConfig.__dataclass_fields__}:
+        pytest.skip("this simulator has no prefix cache")
+    raw = {"name": "s", "model": "llama-3.1-8b", "duration_s": 300.0,
+           "topology": {"preset": "default", "only_regions": ["europe"], "datacenters_per_region": 1, "nodes_per_datacenter": 1},
+           "workload": {"arrival": "sessions", "rate_per_s": 0.5, "max_context_tokens": 131072},
+           "engine": {"max_model_len": 131072, "prefix_caching": True, "dispatcher": "cache_aware"}, "env": {"max_pending": 64}}
+    s = scenario_from_dict(raw)
+    b = build_workload(s, seed=0).arrivals_between(0.0, 300.0)
+    seen: set[int] = set()
+    bound = 0
+    for h, p in zip(b.prefix_hashes, b.prompt_tokens.tolist()):
+        k, matching = 0, True
+        for x in h[: p // BT]:
+            k = hash((k, x))
+            if matching and k in seen:
+                bound += BT
+            else:
+                matching = False
+                seen.add(k)
+    env = GeoServeEnv(s)
+    env.reset(seed=0)
+    done = False
+    while not done:
+        _, _, _, done, info = env.step(np.zeros(64, dtype=np.int64))
+    t = env._sim.totals()
+    assert int(t.prompt_tokens.sum()) == int(b.prompt_tokens.sum()) and info["episode_metrics"]["completed"] == len(b)
+    cached = int(t.cached_prompt_tokens.sum())
+    assert 0.6 * bound < cached <= bound
