@@ -191,7 +191,7 @@ def _read_trace(path: str, mtime_ns: int, block_tokens: int) -> PrefixTrace:
     arrays = [t, np.asarray(prompts, np.int64), np.asarray(outputs, np.int64), np.asarray(offsets, np.int64), np.asarray(ids, np.int64)]
     for a in arrays:
         a.flags.writeable = False
-    return PrefixTrace(*arrays, block_tokens=block_tokens, source=path)
+    return PrefixTrace(arrays[0], arrays[1], arrays[2], arrays[3], arrays[4], block_tokens=block_tokens, source=path)
 
 
 def load_prefix_trace(name_or_path: str, block_tokens: int = 512, field: str = "workload.trace") -> PrefixTrace:

@@ -251,7 +251,6 @@ class EngineSection:
     max_num_batched_tokens: int = spec(integer(1, 1_000_000), "per-iteration token budget", 2048)
     chunked_prefill: bool = spec(boolean(), "mix prefill chunks with decodes", True)
     max_model_len: int = spec(integer(2, 10_000_000), "prompt + output cap of the engine, tokens", 32768)
-    prefix_caching: bool = spec(boolean(), "automatic prefix caching of requests' prefix_hashes (carbon_gym.sim.prefix_cache)", False)
     dispatcher: str = spec(string(), "engine choice inside a datacenter: a registered dispatcher "
                            "(carbon_gym.sim.dispatch: least_work, most_free_kv, or one added with register_dispatcher)",
                            "least_work")
@@ -547,7 +546,7 @@ def load_load_levels(path: str | Path | None = None) -> LoadLevels:
 @lru_cache(maxsize=4)
 def _packaged_load_levels(path: str, stamp: tuple[int, int]) -> LoadLevels:
     levels = _read_load_levels(Path(path))
-    caps = {k: dataclasses.replace(c, conditions=MappingProxyType(dict(c.conditions))) for k, c in levels.capacities.items()}
+    caps = {k: dataclasses.replace(c, conditions=MappingProxyType(dict(c.conditions))) for k, c in levels.capacities.items()}  # type: ignore[arg-type]
     return LoadLevels(MappingProxyType(dict(levels.fractions)), MappingProxyType(caps))  # type: ignore[arg-type]
 
 

@@ -138,7 +138,7 @@ class SessionTracker:
         """Write the observation's ``cached_prefix`` columns (the share of each visible
         request's prompt cached at each datacenter) into ``slots`` (K, F_S) rows ``:n`` from
         column ``col`` on."""
-        if n and self.cached.size:
+        if n and self.cached.size and prompt_tokens is not None:
             slots[:n, col:col + self.D] = self.cached / np.maximum(prompt_tokens, 1.0)[:, None]
 
     def state_fields(self, n: int) -> dict[str, np.ndarray]:

@@ -247,10 +247,10 @@ class RequestBatch:
             return batches[0]
         cols = [np.concatenate([getattr(b, f) for b in batches]) for f in ("origin", "arrival_s", "prompt_tokens", "output_tokens")]
         if not batches[0].has_sessions:
-            return cls(*cols)
+            return cls(cols[0], cols[1], cols[2], cols[3])
         hashes = [h for b in batches for h in (b.prefix_hashes or ())]
         extra = [np.concatenate([getattr(b, f) for b in batches]) for f in ("session_id", "turn", "context_truncated_tokens")]
-        return cls(*cols, hashes, *extra)
+        return cls(cols[0], cols[1], cols[2], cols[3], hashes, extra[0], extra[1], extra[2])
 
     def take(self, idx: np.ndarray | slice) -> RequestBatch:
         """Rows ``idx`` (an index array, boolean mask or slice)."""

@@ -192,7 +192,7 @@ class LeastLoaded(Scheduler):
                 e2e = p.network_s[r] + wait + pre + p.output_tokens[r] * tpot
                 d = int(np.argmin(np.where(ok, e2e, np.inf)))
             out[r] = d
-            wait[d] += wait_inc[d] * (pt if np.ndim(pt) == 0 else pt[d])
+            wait[d] += wait_inc[d] * (pt if np.ndim(pt) == 0 else np.asarray(pt)[d])
             tpot[d] += tpot_inc[d]
         return out
 

@@ -210,9 +210,9 @@ def capacity_problem(state: EnvState, problem: PlacementProblem, facts: Capacity
         target_engines=np.asarray(state.capacity_target_engines, dtype=np.int64),
         target_servers=np.asarray(state.capacity_target_servers, dtype=np.int64),
         g_per_j=ci * problem.pue / J_PER_KWH, server_on_w=facts.host_w + gpus * facts.idle_w,
-        server_off_w=facts.host_off_w, boot_j=boot_host_j + gpus * boot_gpu_j, wake_j=facts.wake_j,
+        server_off_w=np.asarray(facts.host_off_w), boot_j=boot_host_j + gpus * boot_gpu_j, wake_j=np.asarray(facts.wake_j),
         work_j=np.asarray(work_j, dtype=np.float64), arrival_per_s=fleet * (1.0 + load_margin),
-        engine_capacity_per_s=state.engine_capacity_per_s, util_cap=float(util_cap), horizon_s=horizon,
+        engine_capacity_per_s=np.asarray(state.engine_capacity_per_s), util_cap=float(util_cap), horizon_s=horizon,
         penalty_g=float(penalty_g),
     )
 

@@ -483,7 +483,7 @@ def facility_greedy(problem: PlacementProblem, cfg: FacilityConfig = FacilityCon
         if not spread and data.cap_seq[d] + data.spe[d] * woken[d] - k[d] < 1 and woken[d] < data.idle[d]:
             woken[d] += 1
         k[d] += 1
-        pr[d] += pt if np.ndim(pt) == 0 else pt[d]
+        pr[d] += pt if np.ndim(pt) == 0 else np.asarray(pt)[d]
         kv_used[d] += kvr[r]
     return out
 

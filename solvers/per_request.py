@@ -176,7 +176,7 @@ class PerRequestILP(Scheduler):
                 cost = cost + self.violation_penalty_g * ((over > 0) + over / self.max_prefill_share)
             d = _solve_with_highs(cost) if self.solver == "highs" else int(np.argmin(cost))
             out[r] = d
-            ptd = pt if np.ndim(pt) == 0 else pt[d]
+            ptd = pt if np.ndim(pt) == 0 else np.asarray(pt)[d]
             ttft = p.waited_s[r] + p.network_s[r, d] + wait[d] + p.prefill_fixed_s[d] + ptd * p.prefill_s_per_token[d]
             planned += int(ttft > p.ttft_slo_s or tpot[d] > p.tpot_slo_s)
             if self.state_aware:

@@ -19,7 +19,7 @@ from carbon_gym.errors import ConfigError
 from carbon_gym.sim import RECORD_COLUMNS, EngineConfig
 from carbon_gym.sim.engine import ITER
 from carbon_gym.sim.prefix_cache import ROOT_KEY
-from test_sim_fixtures import GPU, LAT, MODEL, POW, make_sim, starved_gpu
+from test_sim_fixtures import GPU, LAT, POW, make_sim, starved_gpu
 
 MOONCAKE = Path("/work/shared/data/workload/mooncake/conversation_trace.jsonl")
 INT_COLS = [n for n, dt in RECORD_COLUMNS if dt is np.int64]

@@ -361,7 +361,7 @@ class Engine(CopyableState):
         if self._complete_finished(t):
             self._publish()
 
-    def _finish_iter(self, t: float) -> None:
+    def _finish_iter(self, t: float) -> None:  # noqa: C901
         """The iteration ends at ``t``: account for its decodes and chunks; publish if it changed
         the batch."""
         dc = self.dc
