@@ -245,7 +245,7 @@ def run_dagger(cfg: Any, run_dir: str | Path, *, log: Callable[[str], None] = pr
     from carbon_gym.policy import RoundRobinPolicy
 
     from .bc import make_expert
-    from .checkpoint import save_set_checkpoint
+    from .checkpoint import env_fingerprint, save_set_checkpoint
     from .policy import LearnedPolicy
     from .set_policy import SetNetwork, layout_spec
 
@@ -270,7 +270,12 @@ def run_dagger(cfg: Any, run_dir: str | Path, *, log: Callable[[str], None] = pr
     sp = dict(cfg.set_policy)
     sp.pop("logprob_reduction", None)
     net = SetNetwork(layout_spec(probe), **sp)
+    fingerprint = [env_fingerprint(probe)]
     probe.close()
+    for s_ in scenarios[1:]:  # (the training envs, one per scenario)
+        e_ = make_episode_env(s_, over, None)
+        fingerprint.append(env_fingerprint(e_))
+        e_.close()
     rng = np.random.default_rng(int(cfg.seed) + 7919)
     seq = heldout_starts(int(dg.val_starts), cfg.heldout_every_days, seed=cfg.seed + 97)
     val_start = dg.val_start_utc or seq[0]
@@ -338,8 +343,10 @@ def run_dagger(cfg: Any, run_dir: str | Path, *, log: Callable[[str], None] = pr
     training = {"method": "class-level DAgger (carbon-gym train imitate)", "config": cfg.to_dict(),
                 "data_days": {"heldout_every_days": cfg.heldout_every_days,
                               "training_days": f"days of the year d with d % {cfg.heldout_every_days} != 0",
+                              "training_starts_utc": [[e["scenario"], e["start_utc"]] for r in rounds for e in r["episodes"]],
                               "validation_starts_utc": starts},
                 "best_round": best[1], "run_dir": str(run)}
-    best_path = save_set_checkpoint(run / "best.npz", net, policy={"mode": dg.eval_mode}, training=training)
+    best_path = save_set_checkpoint(run / "best.npz", net, policy={"mode": dg.eval_mode}, training=training,
+                                    fingerprint=fingerprint)
     log(f"imitate: best round {best[1]} (score {best[0]:.2f}) -> {best_path} ({time.perf_counter() - t_all:.0f} s in all)")
     return {"best_round": best[1], "best": str(best_path), "rounds": rounds, "refs": refs}
