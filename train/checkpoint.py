@@ -5,7 +5,7 @@ the shipped agent ``train/checkpoints/llama8b_set.npz`` is): a zip archive holdi
 
 * ``carbon_gym_checkpoint.json``: ``format`` / ``format_version``; ``network`` (the
   :class:`~train.set_policy.SetNetwork` constructor's arguments: ``hidden``, ``classes``,
-  ``demand_features``, ``load_feedback`` and the training env's ``layout``); ``tensors`` (name ->
+  ``demand_features``, ``load_feedback``, ``capacity_head`` (only when true) and the training env's ``layout``); ``tensors`` (name ->
   shape and dtype of every entry of the network's ``state_dict``); ``policy`` (default choice
   ``mode`` and the safety knobs :data:`SAFETY_KNOB_NAMES`); ``env`` (:func:`checkpoint_env_meta`:
   the env version and observation scales the network was trained for, checked on load);
@@ -130,7 +130,8 @@ def save_set_checkpoint(path: str | Path, net: Any, *, policy: Mapping[str, Any]
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "network": {"hidden": int(net.hidden), "classes": net.classes, "demand_features": bool(net.demand_features),
-                    "load_feedback": int(net.load_feedback), "layout": dict(net.spec)},
+                    "load_feedback": int(net.load_feedback), "layout": dict(net.spec),
+                    **({"capacity_head": True} if getattr(net, "capacity_head", False) else {})},
         "tensors": {k: {"shape": list(a.shape), "dtype": str(a.dtype)} for k, a in state.items()},
         "policy": {"mode": pol.get("mode", "sample"), **{k: float(pol.get(k, 0.0)) for k in SAFETY_KNOB_NAMES}},
         "env": checkpoint_env_meta(),
@@ -214,7 +215,7 @@ def network_from_checkpoint(ck: SetCheckpoint) -> Any:
     from .set_policy import SetNetwork
 
     cfg = ck.network
-    known = {"hidden", "classes", "demand_features", "load_feedback", "layout"}
+    known = {"hidden", "classes", "demand_features", "load_feedback", "layout", "capacity_head"}
     unknown = sorted(set(cfg) - known)
     if unknown or "layout" not in cfg or "hidden" not in cfg:
         raise ConfigError("checkpoint", f"{ck.path}: network section has unknown keys {unknown} or lacks layout/hidden",
@@ -222,7 +223,8 @@ def network_from_checkpoint(ck: SetCheckpoint) -> Any:
     try:
         net = SetNetwork(cfg["layout"], hidden=int(cfg["hidden"]), classes=cfg.get("classes"),
                          demand_features=bool(cfg.get("demand_features", False)),
-                         load_feedback=int(cfg.get("load_feedback", 0)))
+                         load_feedback=int(cfg.get("load_feedback", 0)),
+                         capacity_head=bool(cfg.get("capacity_head", False)))
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, CarbonGymError):
             raise

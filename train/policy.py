@@ -135,6 +135,8 @@ class LearnedPolicy:
         self._rng = np.random.default_rng(self.seed)
         self._router: Any = None
         self._env: Any = None
+        self._cap_every = 0  # steps between capacity decisions (0: no capacity action)
+        self._step = 0
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -179,18 +181,56 @@ class LearnedPolicy:
                 check_env_fingerprint(self.fingerprint, env, self.source, on_mismatch=self.on_env_mismatch)
             self.env_mismatches = mism
         base = env.unwrapped
+        self._step = 0
+        self._cap_every = 0
         if self.kind == "set":
             self.net.bind(base.layout)
             if self.backend == "numpy":
                 self.scorer.bind(self.net.spec)
+            if getattr(self.net, "capacity_head", False) and bool(getattr(base.layout, "capacity_agent", False)):
+                sc = base.scenario
+                self._cap_every = max(int(round(float(sc.capacity.period_s) / float(sc.polling_period_s))), 1)
         else:
             from carbon_gym.wrappers import RoutingWeightsWrapper
 
             self._router = RoutingWeightsWrapper(base)
 
-    def act(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
-        """The per-request action (length K; D = defer) for this step."""
+    def act(self, observation: Any, info: dict[str, Any]) -> Any:
+        """The per-request action (length K; D = defer) for this step; with a capacity head on an
+        env with ``[capacity] control = "agent"``, at each capacity decision (the first step and
+        every ``capacity.period_s``) the dict ``{"route", "capacity", "servers"}``: the head's
+        most likely server count per datacenter (argmax, deterministic) with every engine of the
+        powered servers awake."""
+        route = self._act_route(observation, info)
+        if not self._cap_every:
+            return route
+        decision = self._step % self._cap_every == 0
+        self._step += 1
+        if not decision:
+            return route
+        servers = self.capacity_servers(observation)
+        awake = np.minimum(servers * self.net.engines_per_node, np.asarray(self.net.spec["n_engines"], dtype=np.int64))
+        return {"route": route, "capacity": awake, "servers": servers}
+
+    def capacity_servers(self, observation: Any) -> np.ndarray:
+        """(D,) servers to power per datacenter: the capacity head's argmax on this observation
+        (numpy backend: reusing the embeddings of this step's routing decision)."""
+        if self.backend == "numpy":
+            logits = self.scorer.capacity_logits(observation["datacenters"], observation["globals"])
+        else:
+            import torch as th
+
+            net = self.net
+            with th.inference_mode():
+                dc = th.from_numpy(np.asarray(observation["datacenters"], dtype=np.float32)).reshape(1, net.D, net.F_D)
+                gl = th.from_numpy(np.asarray(observation["globals"], dtype=np.float32)).reshape(1, -1)
+                sl = th.from_numpy(np.asarray(observation["slots"], dtype=np.float32)).reshape(1, net.K, net.F_S)
+                logits = net.capacity_scores(dc, gl, net.totals(sl, sl[:, :, net._s_valid] > 0.5))[0].double().numpy()
+        return logits.argmax(axis=1).astype(np.int64)
+
+    def _act_route(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
         if self.kind == "set" and self.backend == "numpy":
+            self.scorer._last_e = None  # (the capacity head reuses this step's embeddings only)
             return self._act_numpy(observation, info)
         import torch as th
 
