@@ -28,6 +28,7 @@ greedy-cap                       carbon-greedy capped at 0.9 of each datacenter'
 ilp-cap                          load-independent per-request ILP with the same capacity cap
 milp           facility-milp     facility MILP (shared per-datacenter engine energy), HiGHS
 milp-greedy    facility-greedy   state-aware greedy on the facility objective (the MILP's fallback)
+milp-mpc                         facility MILP routing with a receding-horizon capacity plan (1 h, load + carbon forecasts)
 =============  ================  ==============================================================
 """
 
@@ -115,6 +116,12 @@ def _milp_greedy(env: Any = None, **kw: Any) -> Any:
     return FacilityGreedy(env, **kw)
 
 
+def _milp_mpc(env: Any = None, **kw: Any) -> Any:
+    from .mpc import MPCFacilityMILP
+
+    return MPCFacilityMILP(env, **kw)
+
+
 def register_policies() -> None:
     """Register solvers' schedulers in :mod:`carbon_gym.registry` (the ``carbon_gym.policies``
     entry point; idempotent). Nothing heavy is imported here: each factory imports its
@@ -136,3 +143,7 @@ def register_policies() -> None:
         ("milp-greedy", _milp_greedy, ("facility-greedy",), "greedy on the facility objective (the MILP's fallback)"),
     ):
         register_policy(name, factory, aliases=aliases, doc=doc, replace=True)
+    # (named explicitly: with capacity.control other than "agent" it is the facility MILP itself)
+    register_policy("milp-mpc", _milp_mpc, doc="facility MILP with model predictive control of capacity (1 h plan, "
+                    "load and carbon forecasts, first period executed; needs capacity.control = agent)",
+                    in_all=False, replace=True)

@@ -256,3 +256,53 @@ def test_trust_flag_lets_the_cli_evaluate_an_sb3_checkpoint(sb3_zip, tmp_path, c
     capsys.readouterr()
     assert cli.main(argv + ["--trust-checkpoint"]) == 0
     assert "learned" in (out / "summary.md").read_text()
+
+
+def test_fingerprint_is_recorded_and_checked_against_the_env(tmp_path):
+    import warnings
+
+    from carbon_gym.env import GeoServeEnv
+    from train.checkpoint import check_env_fingerprint, env_fingerprint, save_set_checkpoint
+    from train.policy import LearnedPolicy
+    from train.set_policy import SetNetwork, layout_spec
+
+    dev = GeoServeEnv("dev", overrides={"duration_s": 3.0})
+    fp = env_fingerprint(dev)
+    assert fp["scenario"] == "dev" and fp["n_datacenters"] == 2 and fp["n_regions"] == 1
+    assert fp["capacity_control"] == "always_on" and fp["action"] == "route" and len(fp["layout_hash"]) == 16
+    assert env_fingerprint(GeoServeEnv("dev", overrides={"duration_s": 3.0})) == fp  # deterministic
+    net = SetNetwork(layout_spec(dev), hidden=4, classes=True)
+    path = save_set_checkpoint(tmp_path / "fp.npz", net, fingerprint=[fp])
+    pol = LearnedPolicy.load(path)
+    assert pol.fingerprint == [fp]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pol.reset(dev)  # the training env: nothing to say
+    assert pol.env_mismatches == []
+    # other slots K and capacity control: each difference named
+    other = GeoServeEnv("dev", overrides={"duration_s": 3.0, "env.max_pending": 24, "capacity.control": "agent"})
+    with pytest.warns(UserWarning, match="max_pending: checkpoint") as rec:
+        pol.reset(other)
+    msg = str(rec[0].message)
+    for name in ("max_pending", "capacity_control", "action", "layout_hash"):
+        assert f"{name}: checkpoint" in msg
+    assert "n_datacenters" not in msg and "scenario" not in msg
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pol.reset(other)  # warned once for the same mismatches
+    assert any(m.startswith("max_pending") for m in pol.env_mismatches)
+    # another scenario and topology size; refused on request
+    big = GeoServeEnv("llama8b-low", overrides={"duration_s": 3.0})
+    strict = LearnedPolicy.load(path, on_env_mismatch="error")
+    with pytest.raises(ConfigError, match=r"scenario: checkpoint trained on \['dev'\], this env 'llama8b-low'.*n_datacenters: "
+                                          r"checkpoint 2, this env 16"):
+        strict.reset(big)
+    assert check_env_fingerprint(None, big, "x") == []  # older checkpoints record none
+    with pytest.raises(ConfigError, match="on_env_mismatch"):
+        LearnedPolicy.load(path, on_env_mismatch="shrug")
+    # export keeps it
+    from train.policy import export_checkpoint
+
+    assert read_set_checkpoint(export_checkpoint(path, tmp_path / "copy.npz")).fingerprint == [fp]
+    for e in (dev, other, big):
+        e.close()

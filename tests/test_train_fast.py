@@ -309,6 +309,20 @@ def test_dagger_run_writes_rounds_tensorboard_and_a_loadable_checkpoint(tmp_path
     assert {"eval/reduction_vs_rr_pct", "slo/violation_rate", "imitate/ce"} <= set(tags)
     pol = LearnedPolicy.load(out["best"])
     assert pol.mode == "systematic" and pol.net.classes is not None and pol.net.demand_features
+    # the checkpoint records its training envs and data days: 3 expert + 1 learner episode starts
+    assert [f["scenario"] for f in pol.fingerprint] == ["llama8b-low", "llama8b-high"]
+    assert pol.fingerprint[0]["n_datacenters"] == 16 and pol.fingerprint[0]["action"] == "route"
+    from train.checkpoint import read_set_checkpoint
+    from train.envs import is_heldout_day
+
+    days = read_set_checkpoint(out["best"]).training["data_days"]
+    starts = days["training_starts_utc"]
+    assert len(starts) == 3 and {s for s, _ in starts} <= {"llama8b-low", "llama8b-high"}
+    from datetime import datetime
+
+    for _, st in starts:
+        assert not is_heldout_day(datetime.strptime(st, "%Y-%m-%dT%H:%M:%SZ").timetuple().tm_yday)
+    assert len(days["validation_starts_utc"]) >= 1
 
 
 def test_systematic_counts_path_equals_per_request_systematic():

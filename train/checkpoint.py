@@ -5,11 +5,15 @@ the shipped agent ``train/checkpoints/llama8b_set.npz`` is): a zip archive holdi
 
 * ``carbon_gym_checkpoint.json``: ``format`` / ``format_version``; ``network`` (the
   :class:`~train.set_policy.SetNetwork` constructor's arguments: ``hidden``, ``classes``,
-  ``demand_features``, ``load_feedback`` and the training env's ``layout``); ``tensors`` (name ->
+  ``demand_features``, ``load_feedback``, ``capacity_head`` (only when true) and the training env's ``layout``); ``tensors`` (name ->
   shape and dtype of every entry of the network's ``state_dict``); ``policy`` (default choice
   ``mode`` and the safety knobs :data:`SAFETY_KNOB_NAMES`); ``env`` (:func:`checkpoint_env_meta`:
   the env version and observation scales the network was trained for, checked on load);
-  ``training`` (how it was made: config, data days, source; informational);
+  ``training`` (how it was made: config, data days = training and validation episode starts,
+  source; informational); ``fingerprint`` (optional; :func:`env_fingerprint` of each training
+  scenario's env: scenario, topology size, slots, forecast hours, capacity control, observation
+  layout hash and code version), checked against the env a policy is reset on
+  (:func:`check_env_fingerprint`: mismatches named, warned or refused);
 * one ``<tensor name>.npy`` per tensor (float32, numpy's own format).
 
 :func:`read_set_checkpoint` reads it with ``json`` and ``numpy.lib.format.read_array(...,
@@ -35,7 +39,7 @@ import zipfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -45,7 +49,8 @@ __all__ = [
     "FORMAT", "FORMAT_VERSION", "META_NAME", "ENV_META_NAME", "POLICY_META_NAME", "SAFETY_KNOB_NAMES", "MODES",
     "SetCheckpoint", "checkpoint_format", "save_set_checkpoint", "read_set_checkpoint", "network_from_checkpoint",
     "require_trust", "read_sb3_meta", "load_sb3_model", "check_safety", "checkpoint_env_meta", "write_checkpoint_env",
-    "check_checkpoint_env", "write_policy_meta",
+    "check_checkpoint_env", "write_policy_meta", "env_fingerprint", "check_env_fingerprint", "FINGERPRINT_FIELDS",
+    "ON_MISMATCH",
 ]
 
 #: ``format`` and ``format_version`` of the pickle-free set-policy checkpoint.
@@ -78,6 +83,7 @@ class SetCheckpoint:
     policy: dict[str, Any] = field(default_factory=dict)
     env: dict[str, Any] | None = None
     training: dict[str, Any] = field(default_factory=dict)
+    fingerprint: list[dict[str, Any]] | None = None
 
 
 # ------------------------------------------------------------------------------ format detection
@@ -103,7 +109,8 @@ def checkpoint_format(path: str | Path) -> str:
 
 # ------------------------------------------------------------------------------ set-policy format
 def save_set_checkpoint(path: str | Path, net: Any, *, policy: Mapping[str, Any] | None = None,
-                        training: Mapping[str, Any] | None = None) -> Path:
+                        training: Mapping[str, Any] | None = None,
+                        fingerprint: Sequence[Mapping[str, Any]] | None = None) -> Path:
     """Write the :class:`~train.set_policy.SetNetwork` ``net`` in the pickle-free format.
 
     Args:
@@ -113,6 +120,7 @@ def save_set_checkpoint(path: str | Path, net: Any, *, policy: Mapping[str, Any]
         policy: ``{"mode": ..., <knob>: ...}`` (:data:`MODES`, :data:`SAFETY_KNOB_NAMES`); absent
             knobs are recorded as 0 (neutral), an absent mode as ``"sample"``.
         training: how the network was made (JSON-serialisable; informational).
+        fingerprint: :func:`env_fingerprint` of the training env(s) (None: not recorded).
     Returns the path written."""
     pol = _check_policy_meta(dict(policy or {}))
     out = Path(path)
@@ -122,12 +130,15 @@ def save_set_checkpoint(path: str | Path, net: Any, *, policy: Mapping[str, Any]
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "network": {"hidden": int(net.hidden), "classes": net.classes, "demand_features": bool(net.demand_features),
-                    "load_feedback": int(net.load_feedback), "layout": dict(net.spec)},
+                    "load_feedback": int(net.load_feedback), "layout": dict(net.spec),
+                    **({"capacity_head": True} if getattr(net, "capacity_head", False) else {})},
         "tensors": {k: {"shape": list(a.shape), "dtype": str(a.dtype)} for k, a in state.items()},
         "policy": {"mode": pol.get("mode", "sample"), **{k: float(pol.get(k, 0.0)) for k in SAFETY_KNOB_NAMES}},
         "env": checkpoint_env_meta(),
         "training": dict(training or {}),
     }
+    if fingerprint is not None:
+        meta["fingerprint"] = [dict(f) for f in fingerprint]
     text = json.dumps(meta, indent=1, sort_keys=True, default=str)
     tmp = out.with_name(out.name + ".tmp")
     with zipfile.ZipFile(tmp, "w") as zf:  # (fixed member dates: the same network gives the same bytes)
@@ -181,8 +192,11 @@ def read_set_checkpoint(path: str | Path) -> SetCheckpoint:
     except (zipfile.BadZipFile, zlib.error, OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
         raise ConfigError("checkpoint", f"{src}: malformed set-policy checkpoint ({type(exc).__name__}: {exc})") from None
     policy = _check_policy_meta(dict(meta.get("policy") or {}), src)
+    fp = meta.get("fingerprint")
+    if fp is not None and not (isinstance(fp, list) and all(isinstance(f, dict) for f in fp)):
+        raise ConfigError("checkpoint", f"{src}: 'fingerprint' must be a list of env records, got {type(fp).__name__}")
     return SetCheckpoint(path=src, network=dict(net_cfg), tensors=tensors, policy=policy,
-                         env=meta.get("env"), training=dict(meta.get("training") or {}))
+                         env=meta.get("env"), training=dict(meta.get("training") or {}), fingerprint=fp)
 
 
 def _read_member(zf: zipfile.ZipFile, name: str, src: str) -> bytes:
@@ -201,7 +215,7 @@ def network_from_checkpoint(ck: SetCheckpoint) -> Any:
     from .set_policy import SetNetwork
 
     cfg = ck.network
-    known = {"hidden", "classes", "demand_features", "load_feedback", "layout"}
+    known = {"hidden", "classes", "demand_features", "load_feedback", "layout", "capacity_head"}
     unknown = sorted(set(cfg) - known)
     if unknown or "layout" not in cfg or "hidden" not in cfg:
         raise ConfigError("checkpoint", f"{ck.path}: network section has unknown keys {unknown} or lacks layout/hidden",
@@ -209,7 +223,8 @@ def network_from_checkpoint(ck: SetCheckpoint) -> Any:
     try:
         net = SetNetwork(cfg["layout"], hidden=int(cfg["hidden"]), classes=cfg.get("classes"),
                          demand_features=bool(cfg.get("demand_features", False)),
-                         load_feedback=int(cfg.get("load_feedback", 0)))
+                         load_feedback=int(cfg.get("load_feedback", 0)),
+                         capacity_head=bool(cfg.get("capacity_head", False)))
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, CarbonGymError):
             raise
@@ -346,3 +361,86 @@ def check_checkpoint_env(stored: dict[str, Any] | None, source: str) -> None:
     diffs = [f"{k}: checkpoint {stored.get(k)!r}, this env {v!r}" for k, v in current.items() if stored.get(k) != v]
     if diffs:
         raise ConfigError("checkpoint", f"{source} was trained for another env: " + "; ".join(diffs) + " (retrain or use a matching carbon_gym)")
+
+
+# ------------------------------------------------------------------------------ env fingerprint
+#: Fields of :func:`env_fingerprint` compared by :func:`check_env_fingerprint` (``git_commit`` is
+#: recorded, not compared: any commit would differ).
+FINGERPRINT_FIELDS = ("scenario", "n_datacenters", "n_regions", "max_pending", "forecast_hours", "capacity_control",
+                      "action", "layout_hash", "carbon_gym_version", "env_version")
+#: What :func:`check_env_fingerprint` does with mismatches.
+ON_MISMATCH = ("warn", "error", "ignore")
+
+
+def _digest(obj: Any) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _git_commit() -> str | None:
+    """The source tree's commit (None outside a git checkout); cached per process."""
+    if _GIT[0] == "":
+        import subprocess
+
+        try:
+            res = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
+                                 text=True, timeout=10)
+            _GIT[0] = res.stdout.strip() if res.returncode == 0 else None
+        except (OSError, subprocess.SubprocessError):
+            _GIT[0] = None
+    return _GIT[0]
+
+
+_GIT: list[str | None] = [""]
+
+
+def env_fingerprint(env: Any) -> dict[str, Any]:
+    """What a trained policy saw of its env: the scenario's name, topology size (datacenters,
+    regions), slots K, forecast hours, ``capacity.control``, the action (``"route"`` or
+    ``"route+capacity"``), ``layout_hash`` (sha256 prefix of
+    :func:`carbon_gym.observation.observation_signature`: columns, sizes, scales, action sizes),
+    the carbon_gym and env versions and the git commit of the code (None outside a checkout)."""
+    import carbon_gym
+    from carbon_gym.observation import ENV_VERSION, observation_signature
+
+    base = getattr(env, "unwrapped", env)
+    lay = base.layout
+    sc = getattr(base, "scenario", None)
+    return {
+        "scenario": None if sc is None else str(sc.name),
+        "n_datacenters": int(lay.n_datacenters), "n_regions": int(lay.n_regions), "max_pending": int(lay.max_pending),
+        "forecast_hours": int(lay.forecast_hours),
+        "capacity_control": None if sc is None else str(sc.capacity.control),
+        "action": "route+capacity" if bool(getattr(lay, "capacity_agent", False)) else "route",
+        "layout_hash": _digest(observation_signature(base)),
+        "carbon_gym_version": str(carbon_gym.__version__), "env_version": ENV_VERSION, "git_commit": _git_commit(),
+    }
+
+
+def check_env_fingerprint(stored: Sequence[Mapping[str, Any]] | None, env: Any, source: str,
+                          on_mismatch: str = "warn") -> list[str]:
+    """Compare the env ``env`` with the training envs ``stored`` (a checkpoint's fingerprint).
+    Returns the mismatches, each ``"field: checkpoint X, this env Y"`` against the training env
+    of the same scenario (else the first); ``on_mismatch``: ``"warn"`` (a ``UserWarning`` naming
+    them), ``"error"`` (:class:`ConfigError`) or ``"ignore"``. Nothing is compared when the
+    checkpoint records no fingerprint (older checkpoints)."""
+    if on_mismatch not in ON_MISMATCH:
+        raise ConfigError("on_env_mismatch", f"unknown value {on_mismatch!r}", allowed=list(ON_MISMATCH))
+    if not stored:
+        return []
+    now = env_fingerprint(env)
+    same = [f for f in stored if f.get("scenario") == now["scenario"]]
+    ref = same[0] if same else stored[0]
+    out = []
+    if not same:
+        names = sorted({str(f.get("scenario")) for f in stored})
+        out.append(f"scenario: checkpoint trained on {names}, this env {now['scenario']!r}")
+    out += [f"{k}: checkpoint {ref.get(k)!r}, this env {now[k]!r}" for k in FINGERPRINT_FIELDS
+            if k != "scenario" and ref.get(k) != now[k]]
+    if out and on_mismatch == "error":
+        raise ConfigError("checkpoint", f"{source}: the env differs from the one the policy was trained on: "
+                          + "; ".join(out), allowed=["on_env_mismatch='warn' or 'ignore' to run it anyway"])
+    if out and on_mismatch == "warn":
+        warnings.warn(f"{source}: the env differs from the one the policy was trained on: " + "; ".join(out), stacklevel=3)
+    return out

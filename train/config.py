@@ -19,6 +19,7 @@ Example (``train/configs/llama8b.toml``)::
     classes = false      # true: score the facility MILP's request classes once each
     demand_features = false
     load_feedback = 0    # refinement passes with learned per-datacenter prices
+    capacity_head = false  # per-datacenter powered-server head (capacity.control = "agent"; DAgger only)
 
     [vec_normalize]      # reward normalisation (VecNormalize); obs are already scaled by the env
     reward = true
@@ -108,6 +109,9 @@ class DaggerConfig:
         aggregate_weight: weight of the aggregate loss (per-step shares of requests and prompt
             tokens per datacenter vs the expert's; ``train.imitate._loss``) added to the
             cross-entropy.
+        capacity_weight: weight of the capacity head's cross-entropy (the expert's powered
+            servers per datacenter at its capacity decisions; ``set_policy.capacity_head`` and
+            ``capacity.control = "agent"`` in the overrides).
     """
 
     expert: str = "facility-milp"
@@ -128,6 +132,7 @@ class DaggerConfig:
     val_seed: int = 12345
     violation_weight: float = 2.0
     aggregate_weight: float = 0.0
+    capacity_weight: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -191,7 +196,7 @@ _TOP = {
     "name", "algorithm", "scenarios", "scenario", "overrides", "seed", "n_envs", "total_timesteps",
     "torch_threads", "heldout_every_days", "ppo", "set_policy", "vec_normalize", "bc", "dagger", "eval", "checkpoint",
 }
-_SET_POLICY = {"hidden", "logprob_reduction", "classes", "demand_features", "load_feedback"}
+_SET_POLICY = {"hidden", "logprob_reduction", "classes", "demand_features", "load_feedback", "capacity_head"}
 _VECNORM = {"reward", "clip_reward", "gamma"}
 _CHECKPOINT = {"every_timesteps", "keep"}
 
@@ -206,6 +211,30 @@ def _pos_int(field_name: str, v: Any, source: str, minimum: int = 1) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
         raise ConfigError(field_name, f"must be an integer >= {minimum}, got {v!r}", source=source)
     return int(v)
+
+
+def _dagger_config(raw: Any, set_policy: Mapping[str, Any], source: str) -> DaggerConfig:
+    """The checked ``[dagger]`` section."""
+    dg = dict(raw)
+    _check_keys("dagger.", dg, set(DaggerConfig.__dataclass_fields__), source)
+    for k in ("scenarios", "val_scenarios"):
+        if k in dg:
+            dg[k] = tuple([dg[k]] if isinstance(dg[k], str) else dg[k])
+    dagger = DaggerConfig(**dg)
+    _pos_int("dagger.expert_episodes", dagger.expert_episodes, source)
+    _pos_int("dagger.rounds", dagger.rounds, source, minimum=0)
+    _pos_int("dagger.episodes_per_round", dagger.episodes_per_round, source)
+    _pos_int("dagger.epochs", dagger.epochs, source, minimum=0)
+    _pos_int("dagger.batch_steps", dagger.batch_steps, source)
+    _pos_int("dagger.val_starts", dagger.val_starts, source)
+    for k in ("rollout_mode", "eval_mode"):
+        if getattr(dagger, k) not in ("sample", "systematic", "argmax"):
+            raise ConfigError(f"dagger.{k}", f"unknown mode {getattr(dagger, k)!r}", allowed=["sample", "systematic", "argmax"], source=source)
+    if not set_policy.get("classes"):
+        raise ConfigError("dagger", "class-level imitation needs set_policy.classes = true (or a table of bins)", source=source)
+    if not (isinstance(dagger.capacity_weight, (int, float)) and dagger.capacity_weight >= 0):
+        raise ConfigError("dagger.capacity_weight", f"must be a number >= 0, got {dagger.capacity_weight!r}", source=source)
+    return dagger
 
 
 def config_from_dict(raw: Mapping[str, Any], *, source: str = "") -> TrainConfig:
@@ -239,25 +268,10 @@ def config_from_dict(raw: Mapping[str, Any], *, source: str = "") -> TrainConfig
         _pos_int("bc.batch_steps", bc.batch_steps, source)
         if algo != "maskable_ppo":
             raise ConfigError("bc", "behaviour cloning warm-starts the set policy: algorithm must be 'maskable_ppo'", source=source)
-    dagger = None
-    if "dagger" in raw:
-        dg = dict(raw["dagger"])
-        _check_keys("dagger.", dg, set(DaggerConfig.__dataclass_fields__), source)
-        for k in ("scenarios", "val_scenarios"):
-            if k in dg:
-                dg[k] = tuple([dg[k]] if isinstance(dg[k], str) else dg[k])
-        dagger = DaggerConfig(**dg)
-        _pos_int("dagger.expert_episodes", dagger.expert_episodes, source)
-        _pos_int("dagger.rounds", dagger.rounds, source, minimum=0)
-        _pos_int("dagger.episodes_per_round", dagger.episodes_per_round, source)
-        _pos_int("dagger.epochs", dagger.epochs, source, minimum=0)
-        _pos_int("dagger.batch_steps", dagger.batch_steps, source)
-        _pos_int("dagger.val_starts", dagger.val_starts, source)
-        for k in ("rollout_mode", "eval_mode"):
-            if getattr(dagger, k) not in ("sample", "systematic", "argmax"):
-                raise ConfigError(f"dagger.{k}", f"unknown mode {getattr(dagger, k)!r}", allowed=["sample", "systematic", "argmax"], source=source)
-        if not set_policy.get("classes"):
-            raise ConfigError("dagger", "class-level imitation needs set_policy.classes = true (or a table of bins)", source=source)
+    dagger = _dagger_config(raw["dagger"], set_policy, source) if "dagger" in raw else None
+    if set_policy.get("capacity_head") and dagger is None:
+        raise ConfigError("set_policy.capacity_head", "the capacity head is trained by class-level DAgger ([dagger], "
+                          "carbon-gym train imitate); PPO on the capacity action is not implemented", source=source)
     ev = dict(raw.get("eval", {}))
     _check_keys("eval.", ev, set(EvalConfig.__dataclass_fields__), source)
     evc = EvalConfig(**ev)

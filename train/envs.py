@@ -41,8 +41,8 @@ def is_heldout_day(day_of_year: int, every: int = 4) -> bool:
     return int(day_of_year) % int(every) == 0
 
 
-def _iso(day_of_year: int, hour: float) -> str:
-    t = datetime(CARBON_YEAR, 1, 1, tzinfo=timezone.utc) + timedelta(days=int(day_of_year) - 1, hours=float(hour))
+def _iso(day_of_year: int, hour: float, year: int = CARBON_YEAR) -> str:
+    t = datetime(int(year), 1, 1, tzinfo=timezone.utc) + timedelta(days=int(day_of_year) - 1, hours=float(hour))
     t = t.replace(second=0, microsecond=0)
     return t.strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -65,16 +65,22 @@ def training_episode(scenarios: Sequence[str], ep: int, rng: np.random.Generator
     return scenario, start, seed, make_episode_env(scenario, overrides, start)
 
 
-def heldout_starts(n: int, every: int = 4, seed: int = 0) -> list[str]:
+def heldout_starts(n: int, every: int = 4, seed: int = 0, year: int = CARBON_YEAR) -> list[str]:
     """``n`` evaluation starts on held-out days, spread over the year and the hours of the day
-    (deterministic: golden-ratio sequence over the held-out days and hours, offset by ``seed``)."""
+    (deterministic: golden-ratio sequence over the held-out days and hours, offset by ``seed``).
+    ``year``: another carbon year (a user's ``carbon.file``; ``every = 1`` spreads the starts over
+    all its days, none of which training saw); the last day of a leap year is never drawn."""
+    if isinstance(year, bool) or not isinstance(year, int) or not 1900 <= year <= 2200:
+        raise ConfigError("year", f"must be a calendar year (an integer 1900..2200), got {year!r}")
+    if int(every) < 1:
+        raise ConfigError("every", f"must be an integer >= 1, got {every!r}")
     days = [d for d in range(1, _DAYS + 1) if is_heldout_day(d, every)]
     phi = 0.6180339887498949
     out = []
     for i in range(int(n)):
         u = (0.5 + (i + seed) * phi) % 1.0
         v = (0.25 + (i + seed) * phi * phi) % 1.0
-        out.append(_iso(days[int(u * len(days))], round(v * 24 * 60) / 60.0))
+        out.append(_iso(days[int(u * len(days))], round(v * 24 * 60) / 60.0, year))
     return out
 
 

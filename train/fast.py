@@ -100,6 +100,14 @@ class NumpySetScorer:
             self.W_f_e, self.W_f_l, self.b_f1 = wf[:h].copy(), wf[h:].copy(), _np(fb[0].bias)
             self.w_f2, self.b_f2 = _np(fb[2].weight).reshape(-1), float(_np(fb[2].bias)[0])
         self.n_dc_inputs = self.W_e1.shape[0]
+        self.capacity_head = bool(getattr(net, "capacity_head", False))
+        if self.capacity_head:
+            ck = net.cap_head
+            wk = _np(ck[0].weight).T  # (h + 3, h): [embedding, candidate inputs]
+            self.W_k_e, self.W_k_x, self.b_k1 = wk[:h].copy(), wk[h:].copy(), _np(ck[0].bias)
+            self.w_k2, self.b_k2 = _np(ck[2].weight).reshape(-1), float(_np(ck[2].bias)[0])
+        self._last_e: np.ndarray | None = None
+        self._last_n = 0.0
         #: Inference-time safety knobs (0 = the network's own logits; see :data:`SAFETY_KNOBS`).
         self.load_price = 0.0
         self.headroom_penalty = 0.0
@@ -133,6 +141,7 @@ class NumpySetScorer:
         self._g_sin, self._g_cos = g["hour_sin"], g["hour_cos"]
         # datacenter inputs 0, 1 and 3..13 are observation columns, gathered in one step
         self._dc_take = np.array([self._c_now, self._c_f1] + self._c_obs)
+        self._engines = np.asarray(spec["n_engines"], dtype=np.int64)
         engines = np.maximum(np.asarray(spec["n_engines"], dtype=np.float64), 1.0)
         # the torch network keeps 1 / (engines x 16) as float32
         self._inv_engines = (1.0 / (engines * 16.0)).astype(np.float32).astype(np.float64)
@@ -144,6 +153,19 @@ class NumpySetScorer:
         self._origin_key = (np.arange(self.R) * (n_out * _USED_BINS)).astype(np.float32)  # exact in float32
         # class keys are < R x n_out x (used bins + 1) (searchsorted returns up to len(edges))
         self._key_fits_int16 = self.R * n_out * (_USED_BINS + 1) < 2 ** 15
+        # capacity head: candidate server counts n = 0..S of every datacenter (as SetNetwork.capacity_candidates)
+        self._c_srv = c.get("servers_on")
+        srv = spec.get("n_servers")
+        self._n_servers = None if srv is None else np.maximum(np.asarray(srv, dtype=np.int64), 1)
+        self._last_e = None
+        if self._n_servers is not None:
+            f32 = np.float32  # (the torch network computes the candidates in float32)
+            k = np.maximum(np.asarray(spec["n_engines"], dtype=np.int64) // self._n_servers, 1)
+            self.engines_per_node = k
+            self._cap_n = np.arange(int(self._n_servers.max()) + 1)
+            self._cap_frac = (self._cap_n[None, :].astype(f32) / self._n_servers[:, None].astype(f32)).astype(np.float64)
+            self._cap_den = np.maximum(16.0 * self._cap_n[None, :] * k[:, None], 8.0).astype(f32).astype(np.float64)
+            self._cap_mask = self._cap_n[None, :] <= self._n_servers[:, None]
         return self
 
     # ------------------------------------------------------------------ classes
@@ -205,15 +227,11 @@ class NumpySetScorer:
         return rank
 
     # ------------------------------------------------------------------ logits
-    def class_logits(self, dc_flat: np.ndarray, rows: np.ndarray, gl: np.ndarray,
-                     inverse: bool = True) -> tuple[np.ndarray, Any, np.ndarray, np.ndarray]:
-        """Logits (C, D + 1) of the classes of the valid slot rows ``rows`` (n >= 1, F_S), the
-        class of each row (n,; None when ``inverse`` is False, see :meth:`group`), the first row
-        of each class (C,) and the class sizes (C,)."""
-        D, h = self.D, self.hidden
-        dc = np.asarray(dc_flat, dtype=np.float32).reshape(D, self.F_D)
-        crow, inv, rep, counts = self.group(rows, dc, inverse)
-        dc64 = dc.astype(np.float64)
+    def _embed(self, dc64: np.ndarray, n_rows: float, gl: np.ndarray, demand: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, bool]:
+        """Datacenter embeddings (D, h) (as ``SetNetwork._dc_embed(dc_inputs(...))``), the up flags
+        and whether all are up, from the datacenter rows (float64), the valid slots ``n_rows``, the
+        globals and (with ``demand_features``) the pending prompt and predicted-output sums (2,)."""
+        D = self.D
         # datacenter inputs (as SetNetwork.dc_inputs): the same values with few numpy calls
         up = dc64[:, self._c_up] > 0.5
         all_up = bool(up.all())
@@ -228,12 +246,53 @@ class NumpySetScorer:
         eff_std = np.sqrt((dev * dev).sum() / n_up)
         np.maximum(eff - (eff_up.min() if eff_up.shape[0] else 1e3), 0.0, out=dc_in[:, 14])
         np.minimum(np.maximum((eff - eff_mean) / (eff_std + 1e-3), -5.0), 5.0, out=dc_in[:, 15])  # (np.clip costs more)
-        np.multiply(float(rows.shape[0]), self._inv_engines, out=dc_in[:, 17])
+        np.multiply(n_rows, self._inv_engines, out=dc_in[:, 17])
         dc_in[:, 18:20] = (float(gl[self._g_sin]), float(gl[self._g_cos]))
         if self.demand_features:  # pending prompt and predicted-output tokens per engine
-            np.multiply.outer(self._inv_engines, counts @ crow[:, :2], out=dc_in[:, 20:22])
+            np.multiply.outer(self._inv_engines, np.zeros(2) if demand is None else demand, out=dc_in[:, 20:22])
         e = np.maximum(dc_in @ self.W_e1 + self.b_e1, 0.0) @ self.W_e2 + self.b_e2
         e = np.maximum(e @ self.W_c_own + ((e.sum(axis=0) / D) @ self.W_c_ctx + self.b_c), 0.0)  # (D, h)
+        return e, up, all_up
+
+    def capacity_logits(self, dc_flat: np.ndarray, gl: np.ndarray, totals: np.ndarray | None = None) -> np.ndarray:
+        """Logits (D, S + 1) of the capacity head (powered servers n = 0..S of each datacenter,
+        masked beyond S_d; :meth:`train.set_policy.SetNetwork.capacity_scores`) for this step.
+        ``totals`` = (valid slots, their prompt sum, their predicted-output sum) in observation
+        units; None: those of the last :meth:`class_logits` call, whose embeddings are reused
+        (call it first on the same observation), or no pending request when there was none."""
+        if not self.capacity_head or self._n_servers is None or self._c_srv is None:
+            raise ConfigError("capacity_head", "the capacity head needs an env with capacity control "
+                              "([capacity] control = 'agent'): servers per datacenter and the servers_on column")
+        dc64 = np.asarray(dc_flat, dtype=np.float32).reshape(self.D, self.F_D).astype(np.float64)
+        if totals is None and self._last_e is not None:
+            e, n_rows = self._last_e, self._last_n
+        else:
+            t = np.zeros(3) if totals is None else np.asarray(totals, dtype=np.float64)
+            n_rows = float(t[0])
+            e, _, _ = self._embed(dc64, n_rows, gl, t[1:3])
+        S = self._cap_n.shape[0] - 1
+        x = np.empty((self.D, S + 1, 3))
+        x[:, :, 0] = self._cap_frac
+        np.subtract(self._cap_frac, dc64[:, self._c_srv][:, None], out=x[:, :, 1])
+        np.minimum(n_rows / self._cap_den, 10.0, out=x[:, :, 2])
+        pre = (x.reshape(-1, 3) @ self.W_k_x).reshape(self.D, S + 1, self.hidden)
+        pre += (e @ self.W_k_e + self.b_k1)[:, None, :]
+        np.maximum(pre, 0.0, out=pre)
+        z = (pre.reshape(-1, self.hidden) @ self.w_k2).reshape(self.D, S + 1) + self.b_k2
+        return np.where(self._cap_mask, z, MASKED_LOGIT)
+
+    def class_logits(self, dc_flat: np.ndarray, rows: np.ndarray, gl: np.ndarray,
+                     inverse: bool = True) -> tuple[np.ndarray, Any, np.ndarray, np.ndarray]:
+        """Logits (C, D + 1) of the classes of the valid slot rows ``rows`` (n >= 1, F_S), the
+        class of each row (n,; None when ``inverse`` is False, see :meth:`group`), the first row
+        of each class (C,) and the class sizes (C,)."""
+        D, h = self.D, self.hidden
+        dc = np.asarray(dc_flat, dtype=np.float32).reshape(D, self.F_D)
+        crow, inv, rep, counts = self.group(rows, dc, inverse)
+        dc64 = dc.astype(np.float64)
+        demand = counts @ crow[:, :2] if self.demand_features else None
+        e, up, all_up = self._embed(dc64, float(rows.shape[0]), gl, demand)
+        self._last_e, self._last_n = e, float(rows.shape[0])
         # classes: slot encoder (its output layer folded into the pair and defer layers), pair
         # inputs, pair layer, defer head
         prompt, waited = crow[:, 0], crow[:, 2]

@@ -16,6 +16,13 @@ round-robin and the MILP; the best round by :func:`validation_score` is kept.
 
 Class data do not depend on the slot count K, so scenarios with different ``env.max_pending``
 (low: 2048, moderate/high: 4096) are mixed freely.
+
+Capacity (``set_policy.capacity_head``, ``capacity.control = "agent"`` in the overrides): at each
+of the expert's capacity decisions (its action is then ``{"route", "capacity", "servers"}``) the
+step's datacenter rows and the expert's powered servers per datacenter are recorded
+(:class:`CapacityStep`); the head is trained on their cross-entropy (weight
+``dagger.capacity_weight``) with the routing loss, and in DAgger rounds the learner's head takes
+the capacity decisions (argmax) while the expert labels them.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from carbon_gym.errors import ConfigError
 
 from .envs import heldout_starts, make_episode_env, training_episode
 
-__all__ = ["ClassStep", "compress_step", "collect", "class_bc", "validation_episode", "validation_score", "run_dagger"]
+__all__ = ["ClassStep", "CapacityStep", "capacity_step", "compress_step", "collect", "class_bc", "validation_episode", "validation_score", "run_dagger"]
 
 
 @dataclass
@@ -45,6 +52,33 @@ class ClassStep:
     rows: np.ndarray  # (C, F_S) float32 class rows (class-mean prompt, output, waited, network)
     counts: np.ndarray  # (C, D + 1) float32 expert choices per class
     mask: np.ndarray  # (C, D + 1) bool, the class's first member's mask
+
+
+@dataclass
+class CapacityStep:
+    """One capacity decision of the expert: the step's datacenter rows, globals and slot totals
+    (as :class:`ClassStep`), the expert's powered servers (D,), the up flags (D,) and the
+    topology's servers and engines per datacenter (D,)."""
+
+    dc: np.ndarray
+    gl: np.ndarray
+    totals: np.ndarray
+    servers: np.ndarray
+    up: np.ndarray
+    n_servers: np.ndarray
+    n_engines: np.ndarray
+
+
+def capacity_step(scorer: Any, obs: dict[str, Any], expert_servers: Any) -> CapacityStep:
+    """The :class:`CapacityStep` of an observation at an expert capacity decision."""
+    sc = scorer
+    slots = np.asarray(obs["slots"], dtype=np.float32).reshape(-1, sc.F_S)
+    rows = slots[slots[:, sc._s_valid] > 0.5].astype(np.float64)
+    dc = np.asarray(obs["datacenters"], dtype=np.float32).reshape(sc.D, sc.F_D)
+    totals = np.array([rows.shape[0], rows[:, sc._s_prompt].sum(), rows[:, sc._s_pred].sum()])
+    return CapacityStep(dc, np.asarray(obs["globals"], dtype=np.float32).copy(), totals,
+                        np.asarray(expert_servers, dtype=np.int64).copy(), dc[:, sc._c_up] > 0.5,
+                        np.asarray(sc._n_servers, dtype=np.int64).copy(), np.asarray(sc._engines, dtype=np.int64).copy())
 
 
 def compress_step(scorer: Any, obs: dict[str, Any], mask: np.ndarray, expert_action: np.ndarray) -> ClassStep | None:
@@ -73,9 +107,12 @@ def compress_step(scorer: Any, obs: dict[str, Any], mask: np.ndarray, expert_act
 
 def collect(net: Any, expert: str, scenarios: Sequence[str], overrides: dict[str, Any], *, episodes: int,
             learner_acts: bool, rng: np.random.Generator, heldout_every_days: int = 4, mode: str = "sample",
-            log: Callable[[str], None] | None = None) -> tuple[list[ClassStep], list[dict[str, Any]]]:
+            log: Callable[[str], None] | None = None,
+            capacity: list[CapacityStep] | None = None) -> tuple[list[ClassStep], list[dict[str, Any]]]:
     """Run ``episodes`` episodes (scenario i mod len, random training day); the expert labels every
-    step; the learner (``net`` through the numpy path) acts when ``learner_acts``, else the expert."""
+    step; the learner (``net`` through the numpy path) acts when ``learner_acts``, else the expert.
+    ``capacity`` (a list) receives a :class:`CapacityStep` at every expert capacity decision; with
+    a capacity head the learner then also takes the capacity decision (argmax)."""
     from .bc import make_expert
     from .fast import NumpySetScorer, choose
 
@@ -92,14 +129,20 @@ def collect(net: Any, expert: str, scenarios: Sequence[str], overrides: dict[str
         scorer.bind(env.unwrapped.layout)
         act_rng = np.random.default_rng(seed)
         n0 = len(steps)
+        n0_cap = len(capacity) if capacity is not None else 0
         done = False
         while not done:
             mask = np.asarray(info["action_mask"], dtype=bool)
-            a_exp = np.asarray(exp.act(obs, info), dtype=np.int64)
+            raw = exp.act(obs, info)
+            decision = isinstance(raw, dict) and "servers" in raw
+            if decision and capacity is not None:
+                capacity.append(capacity_step(scorer, obs, raw["servers"]))
+            a_exp = np.asarray(raw["route"] if isinstance(raw, dict) else raw, dtype=np.int64)
             st = compress_step(scorer, obs, mask, a_exp)
             if st is not None:
                 steps.append(st)
-            action = a_exp
+            action: Any = raw
+            scorer._last_e = None
             if learner_acts and st is not None:
                 K = mask.shape[0]
                 slots = np.asarray(obs["slots"]).reshape(K, scorer.F_S)
@@ -108,10 +151,18 @@ def collect(net: Any, expert: str, scenarios: Sequence[str], overrides: dict[str
                 action = np.full(K, scorer.D, dtype=np.int64)
                 rank = scorer.last_ranks() if mode == "systematic" else None
                 action[idx] = choose(logits, mask[idx], inv, mode, act_rng, rank)
+            elif learner_acts:
+                action = a_exp
+            if learner_acts and decision and scorer.capacity_head:
+                servers = scorer.capacity_logits(obs["datacenters"], obs["globals"]).argmax(axis=1).astype(np.int64)
+                awake = np.minimum(servers * scorer.engines_per_node, scorer._engines)
+                action = {"route": np.asarray(action["route"] if isinstance(action, dict) else action),
+                          "capacity": awake, "servers": servers}
             obs, _, term, trunc, info = env.step(action)
             done = bool(term or trunc)
         em = info.get("episode_metrics", {})
         meta.append({"scenario": scenario, "start_utc": start, "seed": seed, "learner_acts": bool(learner_acts), "n_steps": len(steps) - n0,
+                     "n_capacity": (len(capacity) - n0_cap) if capacity is not None else 0,
                      "carbon_g": em.get("carbon_g"), "violation_rate": em.get("violation_rate"), "wall_s": time.perf_counter() - t0})
         if log:
             log(f"imitate: {'learner' if learner_acts else 'expert'} episode {ep + 1}/{episodes} {scenario} {start}: "
@@ -167,11 +218,41 @@ def _loss(net: Any, batch: tuple[Any, ...], with_aggregate: bool = False) -> tup
     return ce, tv, agg
 
 
+def capacity_loss(net: Any, steps: Sequence[CapacityStep]) -> tuple[Any, float, float]:
+    """(cross-entropy of the expert's powered servers under the capacity head, mean over the up
+    datacenters of the steps; the share of them where the head's argmax is the expert's choice;
+    the mean absolute error of the argmax, servers). Steps are grouped by topology."""
+    import torch as th
+
+    groups: dict[tuple[tuple[int, ...], tuple[int, ...]], list[CapacityStep]] = {}
+    for st in steps:
+        groups.setdefault((tuple(st.n_servers.tolist()), tuple(st.n_engines.tolist())), []).append(st)
+    total = th.zeros(())
+    n = hits = err = 0.0
+    for (srv, eng), grp in groups.items():
+        dc = th.from_numpy(np.stack([s.dc for s in grp]))
+        gl = th.from_numpy(np.stack([s.gl for s in grp]))
+        tot = th.from_numpy(np.stack([s.totals for s in grp]))
+        z = net.capacity_scores(dc, gl, tot, n_servers=np.array(srv), n_engines=np.array(eng))  # (B, D, S + 1)
+        lab = th.from_numpy(np.stack([np.clip(s.servers, 0, np.array(srv)) for s in grp]))
+        up = th.from_numpy(np.stack([s.up for s in grp]))
+        logp = th.log_softmax(z, dim=-1).gather(-1, lab.unsqueeze(-1)).squeeze(-1)
+        total = total - (logp * up).sum()
+        pick = z.argmax(dim=-1)
+        hits += float(((pick == lab) & up).sum())
+        err += float(((pick - lab).abs() * up).sum())
+        n += float(up.sum())
+    return total / max(n, 1.0), hits / max(n, 1.0), err / max(n, 1.0)
+
+
 def class_bc(net: Any, steps: Sequence[ClassStep], val: Sequence[ClassStep], *, epochs: int, batch_steps: int,
              learning_rate: float, seed: int, aggregate_weight: float = 0.0,
-             log: Callable[[str], None] | None = None) -> list[dict[str, float]]:
+             log: Callable[[str], None] | None = None, capacity: Sequence[CapacityStep] = (),
+             val_capacity: Sequence[CapacityStep] = (), capacity_weight: float = 1.0) -> list[dict[str, float]]:
     """Fit ``net`` on class steps (Adam, gradient clipping 1.0): cross-entropy plus
-    ``aggregate_weight`` x the aggregate loss (see :func:`_loss`). Returns per-epoch statistics."""
+    ``aggregate_weight`` x the aggregate loss (see :func:`_loss`), plus ``capacity_weight`` x the
+    capacity head's cross-entropy on the ``capacity`` steps (:func:`capacity_loss`; one slice of
+    them with every routing batch). Returns per-epoch statistics."""
     import torch as th
 
     g = np.random.default_rng(seed)
@@ -180,14 +261,23 @@ def class_bc(net: Any, steps: Sequence[ClassStep], val: Sequence[ClassStep], *, 
     t0 = time.perf_counter()
     net.train()
     vb = [_batch(val[i:i + 64]) for i in range(0, len(val), 64)] if val else []
+    use_cap = bool(capacity) and bool(getattr(net, "capacity_head", False))
     for epoch in range(int(epochs)):
         perm = g.permutation(len(steps))
-        tot_ce = tot_tv = tot_agg = 0.0
+        n_batches = max(-(-len(perm) // int(batch_steps)), 1)
+        cap_perm = g.permutation(len(capacity)) if use_cap else np.zeros(0, dtype=np.int64)
+        cap_chunks = np.array_split(cap_perm, n_batches) if use_cap else []
+        tot_ce = tot_tv = tot_agg = tot_cap = 0.0
         nb = 0
-        for i in range(0, len(perm), int(batch_steps)):
+        for bi, i in enumerate(range(0, len(perm), int(batch_steps))):
             ce, tv, agg = _loss(net, _batch([steps[j] for j in perm[i:i + int(batch_steps)]]), with_aggregate=True)
+            loss = ce + float(aggregate_weight) * agg if aggregate_weight else ce
+            if use_cap and len(cap_chunks[bi]):
+                cap_ce = capacity_loss(net, [capacity[j] for j in cap_chunks[bi]])[0]
+                loss = loss + float(capacity_weight) * cap_ce
+                tot_cap += float(cap_ce.detach())
             opt.zero_grad()
-            (ce + float(aggregate_weight) * agg if aggregate_weight else ce).backward()
+            loss.backward()
             th.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
             opt.step()
             tot_ce += float(ce.detach())
@@ -195,6 +285,12 @@ def class_bc(net: Any, steps: Sequence[ClassStep], val: Sequence[ClassStep], *, 
             tot_agg += float(agg.detach())
             nb += 1
         row = {"epoch": float(epoch), "ce": tot_ce / max(nb, 1), "tv": tot_tv / max(nb, 1), "aggregate": tot_agg / max(nb, 1)}
+        if use_cap:
+            row["capacity_ce"] = tot_cap / max(sum(1 for c in cap_chunks if len(c)), 1)
+            if val_capacity:
+                with th.no_grad():
+                    vce, vacc, vmae = capacity_loss(net, val_capacity)
+                row.update(val_capacity_ce=float(vce), val_capacity_acc=vacc, val_capacity_mae=vmae)
         if vb:
             with th.no_grad():
                 vals = [_loss(net, b, with_aggregate=True) for b in vb]
@@ -245,7 +341,7 @@ def run_dagger(cfg: Any, run_dir: str | Path, *, log: Callable[[str], None] = pr
     from carbon_gym.policy import RoundRobinPolicy
 
     from .bc import make_expert
-    from .checkpoint import save_set_checkpoint
+    from .checkpoint import env_fingerprint, save_set_checkpoint
     from .policy import LearnedPolicy
     from .set_policy import SetNetwork, layout_spec
 
@@ -270,7 +366,12 @@ def run_dagger(cfg: Any, run_dir: str | Path, *, log: Callable[[str], None] = pr
     sp = dict(cfg.set_policy)
     sp.pop("logprob_reduction", None)
     net = SetNetwork(layout_spec(probe), **sp)
+    fingerprint = [env_fingerprint(probe)]
     probe.close()
+    for s_ in scenarios[1:]:  # (the training envs, one per scenario)
+        e_ = make_episode_env(s_, over, None)
+        fingerprint.append(env_fingerprint(e_))
+        e_.close()
     rng = np.random.default_rng(int(cfg.seed) + 7919)
     seq = heldout_starts(int(dg.val_starts), cfg.heldout_every_days, seed=cfg.seed + 97)
     val_start = dg.val_start_utc or seq[0]
@@ -287,21 +388,29 @@ def run_dagger(cfg: Any, run_dir: str | Path, *, log: Callable[[str], None] = pr
         log(f"imitate: validation {s} {st}: rr {refs[key]['rr']}, {dg.expert} {refs[key]['milp']}")
     data: list[ClassStep] = []
     val_data: list[ClassStep] = []
+    cap_data: list[CapacityStep] = []
+    val_cap: list[CapacityStep] = []
     rounds = []
     best = (-np.inf, -1)
     for rd in range(int(dg.rounds) + 1):
         t0 = time.perf_counter()
         n_ep = dg.expert_episodes if rd == 0 else dg.episodes_per_round
+        caps: list[CapacityStep] = []
         steps, meta = collect(net, dg.expert, scenarios, over, episodes=n_ep, learner_acts=rd > 0, rng=rng,
-                              heldout_every_days=cfg.heldout_every_days, mode=dg.rollout_mode, log=log)
+                              heldout_every_days=cfg.heldout_every_days, mode=dg.rollout_mode, log=log,
+                              capacity=caps if net.capacity_head else None)
         if rd == 0 and len(meta) > 1:  # the last expert episode is the imitation validation set
             cut = len(steps) - int(meta[-1]["n_steps"])
             val_data, steps = steps[cut:], steps[:cut]
+            cut_c = len(caps) - int(meta[-1]["n_capacity"])
+            val_cap, caps = caps[cut_c:], caps[:cut_c]
         data.extend(steps)
+        cap_data.extend(caps)
         collect_s = time.perf_counter() - t0
         hist = class_bc(net, data, val_data, epochs=dg.epochs, batch_steps=dg.batch_steps,
                         learning_rate=dg.learning_rate * (dg.lr_decay ** rd), seed=int(cfg.seed) + rd,
-                        aggregate_weight=dg.aggregate_weight, log=log)
+                        aggregate_weight=dg.aggregate_weight, log=log, capacity=cap_data, val_capacity=val_cap,
+                        capacity_weight=dg.capacity_weight)
         th.save(net.state_dict(), run / f"round_{rd}.pt")
         for h in hist:  # imitation losses per epoch, then the round's validation (domain tags)
             for k, v in h.items():
@@ -312,7 +421,7 @@ def run_dagger(cfg: Any, run_dir: str | Path, *, log: Callable[[str], None] = pr
         pol = LearnedPolicy(net, mode=dg.eval_mode, seed=0)  # (the numpy path, weights as of now)
         learned = {key: validation_episode(pol, s, over, st, dg.val_seed) for key, (s, st) in val_eps.items()}
         score = validation_score(learned, refs, dg.violation_weight)
-        row = {"round": rd, "steps": len(data), "collect_s": collect_s, "train_s": time.perf_counter() - t0 - collect_s,
+        row = {"round": rd, "steps": len(data), "capacity_steps": len(cap_data), "collect_s": collect_s, "train_s": time.perf_counter() - t0 - collect_s,
                "episodes": meta, "bc": hist[-1] if hist else {}, "bc_history": hist, "validation": learned, "score": score}
         for s, m in learned.items():
             row[f"reduction_{s}"] = 100.0 * (1.0 - m["carbon_g"] / refs[s]["rr"]["carbon_g"])
@@ -338,8 +447,10 @@ def run_dagger(cfg: Any, run_dir: str | Path, *, log: Callable[[str], None] = pr
     training = {"method": "class-level DAgger (carbon-gym train imitate)", "config": cfg.to_dict(),
                 "data_days": {"heldout_every_days": cfg.heldout_every_days,
                               "training_days": f"days of the year d with d % {cfg.heldout_every_days} != 0",
+                              "training_starts_utc": [[e["scenario"], e["start_utc"]] for r in rounds for e in r["episodes"]],
                               "validation_starts_utc": starts},
                 "best_round": best[1], "run_dir": str(run)}
-    best_path = save_set_checkpoint(run / "best.npz", net, policy={"mode": dg.eval_mode}, training=training)
+    best_path = save_set_checkpoint(run / "best.npz", net, policy={"mode": dg.eval_mode}, training=training,
+                                    fingerprint=fingerprint)
     log(f"imitate: best round {best[1]} (score {best[0]:.2f}) -> {best_path} ({time.perf_counter() - t_all:.0f} s in all)")
     return {"best_round": best[1], "best": str(best_path), "rounds": rounds, "refs": refs}

@@ -40,8 +40,8 @@ import numpy as np
 
 from carbon_gym.errors import ConfigError
 
-from .checkpoint import (ENV_META_NAME, MODES, POLICY_META_NAME, SAFETY_KNOB_NAMES, check_checkpoint_env, check_safety,
-                         checkpoint_env_meta, checkpoint_format, load_sb3_model, network_from_checkpoint, read_sb3_meta,
+from .checkpoint import (ENV_META_NAME, MODES, ON_MISMATCH, POLICY_META_NAME, SAFETY_KNOB_NAMES, check_checkpoint_env,
+                         check_env_fingerprint, check_safety, checkpoint_env_meta, checkpoint_format, load_sb3_model, network_from_checkpoint, read_sb3_meta,
                          read_set_checkpoint, save_set_checkpoint, write_checkpoint_env, write_policy_meta)
 
 __all__ = ["LearnedPolicy", "make_learned_policy", "export_checkpoint", "write_policy_meta",
@@ -72,11 +72,16 @@ class LearnedPolicy:
             datacenters where their estimated TTFT headroom is below ``headroom_margin`` (SLO
             units); a larger ``load_price`` moves them off datacenters proposed more requests per
             engine than average.
+        on_env_mismatch: what :meth:`reset` does when the env differs from the training envs a
+            checkpoint's fingerprint records (:func:`train.checkpoint.check_env_fingerprint`:
+            scenario, topology size, slots, forecast hours, capacity control, layout hash, code
+            version): ``"warn"`` (default; once per distinct set of mismatches), ``"error"`` or
+            ``"ignore"``. The mismatches of the last reset are in ``env_mismatches``.
     """
 
     def __init__(self, model: Any, *, mode: str = "sample", seed: int = 0, threads: int = 1, backend: str = "auto",
                  load_price: float = 0.0,
-                 headroom_penalty: float = 0.0, headroom_margin: float = 0.0) -> None:
+                 headroom_penalty: float = 0.0, headroom_margin: float = 0.0, on_env_mismatch: str = "warn") -> None:
         import torch as th
 
         from .set_policy import SetActorCriticPolicy, SetNetwork
@@ -85,6 +90,14 @@ class LearnedPolicy:
             raise ConfigError("mode", f"unknown mode {mode!r}", allowed=list(MODES))
         if backend not in BACKENDS:
             raise ConfigError("backend", f"unknown backend {backend!r}", allowed=list(BACKENDS))
+        if on_env_mismatch not in ON_MISMATCH:
+            raise ConfigError("on_env_mismatch", f"unknown value {on_env_mismatch!r}", allowed=list(ON_MISMATCH))
+        self.on_env_mismatch = on_env_mismatch
+        #: The checkpoint's training-env fingerprint (None: not recorded) and where it came from.
+        self.fingerprint: list[dict[str, Any]] | None = None
+        self.source = "policy"
+        self.env_mismatches: list[str] = []
+        self._warned: set[tuple[str, ...]] = set()
         self.mode = mode
         self.seed = int(seed)
         self.threads = int(threads)
@@ -122,6 +135,8 @@ class LearnedPolicy:
         self._rng = np.random.default_rng(self.seed)
         self._router: Any = None
         self._env: Any = None
+        self._cap_every = 0  # steps between capacity decisions (0: no capacity action)
+        self._step = 0
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -139,7 +154,9 @@ class LearnedPolicy:
             check_checkpoint_env(ck.env, str(p))
             for k, v in ck.policy.items():
                 kwargs.setdefault(k, v)
-            return cls(network_from_checkpoint(ck), **kwargs)
+            pol = cls(network_from_checkpoint(ck), **kwargs)
+            pol.fingerprint, pol.source = ck.fingerprint, str(p)
+            return pol
         stored, pmeta, _ = read_sb3_meta(p)
         model = load_sb3_model(p, trust=trust)  # (refuses first unless trusted)
         check_checkpoint_env(stored, str(p))
@@ -156,19 +173,64 @@ class LearnedPolicy:
         self._env = env
         if env is None:
             return
+        if self.fingerprint:
+            mism = check_env_fingerprint(self.fingerprint, env, self.source, on_mismatch="ignore")
+            key = tuple(mism)
+            if mism and self.on_env_mismatch != "ignore" and (self.on_env_mismatch == "error" or key not in self._warned):
+                self._warned.add(key)
+                check_env_fingerprint(self.fingerprint, env, self.source, on_mismatch=self.on_env_mismatch)
+            self.env_mismatches = mism
         base = env.unwrapped
+        self._step = 0
+        self._cap_every = 0
         if self.kind == "set":
             self.net.bind(base.layout)
             if self.backend == "numpy":
                 self.scorer.bind(self.net.spec)
+            if getattr(self.net, "capacity_head", False) and bool(getattr(base.layout, "capacity_agent", False)):
+                sc = base.scenario
+                self._cap_every = max(int(round(float(sc.capacity.period_s) / float(sc.polling_period_s))), 1)
         else:
             from carbon_gym.wrappers import RoutingWeightsWrapper
 
             self._router = RoutingWeightsWrapper(base)
 
-    def act(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
-        """The per-request action (length K; D = defer) for this step."""
+    def act(self, observation: Any, info: dict[str, Any]) -> Any:
+        """The per-request action (length K; D = defer) for this step; with a capacity head on an
+        env with ``[capacity] control = "agent"``, at each capacity decision (the first step and
+        every ``capacity.period_s``) the dict ``{"route", "capacity", "servers"}``: the head's
+        most likely server count per datacenter (argmax, deterministic) with every engine of the
+        powered servers awake."""
+        route = self._act_route(observation, info)
+        if not self._cap_every:
+            return route
+        decision = self._step % self._cap_every == 0
+        self._step += 1
+        if not decision:
+            return route
+        servers = self.capacity_servers(observation)
+        awake = np.minimum(servers * self.net.engines_per_node, np.asarray(self.net.spec["n_engines"], dtype=np.int64))
+        return {"route": route, "capacity": awake, "servers": servers}
+
+    def capacity_servers(self, observation: Any) -> np.ndarray:
+        """(D,) servers to power per datacenter: the capacity head's argmax on this observation
+        (numpy backend: reusing the embeddings of this step's routing decision)."""
+        if self.backend == "numpy":
+            logits = self.scorer.capacity_logits(observation["datacenters"], observation["globals"])
+        else:
+            import torch as th
+
+            net = self.net
+            with th.inference_mode():
+                dc = th.from_numpy(np.asarray(observation["datacenters"], dtype=np.float32)).reshape(1, net.D, net.F_D)
+                gl = th.from_numpy(np.asarray(observation["globals"], dtype=np.float32)).reshape(1, -1)
+                sl = th.from_numpy(np.asarray(observation["slots"], dtype=np.float32)).reshape(1, net.K, net.F_S)
+                logits = net.capacity_scores(dc, gl, net.totals(sl, sl[:, :, net._s_valid] > 0.5))[0].double().numpy()
+        return logits.argmax(axis=1).astype(np.int64)
+
+    def _act_route(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
         if self.kind == "set" and self.backend == "numpy":
+            self.scorer._last_e = None  # (the capacity head reuses this step's embeddings only)
             return self._act_numpy(observation, info)
         import torch as th
 
@@ -313,7 +375,8 @@ def export_checkpoint(src: str | Path, dst: str | Path, mode: str | None = None,
     if pol.kind == "set":
         if training is None:
             training = _training_record(Path(src))
-        return save_set_checkpoint(out, pol.net, policy={"mode": pol.mode, **pol.safety}, training=training)
+        return save_set_checkpoint(out, pol.net, policy={"mode": pol.mode, **pol.safety}, training=training,
+                                   fingerprint=pol.fingerprint)
     out.parent.mkdir(parents=True, exist_ok=True)
     pol.model.save(out, exclude=list(_EXPORT_EXCLUDE))
     write_checkpoint_env(out)

@@ -11,6 +11,13 @@ scores each pair; a second one gives each slot a learned *defer* score. The logi
 (and any number of regions or forecast hours: origin one-hots are not read — the per-pair
 network delay carries the origin — and the forecast is summarised as next hour + mean).
 
+With ``capacity_head=True`` (``[capacity] control = "agent"``) a per-datacenter head scores every
+candidate number of powered servers n = 0..S_d of each datacenter d from its embedding and three
+candidate inputs (n / S_d, n / S_d minus the share powered now, and the pending requests per
+engine of n servers, / 16, capped at 10): a masked categorical per datacenter over at most
+max_d S_d + 1 choices, again independent of the topology size. Every engine on a powered server
+is kept awake (a sleeping engine saves nothing on this hardware: README, "Capacity control").
+
 The critic pools the pair embeddings over valid pairs (mean) with the datacenter embeddings and
 the time of day. Every slot-wise operation is shared and pooling is a mean, so permuting the
 requests permutes the scores (equivariance) and leaves the value unchanged.
@@ -44,6 +51,7 @@ __all__ = [
     "N_SLOT_INPUTS",
     "N_PAIR_INPUTS",
     "N_DEMAND_INPUTS",
+    "N_CAPACITY_INPUTS",
     "DEFAULT_CLASS_BINS",
     "class_bin_edges",
 ]
@@ -62,6 +70,9 @@ N_PAIR_INPUTS = 4
 #: Extra datacenter inputs with ``demand_features``: pending prompt and predicted-output tokens
 #: (of all valid slots) per engine of the datacenter.
 N_DEMAND_INPUTS = 2
+
+#: Inputs of the capacity head per (datacenter, candidate server count), besides the embedding.
+N_CAPACITY_INPUTS = 3
 
 #: Default request classes (``classes=True``), the facility MILP's own binning: origin x bins of
 #: predicted output length (geometric, ratio 2) x bins of the TTFT time already used,
@@ -134,6 +145,8 @@ def layout_spec(layout: Any) -> dict[str, Any]:
         "slot_columns": {str(k): int(v) for k, v in lay.slot_columns.items()},
         "global_columns": {str(k): int(v) for k, v in lay.global_columns.items()},
         "n_engines": [int(x) for x in np.asarray(lay.n_engines).reshape(-1)],
+        **({"n_servers": [int(x) for x in np.asarray(lay.n_servers).reshape(-1)]}
+           if getattr(lay, "n_servers", None) is not None else {}),
     }
 
 
@@ -172,7 +185,7 @@ class SetNetwork(nn.Module):
     """
 
     def __init__(self, layout: Any, hidden: int = 64, classes: Any = None, demand_features: bool = False,
-                 load_feedback: int = 0) -> None:
+                 load_feedback: int = 0, capacity_head: bool = False) -> None:
         super().__init__()
         if int(hidden) < 1:
             raise ConfigError("set_policy.hidden", f"must be a positive integer, got {hidden}")
@@ -198,6 +211,9 @@ class SetNetwork(nn.Module):
         self.value_head = _mlp([2 * h + 2, h, 1])  # [pooled pairs, pooled datacenters, hour]
         if self.load_feedback:
             self.fb_head = _mlp([h + 3, h, 1])  # [datacenter embedding, proposed load x 3] -> score correction
+        self.capacity_head = bool(capacity_head)
+        if self.capacity_head:
+            self.cap_head = _mlp([h + N_CAPACITY_INPUTS, h, 1])  # [datacenter embedding, candidate] -> score
         self.bind(layout)
 
     # ------------------------------------------------------------------ layout
@@ -227,7 +243,63 @@ class SetNetwork(nn.Module):
         self._g_sin, self._g_cos = g["hour_sin"], g["hour_cos"]
         engines = np.maximum(np.asarray(spec["n_engines"], dtype=np.float32), 1.0)
         self._inv_engines = th.as_tensor(1.0 / (engines * 16.0))  # not a parameter: layout-bound
+        self._c_srv = c.get("servers_on")
+        srv = spec.get("n_servers")
+        self.n_servers = None if srv is None else np.maximum(np.asarray(srv, dtype=np.int64), 1)
+        if self.n_servers is not None:
+            self.engines_per_node = np.maximum(np.asarray(spec["n_engines"], dtype=np.int64) // self.n_servers, 1)
         return self
+
+    def capacity_ready(self) -> bool:
+        """Whether the bound layout has what the capacity head reads (servers per datacenter and
+        the ``servers_on`` column: ``[capacity] control`` other than ``always_on``)."""
+        return self.capacity_head and self.n_servers is not None and self._c_srv is not None
+
+    def capacity_candidates(self, dc: th.Tensor, totals: th.Tensor, n_servers: Any = None,
+                            n_engines: Any = None) -> tuple[th.Tensor, th.Tensor]:
+        """Candidate inputs (B, D, S + 1, 3) of every server count n = 0..S (S = max_d S_d) and
+        their mask (D, S + 1) (n <= S_d); ``n_servers`` / ``n_engines`` (D,): another topology's
+        than the bound one (training on recorded steps)."""
+        if not self.capacity_ready() and n_servers is None:
+            raise ConfigError("capacity_head", "the capacity head needs an env with capacity control "
+                              "([capacity] control = 'agent'): servers per datacenter and the servers_on column")
+        if n_servers is None:
+            assert self.n_servers is not None
+            srv, k = self.n_servers, self.engines_per_node
+        else:
+            srv = np.maximum(np.asarray(n_servers, dtype=np.int64), 1)
+            k = np.maximum(np.asarray(n_engines, dtype=np.int64) // srv, 1)
+        S = int(srv.max())
+        n = th.arange(S + 1, dtype=dc.dtype, device=dc.device)
+        s_d = th.as_tensor(srv, dtype=dc.dtype, device=dc.device)
+        k_d = th.as_tensor(k, dtype=dc.dtype, device=dc.device)
+        frac = n.view(1, 1, -1) / s_d.view(1, -1, 1)  # (1, D, S + 1)
+        now = dc[:, :, self._c_srv].unsqueeze(-1)  # (B, D, 1): share of servers powered now
+        per_engine = totals[:, 0].view(-1, 1, 1) / (16.0 * (n.view(1, 1, -1) * k_d.view(1, -1, 1)).clamp(min=0.5))
+        B = dc.shape[0]
+        x = th.stack([frac.expand(B, -1, -1), frac - now, per_engine.clamp(max=10.0).expand(B, -1, -1)], dim=-1)
+        mask = n.view(1, -1) <= s_d.view(-1, 1)
+        return x, mask
+
+    def capacity_scores(self, dc: th.Tensor, gl: th.Tensor, totals: th.Tensor, n_servers: Any = None,
+                        n_engines: Any = None) -> th.Tensor:
+        """Logits (B, D, S + 1) of the powered-server count of every datacenter (masked beyond
+        S_d) for datacenter rows ``dc`` (B, D, F_D), globals ``gl`` and :meth:`totals` ``totals``
+        (B, 3); ``n_servers`` / ``n_engines`` as for :meth:`capacity_candidates`."""
+        dt = self.pair_out.weight.dtype
+        dc, gl, totals = dc.to(dt), gl.to(dt), totals.to(dt)
+        dc_in, _, _ = self.dc_inputs(dc, gl, totals)
+        e = self._dc_embed(dc_in)  # (B, D, h)
+        x, mask = self.capacity_candidates(dc, totals, n_servers, n_engines)
+        S1 = x.shape[2]
+        z = self.cap_head(th.cat([e.unsqueeze(2).expand(-1, -1, S1, -1), x], dim=-1)).squeeze(-1)
+        return z.masked_fill(~mask.unsqueeze(0), MASKED_LOGIT)
+
+    def _dc_embed(self, dc_in: th.Tensor) -> th.Tensor:
+        """Datacenter embeddings (B, D, h) with the fleet context."""
+        e = self.dc_encoder(dc_in)
+        ctx = e.mean(dim=1, keepdim=True)
+        return th.relu(self.dc_context(th.cat([e, ctx.expand_as(e)], dim=-1)))
 
     # ------------------------------------------------------------------ features
     def split_obs(self, obs: Mapping[str, th.Tensor]) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
@@ -353,9 +425,7 @@ class SetNetwork(nn.Module):
                 up: th.Tensor | None = None) -> th.Tensor:
         """Logits (B, K, D + 1); ``weights`` (B, K): requests each row stands for (valid flag, or
         class size) and ``up`` (B, D) are needed with ``load_feedback``."""
-        e = self.dc_encoder(dc_in)
-        ctx = e.mean(dim=1, keepdim=True)
-        e = th.relu(self.dc_context(th.cat([e, ctx.expand_as(e)], dim=-1)))
+        e = self._dc_embed(dc_in)
         s = self.slot_encoder(slot_in)
         pair = th.relu(self.pair_from_pair(pair_in) + self.pair_from_dc(e).unsqueeze(1) + self.pair_from_slot(s).unsqueeze(2))
         scores = self.pair_out(pair).squeeze(-1)
