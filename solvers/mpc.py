@@ -207,8 +207,9 @@ def solve_plan(pp: PlanProblem, threads: int = 1) -> PlanResult:
         z = np.zeros((B, D))
         return PlanResult(np.tile(cp.target_engines, (B, 1)), np.tile(cp.target_servers, (B, 1)), z, z, z, np.zeros(B),
                           0.0, "no datacenter up", ok=False)
-    c = cp.engine_capacity_per_s
-    cap = (c if math.isfinite(c) and c > 0 else 1.0) * cp.util_cap
+    # requests/s per awake engine within the SLO: one figure, or (D,) when the datacenters' GPUs differ
+    c = np.broadcast_to(np.asarray(cp.engine_capacity_per_s, dtype=np.float64), (D,))
+    cap = np.where(np.isfinite(c) & (c > 0), c, 1.0) * cp.util_cap
     k = cp.engines_per_node[live].astype(np.float64)
     # column blocks, each (B, m) row-major: a, n, q, l, x (boots), w (wakes); then o (B)
     nv = B * m
@@ -261,7 +262,7 @@ def solve_plan(pp: PlanProblem, threads: int = 1) -> PlanResult:
                 wakes[col(A0, b - 1, j)] = 1.0
             rows.append((boots, -float(cp.servers_now[d]) if b == 0 else 0.0, np.inf))
             rows.append((wakes, -float(cp.awake_now[d]) if b == 0 else 0.0, np.inf))
-            rows.append(({col(L0, b, j): 1.0, a: -cap}, -np.inf, 0.0))
+            rows.append(({col(L0, b, j): 1.0, a: -float(cap[d])}, -np.inf, 0.0))
         demand = {col(L0, b, j): 1.0 for j in range(m)}
         demand[O0 + b] = 1.0
         lam = float(pp.arrival_per_s[b])
@@ -439,8 +440,9 @@ class MPCFacilityMILP(FacilityMILP):
             lam[b] = float(self.load_forecast_per_s(state, now_rate, ts).max())
         lam *= 1.0 + cfg.capacity_load_margin
         ready, pend = self._ready_and_pending(state, cp, starts, lens, facts)
+        # boot_s: the slowest GPU's boot when the datacenters' GPUs differ (a conservative ready time)
         return PlanProblem(cp=cp, starts=starts, lens=lens, g_per_j=g, arrival_per_s=lam, ready_now=ready,
-                           pending_ready=pend, boot_s=facts.boot_s, integer_blocks=self.mpc.integer_blocks,
+                           pending_ready=pend, boot_s=float(np.max(facts.boot_s)), integer_blocks=self.mpc.integer_blocks,
                            mip_gap=self.mpc.plan_mip_gap)
 
     def decide_capacity(self, state: Any, problem: PlacementProblem) -> CapacityResult:
