@@ -226,10 +226,13 @@ def solve_plan(pp: PlanProblem, threads: int = 1) -> PlanResult:
     integ = np.zeros(n_cols, dtype=np.int32)
     g = pp.g_per_j[:, live]  # (B, m)
     L = pp.lens[:, None]
-    cost[N0:N0 + nv] = (g * L * (cp.server_on_w[live] - cp.server_off_w)[None, :]).ravel()
+    def per_dc(x: Any) -> np.ndarray:  # a figure or a (D,) array (heterogeneous GPUs), at the live datacenters
+        return np.broadcast_to(np.asarray(x, dtype=np.float64), (D,))[live]
+
+    cost[N0:N0 + nv] = (g * L * (per_dc(cp.server_on_w) - per_dc(cp.server_off_w))[None, :]).ravel()
     cost[L0:L0 + nv] = (g * L * cp.work_j[live][None, :]).ravel()
     cost[X0:X0 + nv] = (g * cp.boot_j[live][None, :]).ravel()
-    cost[W0:W0 + nv] = (g * cp.wake_j).ravel()
+    cost[W0:W0 + nv] = (g * per_dc(cp.wake_j)[None, :]).ravel()
     cost[O0:] = cp.penalty_g * pp.lens
     hi[A0:A0 + nv] = np.tile(cp.engines[live], B)
     hi[N0:N0 + nv] = np.tile(cp.servers[live], B)
