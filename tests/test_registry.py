@@ -17,7 +17,7 @@ from carbon_gym.env import GeoServeEnv
 from carbon_gym.errors import ConfigError
 from carbon_gym.policy import EpisodeObserver, RoundRobinPolicy, rollout, run_episode
 
-TABLE_NAMES = ["rr", "greedy", "least-loaded", "planner", "planner-1h", "ilp", "ilp-state", "greedy-cap", "ilp-cap", "milp",
+TABLE_NAMES = ["rr", "greedy", "least-loaded", "sticky", "planner", "planner-1h", "ilp", "ilp-state", "greedy-cap", "ilp-cap", "milp",
                "milp-greedy", "clairvoyant", "milp-mpc", "learned"]
 
 
