@@ -45,7 +45,7 @@ from .errors import ConfigError, DataError
 from .schema import Ctx, boolean, integer, list_of, num, parse_table, raw_tables, spec, string, table_of, tables_of
 from .gpus import GpuFilesConfig, gpu_files_table, gpu_spec_of, resolve_gpu_files
 from .topology import DatacenterSpec, Topology
-from .sessions import SessionsConfig, resolve_prefix_workload
+from .sessions import SessionsConfig, is_prefix_workload, resolve_prefix_workload
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 
@@ -873,8 +873,9 @@ def _resolve(s: Scenario, ctx: Ctx, base_dir: Path | None) -> Scenario:  # noqa:
     groups: dict[str, int] = {}  # engines per GPU type, in datacenter order
     for d in topo.datacenters:
         groups[d.gpu or s.gpu] = groups.get(d.gpu or s.gpu, 0) + d.gpus // tp
-    prefix = resolve_prefix_workload(w, model=s.model, tp=tp, engine_groups=groups, base_dir=base_dir, ctx=ctx,
-                                     fractions=load_load_levels().fractions if w.load else None)
+    prefix = None if not is_prefix_workload(w) else resolve_prefix_workload(
+        w, model=s.model, tp=tp, engine_groups=groups, base_dir=base_dir, ctx=ctx,
+        fractions=load_load_levels().fractions if w.load else None)
     if prefix is not None:  # synthetic sessions or a Mooncake replay
         return dataclasses.replace(s, workload=prefix[0], resolved_rate_per_s=prefix[1], rate_source=prefix[2])
     from .workload import LENGTH_DATASETS, TRACES
