@@ -124,8 +124,6 @@ def register_policies() -> None:
     for name, factory, aliases, doc in (
         ("greedy", _greedy, ("carbon-greedy",), "lowest current carbon intensity, blind to load"),
         ("least-loaded", _least_loaded, (), "lowest estimated latency, blind to carbon"),
-        ("sticky", _sticky, ("session-sticky",), "session-sticky: each turn to its session's previous datacenter while "
-         "allowed, else least-loaded (prefix workloads)"),
         ("planner", _planner, (), "earlier studies: datacenter shares re-planned every 15 min"),
         ("planner-1h", _planner_1h, (), "the same, re-planned every hour"),
         ("ilp", _ilp_static, ("ilp-static",), "per-request ILP, load-independent latency"),
@@ -136,3 +134,7 @@ def register_policies() -> None:
         ("milp-greedy", _milp_greedy, ("facility-greedy",), "greedy on the facility objective (the MILP's fallback)"),
     ):
         register_policy(name, factory, aliases=aliases, doc=doc, replace=True)
+    # (named explicitly: without sessions it is least-loaded)
+    register_policy("sticky", _sticky, aliases=("session-sticky",), in_all=False, replace=True,
+                    doc="session-sticky: each turn to its session's previous datacenter while allowed, else least-loaded "
+                    "(prefix workloads)")

@@ -18,7 +18,7 @@ from carbon_gym.errors import ConfigError
 from carbon_gym.policy import EpisodeObserver, RoundRobinPolicy, rollout, run_episode
 
 TABLE_NAMES = ["rr", "greedy", "least-loaded", "planner", "planner-1h", "ilp", "ilp-state", "greedy-cap", "ilp-cap", "milp",
-               "milp-greedy", "clairvoyant", "learned"]
+               "milp-greedy", "clairvoyant", "sticky", "learned"]
 
 
 @pytest.fixture
@@ -34,13 +34,13 @@ def dev_env():
 def test_every_layer_registers_its_short_table_names():
     pytest.importorskip("solvers")
     assert registry.available_policies() == TABLE_NAMES
-    assert registry.default_policies() == TABLE_NAMES[:-2]  # not the bound, not the learned agent
+    assert registry.default_policies() == TABLE_NAMES[:-3]  # not the bound, the session-sticky baseline, the learned agent
     assert set(registry.available_prefixes()) == {"learned", "ppo"}
     sources = {n: registry.policy_info(n).source for n in TABLE_NAMES}
     assert sources["rr"] == "carbon_gym" and sources["milp"] == "solvers"
     assert sources["clairvoyant"] == "eval" and sources["learned"] == "train"
     for alias, name in (("round-robin", "rr"), ("carbon-greedy", "greedy"), ("ilp-static", "ilp"),
-                        ("facility-milp", "milp"), ("facility-greedy", "milp-greedy")):
+                        ("facility-milp", "milp"), ("facility-greedy", "milp-greedy"), ("session-sticky", "sticky")):
         assert registry.canonical_policy_name(alias) == name
         assert registry.policy_info(alias) is registry.policy_info(name)
     assert registry.canonical_policy_name("learned:x/y.zip") == "learned:x/y.zip"
