@@ -23,6 +23,10 @@ Energy and carbon (per datacenter and in total)
     negative; the GPU energy of the active state is what the request-share identity checks. What is not attributed to any request
     (``unattributed``) is the idle and host energy plus the last two terms.
 
+Prompt tokens (prefix caching, :mod:`carbon_gym.sim.prefix_cache`)
+    per datacenter ``0 <= cached_prompt_tokens <= prompt_tokens`` and ``prefill_saved_tokens >=
+    cached_prompt_tokens`` (a request re-admitted after a preemption may hit the cache again).
+
 A failed check raises :class:`~carbon_gym.errors.LedgerError` when ``strict`` (tests), and is
 otherwise reported with ``ok = False`` and the reasons in ``problems``.
 """
@@ -102,6 +106,14 @@ def check_ledger(  # noqa: C901
                                ("aborted", totals.aborted, failed_over), ("in flight", totals.in_flight, in_flight)):
         if int(sim_v) != int(env_v):
             problems.append(f"simulator {name} {int(sim_v)} != env {int(env_v)}")
+    # ---- prompt tokens (prefix caching): cached <= prompt, saved >= cached (re-admissions), none negative
+    prompt_t = np.asarray(getattr(totals, "prompt_tokens", ()), dtype=np.int64)
+    cached_t = np.asarray(getattr(totals, "cached_prompt_tokens", ()), dtype=np.int64)
+    saved_t = np.asarray(getattr(totals, "prefill_saved_tokens", ()), dtype=np.int64)
+    if prompt_t.shape == cached_t.shape == saved_t.shape and prompt_t.size:
+        if np.any(cached_t < 0) or np.any(cached_t > prompt_t) or np.any(saved_t < cached_t):
+            problems.append(f"prefix-cache tokens out of order: need 0 <= cached {cached_t} <= prompt {prompt_t} and "
+                            f"saved {saved_t} >= cached")
     # ---- energy
     pue = np.asarray(pue, dtype=np.float64)
     gpu = np.asarray(totals.gpu_energy_j, dtype=np.float64)

@@ -12,8 +12,15 @@ simulator is advanced and the requests that arrived during the tick are placed i
 ``submit_batch`` (their wait for placement counts in their TTFT); completed records are popped
 every tick and reduced to running sums, so memory does not grow with finished requests.
 
-Usage: ``python -m eval.bench_sim [--requests-a N] [--requests-b N] [--profile]``. With no
-arguments it runs in well under a minute; the last line is ``requests_per_s=<lower of (a), (b)>``.
+(m) with ``--mooncake [PATH]``: a replay of the Mooncake conversation trace (FAST'25; timestamps,
+lengths and 512-token ``hash_ids``) on one datacenter of ``--mooncake-engines`` A100 engines
+(Llama-3.1-8B TP1, 128k context) with automatic prefix caching and the ``cache_aware`` dispatcher
+(``--mooncake-dispatcher``), arrivals ``--mooncake-speedup`` times faster than recorded; it also
+prints the prefix hit rate (cached / prompt tokens) and the prefill tokens saved.
+
+Usage: ``python -m eval.bench_sim [--requests-a N] [--requests-b N] [--only a|b|m] [--mooncake [PATH]]
+[--profile]``. With no arguments it runs (a) and (b) in well under a minute; the last line is
+``requests_per_s=<lowest of the cases run>``.
 """
 
 from __future__ import annotations
@@ -39,6 +46,77 @@ from carbon_gym.specs import load_gpu_spec, load_model_spec
 from carbon_gym.topology import DatacenterSpec, Topology
 
 AZURE_CONV = "AzureLLMInferenceTrace_conv_2023.csv"
+MOONCAKE_CONV = Path("workload") / "mooncake" / "conversation_trace.jsonl"
+
+
+def mooncake_trace(path: str | None) -> tuple[list[dict], str]:
+    """Rows of a Mooncake-format jsonl trace (``timestamp`` ms, ``input_length``,
+    ``output_length``, ``hash_ids``): ``path``, else the packaged or shared conversation trace."""
+    import json
+
+    here = Path(__file__).resolve().parents[1]
+    cands = [Path(path)] if path else [here / "carbon_gym" / "data" / MOONCAKE_CONV, Path("/work/shared/data") / MOONCAKE_CONV]
+    for p in cands:
+        if p.exists():
+            with open(p) as f:
+                return [json.loads(line) for line in f if line.strip()], str(p)
+    raise SystemExit(f"Mooncake trace not found (looked for {', '.join(map(str, cands))}); pass --mooncake PATH")
+
+
+def run_mooncake(rows: list[dict], n_engines: int, dispatcher: str, speedup: float, tick_s: float) -> dict:
+    """Replay ``rows`` (Mooncake format) on one datacenter of ``n_engines`` A100 engines with prefix
+    caching; return measured figures (as :func:`run_case`, plus the prefix-cache totals)."""
+    topo = Topology(("r",), (DatacenterSpec("dc", "r", "Z", 1.1, -(-n_engines // 8), min(n_engines, 8)),))
+    net = Network(np.array([[0.005]]))
+    ct = CarbonTrace(("Z",), datetime(2023, 1, 1), np.linspace(100, 400, 24)[:, None], "step")
+    gpu = load_gpu_spec("a100-80gb")
+    eng = EngineConfig(max_model_len=131072, prefix_caching=True, prefix_block_tokens=512)
+    sim = Simulator(topo, load_model_spec("llama-3.1-8b"), gpu, load_latency_model("a100-80gb", "llama-3.1-8b", 1),
+                    load_power_model("a100-80gb"), net, ct, engine=eng, dispatcher=dispatcher)
+    arrival = np.array([r["timestamp"] for r in rows], dtype=np.float64) / 1e3 / speedup
+    prompt = np.array([r["input_length"] for r in rows], dtype=np.int64)
+    output = np.array([r["output_length"] for r in rows], dtype=np.int64)
+    hashes = [r["hash_ids"] for r in rows]
+    n = len(rows)
+    zeros = np.zeros(n, dtype=np.int64)
+    done = 0
+    ttft_sum = 0.0
+    t0 = time.perf_counter()
+    c0 = time.process_time()
+    i = 0
+    t = 0.0
+    while i < n or done < n:
+        t += tick_s if i < n else 10.0
+        sim.advance_to(t)
+        j = int(np.searchsorted(arrival, t, side="right"))
+        if j > i:
+            sim.submit_batch(zeros[i:j], arrival[i:j], prompt[i:j], output[i:j], zeros[i:j], prefix_hashes=hashes[i:j])
+            i = j
+        r = sim.pop_completed()
+        done += len(r)
+        ttft_sum += float(r.ttft_s.sum())
+    wall = time.perf_counter() - t0
+    cpu = time.process_time() - c0
+    tot = sim.totals()
+    return dict(
+        name=f"m: Mooncake replay, {n_engines} engines, {dispatcher}, x{speedup:g}", requests=done, simulated_s=t,
+        wall_s=wall, requests_per_s=done / wall, cpu_s=cpu, requests_per_cpu_s=done / cpu, iterations=tot.iterations,
+        events=sim.events_processed, preemptions=tot.preemptions, mean_ttft_s=ttft_sum / max(done, 1),
+        hit_rate=tot.overall_prefix_hit_rate, prompt_tokens=int(tot.prompt_tokens.sum()),
+        saved_tokens=int(tot.prefill_saved_tokens.sum()), evictions=int(tot.prefix_evictions.sum()),
+        facility_kwh=float(tot.facility_energy_j.sum()) / 3.6e6,
+        peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+    )
+
+
+def report_mooncake(res: dict) -> None:
+    print(f"({res['name']}) requests={res['requests']} simulated_s={res['simulated_s']:.0f} wall_s={res['wall_s']:.2f} "
+          f"requests_per_s={res['requests_per_s']:.0f} cpu_s={res['cpu_s']:.2f} "
+          f"requests_per_cpu_s={res['requests_per_cpu_s']:.0f} iterations={res['iterations']} events={res['events']} "
+          f"preemptions={res['preemptions']} mean_ttft_s={res['mean_ttft_s']:.3f} hit_rate={res['hit_rate']:.3f} "
+          f"prompt_tokens={res['prompt_tokens']} prefill_saved_tokens={res['saved_tokens']} "
+          f"prefix_evictions={res['evictions']} facility_kwh={res['facility_kwh']:.2f} "
+          f"peak_rss_mb={res['peak_rss_mb']:.0f}", flush=True)
 
 
 def azure_conv_lengths() -> tuple[np.ndarray, np.ndarray, str]:
@@ -166,13 +244,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests-b", type=int, default=200000, help="requests for case (b), 512 GPUs (>= 200000)")
     ap.add_argument("--rate-per-engine-b", type=float, default=5.0, help="arrivals per engine per second in (b)")
     ap.add_argument("--tick-s", type=float, default=0.5, help="placement period, simulated seconds")
-    ap.add_argument("--only", choices=["a", "b"], help="run one case only")
+    ap.add_argument("--only", choices=["a", "b", "m"], help="run one case only")
+    ap.add_argument("--mooncake", nargs="?", const="", default=None, metavar="PATH",
+                    help="also run case (m): replay a Mooncake trace with prefix caching (default: the conversation trace)")
+    ap.add_argument("--mooncake-engines", type=int, default=32,
+                    help="engines of case (m)'s datacenter (32: 4 nodes x 8 A100, a datacenter of the default topology)")
+    ap.add_argument("--mooncake-dispatcher", default="cache_aware", help="dispatcher of case (m)")
+    ap.add_argument("--mooncake-speedup", type=float, default=1.0, help="case (m): arrivals this many times faster")
     ap.add_argument("--profile", action="store_true", help="print the top cProfile entries of each case")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    results = []
+    if args.only == "m" or args.mooncake is not None:
+        rows, src = mooncake_trace(args.mooncake or None)
+        print(f"Mooncake trace: {src} ({len(rows)} requests)")
+        res = run_mooncake(rows, args.mooncake_engines, args.mooncake_dispatcher, args.mooncake_speedup, args.tick_s)
+        report_mooncake(res)
+        results.append(res)
+        if args.only == "m":
+            print(f"requests_per_s={res['requests_per_s']:.0f}")
+            return 0
     lengths = azure_conv_lengths()
     print(f"workload lengths: {lengths[2]} (mean prompt {lengths[0].mean():.0f}, mean output {lengths[1].mean():.0f})")
-    results = []
     cases = []
     if args.only in (None, "a"):
         cases.append((f"a: 1 engine, {args.rate_a:.0f} req/s", lambda: make_simulator(one_engine_world()),

@@ -111,6 +111,13 @@ def _digest(columns: dict[str, np.ndarray], skip: tuple[str, ...] = ()) -> str:
     return h.hexdigest()
 
 
+def _zero_columns(columns: dict[str, np.ndarray], names: tuple[str, ...]) -> tuple[str, ...]:
+    """The columns among ``names`` that are all zero: record columns added after the golden cells
+    were written (prefix caching's ``cached_tokens``) are left out of the digest while they carry
+    nothing, so the pinned digests of the other columns stay valid; a run that uses them pins them."""
+    return tuple(n for n in names if n in columns and not np.any(np.asarray(columns[n])))
+
+
 def run_cell(cell: tuple[str, str, int]) -> dict[str, Any]:
     """One episode through the evaluation runner (as ``carbon-gym eval`` runs it)."""
     from carbon_gym.policy import EpisodeObserver
@@ -137,7 +144,7 @@ def run_cell(cell: tuple[str, str, int]) -> dict[str, Any]:
         "metrics": _plain(metrics),
         "episode_metrics": _plain(_pinned_episode_metrics(em)) if em is not None else None,
         "meta": _plain({k: v for k, v in res.meta.items() if k not in ("warnings", "episode_metrics")}),
-        "requests_sha256": _digest(res.requests),
+        "requests_sha256": _digest(res.requests, skip=_zero_columns(res.requests, ("cached_tokens",))),
         "steps_sha256": _digest(res.steps, skip=("decision_s",)),
         "n_requests": int(len(next(iter(res.requests.values())))) if res.requests else 0,
     }

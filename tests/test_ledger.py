@@ -123,6 +123,8 @@ def _inputs(env):
         (lambda k: k.update(totals=dataclasses.replace(k["totals"], submitted=k["totals"].submitted + 1)),
          "simulator submitted"),
         (lambda k: k.update(pue=k["pue"] * 1.01), "PUE"),
+        (lambda k: k.update(totals=dataclasses.replace(k["totals"], cached_prompt_tokens=k["totals"].prompt_tokens + 1)),
+         "prefix-cache"),
     ],
 )
 def test_a_lost_request_or_joule_raises_in_strict_mode_and_is_reported_otherwise(change, message):

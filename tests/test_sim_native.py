@@ -1,4 +1,4 @@
-"""The compiled simulator (mypyc build of carbon_gym/sim/request.py, engine.py, datacenter.py and simulator.py, setup.py):
+"""The compiled simulator (mypyc build of carbon_gym/sim/request.py, prefix_cache.py, engine.py, datacenter.py and simulator.py, setup.py):
 same results as the pure-Python modules, and the import-time choice between them
 (carbon_gym/sim/_native.py) never runs a build older than the sources."""
 
@@ -132,7 +132,7 @@ def test_select_without_a_build_keeps_the_sources(tmp_path, clean_modules, monke
         warnings.simplefilter("error")
         out = _native.select("fake_none", pkg)
     assert out == {**{m: "python" for m in _native.COMPILED_MODULES}, "reason": "no compiled build"}
-    assert set(_native.COMPILED_MODULES) == {"request", "engine", "datacenter", "simulator"}
+    assert set(_native.COMPILED_MODULES) == {"request", "prefix_cache", "engine", "datacenter", "simulator"}
     assert "fake_none.engine" not in sys.modules  # nothing to bypass: the normal import runs later
 
 
@@ -149,7 +149,7 @@ def test_select_runs_the_sources_of_a_stale_build_and_warns(tmp_path, clean_modu
     monkeypatch.delenv(_native.PURE_ENV_VAR, raising=False)
     name = f"fake_stale_{record}"
     pkg = _fake_package(tmp_path, name, built=True, record=record)
-    with pytest.warns(RuntimeWarning, match=r"stale compiled build: request\.py, engine\.py, datacenter\.py, simulator\.py changed .*pip install -e \."):
+    with pytest.warns(RuntimeWarning, match=r"stale compiled build: request\.py, prefix_cache\.py, engine\.py, datacenter\.py, simulator\.py changed .*pip install -e \."):
         out = _native.select(name, pkg)
     assert out["engine"] == out["datacenter"] == "python" and out["reason"].startswith("stale compiled build")
     for mod in _native.COMPILED_MODULES:  # the .py sources are the modules now

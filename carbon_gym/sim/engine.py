@@ -41,6 +41,12 @@ per-sequence bookkeeping (the slow reference); both give the same results.
 preempted or completed something - moments that exist identically in both modes - so decisions
 do not depend on how decode runs were cut.
 
+**Prefix caching** (``EngineConfig.prefix_caching``; :mod:`carbon_gym.sim.prefix_cache`): a
+request with prefix keys is admitted with its cached prefix already "prefilled" (``prefilled``
+starts at the hit: those tokens take no chunk, no time and no energy, while the attention of the
+computed ones still covers them) and those blocks shared; ``free_blocks`` counts cached-free
+blocks as free and the cache evicts them, least recently used first, when allocations need them.
+
 **Energy shares.** Each iteration's facility energy (engine power x duration x PUE) is split over
 its batch in proportion to the tokens computed (a decode = 1 token); decoding sequences collect
 theirs through engine-level cumulative per-sequence counters (``decode_share_j`` / ``_g``, O(1)
@@ -162,7 +168,8 @@ class Engine(CopyableState):
         self.wake_after = False
         self.prefix_tokens = cfg.prefix_block_tokens
         self.prefix_kv = cfg.prefix_block_tokens // cfg.block_tokens
-        self.cache: PrefixCache | None = PrefixCache(self.prefix_kv, dc.prefix_index) if cfg.prefix_caching else None
+        self.cache: PrefixCache | None = (
+            PrefixCache(cfg.prefix_block_tokens, cfg.block_tokens, dc.prefix_index) if cfg.prefix_caching else None)
         self.reset()
 
     def reset(self) -> None:
@@ -488,8 +495,7 @@ class Engine(CopyableState):
             b = self._drop_decoder(req) - req.held * self.prefix_kv
         else:
             b = req.kv_blocks  # its private blocks
-        if req.held:
-            b += cache.release(req, self.free_blocks)
+        b += cache.release(req, self.free_blocks)
         self.free_blocks += b
 
     # ------------------------------------------------------------------ preemption
@@ -570,8 +576,12 @@ class Engine(CopyableState):
         waiting = self.waiting
         if not waiting or len(self.running) >= self.max_seqs:
             return 0
-        if self.cache is not None and waiting[0].prefix_keys is not None:
-            return self._head_admission_cached(free_blocks, budget_tokens)
+        cache = self.cache
+        if cache is not None and waiting[0].prefix_keys is not None:  # its cached prefix takes no new blocks
+            if self.chunked_prefill:
+                return cache.admission_blocks(waiting[0], free_blocks, -1) if budget_tokens > 0 else 0
+            return cache.admission_blocks(waiting[0], free_blocks,
+                                          -1 if budget_tokens == self.token_budget else budget_tokens)
         L = waiting[0].prefill_len
         if self.chunked_prefill:
             if budget_tokens <= 0:
@@ -580,37 +590,6 @@ class Engine(CopyableState):
             return 0
         bt = self.block_tokens
         blocks = (L + bt - 1) // bt
-        return blocks if blocks <= free_blocks else 0
-
-    def _cache_limit(self, req: RequestState) -> int:
-        """Most prefix-cache entries ``req`` may hit: its full prompt blocks, leaving at least one
-        token of ``prefill_len`` to compute."""
-        keys = req.prefix_keys
-        assert keys is not None
-        n = (req.prefill_len - 1) // self.prefix_tokens
-        return n if n < len(keys) else len(keys)
-
-    def _head_admission_cached(self, free_blocks: int, budget_tokens: int) -> int:
-        """:meth:`_head_admission` for a head with prefix keys (caching on): its cached prefix
-        needs no new blocks; entries held by running requests cost nothing, cached-free ones
-        leave the free count (the blocks taken: ``ceil(prefill_len / block_tokens) - live x
-        prefix_kv``); without chunked prefill the whole uncached rest must fit the budget."""
-        cache = self.cache
-        assert cache is not None
-        head = self.waiting[0]
-        keys = head.prefix_keys
-        assert keys is not None
-        L = head.prefill_len
-        n_max = self._cache_limit(head)
-        if self.chunked_prefill:
-            if budget_tokens <= 0:
-                return 0
-        elif budget_tokens != self.token_budget:
-            rest = L - cache.peek(keys, n_max, free_blocks) * self.prefix_tokens
-            if rest > budget_tokens:
-                return 0
-        bt = self.block_tokens
-        blocks = (L + bt - 1) // bt - cache.live(keys, n_max) * self.prefix_kv
         return blocks if blocks <= free_blocks else 0
 
     def _admit(self, t: float, budget_tokens: int, free_blocks: int, chunks: list[tuple[RequestState, int]]) -> None:
@@ -633,7 +612,7 @@ class Engine(CopyableState):
             cached = 0
             if cache is not None and head.prefix_keys is not None:
                 # its cached prefix is shared, not allocated, and not computed
-                h = cache.acquire(head, self._cache_limit(head), free_blocks)
+                h = cache.acquire(head, free_blocks)
                 cached = h * self.prefix_tokens
                 head.prefilled = cached
                 full = (L + self.block_tokens - 1) // self.block_tokens

@@ -50,12 +50,14 @@ Compiled with the engine (``setup.py``, :data:`carbon_gym.sim._native.COMPILED_M
 
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict
 from typing import Any
 
+from ..errors import ConfigError
 from .request import CopyableState, RequestState, mypyc_attr
 
-__all__ = ["PrefixCache", "ROOT_KEY", "MAX_BLOCK_ID", "chain_keys"]
+__all__ = ["PrefixCache", "ROOT_KEY", "MAX_BLOCK_ID", "chain_keys", "prefix_keys", "batch_prefix_keys"]
 
 #: Parent key of every request's first prefix block.
 ROOT_KEY = 0x5EED
@@ -73,12 +75,56 @@ def chain_keys(ids: Any, n: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+def prefix_keys(hashes: Any, prompt_tokens: int, prefix_tokens: int, caching: bool, field: str) -> tuple[int, ...] | None:
+    """Validate one request's ``prefix_hashes`` (None or block ids, at most one per
+    ``prefix_tokens``-token block of its ``prompt_tokens``-token prompt, each in [0,
+    :data:`MAX_BLOCK_ID`)) - :class:`ConfigError` naming ``field`` - and return the chained keys of
+    its full blocks, or None (no ids, no full block, or ``caching`` off)."""
+    if hashes is None:
+        return None
+    try:
+        ids = [operator.index(x) for x in hashes]
+    except TypeError:
+        raise ConfigError(field, f"must be None or a sequence of integer block ids, got {hashes!r}") from None
+    nb = -(-prompt_tokens // prefix_tokens)
+    if len(ids) > nb:
+        raise ConfigError(field, f"{len(ids)} block ids for a {prompt_tokens}-token prompt in {prefix_tokens}-token "
+                          "blocks", allowed=f"at most ceil(prompt_tokens / prefix_block_tokens) = {nb} ids")
+    if ids and (min(ids) < 0 or max(ids) >= MAX_BLOCK_ID):
+        raise ConfigError(field, f"block ids must lie in [0, 2**61 - 1), got {min(ids)}..{max(ids)}",
+                          allowed="0 <= id < 2**61 - 1")
+    if not caching:
+        return None
+    n = min(len(ids), prompt_tokens // prefix_tokens)
+    return chain_keys(ids, n) if n else None
+
+
+def batch_prefix_keys(hashes: Any, prompts: list[int], prefix_tokens: int,
+                      caching: bool) -> list[tuple[int, ...] | None] | None:
+    """:func:`prefix_keys` of each row of a batch (``hashes``: None, or one entry per prompt);
+    None when no row has keys."""
+    if hashes is None:
+        return None
+    n = len(prompts)
+    try:
+        m = len(hashes)
+    except TypeError:
+        m = -1
+    if m != n:
+        raise ConfigError("prefix_hashes", f"must be None or a sequence of {n} entries (one per request), got "
+                          f"{m if m >= 0 else type(hashes).__name__}")
+    out = [prefix_keys(h, p, prefix_tokens, caching, f"prefix_hashes[{i}]") for i, (h, p) in enumerate(zip(hashes, prompts))]
+    return out if any(k is not None for k in out) else None
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)
 class PrefixCache(CopyableState):
     """The prefix cache of one engine (see the module docstring). Counts are in entries (prefix
     blocks) unless named ``_blocks`` (KV blocks)."""
 
     __slots__ = (
+        "prefix_tokens",     # tokens per prefix block
+        "block_tokens",      # tokens per KV block
         "kv_per_block",      # KV blocks per entry (prefix_block_tokens / block_tokens)
         "refs",              # key -> requests holding the entry (0: cached-free, in lru)
         "parents",           # key -> the key of its parent entry (ROOT_KEY for a first block)
@@ -89,8 +135,10 @@ class PrefixCache(CopyableState):
         "inserted",          # entries created so far
     )
 
-    def __init__(self, kv_per_block: int, index: dict[int, int]) -> None:
-        self.kv_per_block = kv_per_block
+    def __init__(self, prefix_tokens: int, block_tokens: int, index: dict[int, int]) -> None:
+        self.prefix_tokens = prefix_tokens
+        self.block_tokens = block_tokens
+        self.kv_per_block = prefix_tokens // block_tokens
         self.index = index
         self.refs: dict[int, int] = {}
         self.parents: dict[int, int] = {}
@@ -103,6 +151,30 @@ class PrefixCache(CopyableState):
         return len(self.refs)
 
     # ------------------------------------------------------------------ queries
+    def limit(self, req: RequestState) -> int:
+        """Most entries ``req`` may hit: its full prompt blocks, leaving at least one token of its
+        ``prefill_len`` to compute."""
+        keys = req.prefix_keys
+        assert keys is not None
+        n = (req.prefill_len - 1) // self.prefix_tokens
+        return n if n < len(keys) else len(keys)
+
+    def admission_blocks(self, req: RequestState, free_blocks: int, budget_tokens: int) -> int:
+        """The engine's admission rule for ``req`` (it has prefix keys) with ``free_blocks`` free:
+        the blocks its admission takes from them, ``ceil(prefill_len / block_tokens) - live x
+        kv_per_block`` (entries held by running requests are allocated already, cached-free ones
+        leave the free count), or 0 if they do not fit or, with ``budget_tokens >= 0`` (no chunked
+        prefill, the iteration not empty), its uncached tokens exceed that budget."""
+        keys = req.prefix_keys
+        assert keys is not None
+        L = req.prefill_len
+        n_max = self.limit(req)
+        if budget_tokens >= 0 and L - self.peek(keys, n_max, free_blocks) * self.prefix_tokens > budget_tokens:
+            return 0
+        bt = self.block_tokens
+        blocks = (L + bt - 1) // bt - self.live(keys, n_max) * self.kv_per_block
+        return blocks if blocks <= free_blocks else 0
+
     def match(self, keys: tuple[int, ...], n_max: int) -> int:
         """Entries of the longest cached prefix of ``keys`` (at most ``n_max``)."""
         parents = self.parents
@@ -182,14 +254,14 @@ class PrefixCache(CopyableState):
         self.evictable_blocks -= n * m
         self.evictions += n
 
-    def acquire(self, req: RequestState, n_max: int, free_blocks: int) -> int:
+    def acquire(self, req: RequestState, free_blocks: int) -> int:
         """Admission of ``req`` with ``free_blocks`` free (cached-free included): settle, then take
-        a reference on its longest cached prefix (at most ``n_max`` entries); return the entries
-        (``req.held``). The engine's free blocks drop by ``full - live x kv_per_block``."""
+        a reference on its longest cached prefix (at most :meth:`limit` entries); return the
+        entries (``req.held``). The engine's free blocks drop by :meth:`admission_blocks`."""
         self.settle(free_blocks)
         keys = req.prefix_keys
         assert keys is not None
-        h = self.match(keys, n_max)
+        h = self.match(keys, self.limit(req))
         if h:
             refs = self.refs
             lru = self.lru
@@ -250,10 +322,10 @@ class PrefixCache(CopyableState):
         """``req`` leaves the engine (completed or preempted) with ``free_blocks`` free: settle,
         drop its references deepest first; return the KV blocks that became cached-free (they
         count as free)."""
+        self.settle(free_blocks)  # (for every request: its blocks may have needed evictions)
         h = req.held
         if not h:
             return 0
-        self.settle(free_blocks)
         keys = req.prefix_keys
         assert keys is not None
         refs = self.refs

@@ -28,7 +28,7 @@ from ..errors import ConfigError
 from .datacenter import Datacenter
 from .dispatch import get_dispatcher, get_prefix_weight
 from .engine import IDLE, RUN, EngineConfig
-from .prefix_cache import MAX_BLOCK_ID, chain_keys
+from .prefix_cache import batch_prefix_keys, prefix_keys
 from .request import CopyableState, EngineModels, RequestState, mypyc_attr
 from .records import AbortedRequests, RequestRecords
 from .results import ClusterSnapshot, EnergyAttribution, LatencyEstimates, SimTotals, snapshot_from_array
@@ -267,41 +267,13 @@ class Simulator(CopyableState):
         return rid
 
     def _prefix_keys(self, hashes: Any, p: int, field: str) -> tuple[int, ...] | None:
-        """Validate a request's ``prefix_hashes`` (None or block ids) for a ``p``-token prompt;
-        return the chained keys of its full blocks, or None (none, or prefix caching off)."""
-        if hashes is None:
-            return None
-        try:
-            ids = [operator.index(x) for x in hashes]
-        except TypeError:
-            raise ConfigError(field, f"must be None or a sequence of integer block ids, got {hashes!r}") from None
-        P = self.engine_config.prefix_block_tokens
-        nb = -(-p // P)
-        if len(ids) > nb:
-            raise ConfigError(field, f"{len(ids)} block ids for a {p}-token prompt in {P}-token blocks",
-                              allowed=f"at most ceil(prompt_tokens / prefix_block_tokens) = {nb} ids")
-        if ids and (min(ids) < 0 or max(ids) >= MAX_BLOCK_ID):
-            raise ConfigError(field, f"block ids must lie in [0, 2**61 - 1), got {min(ids)}..{max(ids)}",
-                              allowed="0 <= id < 2**61 - 1")
-        if not self.engine_config.prefix_caching:
-            return None
-        n = min(len(ids), p // P)
-        return chain_keys(ids, n) if n else None
+        """Validated ``prefix_hashes`` of a ``p``-token prompt -> its chained keys (or None)."""
+        cfg = self.engine_config
+        return prefix_keys(hashes, p, cfg.prefix_block_tokens, cfg.prefix_caching, field)
 
     def _batch_keys(self, hashes: Any, prompts: list[int]) -> list[tuple[int, ...] | None] | None:
-        """:meth:`_prefix_keys` of each row of ``submit_batch``'s ``prefix_hashes`` (None: all None)."""
-        if hashes is None:
-            return None
-        n = len(prompts)
-        try:
-            m = len(hashes)
-        except TypeError:
-            m = -1
-        if m != n:
-            raise ConfigError("prefix_hashes", f"must be None or a sequence of {n} entries (one per request), got "
-                              f"{m if m >= 0 else type(hashes).__name__}")
-        out = [self._prefix_keys(h, p, f"prefix_hashes[{i}]") for i, (h, p) in enumerate(zip(hashes, prompts))]
-        return out if any(k is not None for k in out) else None
+        cfg = self.engine_config
+        return batch_prefix_keys(hashes, prompts, cfg.prefix_block_tokens, cfg.prefix_caching)
 
     def _set_keys(self, first: int, keys: list[tuple[int, ...] | None] | None) -> None:
         """Attach the prefix keys of a batch submitted with ids ``first, first + 1, ...``."""
