@@ -540,7 +540,8 @@ class GeoServeEnv(gym.Env):
             if self._sessions is not None:
                 self._sessions.placed(sim, self._window and tally.window is not None, place, dcs, self._snap)
             rows, ints = self._pending.take(n_vis, place)  # origin, prompt, output
-            ids = P.submit_placed(sim, ints[:, 0], rows[:, P.ARRIVAL], ints[:, 1], ints[:, 2], dcs, self._pending.placed_hashes)
+            ids = P.submit_placed(sim, ints[:, 0], rows[:, P.ARRIVAL], ints[:, 1], ints[:, 2], dcs,
+                                  self._pending.placed_hashes)  # (prefix_hashes= only when there are any)
             tally.add_placed(ids, rows[:, P.FAILED], dcs, ints[:, 2])
         tally.deferred += deferred
         tally.blocked += blocked
@@ -848,10 +849,11 @@ class GeoServeEnv(gym.Env):
         ``unplaced_at_end`` (pending), ``blocked`` (request-steps: at each decision, the pending
         requests with no allowed datacenter), ``blocked_at_end`` (of ``unplaced_at_end``),
         ``context_truncated`` / ``context_truncated_tokens`` (arrivals cut to the context window,
-        tokens dropped: :func:`carbon_gym.sessions.fit_context`), ``failed_over`` (= ``aborted``), ``failed_over_completed`` (failed over, placed again and
-        completed), ``deferred`` (slot-steps deferred), ``invalid_actions``, ``carbon_g`` (facility, all
-        datacenters, from t = 0 to the end of the drain), ``energy_kwh`` (facility),
-        ``it_energy_kwh``, ``carbon_g_per_request`` (carbon_g / completed), TTFT / TPOT
+        tokens dropped: :func:`carbon_gym.workload.fit_context`), ``failed_over`` (= ``aborted``),
+        ``failed_over_completed`` (failed over, placed again and completed), ``deferred``
+        (slot-steps deferred), ``invalid_actions``, ``carbon_g`` (facility, all datacenters, from
+        t = 0 to the end of the drain), ``energy_kwh`` (facility), ``it_energy_kwh``,
+        ``carbon_g_per_request`` (carbon_g / completed), TTFT / TPOT
         ``mean``, ``p50``, ``p90``, ``p99`` in seconds over completed requests (NaN when none),
         ``violations``, ``violation_rate`` (violations / completed), ``ttft_violation_rate``,
         ``tpot_violation_rate``, per-datacenter arrays (D,): ``dc_carbon_g``,

@@ -52,7 +52,7 @@ class EpisodeTally:
         self.deferred = 0
         self.blocked = 0  # request-steps: pending requests with no allowed datacenter, per decision
         self.invalid_actions = 0
-        self.context_truncated = 0  # arrivals cut to the context window (carbon_gym.sessions.fit_context)
+        self.context_truncated = 0  # arrivals cut to the context window (carbon_gym.workload.fit_context)
         self.context_truncated_tokens = 0
         self.max_output_placed = 0
         self.failed_over_completed = 0

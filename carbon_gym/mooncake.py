@@ -28,7 +28,7 @@ looped past its end as :class:`~carbon_gym.workload.TraceReplayArrivals` does) w
 from one region: ``region = the region whose cumulative share first exceeds u``, ``u`` a uniform
 hashed (splitmix64) from (seed, session, loop copy). Loop copy ``j`` offsets every id after the
 system prompt by ``j * (max id + 1)``: a new loop is new conversations, the system prompt stays
-shared. Context-window rule: see :func:`carbon_gym.sessions.fit_context`.
+shared. Context-window rule: :func:`carbon_gym.workload.fit_context` (see :mod:`carbon_gym.sessions`).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ import numpy as np
 
 from ._toml import data_path
 from .errors import ConfigError, DataError, check_finite_nonneg
+from .workload import RequestBatch, TraceReplayArrivals, _check_shares, blocked_arrivals, fit_context, remember_block
 
 __all__ = ["MOONCAKE_TRACES", "PrefixTrace", "load_prefix_trace", "SessionInference", "infer_sessions",
            "PrefixReplayWorkload", "splitmix_uniform", "is_prefix_trace"]
@@ -57,10 +58,10 @@ MOONCAKE_TRACES: dict[str, str] = {
 
 _SUFFIXES = (".jsonl", ".jsonl.gz")
 _FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
-#: Largest hash id a trace may hold (the replay offsets ids per loop copy below 2**61).
+#: Largest hash id a trace may hold (the replay offsets ids per loop copy below 2**60).
 MAX_HASH_ID = 2**40 - 1
-#: Id space of the blocks of truncated prompts (see carbon_gym.sessions.fit_context).
-TRUNCATED_ID_BASE = 1 << 61
+#: Id space of the blocks of truncated prompts (see carbon_gym.sessions.fit_context); every id < 2**61.
+TRUNCATED_ID_BASE = 1 << 60
 
 
 def is_prefix_trace(name_or_path: str) -> bool:
@@ -126,6 +127,41 @@ def _whole(v: Any, field: str, where: str, lo: int) -> int:
     return int(v)
 
 
+def _parse_line(line: str, where: str, block_tokens: int, prev_ms: float) -> tuple[float, int, int, list[int]]:
+    """``(timestamp ms, input_length, output_length, hash_ids)`` of one line; ConfigError naming
+    the field, ``where`` (file:line) and the allowed values."""
+    lines = "one JSON object a line with " + ", ".join(_FIELDS)
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise _bad("line", where, f"not valid JSON ({e.msg})", lines) from None
+    if not isinstance(obj, dict):
+        raise _bad("line", where, f"expected a JSON object, got {type(obj).__name__}", lines)
+    for k in _FIELDS:
+        if k not in obj:
+            raise _bad(k, where, "required field is missing", list(_FIELDS))
+    ts = obj["timestamp"]
+    ts_allowed = "ms since the trace start, >= 0, non-decreasing"
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts) or ts < 0:
+        raise _bad("timestamp", where, f"expected a finite number of ms >= 0, got {ts!r}", ts_allowed)
+    if ts < prev_ms:
+        raise _bad("timestamp", where, f"{ts!r} is earlier than the previous line's {prev_ms!r}", ts_allowed)
+    p = _whole(obj["input_length"], "input_length", where, 1)
+    o = _whole(obj["output_length"], "output_length", where, 1)
+    h = obj["hash_ids"]
+    need = -(-p // block_tokens)
+    ids_allowed = f"ceil(input_length / {block_tokens}) integers in [0, {MAX_HASH_ID}]"
+    if not isinstance(h, list):
+        raise _bad("hash_ids", where, f"expected an array, got {h!r}", ids_allowed)
+    if len(h) != need:
+        raise _bad("hash_ids", where, f"{len(h)} ids for input_length {p}: expected ceil({p} / block_tokens) = {need} "
+                   f"(block_tokens = {block_tokens}; is the trace's block size another one?)", ids_allowed)
+    for x in h:
+        if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= MAX_HASH_ID:
+            raise _bad("hash_ids", where, f"bad id {x!r}", f"integers in [0, {MAX_HASH_ID}]")
+    return float(ts), p, o, h
+
+
 @lru_cache(maxsize=8)
 def _read_trace(path: str, mtime_ns: int, block_tokens: int) -> PrefixTrace:
     opener: Any = gzip.open if path.lower().endswith(".gz") else open
@@ -140,36 +176,8 @@ def _read_trace(path: str, mtime_ns: int, block_tokens: int) -> PrefixTrace:
             for line_no, line in enumerate(fh, 1):
                 if not line.strip():
                     continue
-                where = f"{path}:{line_no}"
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise _bad("line", where, f"not valid JSON ({e.msg})", "one JSON object a line with " + ", ".join(_FIELDS)) from None
-                if not isinstance(obj, dict):
-                    raise _bad("line", where, f"expected a JSON object, got {type(obj).__name__}", "one JSON object a line with " + ", ".join(_FIELDS))
-                for k in _FIELDS:
-                    if k not in obj:
-                        raise _bad(k, where, "required field is missing", list(_FIELDS))
-                ts = obj["timestamp"]
-                if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts) or ts < 0:
-                    raise _bad("timestamp", where, f"expected a finite number of ms >= 0, got {ts!r}", "ms since the trace start, >= 0, non-decreasing")
-                if ts < prev_ms:
-                    raise _bad("timestamp", where, f"{ts!r} is earlier than the previous line's {prev_ms!r}", "ms since the trace start, >= 0, non-decreasing")
-                prev_ms = ts
-                p = _whole(obj["input_length"], "input_length", where, 1)
-                o = _whole(obj["output_length"], "output_length", where, 1)
-                h = obj["hash_ids"]
-                need = -(-p // block_tokens)
-                if not isinstance(h, list):
-                    raise _bad("hash_ids", where, f"expected an array, got {h!r}", f"ceil(input_length / {block_tokens}) integers in [0, {MAX_HASH_ID}]")
-                if len(h) != need:
-                    raise _bad("hash_ids", where, f"{len(h)} ids for input_length {p}: expected ceil({p} / block_tokens) = {need} "
-                               f"(block_tokens = {block_tokens}; is the trace's block size another one?)",
-                               f"ceil(input_length / {block_tokens}) integers in [0, {MAX_HASH_ID}]")
-                for x in h:
-                    if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= MAX_HASH_ID:
-                        raise _bad("hash_ids", where, f"bad id {x!r}", f"integers in [0, {MAX_HASH_ID}]")
-                times.append(ts / 1000.0)
+                prev_ms, p, o, h = _parse_line(line, f"{path}:{line_no}", block_tokens, prev_ms)
+                times.append(prev_ms / 1000.0)
                 prompts.append(p)
                 outputs.append(o)
                 ids.extend(h)
@@ -312,15 +320,13 @@ class PrefixReplayWorkload:
         seed: seed of the region draw.
         block_s: generation block length, s (determinism unit, as in :class:`~carbon_gym.workload.Workload`).
         max_context_tokens: cap on prompt + output; longer requests follow
-            :func:`carbon_gym.sessions.fit_context` (counted in ``context_truncated_tokens``).
+            :func:`carbon_gym.workload.fit_context` (counted in ``context_truncated_tokens``).
         min_system_children: system-prompt threshold of :func:`infer_sessions`.
     """
 
     def __init__(self, trace: PrefixTrace, *, time_scale: float = 1.0, n_regions: int = 1,
                  region_shares: Sequence[float] | None = None, seed: int = 0, block_s: float = 60.0,
                  max_context_tokens: int | None = None, min_system_children: int = 32):
-        from .workload import TraceReplayArrivals, _check_shares
-
         self.trace = trace
         self.arrivals = TraceReplayArrivals(trace.arrival_s, time_scale, source=trace.source)
         self.n_regions = int(n_regions)
@@ -352,9 +358,6 @@ class PrefixReplayWorkload:
         return self.rate_per_s * max(0.0, t1_s - t0_s)
 
     def _block(self, b: int) -> Any:
-        from .sessions import fit_context
-        from .workload import RequestBatch, remember_block
-
         cached = self._cache.get(b)
         if cached is not None:
             return cached
@@ -393,6 +396,4 @@ class PrefixReplayWorkload:
 
     def arrivals_between(self, t0_s: float, t1_s: float) -> Any:
         """Every request arriving in ``[t0_s, t1_s)``, sorted by time (with prefix hashes)."""
-        from .workload import blocked_arrivals
-
         return blocked_arrivals(self, t0_s, t1_s)

@@ -24,8 +24,9 @@ session begun before the episode has a context no engine has cached).
 full blocks of the system prompt carry the prompt's ids (shared by every session using it);
 every later full block carries an id unique to (session, epoch, position), so that turn ``k``'s
 ids extend turn ``k-1``'s full blocks; a partial last block has an id unique to (session, turn).
-Session ids: ``1 + ((block + lookback) << 23 | region << 17 | index)`` (``lookback`` =
-``ceil(max_session_span_s / block_s)``); block ids below 2**63.
+Session ids: ``1 + ((block + lookback) << 21 | region << 15 | index)`` (``lookback`` =
+``ceil(max_session_span_s / block_s)``); block ids ``session << 20 | ...``, below 2**61 (the
+simulator's range).
 
 **Context window** (:func:`fit_context`): a request with ``prompt + output > max_context_tokens``
 keeps its system prompt and the most recent context: the oldest context tokens after the system
@@ -50,6 +51,7 @@ import numpy as np
 from ._toml import data_path, load_toml
 from .errors import ConfigError, DataError, check_finite_nonneg
 from .schema import integer, num, spec, string
+from .workload import fit_context
 
 __all__ = ["SessionsConfig", "SessionParams", "SESSION_PARAMS", "load_session_params", "fit_context", "SessionWorkload",
            "trace_session_stats", "batch_session_stats"]
@@ -63,7 +65,7 @@ SESSION_PARAMS: dict[str, str] = {"mooncake-conv": "mooncake_conv.toml"}
 class SessionsConfig:
     """``[workload.sessions]``: prefix-structured workloads (synthetic sessions, Mooncake replay)."""
 
-    params: str = spec(string(), "arrival = 'sessions': generator parameters, 'mooncake-conv' (fitted) or a TOML path",
+    generator: str = spec(string(), "arrival = 'sessions': generator parameters, 'mooncake-conv' (fitted) or a TOML path",
                        "mooncake-conv")
     prefix_block_tokens: int = spec(integer(16, 1 << 20), "tokens per prefix hash block (the Mooncake traces: 512)", 512)
     max_session_span_s: float = spec(num(1, 86400), "a session's turns end this long after its first turn, s", 3600.0)
@@ -120,7 +122,7 @@ def _params_path(name_or_path: str) -> Path:
         if not p.exists():
             raise DataError(str(p), "file not found")
         return p
-    raise ConfigError("workload.sessions.params", f"unknown session parameters {name_or_path!r}",
+    raise ConfigError("workload.sessions.generator", f"unknown session parameters {name_or_path!r}",
                       allowed=[*SESSION_PARAMS, "<path>.toml"])
 
 
@@ -175,23 +177,9 @@ def load_session_params(name_or_path: str = "mooncake-conv") -> SessionParams:
 # ------------------------------------------------------------------------------ context window
 
 
-def fit_context(prompt_tokens: int, output_tokens: int, system_tokens: int, max_context_tokens: int | None) -> tuple[int, int, int]:
-    """``(prompt, output, dropped)`` of a request under the context-window rule (module docstring):
-    unchanged (``dropped = 0``) when ``prompt + output <= max_context_tokens``; else the oldest
-    context after the first ``system_tokens`` is dropped (then, if needed, the output clipped) so
-    that ``prompt + output == max_context_tokens``; ``dropped`` = tokens removed (>= 1)."""
-    if max_context_tokens is None or prompt_tokens + output_tokens <= max_context_tokens:
-        return prompt_tokens, output_tokens, 0
-    cap = int(max_context_tokens)
-    min_prompt = max(1, min(system_tokens + 1, cap - 1, prompt_tokens))
-    out = min(output_tokens, cap - min_prompt)
-    p = cap - out
-    return p, out, (prompt_tokens - p) + (output_tokens - out)
-
-
 # ------------------------------------------------------------------------------ generator
 
-_SESSION_BLOCK_BITS, _REGION_BITS, _INDEX_BITS = 20, 6, 17
+_SESSION_BLOCK_BITS, _REGION_BITS, _INDEX_BITS = 20, 6, 15  # uid < 2**41: every id < 2**61
 _EPOCH_BITS, _POS_BITS = 8, 11
 
 
@@ -318,7 +306,8 @@ class SessionWorkload:
         starts = np.cumsum(d["turns"]) - d["turns"]
         think = d["think"].copy()
         think[starts] = 0.0  # the first turn of each session has no think time
-        elapsed = np.cumsum(think) - np.repeat(np.cumsum(think)[starts] - think[starts], d["turns"])
+        c = np.cumsum(think)
+        elapsed = c - np.repeat(c[starts], d["turns"])  # time since the session's first turn
         return float(max(1.0, np.count_nonzero(elapsed <= self.max_session_span_s) / 20_000))
 
     def _session_block(self, b: int) -> dict[str, np.ndarray]:
@@ -332,8 +321,7 @@ class SessionWorkload:
         t0, t1 = b * self.block_s, (b + 1) * self.block_s
         peak = 1.0 + (self.diurnal.amplitude if self.diurnal else 0.0)
         cols: dict[str, list] = {k: [] for k in ("arrival", "origin", "prompt", "output", "uid", "turn", "epoch", "sys", "cut")}
-        bt, cap = self.block_tokens, self.max_context_tokens
-        span = self.max_session_span_s
+        cap, span = self.max_context_tokens, self.max_session_span_s
         for r in range(self.n_regions):
             rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(self.seed, spawn_key=(b + self.lookback_blocks, r))))
             lam = self.rate_per_s * self.region_shares[r] / self.turns_per_session * peak
@@ -380,7 +368,6 @@ class SessionWorkload:
         for old in [x for x in self._sessions if x < b - self.lookback_blocks - 1]:
             del self._sessions[old]
         self._sessions[b] = blk
-        del bt
         return blk
 
     def _hashes(self, uid: int, epoch: int, s: int, prompt: int, turn: int) -> tuple[int, ...]:
@@ -516,13 +503,13 @@ def resolve_prefix_workload(w: Any, *, model: str, tp: int, engine_groups: dict[
             raise ctx.err("workload.time_scale", "give one of workload.load, workload.rate_per_s, workload.time_scale for replay")
     else:
         w = dataclasses.replace(w, sessions=dataclasses.replace(
-            sc, params=_resolve_file(sc.params, list(SESSION_PARAMS), (".toml",), "workload.sessions.params", base_dir, ctx)))
+            sc, generator=_resolve_file(sc.generator, list(SESSION_PARAMS), (".toml",), "workload.sessions.generator", base_dir, ctx)))
     if w.load is not None and w.rate_per_s is not None:
         raise ctx.err("workload.rate_per_s", "give either workload.load or workload.rate_per_s, not both")
     if w.rate_per_s is not None:
         return w, float(w.rate_per_s), "workload.rate_per_s"
     if w.load is not None:
-        params = load_session_params(w.sessions.params if w.arrival == "sessions" else "mooncake-conv")
+        params = load_session_params(w.sessions.generator if w.arrival == "sessions" else "mooncake-conv")
         assert fractions is not None
         rate, texts = 0.0, []
         for gpu, n in engine_groups.items():
@@ -552,7 +539,7 @@ def build_prefix_workload(w: Any, *, rate_per_s: float, n_regions: int, diurnal:
 
     sc = w.sessions
     if w.arrival == "sessions":
-        return SessionWorkload(load_session_params(sc.params), rate_per_s=rate_per_s, n_regions=n_regions,
+        return SessionWorkload(load_session_params(sc.generator), rate_per_s=rate_per_s, n_regions=n_regions,
                                region_shares=w.region_shares, diurnal=diurnal, seed=seed, block_s=w.block_s,
                                max_context_tokens=w.max_context_tokens, block_tokens=sc.prefix_block_tokens,
                                max_session_span_s=sc.max_session_span_s, system_prompts=sc.system_prompts,
@@ -571,7 +558,7 @@ def prefix_length_pairs(w: Any) -> tuple[np.ndarray, np.ndarray]:
     replayed trace, or the trace the generator's parameters were fitted to."""
     from .mooncake import load_prefix_trace
 
-    name = w.trace if w.arrival == "replay" else load_session_params(w.sessions.params).trace
+    name = w.trace if w.arrival == "replay" else load_session_params(w.sessions.generator).trace
     t = load_prefix_trace(name, w.sessions.prefix_block_tokens)
     keep = t.prompt_tokens + t.output_tokens <= w.max_context_tokens
     return t.prompt_tokens[keep], t.output_tokens[keep]

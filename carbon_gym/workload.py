@@ -35,6 +35,10 @@ ever exceeds the cap.
 
 Output lengths travel with the requests for the simulator only; schedulers must not read them
 (use :mod:`carbon_gym.predict`).
+
+Workloads with prefix structure (multi-turn sessions, Mooncake replay: :mod:`carbon_gym.sessions`,
+:mod:`carbon_gym.mooncake`) answer the same ``arrivals_between`` with batches that also carry
+per-request prefix hashes, session ids and turns.
 """
 
 from __future__ import annotations
@@ -325,6 +329,20 @@ def _apply_cap(prompt: np.ndarray, output: np.ndarray, cap: int | None, policy: 
     prompt = np.minimum(prompt, cap - 1)
     output = np.minimum(output, cap - prompt)
     return prompt, output
+
+
+def fit_context(prompt_tokens: int, output_tokens: int, system_tokens: int, max_context_tokens: int | None) -> tuple[int, int, int]:
+    """``(prompt, output, dropped)`` of a request under the context-window rule (:mod:`carbon_gym.sessions`):
+    unchanged (``dropped = 0``) when ``prompt + output <= max_context_tokens``; else the oldest
+    context after the first ``system_tokens`` is dropped (then, if needed, the output clipped) so
+    that ``prompt + output == max_context_tokens``; ``dropped`` = tokens removed (>= 1)."""
+    if max_context_tokens is None or prompt_tokens + output_tokens <= max_context_tokens:
+        return prompt_tokens, output_tokens, 0
+    cap = int(max_context_tokens)
+    min_prompt = max(1, min(system_tokens + 1, cap - 1, prompt_tokens))
+    out = min(output_tokens, cap - min_prompt)
+    p = cap - out
+    return p, out, (prompt_tokens - p) + (output_tokens - out)
 
 
 class EmpiricalLengthSampler:

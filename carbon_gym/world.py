@@ -179,9 +179,11 @@ def build_engine_config(scenario: Scenario) -> EngineConfig:
         "max_num_seqs": e.max_num_seqs, "max_num_batched_tokens": e.max_num_batched_tokens,
         "chunked_prefill": e.chunked_prefill, "max_model_len": e.max_model_len,
     }
-    if e.prefix_caching:  # (off: the EngineConfig defaults, so that every other scenario builds as before)
-        values.update(prefix_caching=True, prefix_block_tokens=scenario.workload.sessions.prefix_block_tokens)
+    if e.prefix_caching:  # (passed only when on: a scenario without it builds the same EngineConfig as before)
+        values["prefix_caching"] = True
     known = {f.name for f in fields(EngineConfig)}
+    if is_prefix_workload(scenario.workload) and "prefix_block_tokens" in known:  # the prefix cache's block = the workload's
+        values["prefix_block_tokens"] = scenario.workload.sessions.prefix_block_tokens
     unknown = sorted(set(values) - known)
     if unknown:
         raise ConfigError(f"engine.{unknown[0]}", "not supported by this simulator's EngineConfig", allowed=sorted(known))

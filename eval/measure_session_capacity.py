@@ -36,7 +36,7 @@ def _records(scenario, rate_per_s: float, duration_s: float, seed: int):
 
     parts, topo, net, carbon = _single_engine_parts(scenario, 1)
     w = scenario.workload
-    wl = SessionWorkload(load_session_params(w.sessions.params), rate_per_s=rate_per_s, seed=seed, block_s=w.block_s,
+    wl = SessionWorkload(load_session_params(w.sessions.generator), rate_per_s=rate_per_s, seed=seed, block_s=w.block_s,
                          max_context_tokens=w.max_context_tokens, block_tokens=w.sessions.prefix_block_tokens,
                          max_session_span_s=w.sessions.max_session_span_s)
     sim = Simulator(topo, parts.model, parts.gpu, parts.latency, parts.power, net, carbon, engine=parts.engine,
@@ -63,7 +63,7 @@ def probe(scenario, rate: float, duration_s: float, warmup_s: float, seeds, ttft
     t1, t2 = np.concatenate(ttft), np.concatenate(tpot)
     p1 = float(np.percentile(t1, 99)) if t1.size else 0.0
     p2 = float(np.percentile(t2, 99)) if t2.size else 0.0
-    viol = float(np.mean((t1 > scenario.ttft_s))) if t1.size else 0.0
+    viol = float(np.mean(t1 > scenario.ttft_s)) if t1.size else 0.0
     return SloProbe(rate, int(t1.size), p1, p2, viol, p1 <= ttft_limit_s and p2 <= scenario.tpot_s)
 
 
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         from carbon_gym.sessions import load_session_params
 
-        path = Path(load_session_params(sc.workload.sessions.params).source)
+        path = Path(load_session_params(sc.workload.sessions.generator).source)
         text = path.read_text()
         i = text.find(f'\n[capacity."{key}"]')
         if i >= 0:
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             f"probe_seeds = {list(args.seeds)}",
             f"rel_tol = {args.rel_tol}",
             "prefix_cache = false",
-            f'command = "python eval/measure_session_capacity.py --write"',
+            'command = "python eval/measure_session_capacity.py --write"',
         ]) + "\n"
         path.write_text(text)
         print(f"wrote {path}")

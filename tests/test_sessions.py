@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -166,6 +167,7 @@ def test_generated_sessions_have_the_claimed_prefix_structure():
                 n_trunc += 1
                 assert hj[0] == hi[0] and hj[1] != hi[1]  # only the system prompt survives a truncation
     assert sys_ids == {0} and n_pairs > 1000 and n_trunc > 0
+    assert max(max(h) for h in b.prefix_hashes) < 1 << 61  # the simulator's id range
     assert np.all(b.prompt_tokens + b.output_tokens <= 32768)
 
 
@@ -224,32 +226,14 @@ def test_truncations_are_counted_by_the_env():
     assert np.count_nonzero(expect.context_truncated_tokens) > 3
     env.reset(seed=0)
     done = False
-    with pytest.warns(RuntimeWarning, match="prefix_hashes") if not _sim_takes_hashes() else _nullcontext():
+    with warnings.catch_warnings():  # (a simulator without prefix_hashes warns that it drops them)
+        warnings.simplefilter("ignore", RuntimeWarning)
         while not done:
             _, _, _, done, info = env.step(np.zeros(64, dtype=np.int64))
     em = info["episode_metrics"]
     assert em["arrived"] == len(expect) and em["completed"] == len(expect)
     assert em["context_truncated"] == np.count_nonzero(expect.context_truncated_tokens)
     assert em["context_truncated_tokens"] == int(expect.context_truncated_tokens.sum())
-
-
-def _sim_takes_hashes() -> bool:
-    import inspect
-
-    from carbon_gym.sim.simulator import Simulator
-
-    try:
-        return "prefix_hashes" in inspect.signature(Simulator.submit_batch).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-class _nullcontext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
 
 
 # ----------------------------------------------------------------------------- replay, scenarios, plumbing
@@ -282,8 +266,9 @@ def test_replay_truncates_over_the_window():
     over = (t.prompt_tokens + t.output_tokens) > 131072
     assert np.count_nonzero(b.context_truncated_tokens) == np.count_nonzero(over) == 10
     assert np.all(b.prompt_tokens + b.output_tokens <= 131072)
+    assert max(max(h) for h in b.prefix_hashes) < 1 << 61
     for i in np.flatnonzero(b.context_truncated_tokens).tolist():
-        assert len(b.prefix_hashes[i]) == -(-int(b.prompt_tokens[i]) // BT) and b.prefix_hashes[i][0] >= 1 << 61
+        assert len(b.prefix_hashes[i]) == -(-int(b.prompt_tokens[i]) // BT) and b.prefix_hashes[i][1] >= 1 << 60
 
 
 def test_shipped_prefix_scenarios_and_their_errors(tmp_path):
@@ -307,8 +292,8 @@ def test_shipped_prefix_scenarios_and_their_errors(tmp_path):
         scenario_from_dict({**base, "workload": {**base["workload"], "lengths": "trace", "diurnal_amplitude": 0.5}})
     assert e.value.field == "workload.diurnal_amplitude"
     with pytest.raises(ConfigError) as e:
-        scenario_from_dict({**base, "workload": {"arrival": "sessions", "rate_per_s": 1.0, "sessions": {"params": "nope"}}})
-    assert e.value.field == "workload.sessions.params" and "mooncake-conv" in e.value.allowed
+        scenario_from_dict({**base, "workload": {"arrival": "sessions", "rate_per_s": 1.0, "sessions": {"generator": "nope"}}})
+    assert e.value.field == "workload.sessions.generator" and "mooncake-conv" in e.value.allowed
     s = scenario_from_dict({**base, "workload": {**base["workload"], "lengths": "trace"}})
     assert s.rate_per_s == pytest.approx(12031 / (3536.999 * 12031 / 12030))  # the trace's own rate
 
@@ -335,3 +320,42 @@ def test_batches_and_pending_carry_hashes():
     assert plain.prefix_of(rows) is None
     plain.take(3, np.ones(3, bool))
     assert plain.placed_hashes is None and not math.isnan(0.0)
+
+
+def test_prefix_hashes_reach_the_prefix_cache_through_the_env():
+    """Sessions through the env into a datacenter of 8 engines with prefix caching and the
+    cache-aware dispatcher: the cached prompt tokens are at most what an unbounded cache of one
+    engine could hit (the full blocks of each prompt seen before), and most of it."""
+    from carbon_gym.env import GeoServeEnv
+    from carbon_gym.scenario import scenario_from_dict
+    from carbon_gym.sim import EngineConfig
+    from carbon_gym.world import build_workload
+
+    if "prefix_caching" not in {f for f in EngineConfig.__dataclass_fields__}:
+        pytest.skip("this simulator has no prefix cache")
+    raw = {"name": "s", "model": "llama-3.1-8b", "duration_s": 300.0,
+           "topology": {"preset": "default", "only_regions": ["europe"], "datacenters_per_region": 1, "nodes_per_datacenter": 1},
+           "workload": {"arrival": "sessions", "rate_per_s": 0.5, "max_context_tokens": 131072},
+           "engine": {"max_model_len": 131072, "prefix_caching": True, "dispatcher": "cache_aware"}, "env": {"max_pending": 64}}
+    s = scenario_from_dict(raw)
+    b = build_workload(s, seed=0).arrivals_between(0.0, 300.0)
+    seen: set[int] = set()
+    bound = 0
+    for h, p in zip(b.prefix_hashes, b.prompt_tokens.tolist()):
+        k, matching = 0, True
+        for x in h[: p // BT]:
+            k = hash((k, x))
+            if matching and k in seen:
+                bound += BT
+            else:
+                matching = False
+                seen.add(k)
+    env = GeoServeEnv(s)
+    env.reset(seed=0)
+    done = False
+    while not done:
+        _, _, _, done, info = env.step(np.zeros(64, dtype=np.int64))
+    t = env._sim.totals()
+    assert int(t.prompt_tokens.sum()) == int(b.prompt_tokens.sum()) and info["episode_metrics"]["completed"] == len(b)
+    cached = int(t.cached_prompt_tokens.sum())
+    assert 0.6 * bound < cached <= bound
