@@ -409,6 +409,7 @@ class GeoServeEnv(gym.Env):
         mask = np.zeros((K, D + 1), dtype=bool)
         mask[:, D] = True
         self._mask_template = mask
+        self._mask: np.ndarray = mask.copy()
         self._all_up = np.ones((R, D), dtype=bool)
         self._block_tokens = int(eng_cfg.block_tokens)
         self._engine_kv_blocks = engine_blocks
@@ -538,7 +539,7 @@ class GeoServeEnv(gym.Env):
         if n_place:
             dcs = choice if n_place == n_vis else choice[place]
             if self._sessions is not None:
-                self._sessions.placed(sim, self._window and tally.window is not None, place, dcs, self._snap)
+                self._sessions.placed(place, dcs, self._snap)
             rows, ints = self._pending.take(n_vis, place)  # origin, prompt, output
             ids = P.submit_placed(sim, ints[:, 0], rows[:, P.ARRIVAL], ints[:, 1], ints[:, 2], dcs,
                                   self._pending.placed_hashes)  # (prefix_hashes= only when there are any)
@@ -757,7 +758,7 @@ class GeoServeEnv(gym.Env):
                     net = c[3]
                     sl[:n, net:net + D] += (2.0 * delta[origins] / self._ttft_target).astype(np.float32)
         if self._sessions is not None:  # cached prefixes and sessions of the visible requests
-            self._sessions.observe(sim, self._pending, p)
+            self._sessions.observe(sim, self._pending, p, self._window and self._tally.window is not None)
             self._sessions.encode(sl, n, self.layout.slot_columns["cached_prefix"], p[:, P.PROMPT] if n else None)
         self._mask = mask
         # ---- globals

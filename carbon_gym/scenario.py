@@ -251,12 +251,12 @@ class EngineSection:
     max_num_batched_tokens: int = spec(integer(1, 1_000_000), "per-iteration token budget", 2048)
     chunked_prefill: bool = spec(boolean(), "mix prefill chunks with decodes", True)
     max_model_len: int = spec(integer(2, 10_000_000), "prompt + output cap of the engine, tokens", 32768)
-    dispatcher: str = spec(string(), "engine choice inside a datacenter: a registered dispatcher "
-                           "(carbon_gym.sim.dispatch: least_work, most_free_kv, or one added with register_dispatcher)",
-                           "least_work")
     prefix_caching: bool = spec(boolean(), "automatic prefix caching per engine (carbon_gym.sim.prefix_cache; requests of a "
                                 "prefix workload reuse cached prompt blocks; prefix block = workload.sessions.prefix_block_tokens)",
                                 False)
+    dispatcher: str = spec(string(), "engine choice inside a datacenter: a registered dispatcher "
+                           "(carbon_gym.sim.dispatch: least_work, most_free_kv, or one added with register_dispatcher)",
+                           "least_work")
 
 
 @dataclass(frozen=True)

@@ -85,9 +85,15 @@ class SessionTracker:
     def _set_visible(self, cached: np.ndarray, sid: np.ndarray, sdc: np.ndarray) -> None:
         self.cached, self.session_id, self.session_dc_of = cached, sid, sdc
 
-    def observe(self, sim: Any, store: Any, rows: np.ndarray) -> None:
+    def observe(self, sim: Any, store: Any, rows: np.ndarray, window_open: bool = False) -> None:
         """Read the visible pending ``rows`` (of the pending ``store``): cached prefix tokens (n, D),
-        session ids and the datacenter of each session's previous turn (module docstring)."""
+        session ids and the datacenter of each session's previous turn (module docstring).
+        ``window_open``: the measurement window is open; the first observation after it opened
+        (at the simulated time it opened) takes the window's baseline."""
+        if window_open and self._base is None:
+            t = sim.totals()
+            self._base = {"counts": dict(self.counts), "prompt": t.prompt_tokens.copy(),
+                          "cached": t.cached_prompt_tokens.copy(), "saved": t.prefill_saved_tokens.copy()}
         n = int(rows.shape[0])
         info = store.prefix_of(rows) if n else None
         if info is None:
@@ -100,16 +106,10 @@ class SessionTracker:
         sdc = np.array([get(s, -1) if s >= 0 else -1 for s in sid.tolist()], dtype=np.int64)
         self._set_visible(np.asarray(cached, dtype=np.int64), sid.astype(np.int64), sdc)
 
-    def placed(self, sim: Any, window_open: bool, place: np.ndarray, dcs: np.ndarray, snap: np.ndarray) -> None:
+    def placed(self, place: np.ndarray, dcs: np.ndarray, snap: np.ndarray) -> None:
         """The visible requests where ``place`` is True go to ``dcs`` (one per placed request):
         count the session turns and moves with their re-prefill cost, remember each session's
-        datacenter. ``snap``: the decision's snapshot array (prefill time per token, carbon).
-        ``window_open``: the measurement window is open (its baseline is taken at the first
-        placement after it opened, at the same simulated time)."""
-        if window_open and self._base is None:
-            t = sim.totals()
-            self._base = {"counts": dict(self.counts), "prompt": t.prompt_tokens.copy(),
-                          "cached": t.cached_prompt_tokens.copy(), "saved": t.prefill_saved_tokens.copy()}
+        datacenter. ``snap``: the decision's snapshot array (prefill time per token, carbon)."""
         idx = np.flatnonzero(place)
         if not idx.size:
             return

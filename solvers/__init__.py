@@ -131,8 +131,6 @@ def register_policies() -> None:
     for name, factory, aliases, doc in (
         ("greedy", _greedy, ("carbon-greedy",), "lowest current carbon intensity, blind to load"),
         ("least-loaded", _least_loaded, (), "lowest estimated latency, blind to carbon"),
-        ("sticky", _sticky, ("session-sticky",), "session-sticky: each turn to its session's previous datacenter while "
-         "allowed, else least-loaded (prefix workloads)"),
         ("planner", _planner, (), "earlier studies: datacenter shares re-planned every 15 min"),
         ("planner-1h", _planner_1h, (), "the same, re-planned every hour"),
         ("ilp", _ilp_static, ("ilp-static",), "per-request ILP, load-independent latency"),
@@ -147,3 +145,7 @@ def register_policies() -> None:
     register_policy("milp-mpc", _milp_mpc, doc="facility MILP with model predictive control of capacity (1 h plan, "
                     "load and carbon forecasts, first period executed; needs capacity.control = agent)",
                     in_all=False, replace=True)
+    # (named explicitly: without sessions it is least-loaded)
+    register_policy("sticky", _sticky, aliases=("session-sticky",), in_all=False, replace=True,
+                    doc="session-sticky: each turn to its session's previous datacenter while allowed, else least-loaded "
+                    "(prefix workloads)")

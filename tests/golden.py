@@ -89,19 +89,12 @@ def _plain(v: Any) -> Any:
     return repr(v)
 
 
-#: Record columns added after the cells were pinned, left out of a digest while they are all 0 (their
-#: value in every episode before they existed): ``cached_tokens`` (prefix caching, off by default).
-ZERO_UNTIL_PINNED_COLUMNS = frozenset({"cached_tokens"})
-
-
 def _digest(columns: dict[str, np.ndarray], skip: tuple[str, ...] = ()) -> str:
     h = hashlib.sha256()
     for name in sorted(columns):
         if name in skip:
             continue
         a = np.ascontiguousarray(np.asarray(columns[name]))
-        if name in ZERO_UNTIL_PINNED_COLUMNS and not a.any():
-            continue
         if a.dtype.kind == "f":
             a = a.astype(np.float64)
         elif a.dtype.kind in "iub":

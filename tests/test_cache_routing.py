@@ -170,14 +170,14 @@ def test_session_metrics_hand_built():
     snap[SNAPSHOT_ARRAY_ROWS.index("carbon_g_per_kwh")] = [100.0, 200.0, 300.0]
     # first turns of sessions 7, 8 and a request without a session
     tr.observe(_Sim(np.zeros((3, 3))), _Store([7, 8, -1]), rows)
-    tr.placed(None, False, np.ones(3, bool), np.array([0, 1, 2]), snap)
+    tr.placed(np.ones(3, bool), np.array([0, 1, 2]), snap)
     assert tr.session_dc == {7: 0, 8: 1}
     # second turns: session 7 moves 0 -> 2 (4,096 cached at 0, 1,024 at 2), session 8 stays at 1
     sim = _Sim([[4096, 0, 1024], [0, 2048, 0]])
     tr.observe(sim, _Store([7, 8]), rows[:2])
     assert tr.session_dc_of.tolist() == [0, 1]
     assert tr.state_fields(2)["session_dc"].tolist() == [0, 1]
-    tr.placed(sim, False, np.ones(2, bool), np.array([2, 1]), snap)
+    tr.placed(np.ones(2, bool), np.array([2, 1]), snap)
     m = tr.metrics(sim)
     assert set(m) == set(SESSION_METRICS)
     assert (m["session_turns"], m["session_moves"], m["session_move_rate"]) == (2, 1, 0.5)
@@ -274,3 +274,17 @@ def test_sessions_experiment_quick(tmp_path):
     assert f["affinity_g_per_ktok"].tolist() == [0.0, 1.0]
     md = (out / "sessions" / "sessions.md").read_text()
     assert "Carbon-vs-affinity frontier" in md and "| llama8b-sessions-low | sticky |" in md
+
+
+def test_session_metrics_are_window_relative():
+    tr = SessionTracker(3, np.ones(3), np.ones(3))
+    rows = np.zeros((1, len(COLUMNS)))
+    rows[:, PROMPT] = 5000
+    sim = _Sim(np.zeros((1, 3)))  # totals at the window's start: prompt (1000, 3000, 0), cached (500, 1500, 0)
+    tr.observe(sim, _Store([5]), rows, window_open=False)
+    tr.observe(sim, _Store([5]), rows, window_open=True)  # the window opens: baseline
+    sim.t = _Totals([2000, 3000, 100], [900, 1500, 0])
+    m = tr.metrics(sim)
+    assert (m["prefix_prompt_tokens"], m["prefix_cached_tokens"]) == (1100, 400)
+    assert m["prefix_hit_rate"] == pytest.approx(400 / 1100)
+    assert m["dc_prefix_hit_rate"][0] == pytest.approx(0.4) and np.isnan(m["dc_prefix_hit_rate"][1])

@@ -17,8 +17,8 @@ from carbon_gym.env import GeoServeEnv
 from carbon_gym.errors import ConfigError
 from carbon_gym.policy import EpisodeObserver, RoundRobinPolicy, rollout, run_episode
 
-TABLE_NAMES = ["rr", "greedy", "least-loaded", "sticky", "planner", "planner-1h", "ilp", "ilp-state", "greedy-cap", "ilp-cap", "milp",
-               "milp-greedy", "clairvoyant", "milp-mpc", "learned"]
+TABLE_NAMES = ["rr", "greedy", "least-loaded", "planner", "planner-1h", "ilp", "ilp-state", "greedy-cap", "ilp-cap", "milp",
+               "milp-greedy", "clairvoyant", "milp-mpc", "sticky", "learned"]
 
 
 @pytest.fixture
@@ -34,14 +34,14 @@ def dev_env():
 def test_every_layer_registers_its_short_table_names():
     pytest.importorskip("solvers")
     assert registry.available_policies() == TABLE_NAMES
-    # not the bound, not the look-ahead baseline (capacity control only), not the learned agent
-    assert registry.default_policies() == TABLE_NAMES[:-3]
+    # not the bound, not the look-ahead baseline (capacity control only), not the session-sticky baseline, not the learned agent
+    assert registry.default_policies() == TABLE_NAMES[:-4]
     assert set(registry.available_prefixes()) == {"learned", "ppo"}
     sources = {n: registry.policy_info(n).source for n in TABLE_NAMES}
     assert sources["rr"] == "carbon_gym" and sources["milp"] == "solvers"
     assert sources["clairvoyant"] == "eval" and sources["learned"] == "train" and sources["milp-mpc"] == "solvers"
     for alias, name in (("round-robin", "rr"), ("carbon-greedy", "greedy"), ("ilp-static", "ilp"),
-                        ("facility-milp", "milp"), ("facility-greedy", "milp-greedy")):
+                        ("facility-milp", "milp"), ("facility-greedy", "milp-greedy"), ("session-sticky", "sticky")):
         assert registry.canonical_policy_name(alias) == name
         assert registry.policy_info(alias) is registry.policy_info(name)
     assert registry.canonical_policy_name("learned:x/y.zip") == "learned:x/y.zip"
