@@ -5,6 +5,7 @@
 #
 #   g  diurnal   llama8b-diurnal, 6 h window after 10 min: rr always on, planner + reactive
 #                autoscaler, MILP deciding capacity (one start: the scenario's own day)
+#   i  sessions  multi-turn sessions with prefix caching (issue 23): 4 scenarios, 2 starts
 #   a  headline  llama8b-moderate, 600 s window after 300 s, 8 starts: rr, greedy-cap, planner,
 #                ilp-state, milp and the shipped learned agent; the starts are the first 8 seeds on
 #                days the agent never saw (python -m eval.heldout_seeds); the lower bound per start
@@ -23,4 +24,5 @@ carbon-gym experiment diurnal --preset full --no-carbon-start --policies milp,pl
 carbon-gym experiment headline --preset full --scenarios llama8b-moderate \
     --policies rr,greedy-cap,planner,ilp-state,milp,learned:train/checkpoints/llama8b_set.npz \
     --seed-list "$SEEDS" --out "$OUT" --workers 2 --no-tensorboard --no-progress
+carbon-gym experiment sessions --preset full --out "$OUT" --workers 2 --no-tensorboard --no-progress
 carbon-gym report "$OUT" --force
