@@ -56,3 +56,27 @@ def run(h: Any) -> Any:
         h.resetGlobalScheduler(True)
         status = h.run()
     return status
+
+
+def rowwise_model(threads: int, cost: Any, lo: Any, hi: Any, integrality: Any,
+                  rows: list[tuple[dict[int, float], float, float]]) -> Any:
+    """A silent ``highspy.Highs`` (:func:`new_highs`) holding the minimisation of ``cost @ x``
+    over ``lo <= x <= hi`` (``integrality``: HiGHS variable types) subject to each row
+    ``(coefficients {column: value}, row lower, row upper)``, passed row-wise with the
+    coefficients of each row in column order."""
+    import highspy
+    import numpy as np
+
+    start = [0]
+    index: list[int] = []
+    value: list[float] = []
+    for coefs, _, _ in rows:
+        for k in sorted(coefs):
+            index.append(k)
+            value.append(coefs[k])
+        start.append(len(index))
+    h = new_highs(threads)
+    h.passModel(len(cost), len(rows), len(index), int(highspy.MatrixFormat.kRowwise), int(highspy.ObjSense.kMinimize), 0.0,
+                cost, lo, hi, np.array([r[1] for r in rows]), np.array([r[2] for r in rows]),
+                np.array(start, dtype=np.int32), np.array(index, dtype=np.int32), np.array(value), integrality)
+    return h

@@ -69,7 +69,7 @@ import numpy as np
 
 from carbon_gym.state import EnvState
 
-from ._highs import new_highs
+from ._highs import rowwise_model
 from ._highs import run as run_highs
 from .problem import J_PER_KWH, PlacementProblem
 
@@ -260,7 +260,6 @@ def capacity_greedy(cp: CapacityProblem) -> CapacityResult:
 
 def solve_capacity(cp: CapacityProblem, threads: int = 1) -> CapacityResult:
     """Solve the capacity MILP (module docstring) with HiGHS; :func:`capacity_greedy` on failure."""
-    import highspy
 
     live = np.flatnonzero(cp.up)
     m = live.size
@@ -295,18 +294,7 @@ def solve_capacity(cp: CapacityProblem, threads: int = 1) -> CapacityResult:
     demand = {L0 + j: 1.0 for j in range(m)}
     demand[O0] = 1.0
     rows.append((demand, cp.arrival_per_s, cp.arrival_per_s))
-    start = [0]
-    index: list[int] = []
-    value: list[float] = []
-    for coefs, _, _ in rows:
-        for k in sorted(coefs):
-            index.append(k)
-            value.append(coefs[k])
-        start.append(len(index))
-    h = new_highs(threads)
-    h.passModel(n_cols, len(rows), len(index), int(highspy.MatrixFormat.kRowwise), int(highspy.ObjSense.kMinimize), 0.0,
-                cost, lo, hi, np.array([r[1] for r in rows]), np.array([r[2] for r in rows]),
-                np.array(start, dtype=np.int32), np.array(index, dtype=np.int32), np.array(value), integ)
+    h = rowwise_model(threads, cost, lo, hi, integ, rows)
     h.setOptionValue("mip_rel_gap", 1e-4)
     run_highs(h)
     info = h.getInfo()

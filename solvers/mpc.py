@@ -82,7 +82,7 @@ import numpy as np
 
 from carbon_gym.errors import ConfigError
 
-from ._highs import new_highs
+from ._highs import rowwise_model
 from ._highs import run as run_highs
 from .facility import FacilityMILP
 from .facility_capacity import CapacityFacts, CapacityProblem, CapacityResult, capacity_problem, horizon_intensity_g_per_kwh
@@ -197,7 +197,6 @@ def _boot_share(starts: np.ndarray, lens: np.ndarray, boot_s: float) -> np.ndarr
 
 def solve_plan(pp: PlanProblem, threads: int = 1) -> PlanResult:
     """Solve the plan (module docstring) with HiGHS."""
-    import highspy
 
     cp = pp.cp
     live = np.flatnonzero(cp.up)
@@ -270,18 +269,7 @@ def solve_plan(pp: PlanProblem, threads: int = 1) -> PlanResult:
         demand[O0 + b] = 1.0
         lam = float(pp.arrival_per_s[b])
         rows.append((demand, lam, lam))
-    start = [0]
-    index: list[int] = []
-    value: list[float] = []
-    for coefs, _, _ in rows:
-        for key in sorted(coefs):
-            index.append(key)
-            value.append(coefs[key])
-        start.append(len(index))
-    h = new_highs(threads)
-    h.passModel(n_cols, len(rows), len(index), int(highspy.MatrixFormat.kRowwise), int(highspy.ObjSense.kMinimize), 0.0,
-                cost, lo, hi, np.array([r[1] for r in rows]), np.array([r[2] for r in rows]),
-                np.array(start, dtype=np.int32), np.array(index, dtype=np.int32), np.array(value), integ)
+    h = rowwise_model(threads, cost, lo, hi, integ, rows)
     h.setOptionValue("mip_rel_gap", float(pp.mip_gap))
     run_highs(h)
     info = h.getInfo()
