@@ -190,8 +190,8 @@ def test_heterogeneous_capacity_control_and_load_levels(tmp_path: Path) -> None:
 
     caps = load_load_levels()
     mixed = load_scenario(_write(tmp_path / "h2.toml", HETERO.replace("rate_per_s = 12.0", 'load = "moderate"')))
-    assert mixed.rate_per_s == pytest.approx(0.6 * (8 * caps.capacity("llama-3.1-8b", "a100-80gb", 1).per_engine_rate_per_s
-                                                    + 16 * caps.capacity("llama-3.1-8b", "h100-80gb", 1).per_engine_rate_per_s))
+    assert mixed.rate_per_s == pytest.approx(0.6 * (8 * caps.capacity("llama-3.1-8b", "a100-80gb", 1).level_rate_per_s("cluster")
+                                                    + 16 * caps.capacity("llama-3.1-8b", "h100-80gb", 1).level_rate_per_s("cluster")))
     with pytest.raises(ConfigError) as e:
         load_scenario(_write(tmp_path / "h4.toml", HETERO.replace("rate_per_s = 12.0", 'load = "moderate"')
                              .replace('model = "llama-3.1-8b"', 'model = "qwen2.5-7b"')))

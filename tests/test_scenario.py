@@ -90,7 +90,7 @@ def test_load_levels_scale_with_measured_capacity():
     for short, model in (("llama8b", "llama-3.1-8b"), ("qwen7b", "qwen2.5-7b"), ("mixtral8x7b", "mixtral-8x7b")):
         for lvl in ("low", "moderate", "high"):
             s = scen(f"{short}-{lvl}")
-            expected = levels.fractions[lvl] * levels.capacity(model, "a100-80gb", s.tp).per_engine_rate_per_s * s.n_engines()
+            expected = levels.fractions[lvl] * levels.capacity(model, "a100-80gb", s.tp).level_rate_per_s(levels.basis) * s.n_engines()
             assert s.rate_per_s == pytest.approx(expected)
             assert f"{model}/a100-80gb/tp{s.tp}" in s.rate_source
             assert s.workload.load == lvl and s.workload.rate_per_s is None
@@ -104,7 +104,7 @@ def test_load_levels_come_from_the_capacity_of_that_model_gpu_and_tp():
     from carbon_gym.scenario import load_load_levels
 
     h100 = scen("llama8b-moderate", {"gpu": "h100-80gb"})
-    cap = load_load_levels().capacity("llama-3.1-8b", "h100-80gb", 1).per_engine_rate_per_s
+    cap = load_load_levels().capacity("llama-3.1-8b", "h100-80gb", 1).level_rate_per_s("cluster")
     assert h100.rate_per_s == pytest.approx(0.6 * cap * 512) and h100.rate_per_s != base.rate_per_s
     assert "llama-3.1-8b/h100-80gb/tp1" in h100.rate_source
     for ov, key in (({"gpu": "h100-80gb", "model": "qwen2.5-7b"}, "qwen2.5-7b/h100-80gb/tp1"),
@@ -146,7 +146,7 @@ def test_overrides_by_dotted_key():
     assert s.rate_per_s == 50.0 and s.workload.load is None  # the rate override replaces the load level
     assert s.duration_s == 600.0 and s.carbon.kind == "direct" and s.engine.chunked_prefill is False
     s2 = scen("dev", {"workload.load": "high"})
-    assert s2.workload.rate_per_s is None and s2.rate_per_s == pytest.approx(load_load_levels().fractions["high"] * load_load_levels().capacity("llama-3.1-8b", "a100-80gb", 1).per_engine_rate_per_s * 16)
+    assert s2.workload.rate_per_s is None and s2.rate_per_s == pytest.approx(load_load_levels().fractions["high"] * load_load_levels().capacity("llama-3.1-8b", "a100-80gb", 1).level_rate_per_s("cluster") * 16)
     s3 = scen("dev", {"topology.datacenters.1.zone": "NO"})
     assert [d.zone for d in s3.topology_spec().datacenters] == ["DE", "NO"]
     with pytest.raises(ConfigError) as exc:
