@@ -25,10 +25,10 @@ engine. It is the rate at which the simplest placement meets the p99 targets: wi
 and up to one polling period of wait inside the 2 s TTFT budget it sits below the engine figure.
 ``eval/measure_capacity.py --cluster --write`` writes it beside the engine figure in
 ``load_levels.toml`` (``cluster_per_engine_rate_per_s``, ``cluster_to_engine_ratio``, the probe
-settings as ``cluster_*``); the load levels (``workload.load``) use the engine figure, as every
-entry's ``basis`` says (every scenario's rate and the golden results are computed from it; the
-cluster figure depends on the topology, the polling period and the placement, the engine figure
-on the model, GPU and engine settings only).
+settings as ``cluster_*``); the load levels (``workload.load``) are fractions of it (the file's
+``level_basis = "cluster"``, :mod:`carbon_gym.load_levels`). The engine figure beside it is what one
+engine serves, a property of the model, GPU and engine settings alone: the schedulers' capacity
+models (planner, capacity control) use it.
 """
 
 from __future__ import annotations

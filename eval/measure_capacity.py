@@ -13,11 +13,11 @@ A model whose latency parameters are missing keeps its previous entry (marked PR
 
 ``--cluster`` also measures the cluster-level capacity (``carbon_gym.capacity.measure_cluster_capacity``:
 the whole ``<model>-moderate`` topology under round-robin with its polling period and network) and
-prints it next to the engine figure; with ``--write`` it is written BESIDE the engine figure
+prints it next to the engine figure; with ``--write`` it is written beside the engine figure
 (``cluster_per_engine_rate_per_s``, ``cluster_to_engine_ratio`` and the probe settings, prefixed
-``cluster_``). The load levels keep the engine figure (``basis = "engine"`` in every entry): it is
-what every scenario's rate and every golden result were computed from; the cluster figure
-documents how much of it round-robin keeps once the polling wait and the network count.
+``cluster_``). The load levels are fractions of the cluster figure (the file's ``level_basis =
+"cluster"``, kept in its header); the engine figure (``basis = "engine: ..."`` in every entry) is
+what one engine serves, used by the schedulers' capacity models.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-#: How ``per_engine_rate_per_s`` (the load levels' basis) is measured.
+#: How ``per_engine_rate_per_s`` (the engine figure) is measured.
 ENGINE_BASIS = "engine: one engine fed every request at its arrival (no network, no polling wait)"
-#: How ``cluster_per_engine_rate_per_s`` is measured.
+#: How ``cluster_per_engine_rate_per_s`` (what the load levels are fractions of) is measured.
 CLUSTER_BASIS = ("cluster: the <model>-moderate topology, round-robin over its datacenters, placed every polling "
                  "period, network delays in TTFT")
 STUDY = {"llama-3.1-8b": "llama8b", "qwen2.5-7b": "qwen7b", "mixtral-8x7b": "mixtral8x7b"}
