@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from eval.runner import VALID_UNFINISHED_PCT, RunSpec, freeze
+from eval.runner import VALID_UNFINISHED_PCT, RunSpec, freeze, window_of
 from eval.stats import mean_ci95
 
 __all__ = ["CAPACITY_SCENARIOS", "CAPACITY_POLICIES", "ALWAYS_ON_LABEL", "MILP_ALWAYS_ON_LABEL", "REACTIVE_REFERENCE", "CAPACITY_WINDOW_S",
@@ -206,8 +206,7 @@ def capacity_experiment(ctx: Any, scenarios: Sequence[str], policies: Sequence[s
     ex = ctx.execute(specs)
     table = capacity_table(ex.runs)
     table.to_csv(os.path.join(ctx.out, "capacity.csv"), index=False)
-    warm = float(overrides.get("env.warmup_s", 0.0))
-    window = float(overrides["duration_s"]) - warm if "duration_s" in overrides else float("nan")
+    warm, window = window_of(overrides)
     head = (f"{', '.join(scenarios)}: {warm:g} s burn-in, then {window:g} s measured (steady-state window, no drain); "
             f"seeds {', '.join(map(str, seeds))}. `{ALWAYS_ON_LABEL}`, `{MILP_ALWAYS_ON_LABEL}`: capacity.control = "
             "always_on; every other row: "

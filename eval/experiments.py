@@ -51,6 +51,7 @@ from eval.runner import (
     fault_twin,
     freeze,
     make_specs,
+    window_overrides,
 )
 from eval.stats import mean_ci95, paired_difference
 from eval.tables import (
@@ -109,11 +110,6 @@ DEFAULT_WARMUP_S = 300.0
 # (scenario override keys: eval.runner's OVERRIDE_*)
 ORACLE = "oracle"
 LATENCY_WEIGHT_KWARG = "violation_penalty_g"  # facility MILP: grams of CO2 charged per SLO violation
-
-
-def window_overrides(window_s: float, warmup_s: float) -> dict[str, Any]:
-    """Scenario overrides of a measurement window: ``window_s`` measured after ``warmup_s``."""
-    return {OVERRIDE_DURATION: float(warmup_s) + float(window_s), "env.measure": "window", "env.warmup_s": float(warmup_s)}
 
 
 def preset_overrides(preset: str | None, duration_s: float | None, overrides: Mapping[str, Any] | None, *,
@@ -723,7 +719,7 @@ EXPERIMENT_FUNCS: dict[str, Callable[[Ctx], str]] = {
     "bound": exp_bound,
     "diurnal": exp_diurnal,
     "capacity": exp_capacity,
-    "sessions": lambda ctx: sessions_experiment.sessions_experiment(ctx, window_overrides),
+    "sessions": sessions_experiment.sessions_experiment,
 }
 
 

@@ -81,6 +81,19 @@ def episode_start_offset_s(scenario_key: str, seed: int, *, period_s: float = DA
 # run specs
 
 
+def window_overrides(window_s: float, warmup_s: float) -> dict[str, Any]:
+    """Scenario overrides of a measurement window: ``window_s`` measured after ``warmup_s``."""
+    return {OVERRIDE_DURATION: float(warmup_s) + float(window_s), "env.measure": "window", "env.warmup_s": float(warmup_s)}
+
+
+def window_of(overrides: Mapping[str, Any]) -> tuple[float, float]:
+    """``(burn-in s, measured window s)`` of a matrix's overrides (the window NaN when they set
+    no duration): what the experiments' table headers say."""
+    warm = float(overrides.get("env.warmup_s", 0.0))
+    window = float(overrides[OVERRIDE_DURATION]) - warm if OVERRIDE_DURATION in overrides else float("nan")
+    return warm, window
+
+
 def freeze(mapping: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ...]:
     """A mapping as sorted ``(key, value)`` pairs (hashable, for :class:`RunSpec` fields)."""
     if not mapping:

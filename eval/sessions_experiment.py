@@ -32,11 +32,11 @@ and ``sessions.md`` under ``--out``. Metric definitions: :mod:`carbon_gym.sessio
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from eval.runner import RunSpec, freeze
+from eval.runner import RunSpec, freeze, window_of, window_overrides
 
 __all__ = ["sessions_experiment", "sessions_specs", "sessions_table", "frontier_table", "SESSION_SCENARIOS",
            "FRONTIER_AFFINITY"]
@@ -180,9 +180,9 @@ def sessions_markdown(table: Any, frontier: Any, head: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def sessions_experiment(ctx: Any, window_overrides: Callable[[float, float], dict[str, Any]]) -> str:
+def sessions_experiment(ctx: Any) -> str:
     """Run the experiment with ``ctx`` (:class:`eval.experiments.Ctx`; module docstring) and the
-    window overrides (:func:`eval.experiments.window_overrides`): write ``sessions.csv``,
+    window (:func:`eval.runner.window_overrides`): write ``sessions.csv``,
     ``sessions_frontier.csv`` and ``sessions.md``; return the Markdown."""
     quick = ctx.preset_name == "quick"
     scens = list(ctx.scenarios or (QUICK_SCENARIOS if quick else FULL_SCENARIOS))
@@ -198,8 +198,7 @@ def sessions_experiment(ctx: Any, window_overrides: Callable[[float, float], dic
     table.to_csv(os.path.join(ctx.out, "sessions.csv"), index=False)
     frontier = frontier_table(table)
     frontier.to_csv(os.path.join(ctx.out, "sessions_frontier.csv"), index=False)
-    warm = float(ov.get("env.warmup_s", 0.0))
-    window = float(ov["duration_s"]) - warm if "duration_s" in ov else float("nan")
+    warm, window = window_of(ov)
     head = (f"Sessions with prefix caching ({', '.join(scens)}): {warm:g} s burn-in, then {window:g} s measured "
             f"(steady-state window, no drain); seeds {', '.join(map(str, seeds))}; every row with engine.prefix_caching = "
             "true and the cache_aware dispatcher inside datacenters. (blind) = cache_aware=False (whole prompts costed). "

@@ -1,28 +1,40 @@
 #!/usr/bin/env bash
 # The study run committed in RESULTS.md (issue 21, item 7), sized to about an hour of wall time on a
-# 2-core machine: steady-state windows (>= 600 s after a burn-in that is not counted), 8 starts over
-# the year, the recalibrated physics, capacity control in the long run.
+# 2-core machine: steady-state windows (>= 600 s after a burn-in that is not counted), the
+# recalibrated physics, load levels as fractions of the cluster-level capacity (issue 20, item 4).
 #
-#   g  diurnal   llama8b-diurnal, 6 h window after 10 min: rr always on, planner + reactive
-#                autoscaler, MILP deciding capacity (one start: the scenario's own day)
-#   i  sessions  multi-turn sessions with prefix caching (issue 23): 4 scenarios, 2 starts
 #   a  headline  llama8b-moderate, 600 s window after 300 s, 8 starts: rr, greedy-cap, planner,
 #                ilp-state, milp and the shipped learned agent; the starts are the first 8 seeds on
 #                days the agent never saw (python -m eval.heldout_seeds); the lower bound per start
 #                and the MILP-vs-ILP comparison come from these runs
+#   h  capacity  capacity control (engines sleep, servers power off): llama8b-low, llama8b-moderate,
+#                mixtral8x7b-low, 900 s window after 300 s, one start: rr always on vs rr / planner /
+#                ilp-state with the reactive autoscaler, rr with the carbon-aware one, the MILP deciding
+#                capacity (and its own always-on run)
+#   i  sessions  multi-turn sessions with prefix caching (issue 23): 4 scenarios, 2 starts
+#                (their load levels come from the sessions' own capacity file, so they did not move
+#                with the cluster basis)
 #
 # Not in this run (too costly for 2 cores; the full matrix on a cluster is in README "On a Ray
-# cluster"): the other 8 headline scenarios, the predictor, polling, trade-off and bound
-# experiments at >= 8 starts.
+# cluster"): the 6 h llama8b-diurnal run (carbon-gym experiment diurnal --preset full
+# --no-carbon-start --policies milp,planner+reactive,rr: the capacity MILP alone is > 1 h of one
+# core), the other 8 headline scenarios, the predictor, polling, trade-off and bound experiments
+# at >= 8 starts.
 #
-# usage: bash eval/study_1h.sh [OUT]     (OUT defaults to results; RESULTS.md is regenerated)
+# usage: bash eval/study_1h.sh [OUT] [STAGES]   (OUT defaults to results, STAGES to "a h i";
+#        RESULTS.md is regenerated from OUT)
 set -euo pipefail
 OUT=${1:-results}
+STAGES=${2:-a h i}
 SEEDS=$(python -m eval.heldout_seeds --scenario llama8b-moderate --n 8)
-carbon-gym experiment diurnal --preset full --no-carbon-start --policies milp,planner+reactive,rr \
-    --out "$OUT" --workers 2 --no-tensorboard --no-progress
-carbon-gym experiment headline --preset full --scenarios llama8b-moderate \
-    --policies rr,greedy-cap,planner,ilp-state,milp,learned:train/checkpoints/llama8b_set.npz \
-    --seed-list "$SEEDS" --out "$OUT" --workers 2 --no-tensorboard --no-progress
-carbon-gym experiment sessions --preset full --out "$OUT" --workers 2 --no-tensorboard --no-progress
+for stage in $STAGES; do
+  case $stage in
+    a) carbon-gym experiment headline --preset full --scenarios llama8b-moderate \
+         --policies rr,greedy-cap,planner,ilp-state,milp,learned:train/checkpoints/llama8b_set.npz \
+         --seed-list "$SEEDS" --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
+    h) carbon-gym experiment capacity --preset full --out "$OUT" --workers 2 --no-plots --no-tensorboard --no-progress ;;
+    i) carbon-gym experiment sessions --preset full --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
+    *) echo "unknown stage $stage (a, h, i)" >&2; exit 2 ;;
+  esac
+done
 carbon-gym report "$OUT" --force
