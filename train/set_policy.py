@@ -42,7 +42,7 @@ from torch import nn
 
 from carbon_gym.errors import ConfigError
 
-from .slot_dist import MASKED_LOGIT, SlotCategorical
+from .slot_dist import MASKED_LOGIT, RouteCapacityDistribution, SlotCategorical
 
 __all__ = [
     "layout_spec",
@@ -303,6 +303,11 @@ class SetNetwork(nn.Module):
         S1 = x.shape[2]
         z = self.cap_head(th.cat([e.unsqueeze(2).expand(-1, -1, S1, -1), x], dim=-1)).squeeze(-1)
         return z.masked_fill(~mask.unsqueeze(0), MASKED_LOGIT)
+
+    def observation_capacity_scores(self, obs: Mapping[str, th.Tensor]) -> th.Tensor:
+        """:meth:`capacity_scores` (B, D, S + 1) of observations (the env's Dict, batched)."""
+        dc, sl, gl = self.split_obs(obs)
+        return self.capacity_scores(dc, gl, self.totals(sl, sl[:, :, self._s_valid] > 0.5))
 
     def _dc_embed(self, dc_in: th.Tensor) -> th.Tensor:
         """Datacenter embeddings (B, D, h) with the fleet context."""
@@ -566,9 +571,15 @@ class SetActorCriticPolicy(MaskableActorCriticPolicy):
 
     Extra keyword arguments (``policy_kwargs`` of ``MaskablePPO``): ``layout`` (required,
     :func:`layout_spec` of the training env), ``hidden`` (64), ``logprob_reduction``
-    (``"mean"`` or ``"sum"``, see :class:`SlotCategorical`), ``classes``, ``demand_features`` and
-    ``load_feedback`` (see :class:`SetNetwork`). The observation goes to the network
-    unflattened; ``net_arch``/``activation_fn`` are ignored.
+    (``"mean"`` or ``"sum"``, see :class:`SlotCategorical`), ``classes``, ``demand_features``,
+    ``load_feedback`` and ``capacity_head`` (see :class:`SetNetwork`). The observation goes to
+    the network unflattened; ``net_arch``/``activation_fn`` are ignored.
+
+    The action space is the per-request ``MultiDiscrete([D + 1] * K)``, or with
+    ``capacity_head`` the flattened capacity action of
+    :class:`~carbon_gym.wrappers.FlattenCapacityAction` (route K | capacity D | servers D, for
+    an env with ``capacity.control = "agent"``), whose distribution is
+    :class:`~train.slot_dist.RouteCapacityDistribution` (the head's servers per datacenter).
     """
 
     def __init__(
@@ -583,13 +594,24 @@ class SetActorCriticPolicy(MaskableActorCriticPolicy):
         classes: Any = None,
         demand_features: bool = False,
         load_feedback: int = 0,
+        capacity_head: bool = False,
         **kwargs: Any,
     ) -> None:
         if layout is None:
             raise ConfigError("policy_kwargs.layout", "SetActorCriticPolicy needs the env's layout (train.set_policy.layout_spec(env))")
-        if not isinstance(action_space, spaces.MultiDiscrete) or len(set(action_space.nvec.tolist())) != 1:
-            raise ConfigError("action_space", "the set policy needs the per-request MultiDiscrete([D + 1] * K) action")
         self._layout = layout_spec(layout)
+        self._capacity = bool(capacity_head)
+        K, D = int(self._layout["max_pending"]), int(self._layout["n_datacenters"])
+        want = [D + 1] * K
+        if self._capacity:
+            if "n_servers" not in self._layout:
+                raise ConfigError("capacity_head", "the capacity head needs an env with capacity control "
+                                  "([capacity] control = 'agent')")
+            want += [int(x) + 1 for x in self._layout["n_engines"]] + [int(x) + 1 for x in self._layout["n_servers"]]
+        if not isinstance(action_space, spaces.MultiDiscrete) or action_space.nvec.tolist() != want:
+            what = ("the flattened capacity action (train.envs.ScenarioMixEnv, carbon_gym.wrappers.FlattenCapacityAction)"
+                    if self._capacity else "the per-request MultiDiscrete([D + 1] * K) action")
+            raise ConfigError("action_space", f"the set policy needs {what} of its layout (K = {K}, D = {D})")
         self._hidden = int(hidden)
         self._reduction = str(logprob_reduction)
         self._classes = _class_spec(classes)
@@ -598,13 +620,13 @@ class SetActorCriticPolicy(MaskableActorCriticPolicy):
         kwargs.pop("net_arch", None)
         kwargs["ortho_init"] = False
         super().__init__(observation_space, action_space, lr_schedule, *args, net_arch=[], **kwargs)
-        K = int(len(action_space.nvec))
-        C = int(action_space.nvec[0])
-        self.action_dist = SlotCategorical(K, C, self._reduction)
+        route = SlotCategorical(K, D + 1, self._reduction)
+        self.action_dist: SlotCategorical | RouteCapacityDistribution = (
+            RouteCapacityDistribution(route, self._layout["n_engines"], self._layout["n_servers"]) if self._capacity else route)
 
     def _build(self, lr_schedule: Any) -> None:
         self.net = SetNetwork(self._layout, hidden=self._hidden, classes=self._classes, demand_features=self._demand,
-                              load_feedback=self._feedback_passes)
+                              load_feedback=self._feedback_passes, capacity_head=self._capacity)
         self.optimizer = self.optimizer_class(self.parameters(), lr=lr_schedule(1), **self.optimizer_kwargs)
 
     def _get_constructor_parameters(self) -> dict[str, Any]:
@@ -613,6 +635,8 @@ class SetActorCriticPolicy(MaskableActorCriticPolicy):
         if self._classes is not None or self._demand:  # older checkpoints: neither key, same network
             data.update(classes=self._classes, demand_features=self._demand,
                               load_feedback=self._feedback_passes)
+        if self._capacity:
+            data.update(capacity_head=True)
         data.pop("net_arch", None)
         return data
 
@@ -621,24 +645,31 @@ class SetActorCriticPolicy(MaskableActorCriticPolicy):
             raise ConfigError("observation", "the set policy reads the env's Dict observation")
         return {k: v.float() for k, v in obs.items()}
 
-    def _dist(self, obs: Any, action_masks: Any, value: bool = True) -> tuple[SlotCategorical, th.Tensor | None]:
-        """The masked distribution of ``obs`` (class mode with a class network) and the value."""
-        logits, values, slot_class = self.net.class_forward(self._obs(obs), value=value)
-        dist = self.action_dist.proba_distribution(logits, slot_class)
+    def _dist(self, obs: Any, action_masks: Any, value: bool = True) -> tuple[Any, th.Tensor | None]:
+        """The masked distribution of ``obs`` (class mode with a class network; with the
+        capacity head, the flattened capacity action's) and the value."""
+        o = self._obs(obs)
+        logits, values, slot_class = self.net.class_forward(o, value=value)
+        if isinstance(self.action_dist, RouteCapacityDistribution):
+            dist: Any = self.action_dist.proba_distribution(logits, slot_class, self.net.observation_capacity_scores(o))
+        else:
+            dist = self.action_dist.proba_distribution(logits, slot_class)
         if action_masks is not None:
             dist.apply_masking(action_masks)
         return dist, values
 
     def forward(self, obs: Any, deterministic: bool = False, action_masks: Any = None) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
         dist, values = self._dist(obs, action_masks)
+        assert values is not None
         actions = dist.get_actions(deterministic=deterministic)
         return actions, values, dist.log_prob(actions)
 
     def evaluate_actions(self, obs: Any, actions: th.Tensor, action_masks: Any = None) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
         dist, values = self._dist(obs, action_masks)
+        assert values is not None
         return values, dist.log_prob(actions), dist.entropy()
 
-    def get_distribution(self, obs: Any, action_masks: Any = None) -> SlotCategorical:
+    def get_distribution(self, obs: Any, action_masks: Any = None) -> Any:
         return self._dist(obs, action_masks, value=False)[0]
 
     def predict_values(self, obs: Any) -> th.Tensor:

@@ -26,7 +26,7 @@ from torch import nn
 
 from carbon_gym.errors import ConfigError
 
-__all__ = ["MASKED_LOGIT", "SlotCategorical"]
+__all__ = ["MASKED_LOGIT", "SlotCategorical", "RouteCapacityDistribution", "awake_engines"]
 
 #: Masked logits are set to this (probability ~0).
 MASKED_LOGIT = -1e8
@@ -150,4 +150,138 @@ class SlotCategorical(MaskableDistribution):
 
     def log_prob_from_params(self, action_logits: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
         actions = self.actions_from_params(action_logits)
+        return actions, self.log_prob(actions)
+
+
+def awake_engines(servers: Any, engines_per_node: Any, n_engines: Any) -> Any:
+    """Engines awake (D,) or (B, D) when ``servers`` servers are powered per datacenter: every
+    engine of a powered server (the capacity head's rule; numpy arrays or torch tensors)."""
+    if isinstance(servers, th.Tensor):
+        return th.minimum(servers * engines_per_node, n_engines)
+    import numpy as np
+
+    return np.minimum(np.asarray(servers) * np.asarray(engines_per_node), np.asarray(n_engines))
+
+
+class RouteCapacityDistribution(MaskableDistribution):
+    """The distribution of the flattened capacity action
+    (:class:`~carbon_gym.wrappers.FlattenCapacityAction`: route K | capacity D | servers D).
+
+    The route part is a :class:`SlotCategorical`; the servers part one masked categorical per
+    datacenter over n = 0..S_d powered servers (the capacity head's logits, (B, D, S + 1) with
+    S = max_d S_d); the capacity part (awake engines) follows from the servers
+    (:func:`awake_engines`) and adds nothing to the log-probability (its masks are not read).
+    The log-probability and entropy are the route's plus the servers', each reduced as
+    ``reduction`` says: ``"sum"`` over datacenters, or ``"mean"`` over the datacenters whose
+    servers mask allows more than one value. Between capacity decisions the training env
+    (:class:`train.envs.ScenarioMixEnv`) allows only the servers in force, so those steps add
+    0 to the log-probability and the entropy: the head is trained on decision steps only.
+
+    Args:
+        route: the route part's distribution (K slots, D + 1 choices).
+        n_engines, n_servers: (D,) engines and servers per datacenter of the training layout.
+    """
+
+    def __init__(self, route: SlotCategorical, n_engines: Any, n_servers: Any) -> None:
+        super().__init__()
+        self.route = route
+        self.reduction = route.reduction
+        eng = th.as_tensor([int(x) for x in n_engines], dtype=th.int64)
+        srv = th.as_tensor([max(int(x), 1) for x in n_servers], dtype=th.int64)
+        self.n_engines, self.n_servers = eng, srv
+        self.engines_per_node = th.clamp(eng // srv, min=1)
+        self.D, S1 = int(len(eng)), int(srv.max()) + 1
+        self._route_size = route.n_slots * route.n_choices
+        self._cap_size = int((eng + 1).sum())
+        # flat index of (d, n) in the servers part of the mask (-1 beyond S_d)
+        starts = th.cumsum(srv + 1, 0) - (srv + 1)
+        n = th.arange(S1).unsqueeze(0)
+        self._srv_index = th.where(n <= srv.unsqueeze(1), starts.unsqueeze(1) + n, th.full_like(n, -1))
+        self._cap_logits: th.Tensor | None = None
+        self._cap_mask: th.Tensor | None = None
+
+    @property
+    def action_size(self) -> int:
+        """Entries of an action: K + 2 D."""
+        return self.route.n_slots + 2 * self.D
+
+    def proba_distribution_net(self, *args: Any, **kwargs: Any) -> nn.Module:
+        """Unused: the logits come from :class:`~train.set_policy.SetNetwork`."""
+        return nn.Identity()
+
+    def proba_distribution(self, action_logits: th.Tensor, slot_class: th.Tensor | None = None,
+                           capacity_logits: th.Tensor | None = None) -> RouteCapacityDistribution:
+        """Route logits as :meth:`SlotCategorical.proba_distribution`; ``capacity_logits``
+        (B, D, S + 1) the head's (masked beyond S_d)."""
+        if capacity_logits is None:
+            raise ConfigError("capacity_head", "the capacity action's distribution needs the head's logits")
+        self.route.proba_distribution(action_logits, slot_class)
+        self._cap_logits = capacity_logits
+        self._cap_mask = None
+        return self
+
+    def apply_masking(self, masks: Any) -> None:
+        """The flat mask of the flattened action (B, K x (D + 1) + sum(E_d + 1) + sum(S_d + 1))."""
+        assert self._cap_logits is not None, "call proba_distribution first"
+        if masks is None:
+            self.route.apply_masking(None)
+            self._cap_mask = None
+            return
+        m = th.as_tensor(masks, device=self._cap_logits.device).bool()
+        m = m.reshape(-1, self._route_size + self._cap_size + int((self.n_servers + 1).sum()))
+        self.route.apply_masking(m[:, :self._route_size])
+        srv = m[:, self._route_size + self._cap_size:]
+        idx = self._srv_index.to(m.device)
+        self._cap_mask = srv[:, idx.clamp(min=0).reshape(-1)].reshape(m.shape[0], *idx.shape) & (idx >= 0)
+
+    def capacity_log_probs(self) -> th.Tensor:
+        """Log-probabilities (B, D, S + 1) of the servers per datacenter (masked at ~ -1e8)."""
+        assert self._cap_logits is not None, "call proba_distribution first"
+        z = self._cap_logits
+        if self._cap_mask is not None:
+            z = th.where(self._cap_mask, z, th.full_like(z, MASKED_LOGIT))
+        return th.log_softmax(z, dim=-1)
+
+    def _reduce_cap(self, per_dc: th.Tensor) -> th.Tensor:
+        if self.reduction == "sum":
+            return per_dc.sum(dim=-1)
+        assert self._cap_logits is not None, "call proba_distribution first"
+        allowed = self._cap_mask if self._cap_mask is not None else self._cap_logits > MASKED_LOGIT / 2
+        w = (allowed.sum(dim=-1) > 1).to(per_dc.dtype)  # datacenters with a choice
+        return (per_dc * w).sum(dim=-1) / w.sum(dim=-1).clamp(min=1.0)
+
+    def _split(self, actions: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+        a = actions.long().reshape(-1, self.action_size)
+        K = self.route.n_slots
+        return a[:, :K], a[:, K + self.D:]
+
+    def log_prob(self, actions: th.Tensor) -> th.Tensor:
+        """Route plus servers log-probability (B,) of flat actions (B, K + 2 D)."""
+        route, servers = self._split(actions)
+        lp = self.capacity_log_probs().gather(-1, servers.unsqueeze(-1)).squeeze(-1)
+        return self.route.log_prob(route) + self._reduce_cap(lp)
+
+    def entropy(self) -> th.Tensor:
+        lp = self.capacity_log_probs()
+        return self.route.entropy() + self._reduce_cap(-(lp.exp() * lp).sum(dim=-1))
+
+    def _actions(self, route: th.Tensor, servers: th.Tensor) -> th.Tensor:
+        dev = servers.device
+        awake = awake_engines(servers, self.engines_per_node.to(dev), self.n_engines.to(dev))
+        return th.cat([route, awake, servers], dim=-1)
+
+    def sample(self) -> th.Tensor:
+        lp = self.capacity_log_probs()
+        u = th.rand_like(lp).clamp(1e-12, 1.0 - 1e-7)
+        return self._actions(self.route.sample(), th.argmax(lp - th.log(-th.log(u)), dim=-1))
+
+    def mode(self) -> th.Tensor:
+        return self._actions(self.route.mode(), th.argmax(self.capacity_log_probs(), dim=-1))
+
+    def actions_from_params(self, action_logits: th.Tensor, deterministic: bool = False, **kwargs: Any) -> th.Tensor:
+        self.proba_distribution(action_logits, **kwargs)
+        return self.get_actions(deterministic=deterministic)
+
+    def log_prob_from_params(self, action_logits: th.Tensor, **kwargs: Any) -> tuple[th.Tensor, th.Tensor]:
+        actions = self.actions_from_params(action_logits, **kwargs)
         return actions, self.log_prob(actions)
