@@ -101,8 +101,9 @@ def test_ppo_fine_tunes_a_capacity_checkpoint_on_dev(tmp_path):
     th.manual_seed(5)
     start = SetNetwork(layout_spec(env), **NET)
     ck = save_set_checkpoint(tmp_path / "dagger_best.npz", start)  # stands for a DAgger run's best round
+    steady = {**OVER, "env.measure": "window", "env.warmup_s": 5.0}  # the steady-state reward: no drain
     cfg = config_from_dict({
-        "name": "cap-ppo", "scenarios": ["dev"], "overrides": OVER, "n_envs": 1, "total_timesteps": 192,
+        "name": "cap-ppo", "scenarios": ["dev"], "overrides": steady, "n_envs": 1, "total_timesteps": 192,
         "set_policy": NET, "init_checkpoint": str(ck), "vec_normalize": {"reward": True},
         "ppo": {"n_steps": 64, "batch_size": 32, "n_epochs": 2, "learning_rate": 1e-2, "target_kl": None},
         "eval": {"every_timesteps": 0, "final": False},
@@ -139,6 +140,13 @@ def test_capacity_ppo_config_is_checked(tmp_path):
         config_from_dict({**base, "overrides": OVER, "bc": {"expert": "rr"}})
     with pytest.raises(ConfigError, match="init_checkpoint"):
         config_from_dict({**base, "overrides": OVER, "init_checkpoint": 3})
+    # the shipped fine-tuning configs start from their DAgger configs' networks
+    from train.config import load_config
+
+    for ppo, dagger in (("dev_ppo_capacity", "dev_dagger_capacity"), ("llama8b_ppo_capacity", "llama8b_dagger_capacity")):
+        a, b = load_config(ppo), load_config(dagger)
+        assert a.init_checkpoint == f"runs/train/{dagger}/best.npz"
+        assert {k: v for k, v in a.set_policy.items() if k != "logprob_reduction"} == b.set_policy
     # a checkpoint of another network is refused, naming the difference
     from train.checkpoint import save_set_checkpoint
     from train.envs import make_vec_env
