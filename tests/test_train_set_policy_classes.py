@@ -142,3 +142,30 @@ def test_class_path_gradients_match_the_per_slot_ones(batches):
     assert (f1 - f0).norm() < 1e-4 * f0.norm()
     for a, b in zip(g1, g0):
         assert th.allclose(a, b, rtol=1e-3, atol=1e-6)
+
+
+@pytest.mark.parametrize("n_choices", [5, 70])  # 70: too many choices for the int64 (class, mask) key
+def test_slot_categorical_class_mode_equals_per_slot_on_gathered_logits(n_choices):
+    from train.slot_dist import SlotCategorical
+
+    g = th.Generator().manual_seed(1)
+    B, C, K, A = 3, 4, 9, n_choices
+    class_logits = th.randn(B, C, A, generator=g)
+    slot_class = th.randint(0, C, (B, K), generator=g)
+    masks = th.rand(B, K, A, generator=g) > 0.3
+    masks[:, :, -1] = True
+    masks[:, -1, :-1] = False  # a padded slot: defer only
+    gathered = class_logits.gather(1, slot_class.unsqueeze(-1).expand(-1, -1, A))
+    for reduction in ("mean", "sum"):
+        ref = SlotCategorical(K, A, reduction).proba_distribution(gathered.reshape(B, -1))
+        ref.apply_masking(masks.reshape(B, -1))
+        cls = SlotCategorical(K, A, reduction).proba_distribution(class_logits, slot_class)
+        cls.apply_masking(masks.reshape(B, -1))
+        actions = ref.sample()
+        assert th.allclose(cls.log_prob(actions), ref.log_prob(actions), atol=1e-6)
+        assert th.allclose(cls.entropy(), ref.entropy(), atol=1e-6)
+        assert th.equal(cls.mode(), ref.mode())
+        assert th.allclose(cls.logits, ref.logits)
+        cls.apply_masking(None)  # unmasked: the class rows themselves
+        ref.apply_masking(None)
+        assert th.allclose(cls.log_prob(actions), ref.log_prob(actions), atol=1e-6)
