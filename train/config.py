@@ -19,7 +19,7 @@ Example (``train/configs/llama8b.toml``)::
     classes = false      # true: score the facility MILP's request classes once each
     demand_features = false
     load_feedback = 0    # refinement passes with learned per-datacenter prices
-    capacity_head = false  # per-datacenter powered-server head (capacity.control = "agent"; DAgger only)
+    capacity_head = false  # per-datacenter powered-server head (needs capacity.control = "agent")
 
     [vec_normalize]      # reward normalisation (VecNormalize); obs are already scaled by the env
     reward = true
@@ -27,6 +27,9 @@ Example (``train/configs/llama8b.toml``)::
     [bc]                 # behaviour-cloning warm start (maskable_ppo only)
     expert = "milp"
     episodes = 4
+
+    init_checkpoint = "runs/train/x/best.npz"   # or: start PPO from a set-policy checkpoint
+                                                 # (pickle-free .npz, e.g. a DAgger run's best)
 
     [dagger]             # class-level DAgger on an expert (carbon-gym train imitate; needs classes)
     expert = "facility-milp"
@@ -177,6 +180,9 @@ class TrainConfig:
     checkpoint_every_timesteps: int = 0
     keep_checkpoints: int = 2
     source: str = ""
+    #: Set-policy checkpoint (``.npz``) whose weights the PPO model starts from (instead of
+    #: ``[bc]``); its network settings must equal ``[set_policy]``'s.
+    init_checkpoint: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form (JSON-serialisable)."""
@@ -195,6 +201,7 @@ class TrainConfig:
 _TOP = {
     "name", "algorithm", "scenarios", "scenario", "overrides", "seed", "n_envs", "total_timesteps",
     "torch_threads", "heldout_every_days", "ppo", "set_policy", "vec_normalize", "bc", "dagger", "eval", "checkpoint",
+    "init_checkpoint",
 }
 _SET_POLICY = {"hidden", "logprob_reduction", "classes", "demand_features", "load_feedback", "capacity_head"}
 _VECNORM = {"reward", "clip_reward", "gamma"}
@@ -237,6 +244,32 @@ def _dagger_config(raw: Any, set_policy: Mapping[str, Any], source: str) -> Dagg
     return dagger
 
 
+def _ppo_start_checks(raw: Mapping[str, Any], algo: str, overrides: Mapping[str, Any], set_policy: Mapping[str, Any],
+                      bc: BCConfig | None, source: str) -> str | None:
+    """The checked ``init_checkpoint`` (or None), and the capacity head's requirements: the
+    capacity action (``capacity.control = "agent"``), MaskablePPO and no ``[bc]``."""
+    init = raw.get("init_checkpoint")
+    if init is not None:
+        if not isinstance(init, str) or not init:
+            raise ConfigError("init_checkpoint", f"must be the path of a set-policy checkpoint (.npz), got {init!r}", source=source)
+        if algo != "maskable_ppo" or bc is not None:
+            raise ConfigError("init_checkpoint", "starts the set policy's PPO from a checkpoint: algorithm must be "
+                              "'maskable_ppo', without [bc]", source=source)
+    if set_policy.get("capacity_head"):
+        cap = overrides.get("capacity")
+        control = overrides.get("capacity.control", cap.get("control") if isinstance(cap, Mapping) else None)
+        if control != "agent":
+            raise ConfigError("set_policy.capacity_head", "the capacity head decides the servers of the capacity action: "
+                              "set overrides 'capacity.control' = 'agent' (trained by [dagger], carbon-gym train imitate, "
+                              "or fine-tuned by MaskablePPO)", allowed=["agent"], source=source)
+        if bc is not None:
+            raise ConfigError("bc", "behaviour cloning does not train the capacity head: start PPO from a DAgger "
+                              "checkpoint (init_checkpoint)", source=source)
+        if algo != "maskable_ppo":
+            raise ConfigError("set_policy.capacity_head", "needs algorithm 'maskable_ppo'", source=source)
+    return init
+
+
 def config_from_dict(raw: Mapping[str, Any], *, source: str = "") -> TrainConfig:
     """Validate a parsed TOML mapping into a :class:`TrainConfig`."""
     _check_keys("", raw, _TOP, source)
@@ -269,9 +302,7 @@ def config_from_dict(raw: Mapping[str, Any], *, source: str = "") -> TrainConfig
         if algo != "maskable_ppo":
             raise ConfigError("bc", "behaviour cloning warm-starts the set policy: algorithm must be 'maskable_ppo'", source=source)
     dagger = _dagger_config(raw["dagger"], set_policy, source) if "dagger" in raw else None
-    if set_policy.get("capacity_head") and dagger is None:
-        raise ConfigError("set_policy.capacity_head", "the capacity head is trained by class-level DAgger ([dagger], "
-                          "carbon-gym train imitate); PPO on the capacity action is not implemented", source=source)
+    init = _ppo_start_checks(raw, algo, overrides, set_policy, bc, source)
     ev = dict(raw.get("eval", {}))
     _check_keys("eval.", ev, set(EvalConfig.__dataclass_fields__), source)
     evc = EvalConfig(**ev)
@@ -299,6 +330,7 @@ def config_from_dict(raw: Mapping[str, Any], *, source: str = "") -> TrainConfig
         checkpoint_every_timesteps=_pos_int("checkpoint.every_timesteps", ckpt.get("every_timesteps", 0), source, minimum=0),
         keep_checkpoints=_pos_int("checkpoint.keep", ckpt.get("keep", 2), source),
         source=source,
+        init_checkpoint=init,
     )
     return cfg
 

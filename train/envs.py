@@ -101,6 +101,13 @@ class ScenarioMixEnv(gym.Env):
     slot count K; set ``env.max_pending`` in the overrides). ``routing=True`` exposes the
     :class:`~carbon_gym.wrappers.RoutingWeightsWrapper` action instead of the per-request one.
     ``action_masks()`` (per-request action only) is the inner env's.
+
+    With ``capacity.control = "agent"`` the action is the flattened capacity action
+    (:class:`~carbon_gym.wrappers.FlattenCapacityAction`: route | capacity | servers) and
+    ``action_masks()`` the env's flat mask, except that between capacity decisions (whose
+    capacity entries the env ignores) only the servers in force are allowed: a policy's
+    servers entries then carry no choice, and no log-probability
+    (:class:`~train.slot_dist.RouteCapacityDistribution`).
     """
 
     metadata = {"render_modes": []}
@@ -143,6 +150,10 @@ class ScenarioMixEnv(gym.Env):
             from carbon_gym.wrappers import RoutingWeightsWrapper
 
             env = RoutingWeightsWrapper(env)
+        elif bool(getattr(env.unwrapped.layout, "capacity_agent", False)):
+            from carbon_gym.wrappers import FlattenCapacityAction
+
+            env = FlattenCapacityAction(env)
         return env
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
@@ -165,10 +176,20 @@ class ScenarioMixEnv(gym.Env):
         return obs, reward, terminated, truncated, info
 
     def action_masks(self) -> np.ndarray:
-        """The inner env's masks (flat, K x (D + 1))."""
+        """The inner env's masks (flat: K x (D + 1), then with capacity control the capacity and
+        servers parts; see the class docstring)."""
         if self._inner is None:
             raise RuntimeError("call reset() first")
-        return self._inner.unwrapped.action_masks()
+        base = self._inner.unwrapped
+        m = base.action_masks()
+        if bool(getattr(base.layout, "capacity_agent", False)):
+            st = base.state()
+            if not st.capacity_decision:
+                size = np.asarray(base.layout.n_servers, dtype=np.int64) + 1
+                srv = np.zeros(int(size.sum()), dtype=bool)
+                srv[np.cumsum(size) - size + np.asarray(st.capacity_target_servers, dtype=np.int64)] = True
+                m[m.size - srv.size:] = srv
+        return m
 
     def close(self) -> None:
         if self._inner is not None:

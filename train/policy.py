@@ -208,8 +208,10 @@ class LearnedPolicy:
         self._step += 1
         if not decision:
             return route
+        from .slot_dist import awake_engines
+
         servers = self.capacity_servers(observation)
-        awake = np.minimum(servers * self.net.engines_per_node, np.asarray(self.net.spec["n_engines"], dtype=np.int64))
+        awake = awake_engines(servers, self.net.engines_per_node, np.asarray(self.net.spec["n_engines"], dtype=np.int64))
         return {"route": route, "capacity": awake, "servers": servers}
 
     def capacity_servers(self, observation: Any) -> np.ndarray:
@@ -222,10 +224,9 @@ class LearnedPolicy:
 
             net = self.net
             with th.inference_mode():
-                dc = th.from_numpy(np.asarray(observation["datacenters"], dtype=np.float32)).reshape(1, net.D, net.F_D)
-                gl = th.from_numpy(np.asarray(observation["globals"], dtype=np.float32)).reshape(1, -1)
-                sl = th.from_numpy(np.asarray(observation["slots"], dtype=np.float32)).reshape(1, net.K, net.F_S)
-                logits = net.capacity_scores(dc, gl, net.totals(sl, sl[:, :, net._s_valid] > 0.5))[0].double().numpy()
+                obs_t = {k: th.from_numpy(np.asarray(observation[k], dtype=np.float32))[None]
+                         for k in ("datacenters", "slots", "globals")}
+                logits = net.observation_capacity_scores(obs_t)[0].double().numpy()
         return logits.argmax(axis=1).astype(np.int64)
 
     def _act_route(self, observation: Any, info: dict[str, Any]) -> np.ndarray:

@@ -28,7 +28,7 @@ from carbon_gym.errors import ConfigError
 from .config import TrainConfig
 from .checkpoint import write_checkpoint_env
 
-__all__ = ["train", "build_model", "DEFAULT_PPO", "DEFAULT_MASKABLE_PPO"]
+__all__ = ["train", "build_model", "init_from_checkpoint", "DEFAULT_PPO", "DEFAULT_MASKABLE_PPO"]
 
 #: Defaults for the routing-weights PPO (overridden by ``[ppo]``).
 DEFAULT_PPO: dict[str, Any] = {"n_steps": 128, "batch_size": 64, "n_epochs": 4, "learning_rate": 3e-4, "gamma": 0.95}
@@ -155,6 +155,8 @@ def train(  # noqa: C901
                                 clip_reward=float(cfg.vec_normalize.get("clip_reward", 10.0)))
         model = build_model(cfg, venv, verbose=0)
         model.set_logger(logger)
+        if cfg.init_checkpoint is not None:
+            init_from_checkpoint(model, cfg.init_checkpoint, log)
         if cfg.bc is not None:
             bc_stats = _warm_start(cfg, model, venv if use_vn else None, gamma, logger, log)
             (run / "bc.json").write_text(json.dumps(bc_stats, indent=2, default=float))
@@ -203,6 +205,36 @@ def train(  # noqa: C901
         pass
     log(f"trained {summary['num_timesteps']} timesteps in {summary['wall_s']:.0f} s -> {summary['final']}")
     return summary
+
+
+def init_from_checkpoint(model: Any, path: str | Path, log: Callable[[str], None] = print) -> None:
+    """Load the weights of the set-policy checkpoint ``path`` (pickle-free ``.npz``, e.g. the
+    best round of ``carbon-gym train imitate``) into ``model``'s :class:`~train.set_policy.SetNetwork`.
+    The checkpoint's network settings (hidden, classes, demand features, load feedback,
+    capacity head) must be the model's: :class:`ConfigError` naming the differences otherwise.
+    Weights do not depend on the topology, so the checkpoint's training layout may differ."""
+    from .checkpoint import checkpoint_format, network_from_checkpoint, read_set_checkpoint
+
+    src = Path(path)
+    if not src.exists():
+        raise ConfigError("init_checkpoint", f"no such file {str(src)!r}")
+    if checkpoint_format(src) != "set":
+        raise ConfigError("init_checkpoint", f"{str(src)!r} is not a set-policy checkpoint (.npz of carbon-gym train "
+                          "imitate / export); stable-baselines3 .zip runs resume with --resume instead")
+    ck = read_set_checkpoint(src)
+    net = model.policy.net
+    mine = {"hidden": net.hidden, "classes": net.classes, "demand_features": net.demand_features,
+            "load_feedback": net.load_feedback, "capacity_head": net.capacity_head}
+    theirs = {"hidden": int(ck.network["hidden"]), "classes": ck.network.get("classes"),
+              "demand_features": bool(ck.network.get("demand_features", False)),
+              "load_feedback": int(ck.network.get("load_feedback", 0)),
+              "capacity_head": bool(ck.network.get("capacity_head", False))}
+    diff = {k: (theirs[k], mine[k]) for k in mine if theirs[k] != mine[k]}
+    if diff:
+        raise ConfigError("init_checkpoint", f"{str(src)!r}: network settings differ from [set_policy] "
+                          f"(checkpoint, config): {diff}")
+    net.load_state_dict(network_from_checkpoint(ck).state_dict())
+    log(f"init: weights from {src} ({sum(int(a.size) for a in ck.tensors.values())} parameters)")
 
 
 def _fmt_eval(row: dict[str, Any]) -> str:

@@ -24,9 +24,10 @@ requests permutes the scores (equivariance) and leaves the value unchanged.
 
 :class:`SetActorCriticPolicy` plugs the network into sb3-contrib's ``MaskablePPO`` (a subclass of
 ``MaskableActorCriticPolicy`` whose forward passes go through :class:`SetNetwork`), with
-:class:`SlotCategorical`, a vectorised masked categorical over the K slots (sb3-contrib's
-``MaskableMultiCategoricalDistribution`` builds one Python object per slot, too slow for the
-thousands of slots a paper-scale step holds).
+:class:`~train.slot_dist.SlotCategorical`, a vectorised masked categorical over the K slots.
+With ``classes`` the PPO update and the rollouts run the network once per request class
+(:meth:`SetNetwork.class_forward`) and the distribution works on the distinct (class, mask)
+pairs, so the learner's cost, forward and backward, scales with classes, not requests.
 """
 
 from __future__ import annotations
@@ -36,17 +37,19 @@ from typing import Any, Mapping
 import numpy as np
 import torch as th
 from gymnasium import spaces
-from sb3_contrib.common.maskable.distributions import MaskableDistribution
 from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
 from torch import nn
 
 from carbon_gym.errors import ConfigError
+
+from .slot_dist import MASKED_LOGIT, RouteCapacityDistribution, SlotCategorical
 
 __all__ = [
     "layout_spec",
     "SetNetwork",
     "SlotCategorical",
     "SetActorCriticPolicy",
+    "MASKED_LOGIT",
     "N_DC_INPUTS",
     "N_SLOT_INPUTS",
     "N_PAIR_INPUTS",
@@ -56,8 +59,6 @@ __all__ = [
     "class_bin_edges",
 ]
 
-#: Masked logits are set to this (probability ~0).
-MASKED_LOGIT = -1e8
 #: Forecast hours averaged into the "forecast mean" feature (at most the layout's H).
 FORECAST_MEAN_HOURS = 6
 #: Inputs of the datacenter encoder: 3 carbon (now, next hour, forecast mean) + 11 observed
@@ -182,6 +183,10 @@ class SetNetwork(nn.Module):
 
     Parameters do not depend on the layout: ``state_dict`` of a network bound to one topology
     loads into a network bound to another.
+
+    Attribute :attr:`per_slot` (default False): with ``classes``, evaluate the network on every
+    slot (its class's rows) instead of once per class and gathering; the same logits and value
+    to rounding, at a cost in slots. The reference of the class path (tests, ``train.bench_ppo``).
     """
 
     def __init__(self, layout: Any, hidden: int = 64, classes: Any = None, demand_features: bool = False,
@@ -211,6 +216,7 @@ class SetNetwork(nn.Module):
         self.value_head = _mlp([2 * h + 2, h, 1])  # [pooled pairs, pooled datacenters, hour]
         if self.load_feedback:
             self.fb_head = _mlp([h + 3, h, 1])  # [datacenter embedding, proposed load x 3] -> score correction
+        self.per_slot = False
         self.capacity_head = bool(capacity_head)
         if self.capacity_head:
             self.cap_head = _mlp([h + N_CAPACITY_INPUTS, h, 1])  # [datacenter embedding, candidate] -> score
@@ -240,6 +246,9 @@ class SetNetwork(nn.Module):
         self._s_pred, self._s_waited = s["predicted_output"], s["waited"]
         self._s_net = s["network"]
         self._s_origin, self._R = s["origin"], int(spec["n_regions"])
+        cols = [self._s_prompt, self._s_pred, self._s_waited] + list(range(self._s_net, self._s_net + self.D))
+        contiguous = cols == list(range(cols[0], cols[0] + len(cols)))
+        self._cls_cols: slice | th.Tensor = slice(cols[0], cols[0] + len(cols)) if contiguous else th.as_tensor(cols)
         self._g_sin, self._g_cos = g["hour_sin"], g["hour_cos"]
         engines = np.maximum(np.asarray(spec["n_engines"], dtype=np.float32), 1.0)
         self._inv_engines = th.as_tensor(1.0 / (engines * 16.0))  # not a parameter: layout-bound
@@ -295,6 +304,11 @@ class SetNetwork(nn.Module):
         z = self.cap_head(th.cat([e.unsqueeze(2).expand(-1, -1, S1, -1), x], dim=-1)).squeeze(-1)
         return z.masked_fill(~mask.unsqueeze(0), MASKED_LOGIT)
 
+    def observation_capacity_scores(self, obs: Mapping[str, th.Tensor]) -> th.Tensor:
+        """:meth:`capacity_scores` (B, D, S + 1) of observations (the env's Dict, batched)."""
+        dc, sl, gl = self.split_obs(obs)
+        return self.capacity_scores(dc, gl, self.totals(sl, sl[:, :, self._s_valid] > 0.5))
+
     def _dc_embed(self, dc_in: th.Tensor) -> th.Tensor:
         """Datacenter embeddings (B, D, h) with the fleet context."""
         e = self.dc_encoder(dc_in)
@@ -321,34 +335,82 @@ class SetNetwork(nn.Module):
         bin of ``waited + prompt x mean est. prefill`` over up datacenters, computed in float64
         (the same arithmetic as :class:`train.fast.NumpySetScorer`)."""
         assert self.classes is not None
-        x = sl.double()
-        origin = x[:, :, self._s_origin:self._s_origin + self._R].argmax(dim=-1)
-        ob = th.bucketize(x[:, :, self._s_pred], self._out_edges, right=True)
+        origin = sl[:, :, self._s_origin:self._s_origin + self._R].argmax(dim=-1)  # a one-hot: any dtype
+        ob = th.bucketize(sl[:, :, self._s_pred].double(), self._out_edges, right=True)
         up = (dc[:, :, self._c_up] > 0.5).double()
         pref = (dc[:, :, self._c_prefill].double() * up).sum(dim=1) / up.sum(dim=1).clamp(min=1.0)
-        used = x[:, :, self._s_waited] + x[:, :, self._s_prompt] * pref.unsqueeze(1)
+        used = sl[:, :, self._s_waited].double() + sl[:, :, self._s_prompt].double() * pref.unsqueeze(1)
         hb = th.bucketize(used, self._used_edges, right=True)
         key = (origin * (len(self._out_edges) + 1) + ob) * _USED_BINS + hb
         return th.where(valid, key, th.full_like(key, -1))
+
+    def _class_groups(self, sl: th.Tensor, valid: th.Tensor, dc: th.Tensor) -> tuple[th.Tensor, ...]:
+        """Classes of a batch: sorted group ids (N,) (row b's groups are ``span * b + key + 1``;
+        group 0 of a row holds its invalid slots), the group of every slot (B * K,), the
+        class-mean columns (N, n_cols) over the valid members in float64 (0 for the invalid
+        slots' groups), the valid members per group (N,), and the flat positions of the valid
+        slots (V,). The class columns are those classes share (:meth:`_class_cols`)."""
+        B, K, F = sl.shape
+        key = self.class_keys(sl, valid, dc)
+        gk = (key + 1) + self._class_span() * th.arange(B, device=sl.device).unsqueeze(1)
+        uniq, inv = th.unique(gk.reshape(-1), return_inverse=True)
+        vpos = valid.reshape(-1).nonzero().squeeze(1)
+        inv_v = inv.index_select(0, vpos)
+        vals = self._class_cols(sl.reshape(B * K, F).index_select(0, vpos)).double()
+        n_cls = int(uniq.numel())
+        sums = th.zeros(n_cls, vals.shape[1], dtype=th.float64, device=sl.device).index_add_(0, inv_v, vals)
+        cnt = th.bincount(inv_v, minlength=n_cls)
+        mean = sums / cnt.to(th.float64).clamp(min=1.0).unsqueeze(1)
+        return uniq, inv, mean, cnt, vpos
+
+    def _class_cols(self, rows: th.Tensor, values: th.Tensor | None = None) -> th.Tensor:
+        """The columns classes share (prompt, predicted output, waited, network) of ``rows``
+        (N, F_S), or, with ``values`` (N, n_cols), ``rows`` with those columns replaced (in place)."""
+        cols = self._cls_cols
+        if values is None:
+            return rows[:, cols] if isinstance(cols, slice) else rows.index_select(1, cols.to(rows.device))
+        rows[:, cols] = values
+        return rows
+
+    def _class_span(self) -> int:
+        """Group ids per observation row (every class key + 1, and 0 for the invalid slots)."""
+        return int(self._R * (len(self._out_edges) + 1) * _USED_BINS) + 1
 
     def class_mean_slots(self, sl: th.Tensor, valid: th.Tensor, dc: th.Tensor) -> th.Tensor:
         """``sl`` with each valid slot's prompt, predicted output, waited and network columns
         replaced by the mean over its class (same observation, same :meth:`class_keys`)."""
         B, K, F = sl.shape
-        key = self.class_keys(sl, valid, dc)
-        span = int(self._R * (len(self._out_edges) + 1) * _USED_BINS) + 1
-        gk = (key + 1) + span * th.arange(B, device=sl.device).unsqueeze(1)  # invalid slots: class 0 of their row
-        _, inv = th.unique(gk.reshape(-1), return_inverse=True)
-        cols = [self._s_prompt, self._s_pred, self._s_waited] + list(range(self._s_net, self._s_net + self.D))
-        idx = th.as_tensor(cols, device=sl.device)
-        vals = sl.reshape(B * K, F)[:, idx].double()
-        n_cls = int(inv.max()) + 1 if inv.numel() else 0
-        sums = th.zeros(n_cls, len(cols), dtype=th.float64, device=sl.device).index_add_(0, inv, vals)
-        cnt = th.bincount(inv, minlength=n_cls).to(th.float64).clamp(min=1.0)
-        mean = (sums / cnt.unsqueeze(1))[inv].to(sl.dtype)
+        _, inv, mean, _, vpos = self._class_groups(sl, valid, dc)
         out = sl.reshape(B * K, F).clone()
-        out[:, idx] = th.where(valid.reshape(-1, 1), mean, out[:, idx])
+        out[vpos] = self._class_cols(out[vpos], mean[inv.index_select(0, vpos)].to(sl.dtype))
         return out.reshape(B, K, F)
+
+    def class_rows(self, sl: th.Tensor, valid: th.Tensor, dc: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+        """The batch's classes, padded per observation: rows (B, C, F_S) (C = most classes of one
+        observation, with its invalid slots as one more row), the valid requests per row (B, C)
+        (0 for the invalid slots' row and for padding) and the row of every slot (B, K) (int64).
+
+        Row c of observation b is the first member's slot row with the class-mean columns of
+        :meth:`class_mean_slots`, so ``rows.gather(1, slot_class)`` equals ``class_mean_slots``
+        on the valid slots (the invalid slots' row is their first one: the env writes them all
+        zero)."""
+        B, K, F = sl.shape
+        uniq, inv, mean, cnt, _ = self._class_groups(sl, valid, dc)
+        n_cls = int(uniq.numel())
+        b_of = th.div(uniq, self._class_span(), rounding_mode="floor")
+        n_b = th.bincount(b_of, minlength=B)
+        local = th.arange(n_cls, device=sl.device) - (th.cumsum(n_b, 0) - n_b)[b_of]
+        C = int(n_b.max()) if n_cls else 1
+        pos = th.arange(B * K, device=sl.device)
+        rep = th.full((n_cls,), B * K, dtype=pos.dtype, device=sl.device).scatter_reduce_(0, inv, pos, reduce="amin")
+        crow = sl.reshape(B * K, F).index_select(0, rep)
+        is_cls = cnt > 0  # not the invalid slots' group
+        crow = self._class_cols(crow, th.where(is_cls.unsqueeze(1), mean.to(sl.dtype), self._class_cols(crow)))
+        rows = sl.new_zeros(B, C, F)
+        rows[b_of, local] = crow
+        sizes = sl.new_zeros(B, C)
+        sizes[b_of, local] = cnt.to(sl.dtype)
+        return rows, sizes, local[inv].reshape(B, K)
 
     def dc_inputs(self, dc: th.Tensor, gl: th.Tensor, totals: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
         """Datacenter-encoder inputs (B, D, n_dc_inputs), the up flags (B, D) and the hour (B, 2)."""
@@ -396,10 +458,6 @@ class SetNetwork(nn.Module):
         """Per-datacenter (B, D, n_dc_inputs), per-slot (B, K, 3), per-pair (B, K, D, 4) inputs,
         the valid-slot mask (B, K) and the hour (B, 2). With ``classes``, a slot's inputs are
         its class's (:meth:`class_mean_slots`)."""
-        return self._features_up(obs)[:5]
-
-    def _features_up(self, obs: Mapping[str, th.Tensor]) -> tuple[th.Tensor, ...]:
-        """:meth:`features` and the up flags (B, D)."""
         dc, sl, gl = self.split_obs(obs)
         valid = sl[:, :, self._s_valid] > 0.5
         totals = self.totals(sl, valid)
@@ -407,7 +465,7 @@ class SetNetwork(nn.Module):
             sl = self.class_mean_slots(sl, valid, dc)
         dc_in, up, hour = self.dc_inputs(dc, gl, totals)
         slot_in, pair_in = self.slot_pair_inputs(sl, dc, up)
-        return dc_in, slot_in, pair_in, valid, hour, up
+        return dc_in, slot_in, pair_in, valid, hour
 
     def class_scores(self, dc: th.Tensor, gl: th.Tensor, cls_slots: th.Tensor, totals: th.Tensor,
                      sizes: th.Tensor | None = None) -> th.Tensor:
@@ -419,12 +477,14 @@ class SetNetwork(nn.Module):
         dt = self.pair_out.weight.dtype
         dc_in, up, _ = self.dc_inputs(dc.to(dt), gl.to(dt), totals.to(dt))
         slot_in, pair_in = self.slot_pair_inputs(cls_slots.to(dt), dc.to(dt), up)
-        return self._logits(dc_in, slot_in, pair_in, sizes, up)
+        return self._heads(dc_in, slot_in, pair_in, sizes, up)[0]
 
-    def _logits(self, dc_in: th.Tensor, slot_in: th.Tensor, pair_in: th.Tensor, weights: th.Tensor | None = None,
-                up: th.Tensor | None = None) -> th.Tensor:
-        """Logits (B, K, D + 1); ``weights`` (B, K): requests each row stands for (valid flag, or
-        class size) and ``up`` (B, D) are needed with ``load_feedback``."""
+    def _heads(self, dc_in: th.Tensor, slot_in: th.Tensor, pair_in: th.Tensor, weights: th.Tensor | None = None,
+               up: th.Tensor | None = None, pool: bool = False) -> tuple[th.Tensor, th.Tensor | None, th.Tensor]:
+        """Logits (B, R, D + 1) of R rows (slots or classes), with ``pool`` the pair embeddings'
+        mean over the rows' requests (B, h) (else None), and the datacenter embeddings (B, D, h).
+        ``weights`` (B, R): requests each row stands for (valid flag, or class size; needed with
+        ``load_feedback`` and ``pool``); ``up`` (B, D): needed with ``load_feedback``."""
         e = self._dc_embed(dc_in)
         s = self.slot_encoder(slot_in)
         pair = th.relu(self.pair_from_pair(pair_in) + self.pair_from_dc(e).unsqueeze(1) + self.pair_from_slot(s).unsqueeze(2))
@@ -433,7 +493,14 @@ class SetNetwork(nn.Module):
         defer = self.defer_head(th.cat([s, ctx_k], dim=-1))
         if self.load_feedback:
             scores = self._feedback(scores, defer, e, slot_in, weights, up)
-        return th.cat([scores, defer], dim=-1)
+        pooled = None
+        if pool:
+            if weights is None:
+                raise ConfigError("weights", "pooling the pair embeddings needs the rows' weights")
+            w = weights.to(pair.dtype)
+            n = w.sum(dim=1).clamp(min=1.0)  # (B,) valid requests
+            pooled = (pair.mean(dim=2) * w.unsqueeze(-1)).sum(dim=1) / n.unsqueeze(-1)
+        return th.cat([scores, defer], dim=-1), pooled, e
 
     def _feedback(self, scores: th.Tensor, defer: th.Tensor, e: th.Tensor, slot_in: th.Tensor, weights: Any, up: Any) -> th.Tensor:
         if weights is None or up is None:
@@ -451,102 +518,52 @@ class SetNetwork(nn.Module):
         return scores
 
     # ------------------------------------------------------------------ forward
+    def class_forward(self, obs: Mapping[str, th.Tensor], value: bool = True) -> tuple[th.Tensor, th.Tensor | None, th.Tensor | None]:
+        """Logits of the network's rows, the critic's value (B, 1) (None unless ``value``) and
+        the row of every slot (B, K) (int64).
+
+        With ``classes`` (and not :attr:`per_slot`) the network runs once per class
+        (:meth:`class_rows`): the logits are (B, C, D + 1), C the most classes of an observation
+        in the batch, and slot k's are row ``slot_class[b, k]``; the same logits and value as
+        the per-slot evaluation (which scores every slot on its class's rows) to rounding, at a
+        cost, forward and backward, in classes. Otherwise the logits are per slot (B, K, D + 1)
+        and the row index is None."""
+        dc, sl, gl = self.split_obs(obs)
+        valid = sl[:, :, self._s_valid] > 0.5
+        totals = self.totals(sl, valid)
+        dc_in, up, hour = self.dc_inputs(dc, gl, totals)
+        slot_class = None
+        if self.classes is not None and not self.per_slot:
+            rows, weights, slot_class = self.class_rows(sl, valid, dc)
+        else:
+            rows = self.class_mean_slots(sl, valid, dc) if self.classes is not None else sl
+            weights = valid.to(sl.dtype)
+        slot_in, pair_in = self.slot_pair_inputs(rows, dc, up)
+        logits, pooled, e = self._heads(dc_in, slot_in, pair_in, weights, up, pool=value)
+        v = None
+        if value:
+            assert pooled is not None
+            v = self.value_head(th.cat([pooled, e.mean(dim=1), hour], dim=-1))
+        return logits, v, slot_class
+
+    @staticmethod
+    def slot_logits(logits: th.Tensor, slot_class: th.Tensor | None) -> th.Tensor:
+        """Per-slot logits (B, K, D + 1) of :meth:`class_forward`'s rows."""
+        if slot_class is None:
+            return logits
+        return logits.gather(1, slot_class.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+
     def scores(self, obs: Mapping[str, th.Tensor]) -> th.Tensor:
         """Logits (B, K, D + 1) only (no critic): the torch inference path of
         :class:`~train.policy.LearnedPolicy` (``backend="torch"``). Equal to ``forward(obs)[0]``."""
-        dc_in, slot_in, pair_in, valid, _, up = self._features_up(obs)
-        return self._logits(dc_in, slot_in, pair_in, valid, up)
+        logits, _, slot_class = self.class_forward(obs, value=False)
+        return self.slot_logits(logits, slot_class)
 
     def forward(self, obs: Mapping[str, th.Tensor]) -> tuple[th.Tensor, th.Tensor]:
         """Return (logits (B, K, D + 1), value (B, 1)); masking is left to the distribution."""
-        dc_in, slot_in, pair_in, valid, hour, up = self._features_up(obs)
-        e = self.dc_encoder(dc_in)  # (B, D, h)
-        ctx = e.mean(dim=1, keepdim=True)
-        e = th.relu(self.dc_context(th.cat([e, ctx.expand_as(e)], dim=-1)))
-        s = self.slot_encoder(slot_in)  # (B, K, h)
-        pair = th.relu(
-            self.pair_from_dc(e).unsqueeze(1) + self.pair_from_slot(s).unsqueeze(2) + self.pair_from_pair(pair_in)
-        )  # (B, K, D, h)
-        scores = self.pair_out(pair).squeeze(-1)  # (B, K, D)
-        ctx_k = e.mean(dim=1, keepdim=True).expand(-1, s.shape[1], -1)
-        defer = self.defer_head(th.cat([s, ctx_k], dim=-1))  # (B, K, 1)
-        if self.load_feedback:
-            scores = self._feedback(scores, defer, e, slot_in, valid, up)
-        logits = th.cat([scores, defer], dim=-1)
-        w = valid.float()
-        n = w.sum(dim=1).clamp(min=1.0)  # (B,)
-        pooled_pairs = (pair.mean(dim=2) * w.unsqueeze(-1)).sum(dim=1) / n.unsqueeze(-1)
-        value = self.value_head(th.cat([pooled_pairs, e.mean(dim=1), hour], dim=-1))
-        return logits, value
-
-
-class SlotCategorical(MaskableDistribution):
-    """Independent masked categoricals over K slots with C choices each, vectorised.
-
-    ``log_prob`` and ``entropy`` are summed over slots (``reduction="sum"``, the exact joint
-    log-probability) or averaged over the slots that hold a request (``"mean"``: the PPO ratio
-    becomes a per-request geometric mean, which keeps the clipped objective usable when a step
-    holds a thousand requests; the gradient is scaled by 1 / pending requests).
-    """
-
-    def __init__(self, n_slots: int, n_choices: int, reduction: str = "sum") -> None:
-        super().__init__()
-        if reduction not in ("sum", "mean"):
-            raise ConfigError("set_policy.logprob_reduction", f"got {reduction!r}", allowed=["sum", "mean"])
-        self.n_slots, self.n_choices, self.reduction = int(n_slots), int(n_choices), reduction
-        self.logits: th.Tensor | None = None
-        self._raw: th.Tensor | None = None
-
-    def proba_distribution_net(self, *args: Any, **kwargs: Any) -> nn.Module:
-        """Unused: the logits come from :class:`SetNetwork`."""
-        return nn.Identity()
-
-    def proba_distribution(self, action_logits: th.Tensor) -> SlotCategorical:
-        self._raw = action_logits.reshape(-1, self.n_slots, self.n_choices)
-        self.logits = th.log_softmax(self._raw, dim=-1)
-        self._weights = None
-        return self
-
-    def apply_masking(self, masks: Any) -> None:
-        assert self._raw is not None, "call proba_distribution first"
-        if masks is None:
-            self.logits = th.log_softmax(self._raw, dim=-1)
-            self._weights = None
-            return
-        m = th.as_tensor(masks, device=self._raw.device).reshape(-1, self.n_slots, self.n_choices).bool()
-        raw = th.where(m, self._raw, th.full_like(self._raw, MASKED_LOGIT))
-        self.logits = th.log_softmax(raw, dim=-1)
-        # A slot with a single allowed choice (padding: defer only) carries no decision.
-        self._weights = (m.sum(dim=-1) > 1).float()
-
-    def _reduce(self, per_slot: th.Tensor) -> th.Tensor:
-        if self.reduction == "sum":
-            return per_slot.sum(dim=-1)
-        w = self._weights if self._weights is not None else th.ones_like(per_slot)
-        return (per_slot * w).sum(dim=-1) / w.sum(dim=-1).clamp(min=1.0)
-
-    def log_prob(self, actions: th.Tensor) -> th.Tensor:
-        a = actions.long().reshape(-1, self.n_slots, 1)
-        return self._reduce(self.logits.gather(-1, a).squeeze(-1))
-
-    def entropy(self) -> th.Tensor:
-        p = self.logits.exp()
-        return self._reduce(-(p * self.logits).sum(dim=-1))
-
-    def sample(self) -> th.Tensor:
-        u = th.rand_like(self.logits).clamp(1e-12, 1.0 - 1e-7)
-        return th.argmax(self.logits - th.log(-th.log(u)), dim=-1)
-
-    def mode(self) -> th.Tensor:
-        return th.argmax(self.logits, dim=-1)
-
-    def actions_from_params(self, action_logits: th.Tensor, deterministic: bool = False) -> th.Tensor:
-        self.proba_distribution(action_logits)
-        return self.get_actions(deterministic=deterministic)
-
-    def log_prob_from_params(self, action_logits: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
-        actions = self.actions_from_params(action_logits)
-        return actions, self.log_prob(actions)
+        logits, value, slot_class = self.class_forward(obs)
+        assert value is not None
+        return self.slot_logits(logits, slot_class), value
 
 
 class SetActorCriticPolicy(MaskableActorCriticPolicy):
@@ -554,9 +571,15 @@ class SetActorCriticPolicy(MaskableActorCriticPolicy):
 
     Extra keyword arguments (``policy_kwargs`` of ``MaskablePPO``): ``layout`` (required,
     :func:`layout_spec` of the training env), ``hidden`` (64), ``logprob_reduction``
-    (``"mean"`` or ``"sum"``, see :class:`SlotCategorical`), ``classes``, ``demand_features`` and
-    ``load_feedback`` (see :class:`SetNetwork`). The observation goes to the network
-    unflattened; ``net_arch``/``activation_fn`` are ignored.
+    (``"mean"`` or ``"sum"``, see :class:`SlotCategorical`), ``classes``, ``demand_features``,
+    ``load_feedback`` and ``capacity_head`` (see :class:`SetNetwork`). The observation goes to
+    the network unflattened; ``net_arch``/``activation_fn`` are ignored.
+
+    The action space is the per-request ``MultiDiscrete([D + 1] * K)``, or with
+    ``capacity_head`` the flattened capacity action of
+    :class:`~carbon_gym.wrappers.FlattenCapacityAction` (route K | capacity D | servers D, for
+    an env with ``capacity.control = "agent"``), whose distribution is
+    :class:`~train.slot_dist.RouteCapacityDistribution` (the head's servers per datacenter).
     """
 
     def __init__(
@@ -571,13 +594,24 @@ class SetActorCriticPolicy(MaskableActorCriticPolicy):
         classes: Any = None,
         demand_features: bool = False,
         load_feedback: int = 0,
+        capacity_head: bool = False,
         **kwargs: Any,
     ) -> None:
         if layout is None:
             raise ConfigError("policy_kwargs.layout", "SetActorCriticPolicy needs the env's layout (train.set_policy.layout_spec(env))")
-        if not isinstance(action_space, spaces.MultiDiscrete) or len(set(action_space.nvec.tolist())) != 1:
-            raise ConfigError("action_space", "the set policy needs the per-request MultiDiscrete([D + 1] * K) action")
         self._layout = layout_spec(layout)
+        self._capacity = bool(capacity_head)
+        K, D = int(self._layout["max_pending"]), int(self._layout["n_datacenters"])
+        want = [D + 1] * K
+        if self._capacity:
+            if "n_servers" not in self._layout:
+                raise ConfigError("capacity_head", "the capacity head needs an env with capacity control "
+                                  "([capacity] control = 'agent')")
+            want += [int(x) + 1 for x in self._layout["n_engines"]] + [int(x) + 1 for x in self._layout["n_servers"]]
+        if not isinstance(action_space, spaces.MultiDiscrete) or action_space.nvec.tolist() != want:
+            what = ("the flattened capacity action (train.envs.ScenarioMixEnv, carbon_gym.wrappers.FlattenCapacityAction)"
+                    if self._capacity else "the per-request MultiDiscrete([D + 1] * K) action")
+            raise ConfigError("action_space", f"the set policy needs {what} of its layout (K = {K}, D = {D})")
         self._hidden = int(hidden)
         self._reduction = str(logprob_reduction)
         self._classes = _class_spec(classes)
@@ -586,13 +620,13 @@ class SetActorCriticPolicy(MaskableActorCriticPolicy):
         kwargs.pop("net_arch", None)
         kwargs["ortho_init"] = False
         super().__init__(observation_space, action_space, lr_schedule, *args, net_arch=[], **kwargs)
-        K = int(len(action_space.nvec))
-        C = int(action_space.nvec[0])
-        self.action_dist = SlotCategorical(K, C, self._reduction)
+        route = SlotCategorical(K, D + 1, self._reduction)
+        self.action_dist: SlotCategorical | RouteCapacityDistribution = (
+            RouteCapacityDistribution(route, self._layout["n_engines"], self._layout["n_servers"]) if self._capacity else route)
 
     def _build(self, lr_schedule: Any) -> None:
         self.net = SetNetwork(self._layout, hidden=self._hidden, classes=self._classes, demand_features=self._demand,
-                              load_feedback=self._feedback_passes)
+                              load_feedback=self._feedback_passes, capacity_head=self._capacity)
         self.optimizer = self.optimizer_class(self.parameters(), lr=lr_schedule(1), **self.optimizer_kwargs)
 
     def _get_constructor_parameters(self) -> dict[str, Any]:
@@ -601,6 +635,8 @@ class SetActorCriticPolicy(MaskableActorCriticPolicy):
         if self._classes is not None or self._demand:  # older checkpoints: neither key, same network
             data.update(classes=self._classes, demand_features=self._demand,
                               load_feedback=self._feedback_passes)
+        if self._capacity:
+            data.update(capacity_head=True)
         data.pop("net_arch", None)
         return data
 
@@ -609,29 +645,37 @@ class SetActorCriticPolicy(MaskableActorCriticPolicy):
             raise ConfigError("observation", "the set policy reads the env's Dict observation")
         return {k: v.float() for k, v in obs.items()}
 
-    def _dist(self, logits: th.Tensor, action_masks: Any) -> SlotCategorical:
-        dist = self.action_dist.proba_distribution(logits)
+    def _dist(self, obs: Any, action_masks: Any, value: bool = True) -> tuple[Any, th.Tensor | None]:
+        """The masked distribution of ``obs`` (class mode with a class network; with the
+        capacity head, the flattened capacity action's) and the value."""
+        o = self._obs(obs)
+        logits, values, slot_class = self.net.class_forward(o, value=value)
+        if isinstance(self.action_dist, RouteCapacityDistribution):
+            dist: Any = self.action_dist.proba_distribution(logits, slot_class, self.net.observation_capacity_scores(o))
+        else:
+            dist = self.action_dist.proba_distribution(logits, slot_class)
         if action_masks is not None:
             dist.apply_masking(action_masks)
-        return dist
+        return dist, values
 
     def forward(self, obs: Any, deterministic: bool = False, action_masks: Any = None) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
-        logits, values = self.net(self._obs(obs))
-        dist = self._dist(logits, action_masks)
+        dist, values = self._dist(obs, action_masks)
+        assert values is not None
         actions = dist.get_actions(deterministic=deterministic)
         return actions, values, dist.log_prob(actions)
 
     def evaluate_actions(self, obs: Any, actions: th.Tensor, action_masks: Any = None) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
-        logits, values = self.net(self._obs(obs))
-        dist = self._dist(logits, action_masks)
+        dist, values = self._dist(obs, action_masks)
+        assert values is not None
         return values, dist.log_prob(actions), dist.entropy()
 
-    def get_distribution(self, obs: Any, action_masks: Any = None) -> SlotCategorical:
-        logits, _ = self.net(self._obs(obs))
-        return self._dist(logits, action_masks)
+    def get_distribution(self, obs: Any, action_masks: Any = None) -> Any:
+        return self._dist(obs, action_masks, value=False)[0]
 
     def predict_values(self, obs: Any) -> th.Tensor:
-        return self.net(self._obs(obs))[1]
+        values = self.net.class_forward(self._obs(obs))[1]
+        assert values is not None
+        return values
 
     def _predict(self, observation: Any, deterministic: bool = False, action_masks: Any = None) -> th.Tensor:
         return self.get_distribution(observation, action_masks).get_actions(deterministic=deterministic)
