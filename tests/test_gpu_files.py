@@ -198,7 +198,7 @@ def test_heterogeneous_capacity_control_and_load_levels(tmp_path: Path) -> None:
     assert e.value.field == "workload.load" and "qwen2.5-7b/h100-80gb" in str(e.value)
     both = load_scenario(_write(tmp_path / "h3.toml", HETERO.replace('gpu = "h100-80gb"\n', "")
                                 .replace("rate_per_s = 12.0", 'load = "moderate"')))
-    assert both.rate_per_s == pytest.approx(0.6 * 5.1875 * 24)
+    assert both.rate_per_s == pytest.approx(0.6 * 2.9585 * 24)  # the cluster figure of llama-3.1-8b/a100-80gb/tp1
 
 
 def test_unknown_datacenter_gpu_is_a_config_error(tmp_path: Path) -> None:

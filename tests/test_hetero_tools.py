@@ -252,7 +252,7 @@ def test_packaged_load_levels_are_read_once_per_version(tmp_path: Path, monkeypa
     import os
     import shutil
 
-    import carbon_gym.scenario as scen
+    import carbon_gym.load_levels as scen
 
     src = scen.load_levels_path()
     copy = tmp_path / "load_levels.toml"
