@@ -298,6 +298,13 @@ def test_fingerprint_is_recorded_and_checked_against_the_env(tmp_path):
                                           r"checkpoint 2, this env 16"):
         strict.reset(big)
     assert check_env_fingerprint(None, big, "x") == []  # older checkpoints record none
+    # the load: another rate is named; a fingerprint without the field (older checkpoints) does not compare it
+    assert fp["rate_per_s"] == 8.0
+    busier = GeoServeEnv("dev", overrides={"duration_s": 3.0, "workload.rate_per_s": 12.0})
+    assert check_env_fingerprint([fp], busier, "x", on_mismatch="ignore") == ["rate_per_s: checkpoint 8.0, this env 12.0"]
+    older = {k: v for k, v in fp.items() if k != "rate_per_s"}
+    assert check_env_fingerprint([older], busier, "x", on_mismatch="ignore") == []
+    busier.close()
     with pytest.raises(ConfigError, match="on_env_mismatch"):
         LearnedPolicy.load(path, on_env_mismatch="shrug")
     # export keeps it

@@ -367,7 +367,7 @@ def check_checkpoint_env(stored: dict[str, Any] | None, source: str) -> None:
 #: Fields of :func:`env_fingerprint` compared by :func:`check_env_fingerprint` (``git_commit`` is
 #: recorded, not compared: any commit would differ).
 FINGERPRINT_FIELDS = ("scenario", "n_datacenters", "n_regions", "max_pending", "forecast_hours", "capacity_control",
-                      "action", "layout_hash", "carbon_gym_version", "env_version")
+                      "action", "layout_hash", "carbon_gym_version", "env_version", "rate_per_s")
 #: What :func:`check_env_fingerprint` does with mismatches.
 ON_MISMATCH = ("warn", "error", "ignore")
 
@@ -400,7 +400,9 @@ def env_fingerprint(env: Any) -> dict[str, Any]:
     regions), slots K, forecast hours, ``capacity.control``, the action (``"route"`` or
     ``"route+capacity"``), ``layout_hash`` (sha256 prefix of
     :func:`carbon_gym.observation.observation_signature`: columns, sizes, scales, action sizes),
-    the carbon_gym and env versions and the git commit of the code (None outside a checkout)."""
+    the carbon_gym and env versions, the scenario's mean request rate ``rate_per_s`` (requests/s,
+    rounded to 4 significant digits: a load level's rate moves when its capacity basis does) and
+    the git commit of the code (None outside a checkout)."""
     import carbon_gym
     from carbon_gym.observation import ENV_VERSION, observation_signature
 
@@ -415,6 +417,7 @@ def env_fingerprint(env: Any) -> dict[str, Any]:
         "action": "route+capacity" if bool(getattr(lay, "capacity_agent", False)) else "route",
         "layout_hash": _digest(observation_signature(base)),
         "carbon_gym_version": str(carbon_gym.__version__), "env_version": ENV_VERSION, "git_commit": _git_commit(),
+        "rate_per_s": None if sc is None else float(f"{float(sc.rate_per_s):.4g}"),
     }
 
 
@@ -422,7 +425,8 @@ def check_env_fingerprint(stored: Sequence[Mapping[str, Any]] | None, env: Any, 
                           on_mismatch: str = "warn") -> list[str]:
     """Compare the env ``env`` with the training envs ``stored`` (a checkpoint's fingerprint).
     Returns the mismatches, each ``"field: checkpoint X, this env Y"`` against the training env
-    of the same scenario (else the first); ``on_mismatch``: ``"warn"`` (a ``UserWarning`` naming
+    of the same scenario (else the first; fields the checkpoint does not record are not compared);
+    ``on_mismatch``: ``"warn"`` (a ``UserWarning`` naming
     them), ``"error"`` (:class:`ConfigError`) or ``"ignore"``. Nothing is compared when the
     checkpoint records no fingerprint (older checkpoints)."""
     if on_mismatch not in ON_MISMATCH:
@@ -437,7 +441,7 @@ def check_env_fingerprint(stored: Sequence[Mapping[str, Any]] | None, env: Any, 
         names = sorted({str(f.get("scenario")) for f in stored})
         out.append(f"scenario: checkpoint trained on {names}, this env {now['scenario']!r}")
     out += [f"{k}: checkpoint {ref.get(k)!r}, this env {now[k]!r}" for k in FINGERPRINT_FIELDS
-            if k != "scenario" and ref.get(k) != now[k]]
+            if k != "scenario" and k in ref and ref.get(k) != now[k]]  # (a field newer than the checkpoint: not compared)
     if out and on_mismatch == "error":
         raise ConfigError("checkpoint", f"{source}: the env differs from the one the policy was trained on: "
                           + "; ".join(out), allowed=["on_env_mismatch='warn' or 'ignore' to run it anyway"])
