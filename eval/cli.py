@@ -416,6 +416,7 @@ def add_run_args(p: argparse.ArgumentParser, *, out_default: str) -> None:
     g.add_argument("--warmup-s", type=_float, default=None, help=f"burn-in before the window, simulated but not counted (default {300:g} s with --window-s; a multiple of the polling period)")
     g.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE", help="scenario override, e.g. --set polling_period_s=2 (repeatable; any dotted scenario field)")
     g.add_argument("--policy-arg", dest="policy_args", action="append", metavar="POLICY.KEY=VALUE", help="policy keyword argument, e.g. --policy-arg milp.violation_penalty_g=10 (repeatable)")
+    g.add_argument("--knob", dest="knobs", action="append", metavar="POLICY=V1,V2", help="experiment tradeoff: run this knob-driven policy's frontier at these values (its default added), e.g. --knob planner=0.6,0.9 (repeatable; default: eval/frontiers.py KNOBS)")
     g.add_argument("--no-carbon-start", action="store_true", help="keep the scenario's own carbon.start_utc (experiments spread their starts over the year by default; eval keeps it unless --spread-starts)")
     g.add_argument("--trust-checkpoint", action="store_true", help="admit learned checkpoints in stable-baselines3's pickled .zip format (loading one can run its author's code)")
     r = p.add_argument_group("execution and output")
@@ -517,6 +518,8 @@ def _check_run_args(args: argparse.Namespace) -> None:
 
 def cmd_eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
     _check_run_args(args)
+    if args.knobs:
+        raise UsageError("--knob", "sizes a trade-off frontier: use it with carbon-gym experiment tradeoff", ["experiment tradeoff"])
     seeds = parse_seeds(args.seeds if args.seeds is not None else 3, args.seed_list, args.seed_start)
     policies = resolve_policies(args.policies, args.trust_checkpoint)
     scenarios = resolve_scenarios(args.scenarios)
@@ -610,6 +613,10 @@ def cmd_experiment(args: argparse.Namespace, argv: Sequence[str]) -> int:
     else:
         print(f"{PROG}: note: each seed starts at its own day and hour of the carbon year (the same for every policy), "
               "replacing the scenarios' carbon.start_utc; --no-carbon-start keeps it", file=sys.stderr)
+    if getattr(args, "knobs", None):
+        from eval.frontiers import knob_values_from_cli, set_knob_values
+
+        set_knob_values(knob_values_from_cli(args.knobs))
     out = resolve_out(args, names)
     for n in names:
         table = experiments.run_experiment(

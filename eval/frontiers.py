@@ -29,7 +29,7 @@ import numpy as np
 from eval.runner import RunSpec, freeze, make_specs
 from eval.stats import mean_ci95
 
-__all__ = ["Knob", "KNOBS", "register_knob", "knob_label", "frontier_specs", "frontier_points", "envelope_at",
+__all__ = ["Knob", "KNOBS", "register_knob", "knob_values_from_cli", "set_knob_values", "knob_label", "frontier_specs", "frontier_points", "envelope_at",
            "equal_violation", "parse_knob_label"]
 
 
@@ -71,6 +71,36 @@ for _k in (
     Knob("ilp-cap", "capacity_cap", (0.5, 0.6, 0.7, 0.8, 0.9, 1.0), 0.9, "share of the measured capacity per step"),
 ):
     register_knob(_k)
+
+
+def knob_values_from_cli(items: Sequence[str] | None) -> dict[str, tuple[float, ...]]:
+    """Parse ``--knob POLICY=V1,V2,...`` items into ``{policy: values}`` (each policy's default
+    is added if missing: its run is the policy's own row). A ConfigError names ``--knob`` and the
+    knob-driven policies for an unknown policy, a malformed item or a value that is not a number."""
+    from carbon_gym.errors import ConfigError
+
+    out: dict[str, tuple[float, ...]] = {}
+    for item in items or ():
+        pol, sep, vals = item.partition("=")
+        if not sep or pol not in KNOBS:
+            raise ConfigError("--knob", f"expected POLICY=V1,V2,... with a knob-driven policy, got {item!r}", allowed=sorted(KNOBS))
+        try:
+            values = {float(v) for v in vals.split(",") if v.strip()}
+        except ValueError:
+            raise ConfigError("--knob", f"{item!r}: the values must be numbers ({KNOBS[pol].kwarg})") from None
+        out[pol] = tuple(sorted(values | {KNOBS[pol].default}))
+    return out
+
+
+def set_knob_values(values: Mapping[str, Sequence[float]]) -> None:
+    """Run each named policy's frontier at these knob values instead of its registered ones (the
+    default included); e.g. a frontier sized for a small machine. Replaces the entries of
+    :data:`KNOBS` in this process (the matrix is built here, so workers need not know)."""
+    from dataclasses import replace
+
+    for pol, vals in values.items():
+        knob = KNOBS[pol]
+        register_knob(replace(knob, values=tuple(sorted(set(map(float, vals)) | {knob.default}))))
 
 
 def knob_label(policy: str, kwarg: str, value: float) -> str:

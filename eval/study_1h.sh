@@ -11,30 +11,36 @@
 #                mixtral8x7b-low, 900 s window after 300 s, one start: rr always on vs rr / planner /
 #                ilp-state with the reactive autoscaler, rr with the carbon-aware one, the MILP deciding
 #                capacity (and its own always-on run)
+#   e  tradeoff  llama8b-moderate, the same 8 starts and window: the planner at utilisation 0.6 and
+#                0.9 (default), the facility MILP at violation penalty 1 g (default) and 10 g, rr
+#                the reference: two points per frontier, enough to compare at equal violation
+#                by interpolation, not the full frontier (eval/frontiers.py KNOBS: 6-7 values each)
 #   i  sessions  multi-turn sessions with prefix caching (issue 23): 4 scenarios, 2 starts
 #                (their load levels come from the sessions' own capacity file, so they did not move
 #                with the cluster basis)
 #
 # Not in this run (too costly for 2 cores; the full matrix on a cluster is in README "On a Ray
-# cluster"): the 6 h llama8b-diurnal run (carbon-gym experiment diurnal --preset full
+# cluster"): the full trade-off frontiers, the 6 h llama8b-diurnal run (carbon-gym experiment diurnal --preset full
 # --no-carbon-start --policies milp,planner+reactive,rr: the capacity MILP alone is > 1 h of one
-# core), the other 8 headline scenarios, the predictor, polling, trade-off and bound experiments
+# core), the other 8 headline scenarios, the predictor, polling and bound experiments
 # at >= 8 starts.
 #
-# usage: bash eval/study_1h.sh [OUT] [STAGES]   (OUT defaults to results, STAGES to "a h i";
+# usage: bash eval/study_1h.sh [OUT] [STAGES]   (OUT defaults to results, STAGES to "a e h i";
 #        RESULTS.md is regenerated from OUT)
 set -euo pipefail
 OUT=${1:-results}
-STAGES=${2:-a h i}
+STAGES=${2:-a e h i}
 SEEDS=$(python -m eval.heldout_seeds --scenario llama8b-moderate --n 8)
 for stage in $STAGES; do
   case $stage in
     a) carbon-gym experiment headline --preset full --scenarios llama8b-moderate \
          --policies rr,greedy-cap,planner,ilp-state,milp,learned:train/checkpoints/llama8b_set.npz \
          --seed-list "$SEEDS" --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
+    e) carbon-gym experiment tradeoff --preset full --scenarios llama8b-moderate --policies planner,milp \
+         --knob planner=0.6 --knob milp=10 --seed-list "$SEEDS" --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
     h) carbon-gym experiment capacity --preset full --out "$OUT" --workers 2 --no-plots --no-tensorboard --no-progress ;;
     i) carbon-gym experiment sessions --preset full --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
-    *) echo "unknown stage $stage (a, h, i)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage (a, e, h, i)" >&2; exit 2 ;;
   esac
 done
 carbon-gym report "$OUT" --force

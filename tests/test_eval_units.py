@@ -229,3 +229,24 @@ def test_invalid_runs_show_no_reduction():
     from eval.experiments import headline_table
 
     assert "invalid (" in headline_table(s) and "42% unfinished" in headline_table(s)
+
+
+def test_knob_values_from_the_command_line(monkeypatch):
+    """``--knob planner=0.6`` sizes a frontier: the default is added, the matrix runs exactly
+    those values, and a bad item names --knob and the knob-driven policies."""
+    from carbon_gym.errors import ConfigError
+    from eval import frontiers
+
+    monkeypatch.setattr(frontiers, "KNOBS", dict(frontiers.KNOBS))
+    vals = frontiers.knob_values_from_cli(["planner=0.6", "milp=10,3"])
+    assert vals == {"planner": (0.6, 0.9), "milp": (1.0, 3.0, 10.0)}
+    frontiers.set_knob_values(vals)
+    specs = frontiers.frontier_specs(["dev"], ["rr", "planner", "milp"], [0, 1])
+    labels = sorted({s.label or s.policy for s in specs})
+    assert labels == ["milp", "milp[violation_penalty_g=10]", "milp[violation_penalty_g=3]", "planner",
+                      "planner[utilisation=0.6]", "rr"]
+    assert len(specs) == 6 * 2
+    for bad in ("plannr=0.5", "planner", "planner=fast"):
+        with pytest.raises(ConfigError) as e:
+            frontiers.knob_values_from_cli([bad])
+        assert e.value.field == "--knob"
