@@ -94,7 +94,7 @@ class RequestState(CopyableState):
         self.share_mark_j = self.share_mark_g = self.energy_j = self.carbon_g = 0.0
         self.first_sched_s = self.first_token_s = -1.0
         self.alive = True
-        self.prefix_keys: tuple[int, ...] | None = None
+        self.prefix_keys: tuple[object, ...] | None = None  # (prefix_cache.Key: ints kept as objects)
         self.held = self.cached_tokens = 0
 
 

@@ -28,7 +28,7 @@ from ..errors import ConfigError
 from .datacenter import Datacenter
 from .dispatch import get_dispatcher, get_prefix_weight
 from .engine import IDLE, RUN, EngineConfig
-from .prefix_cache import batch_prefix_keys, prefix_keys
+from .prefix_cache import Key, batch_prefix_keys, prefix_keys
 from .request import CopyableState, EngineModels, RequestState, mypyc_attr
 from .records import AbortedRequests, RequestRecords
 from .results import ClusterSnapshot, EnergyAttribution, LatencyEstimates, SimTotals, snapshot_from_array
@@ -260,22 +260,22 @@ class Simulator(CopyableState):
         if not math.isfinite(a) or a < 0:
             raise ConfigError("arrival_s", f"must be finite and >= 0, got {arrival_s!r}")
         self._check_request(a, p, q, d)
-        keys = self._prefix_keys(prefix_hashes, p, "prefix_hashes")
+        keys = self._prefix_keys(prefix_hashes, p)
         rid = self._submit(o, a, p, q, d)
         if keys is not None:
             self._in_transit[rid].prefix_keys = keys
         return rid
 
-    def _prefix_keys(self, hashes: Any, p: int, field: str) -> tuple[int, ...] | None:
+    def _prefix_keys(self, hashes: Any, p: int) -> tuple[Key, ...] | None:
         """Validated ``prefix_hashes`` of a ``p``-token prompt -> its chained keys (or None)."""
         cfg = self.engine_config
-        return prefix_keys(hashes, p, cfg.prefix_block_tokens, cfg.prefix_caching, field)
+        return prefix_keys(hashes, p, cfg.prefix_block_tokens, cfg.prefix_caching)
 
-    def _batch_keys(self, hashes: Any, prompts: list[int]) -> list[tuple[int, ...] | None] | None:
+    def _batch_keys(self, hashes: Any, prompts: list[int]) -> list[tuple[Key, ...] | None] | None:
         cfg = self.engine_config
         return batch_prefix_keys(hashes, prompts, cfg.prefix_block_tokens, cfg.prefix_caching)
 
-    def _set_keys(self, first: int, keys: list[tuple[int, ...] | None] | None) -> None:
+    def _set_keys(self, first: int, keys: list[tuple[Key, ...] | None] | None) -> None:
         """Attach the prefix keys of a batch submitted with ids ``first, first + 1, ...``."""
         if keys is None:
             return
@@ -575,7 +575,7 @@ class Simulator(CopyableState):
         (:mod:`carbon_gym.sim.prefix_cache`)."""
         p = _as_int("prompt_tokens", prompt_tokens, 1)
         out = np.zeros(len(self.datacenters), dtype=np.int64)
-        keys = self._prefix_keys(prefix_hashes, p, "prefix_hashes")
+        keys = self._prefix_keys(prefix_hashes, p)
         if keys is not None:
             P = self.engine_config.prefix_block_tokens
             n_max = min(len(keys), (p - 1) // P)
