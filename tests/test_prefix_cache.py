@@ -463,6 +463,30 @@ def test_a_sleeping_engine_loses_its_cache():
     assert not dc.prefix_index and all(len(e.cache) == 0 for e in dc.engines)
 
 
+def test_aborted_requests_keep_their_prefix_hashes():
+    """An outage returns each aborted request's block ids (cache on or off): resubmitted with them
+    to another datacenter, a request hits the prefix cached there."""
+    ids = [11, 12, 13]
+    for caching in (True, False):
+        sim = make_sim(n_dc=2, gpus_per_node=1, engine=EngineConfig(prefix_caching=caching))
+        sim.submit(0, 0.0, 1600, 2, 0, prefix_hashes=ids)  # datacenter 0 computes the prefix
+        sim.run_until_idle()
+        t = sim.now_s
+        sim.submit_batch([0, 0], [t, t], [1600, 900], [200, 200], [1, 1], prefix_hashes=[ids, None])
+        sim.advance_to(t + 0.5)  # (both at datacenter 1, running)
+        ab = sim.set_datacenter_up(1, False)
+        assert ab.request_id.tolist() == [1, 2] and ab.prefix_hashes == [tuple(ids), None]
+        sim.submit_batch(ab.origin, ab.arrival_s, ab.prompt_tokens, ab.output_tokens, [0, 0],
+                         prefix_hashes=ab.prefix_hashes)
+        sim.run_until_idle()
+        rec = sim.pop_completed().sorted_by_id()
+        assert rec.request_id.tolist() == [0, 3, 4]
+        assert rec.cached_tokens.tolist() == ([0, 1536, 0] if caching else [0, 0, 0])
+        sim.set_datacenter_up(1, True)
+        sim.submit(0, sim.now_s, 900, 5, 1)
+        assert sim.set_datacenter_up(1, False).prefix_hashes is None  # none of them had ids
+
+
 def test_bad_prefix_input_is_refused_clearly():
     sim = make_sim(n_dc=1, gpus_per_node=1, engine=EngineConfig(prefix_caching=True))
     with pytest.raises(ConfigError, match="prefix_hashes"):

@@ -65,7 +65,7 @@ from ..errors import ConfigError
 from .request import CopyableState, RequestState, mypyc_attr
 
 __all__ = ["PrefixCache", "PrefixIndex", "Key", "ROOT_KEY", "MAX_BLOCK_ID", "chain_keys", "prefix_keys",
-           "batch_prefix_keys"]
+           "batch_prefix_keys", "attach_prefix"]
 
 #: Parent key of every request's first prefix block.
 ROOT_KEY: Final = 0x5EED
@@ -146,6 +146,21 @@ def batch_prefix_keys(hashes: Any, prompts: list[int], prefix_tokens: int,
                           f"{m if m >= 0 else type(hashes).__name__}")
     out = [prefix_keys(h, p, prefix_tokens, caching, i) for i, (h, p) in enumerate(zip(hashes, prompts))]
     return out if any(k is not None for k in out) else None
+
+
+def attach_prefix(requests: dict[int, RequestState], first: int, hashes: Any,
+                  keys: list[tuple[Key, ...] | None] | None) -> None:
+    """Give the requests ``first, first + 1, ...`` of a batch (``requests``: by id) their block ids
+    ``hashes`` (None, or one entry per request; kept for ``AbortedRequests``) and prefix ``keys``
+    (:func:`batch_prefix_keys`)."""
+    if hashes is None:
+        return
+    for i, h in enumerate(hashes):
+        if h is not None:
+            r = requests[first + i]
+            r.prefix_hashes = h
+            if keys is not None:
+                r.prefix_keys = keys[i]
 
 
 #: A datacenter's prefix index: key -> bit mask of its engines whose cache holds the block (bit
