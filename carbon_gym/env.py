@@ -538,12 +538,12 @@ class GeoServeEnv(gym.Env):
         deferred = n_vis - n_place
         if n_place:
             dcs = choice if n_place == n_vis else choice[place]
-            if self._sessions is not None:
-                self._sessions.placed(place, dcs, self._snap)
             rows, ints = self._pending.take(n_vis, place)  # origin, prompt, output
             ids = P.submit_placed(sim, ints[:, 0], rows[:, P.ARRIVAL], ints[:, 1], ints[:, 2], dcs,
                                   self._pending.placed_hashes)  # (prefix_hashes= only when there are any)
             tally.add_placed(ids, rows[:, P.FAILED], dcs, ints[:, 2])
+            if self._sessions is not None:
+                self._sessions.placed(place, dcs, self._snap, ids)
         tally.deferred += deferred
         tally.blocked += blocked
         tally.invalid_actions += n_invalid
@@ -563,6 +563,8 @@ class GeoServeEnv(gym.Env):
         self._last_completed = records
         carbon_g, energy_j = self._totals_delta()
         step_failed_over, self._step_failed_over = self._step_failed_over, 0
+        if self._sessions is not None:
+            self._sessions.completed(records.request_id)
         try:
             violations, stats = tally.add_completed(records)
         except RecordWriteError as e:
@@ -643,11 +645,12 @@ class GeoServeEnv(gym.Env):
             self._requeue(ab)
 
     def _requeue(self, ab: AbortedRequests) -> None:
-        """Put requests aborted by an outage back in the pending queue (fail-over)."""
+        """Put requests aborted by an outage back in the pending queue (fail-over), prefix and session kept."""
         n = len(ab)
         if not n:
             return
-        self._pending.requeue(ab.origin, ab.arrival_s, ab.prompt_tokens, ab.output_tokens, getattr(ab, "prefix_hashes", None))
+        sid, turn = self._sessions.aborted(ab.request_id) if self._sessions is not None else (None, None)
+        self._pending.requeue(ab.origin, ab.arrival_s, ab.prompt_tokens, ab.output_tokens, ab.prefix_hashes, sid, turn)
         self._tally.add_aborted(ab)
         self._step_failed_over += n
 

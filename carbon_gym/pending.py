@@ -2,7 +2,8 @@
 
 One float64 matrix, one row per request (integers are exact in float64), columns
 :data:`COLUMNS`. Nothing in it is ever dropped: placed rows leave it, deferred and overflowing
-rows stay, and requests an outage aborts come back with their original arrival time.
+rows stay, and requests an outage aborts come back with their original arrival time (and their
+prefix hashes, session and turn: :meth:`PendingStore.requeue`).
 
 :meth:`PendingStore.offer` picks the rows the K slots show: the oldest K that have an allowed
 datacenter. Rows with none (every link from their region cut, every datacenter down or
@@ -106,14 +107,17 @@ class PendingStore:
         self.rows = table
 
     def requeue(self, origin: np.ndarray, arrival_s: np.ndarray, prompt_tokens: np.ndarray,
-                output_tokens: np.ndarray, prefix_hashes: Any = None) -> None:
+                output_tokens: np.ndarray, prefix_hashes: Any = None, session_id: np.ndarray | None = None,
+                turn: np.ndarray | None = None) -> None:
         """Put failed-over requests back, merged in arrival order (stable: ties keep the older rows
-        first), with their prefix hashes where known (a sequence, one per request, or None)."""
+        first), with their prefix hashes, sessions and turns where known (``prefix_hashes``: a
+        sequence, one per request, or None, as ``AbortedRequests.prefix_hashes``; ``session_id``
+        (-1: none) and ``turn``: arrays, or None)."""
         n = int(np.shape(origin)[0])
         rows = np.empty((n, len(COLUMNS)), dtype=np.float64)
         seq = self._seq
         self._fill(rows, origin, arrival_s, prompt_tokens, output_tokens, 1.0)
-        self._remember(seq, prefix_hashes, None, None)
+        self._remember(seq, prefix_hashes, session_id, turn)
         merged = np.concatenate([self.rows, rows])
         self.rows = merged[np.argsort(merged[:, ARRIVAL], kind="stable")]
 

@@ -12,6 +12,12 @@ without ``engine.prefix_caching``) and the datacenter that served each session's
 (``-1`` for none). The simulator does not move between the observation and the placement, so the
 placement reads the same figures.
 
+**Fail-over.** The tracker keeps the session and turn of each placed request of a session until it
+completes (:meth:`SessionTracker.placed`, :meth:`SessionTracker.completed`); a request an outage
+aborts gets them back (:meth:`SessionTracker.aborted`) and returns to the pending store with them
+and with its prefix hashes (``AbortedRequests.prefix_hashes``), so it can hit a cache again. Placed
+again, it counts as a turn of its session again (a move when it leaves the failed datacenter).
+
 **Metric definitions** (:meth:`SessionTracker.metrics`; keys of ``episode_metrics`` of a prefix
 workload, window-relative under ``env.measure = "window"``):
 
@@ -78,12 +84,14 @@ class SessionTracker:
     def reset(self) -> None:
         """Forget every session (a new episode)."""
         self.session_dc: dict[int, int] = {}
+        self.in_flight: dict[int, tuple[int, int]] = {}  # request id -> (session, turn), placed and not completed
         self.counts = dict.fromkeys(_COUNTERS, 0.0)
         self._base: dict[str, Any] | None = None  # the window's baseline (counts and simulator totals)
-        self._set_visible(np.zeros((0, self.D), dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+        self._set_visible(np.zeros((0, self.D), dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64),
+                          np.zeros(0, dtype=np.int32))
 
-    def _set_visible(self, cached: np.ndarray, sid: np.ndarray, sdc: np.ndarray) -> None:
-        self.cached, self.session_id, self.session_dc_of = cached, sid, sdc
+    def _set_visible(self, cached: np.ndarray, sid: np.ndarray, sdc: np.ndarray, turn: np.ndarray) -> None:
+        self.cached, self.session_id, self.session_dc_of, self.turn = cached, sid, sdc, turn
 
     def observe(self, sim: Any, store: Any, rows: np.ndarray, window_open: bool = False) -> None:
         """Read the visible pending ``rows`` (of the pending ``store``): cached prefix tokens (n, D),
@@ -98,18 +106,20 @@ class SessionTracker:
         info = store.prefix_of(rows) if n else None
         if info is None:
             self._set_visible(np.zeros((n, self.D), dtype=np.int64), np.full(n, -1, dtype=np.int64),
-                              np.full(n, -1, dtype=np.int64))
+                              np.full(n, -1, dtype=np.int64), np.zeros(n, dtype=np.int32))
             return
-        hashes, sid, _turn = info
+        hashes, sid, turn = info
         cached = sim.cached_prefix_tokens_batch(hashes, rows[:, PROMPT].astype(np.int64))
         get = self.session_dc.get
         sdc = np.array([get(s, -1) if s >= 0 else -1 for s in sid.tolist()], dtype=np.int64)
-        self._set_visible(np.asarray(cached, dtype=np.int64), sid.astype(np.int64), sdc)
+        self._set_visible(np.asarray(cached, dtype=np.int64), sid.astype(np.int64), sdc, turn)
 
-    def placed(self, place: np.ndarray, dcs: np.ndarray, snap: np.ndarray) -> None:
+    def placed(self, place: np.ndarray, dcs: np.ndarray, snap: np.ndarray, ids: np.ndarray | None = None) -> None:
         """The visible requests where ``place`` is True go to ``dcs`` (one per placed request):
         count the session turns and moves with their re-prefill cost, remember each session's
-        datacenter. ``snap``: the decision's snapshot array (prefill time per token, carbon)."""
+        datacenter. ``snap``: the decision's snapshot array (prefill time per token, carbon);
+        ``ids``: their request ids (one per placed request), to keep the session and turn of
+        each until it completes (fail-over)."""
         idx = np.flatnonzero(place)
         if not idx.size:
             return
@@ -117,6 +127,8 @@ class SessionTracker:
         has = sid >= 0
         if not has.any():
             return
+        if ids is not None:
+            self.in_flight.update(zip(np.asarray(ids)[has].tolist(), zip(sid[has].tolist(), self.turn[idx][has].tolist())))
         c = self.counts
         prev = self.session_dc_of[idx]
         for i, s, p, d in zip(idx[has].tolist(), sid[has].tolist(), prev[has].tolist(), np.asarray(dcs)[has].tolist()):
@@ -133,6 +145,20 @@ class SessionTracker:
                         c["move_reprefill_energy_j"] += e_j
                         c["move_reprefill_carbon_g"] += e_j * float(snap[_ROW_CARBON, d]) / 3.6e6
             self.session_dc[s] = d
+
+    def completed(self, request_ids: np.ndarray) -> None:
+        """Forget the session and turn of completed requests."""
+        if self.in_flight:
+            pop = self.in_flight.pop
+            for rid in request_ids.tolist():
+                pop(rid, None)
+
+    def aborted(self, request_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(session id (int64, -1: none), turn (int32))`` of requests an outage aborted (they
+        are forgotten: placed again, they get new ids)."""
+        pop = self.in_flight.pop
+        got = [pop(rid, (-1, 0)) for rid in request_ids.tolist()]
+        return (np.array([g[0] for g in got], dtype=np.int64), np.array([g[1] for g in got], dtype=np.int32))
 
     def encode(self, slots: np.ndarray, n: int, col: int, prompt_tokens: np.ndarray | None) -> None:
         """Write the observation's ``cached_prefix`` columns (the share of each visible

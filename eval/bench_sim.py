@@ -63,14 +63,16 @@ def mooncake_trace(path: str | None) -> tuple[list[dict], str]:
     raise SystemExit(f"Mooncake trace not found (looked for {', '.join(map(str, cands))}); pass --mooncake PATH")
 
 
-def run_mooncake(rows: list[dict], n_engines: int, dispatcher: str, speedup: float, tick_s: float) -> dict:
+def run_mooncake(rows: list[dict], n_engines: int, dispatcher: str, speedup: float, tick_s: float,
+                 prefix_caching: bool = True) -> dict:
     """Replay ``rows`` (Mooncake format) on one datacenter of ``n_engines`` A100 engines with prefix
-    caching; return measured figures (as :func:`run_case`, plus the prefix-cache totals)."""
+    caching (or without: ``prefix_caching``); return measured figures (as :func:`run_case`, plus
+    the prefix-cache totals)."""
     topo = Topology(("r",), (DatacenterSpec("dc", "r", "Z", 1.1, -(-n_engines // 8), min(n_engines, 8)),))
     net = Network(np.array([[0.005]]))
     ct = CarbonTrace(("Z",), datetime(2023, 1, 1), np.linspace(100, 400, 24)[:, None], "step")
     gpu = load_gpu_spec("a100-80gb")
-    eng = EngineConfig(max_model_len=131072, prefix_caching=True, prefix_block_tokens=512)
+    eng = EngineConfig(max_model_len=131072, prefix_caching=prefix_caching, prefix_block_tokens=512)
     sim = Simulator(topo, load_model_spec("llama-3.1-8b"), gpu, load_latency_model("a100-80gb", "llama-3.1-8b", 1),
                     load_power_model("a100-80gb"), net, ct, engine=eng, dispatcher=dispatcher)
     arrival = np.array([r["timestamp"] for r in rows], dtype=np.float64) / 1e3 / speedup
@@ -99,7 +101,8 @@ def run_mooncake(rows: list[dict], n_engines: int, dispatcher: str, speedup: flo
     cpu = time.process_time() - c0
     tot = sim.totals()
     return dict(
-        name=f"m: Mooncake replay, {n_engines} engines, {dispatcher}, x{speedup:g}", requests=done, simulated_s=t,
+        name=f"m: Mooncake replay, {n_engines} engines, {dispatcher}, x{speedup:g}{'' if prefix_caching else ', no cache'}",
+        requests=done, simulated_s=t,
         wall_s=wall, requests_per_s=done / wall, cpu_s=cpu, requests_per_cpu_s=done / cpu, iterations=tot.iterations,
         events=sim.events_processed, preemptions=tot.preemptions, mean_ttft_s=ttft_sum / max(done, 1),
         hit_rate=tot.overall_prefix_hit_rate, prompt_tokens=int(tot.prompt_tokens.sum()),
@@ -251,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="engines of case (m)'s datacenter (32: 4 nodes x 8 A100, a datacenter of the default topology)")
     ap.add_argument("--mooncake-dispatcher", default="cache_aware", help="dispatcher of case (m)")
     ap.add_argument("--mooncake-speedup", type=float, default=1.0, help="case (m): arrivals this many times faster")
+    ap.add_argument("--mooncake-no-cache", action="store_true", help="case (m) without prefix caching (for comparison)")
     ap.add_argument("--profile", action="store_true", help="print the top cProfile entries of each case")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -258,7 +262,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.only == "m" or args.mooncake is not None:
         rows, src = mooncake_trace(args.mooncake or None)
         print(f"Mooncake trace: {src} ({len(rows)} requests)")
-        res = run_mooncake(rows, args.mooncake_engines, args.mooncake_dispatcher, args.mooncake_speedup, args.tick_s)
+        if args.profile:
+            prof = cProfile.Profile()
+            prof.enable()
+        res = run_mooncake(rows, args.mooncake_engines, args.mooncake_dispatcher, args.mooncake_speedup, args.tick_s,
+                           not args.mooncake_no_cache)
+        if args.profile:
+            prof.disable()
+            pstats.Stats(prof).sort_stats("tottime").print_stats(18)
         report_mooncake(res)
         results.append(res)
         if args.only == "m":

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from carbon_gym.errors import ConfigError
 from carbon_gym.sim import RECORD_COLUMNS, EngineConfig
 from carbon_gym.sim.engine import ITER
-from carbon_gym.sim.prefix_cache import ROOT_KEY
+from carbon_gym.sim.prefix_cache import ROOT_KEY, chain_keys
 from test_sim_fixtures import GPU, LAT, POW, make_sim, starved_gpu
 
 MOONCAKE = Path("/work/shared/data/workload/mooncake/conversation_trace.jsonl")
@@ -98,8 +98,18 @@ class ReferenceLRU:
         return h * P
 
 
-def check_cache_invariants(sim) -> None:
-    """KV accounting of every engine with prefix caching (called after single events)."""
+def parents_of(reqs: list[dict]) -> dict[int, int]:
+    """Chained key -> the key of the block before it, over the blocks of ``reqs``."""
+    out: dict[int, int] = {}
+    for r in reqs:
+        keys = chain_keys(r["ids"], len(r["ids"]))
+        out.update(zip(keys, (ROOT_KEY,) + keys[:-1]))
+    return out
+
+
+def check_cache_invariants(sim, parent_of: dict[int, int]) -> None:
+    """KV accounting of every engine with prefix caching (called after single events; keys ->
+    their parent keys in ``parent_of``)."""
     for dc in sim.datacenters:
         index: dict[int, int] = {}
         for e in dc.engines:
@@ -122,20 +132,23 @@ def check_cache_invariants(sim) -> None:
                 assert r.kv_blocks >= 0
             for r in e.waiting:
                 assert r.held == 0
+            refs = {k: max(v, 0) for k, v in c.state.items()}
+            lru = c.lru_order()
             # every block is unallocated, a request's own or a cache entry's
             unallocated = e.free_blocks - c.evictable_blocks  # < 0: evictions due at the next cache operation
-            assert unallocated + private + len(c.refs) * m == e.total_blocks
+            assert unallocated + private + len(refs) * m == e.total_blocks
             assert -unallocated <= c.evictable_blocks
-            assert {k: v for k, v in c.refs.items() if v} == holders
-            assert set(c.lru) == {k for k, v in c.refs.items() if v == 0}
-            assert c.evictable_blocks == len(c.lru) * m
-            pos = {k: i for i, k in enumerate(c.lru)}
-            for k, p in c.parents.items():
-                assert p == ROOT_KEY or p in c.refs  # prefix-closed
+            assert {k: v for k, v in refs.items() if v} == holders
+            assert sorted(lru) == sorted(k for k, v in refs.items() if v == 0)
+            assert c.evictable_blocks == len(lru) * m
+            pos = {k: i for i, k in enumerate(lru)}
+            for k in refs:
+                p = parent_of[k]
+                assert p == ROOT_KEY or p in refs  # prefix-closed
                 if k in pos and p in pos:
                     assert pos[k] < pos[p]  # a child is evicted before its parent
-            for k in c.refs:
-                index[k] = index.get(k, 0) + 1
+            for k in refs:
+                index[k] = index.get(k, 0) | 1 << e.index
         assert index == dc.prefix_index
 
 
@@ -170,7 +183,7 @@ def test_hits_and_evictions_equal_a_reference_lru(seed, blocks, P, chunked):
     assert int(tot.prefix_evictions.sum()) == ref.evictions
     assert int(tot.cached_prompt_tokens.sum()) == sum(expect) == int(tot.prefill_saved_tokens.sum())
     cache = sim.datacenters[0].engines[0].cache
-    assert sorted(cache.refs) == sorted(set(cache.lru))
+    assert sorted(cache.state) == sorted(cache.lru_order())  # all cached-free
     assert len(cache) == len(ref.lru)  # the same number of blocks left cached
 
 
@@ -360,7 +373,8 @@ def test_fast_path_equals_step_mode_with_prefix_caching(name):
 def test_kv_within_capacity_after_every_event(name, step):
     reqs = workload(name)[:150]
     sim = build(name, step)
-    drive_sessions(sim, reqs, CONFIGS[name]["n_dc"], check=check_cache_invariants)
+    parent_of = parents_of(reqs)
+    drive_sessions(sim, reqs, CONFIGS[name]["n_dc"], check=lambda s: check_cache_invariants(s, parent_of))
     assert sim.totals().completed == len(reqs)
     for dc in sim.datacenters:
         for e in dc.engines:
@@ -447,6 +461,30 @@ def test_a_sleeping_engine_loses_its_cache():
     sim.set_datacenter_up(0, False)
     sim.set_datacenter_up(0, True)
     assert not dc.prefix_index and all(len(e.cache) == 0 for e in dc.engines)
+
+
+def test_aborted_requests_keep_their_prefix_hashes():
+    """An outage returns each aborted request's block ids (cache on or off): resubmitted with them
+    to another datacenter, a request hits the prefix cached there."""
+    ids = [11, 12, 13]
+    for caching in (True, False):
+        sim = make_sim(n_dc=2, gpus_per_node=1, engine=EngineConfig(prefix_caching=caching))
+        sim.submit(0, 0.0, 1600, 2, 0, prefix_hashes=ids)  # datacenter 0 computes the prefix
+        sim.run_until_idle()
+        t = sim.now_s
+        sim.submit_batch([0, 0], [t, t], [1600, 900], [200, 200], [1, 1], prefix_hashes=[ids, None])
+        sim.advance_to(t + 0.5)  # (both at datacenter 1, running)
+        ab = sim.set_datacenter_up(1, False)
+        assert ab.request_id.tolist() == [1, 2] and ab.prefix_hashes == [tuple(ids), None]
+        sim.submit_batch(ab.origin, ab.arrival_s, ab.prompt_tokens, ab.output_tokens, [0, 0],
+                         prefix_hashes=ab.prefix_hashes)
+        sim.run_until_idle()
+        rec = sim.pop_completed().sorted_by_id()
+        assert rec.request_id.tolist() == [0, 3, 4]
+        assert rec.cached_tokens.tolist() == ([0, 1536, 0] if caching else [0, 0, 0])
+        sim.set_datacenter_up(1, True)
+        sim.submit(0, sim.now_s, 900, 5, 1)
+        assert sim.set_datacenter_up(1, False).prefix_hashes is None  # none of them had ids
 
 
 def test_bad_prefix_input_is_refused_clearly():

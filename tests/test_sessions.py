@@ -359,3 +359,54 @@ def test_prefix_hashes_reach_the_prefix_cache_through_the_env():
     assert int(t.prompt_tokens.sum()) == int(b.prompt_tokens.sum()) and info["episode_metrics"]["completed"] == len(b)
     cached = int(t.cached_prompt_tokens.sum())
     assert 0.6 * bound < cached <= bound
+
+
+def test_failed_over_session_requests_keep_their_prefix_and_session():
+    """Sessions on two datacenters, everything sent to gb until its outage (40-80 s): each request
+    the outage aborts comes back pending with its arrival's prefix hashes, session and turn, and
+    placed again at de it is submitted with its hashes (it hits the system prompts cached there)."""
+    from carbon_gym import pending as P
+    from carbon_gym.env import GeoServeEnv
+    from carbon_gym.scenario import scenario_from_dict
+    from carbon_gym.sim import RequestRecords
+    from carbon_gym.world import build_workload
+
+    raw = {"name": "s", "model": "llama-3.1-8b", "duration_s": 120.0,
+           "topology": {"preset": "default", "only_regions": ["europe"], "datacenters_per_region": 2, "nodes_per_datacenter": 1},
+           "workload": {"arrival": "sessions", "rate_per_s": 2.0, "max_context_tokens": 131072},
+           "engine": {"max_model_len": 131072, "prefix_caching": True, "dispatcher": "cache_aware"}, "env": {"max_pending": 64},
+           "faults": [{"kind": "datacenter_outage", "datacenter": "gb", "start_s": 40.0, "end_s": 80.0}]}
+    s = scenario_from_dict(raw)
+    b = build_workload(s, seed=0).arrivals_between(0.0, 120.0)
+    arrival = {(a, p): (h, sid, t) for a, p, h, sid, t in zip(b.arrival_s.tolist(), b.prompt_tokens.tolist(),
+                                                              b.prefix_hashes, b.session_id.tolist(), b.turn.tolist())}
+    env = GeoServeEnv(s)
+    env.reset(seed=0)
+    assert [d.name for d in env._sim.datacenters] == ["de", "gb"]
+    aborted = []
+    requeue = env._requeue
+    env._requeue = lambda ab: (aborted.append(ab), requeue(ab))
+    K = env.layout.max_pending
+    parts, seen, done = [], 0, False
+    while not done:
+        mask = env.action_masks().reshape(K, 3)
+        _, _, _, done, info = env.step(np.where(mask[:, 1], 1, 0))  # gb while it is up, else de
+        parts.append(env._last_completed)
+        rows = env._pending.rows
+        back = rows[rows[:, P.FAILED] == 1]
+        if len(back):
+            for r, *got in zip(back, *env._pending.prefix_of(back)):
+                h, sid, turn = got
+                assert (h, int(sid), int(turn)) == arrival[(r[P.ARRIVAL], int(r[P.PROMPT]))]
+                seen += 1
+    m = info["episode_metrics"]
+    n_ab = sum(len(ab) for ab in aborted)
+    assert n_ab == m["failed_over"] == m["failed_over_completed"] == seen > 10  # each seen pending once
+    for ab in aborted:
+        assert ab.prefix_hashes == [arrival[(a, p)][0] for a, p in zip(ab.arrival_s.tolist(), ab.prompt_tokens.tolist())]
+    rec = RequestRecords.concat(parts)
+    ab_ids = {i for ab in aborted for i in ab.request_id.tolist()}
+    ab_arrival = {a for ab in aborted for a in ab.arrival_s.tolist()}
+    again = np.array([a in ab_arrival and i not in ab_ids for a, i in zip(rec.arrival_s.tolist(), rec.request_id.tolist())])
+    assert again.sum() == n_ab and (rec.datacenter[again] == 0).all()
+    assert rec.cached_tokens[again].sum() > 0  # (0 when they came back without their hashes)

@@ -25,6 +25,7 @@ import numpy as np
 from ..physics.carbon import CarbonTrace
 from ..topology import DatacenterSpec
 from .engine import IDLE, Engine, EngineConfig
+from .prefix_cache import Key, PrefixIndex
 from .request import CopyableState, EngineModels, RequestState, mypyc_attr
 from .kernels import draining_score_fn
 
@@ -189,7 +190,7 @@ class Datacenter(CopyableState):
         "req_rate_sum",           # EWMA of requests arriving (same decay and time): sum (requests)
         "est_key", "est_val",     # memo of the simulator's latency estimates for (running, used blocks)
         # prefix caching (carbon_gym.sim.prefix_cache)
-        "prefix_index",           # key -> engines whose cache holds the entry (empty without caching)
+        "prefix_index",           # key -> bit mask of the engines caching it (prefix_cache.PrefixIndex; empty without caching)
         "prefix_weight",          # dispatch: load tokens one cached prompt token is worth (0: not cache-aware)
         "prefix_tokens",          # tokens per prefix block
         "prompt_tokens",          # prompt tokens of the requests admitted (first admission), tokens
@@ -223,9 +224,9 @@ class Datacenter(CopyableState):
         self.offset_s = float(carbon_offset_s)
         self.pue = float(spec.pue)
         self.score_fn = score_fn
-        self.prefix_index: dict[int, int] = {}
+        self.prefix_index: PrefixIndex = {}
         self.prefix_weight = 0.0
-        self.prefix_tokens = cfg.prefix_block_tokens
+        self.prefix_tokens: int = cfg.prefix_block_tokens  # (typed: the compiled code does not see EngineConfig's)
         self.prompt_tokens = self.cached_prompt_tokens = self.prefill_saved_tokens = 0
         self.n_engines = spec.nodes * spec.gpus_per_node // cfg.tp
         self.scores: list[float] = [0.0] * self.n_engines
@@ -406,53 +407,66 @@ class Datacenter(CopyableState):
     def pick_cached(self, req: RequestState) -> Engine:
         """Cache-aware dispatch of ``req`` (which has prefix keys): the engine with the lowest
         ``score - prefix_weight x cached prefix tokens of req there`` (ties: lowest index); the
-        plain :meth:`pick` when no engine holds its first block."""
+        plain :meth:`pick` when no engine holds its first block.
+
+        One walk of the prefix index serves every engine: ``held`` is the mask of the engines
+        caching the request's first ``j`` blocks; the engines that leave it at block ``j`` cache
+        exactly ``j``, and the best engine is the plain pick (nothing cached) or one of those."""
         keys = req.prefix_keys
         assert keys is not None
         n_max = (req.prefill_len - 1) // self.prefix_tokens
         if n_max > len(keys):
             n_max = len(keys)
+        best = self.pick()
+        if n_max <= 0:
+            return best
         index = self.prefix_index
-        d = 0
-        while d < n_max and keys[d] in index:  # deepest block some engine holds (caches are prefix-closed)
-            d += 1
-        if d == 0:
-            return self.pick()
         w = self.prefix_weight * self.prefix_tokens
         s = self.scores
-        best = self.pick()
-        best_v = math.inf
-        for e in self.engines:
-            v = s[e.index]
-            if v == math.inf:
-                continue
-            cache = e.cache
-            if cache is not None:
-                v -= w * cache.match(keys, d)
-            if v < best_v:
-                best_v = v
-                best = e
-        return best
+        i_best = best.index
+        v_best = s[i_best]
+        inf = math.inf
+        held = index.get(keys[0], 0)
+        j = 0
+        cached = 0.0  # (j as a float)
+        while held:
+            j += 1
+            cached += 1.0
+            nxt = held & index.get(keys[j], 0) if j < n_max else 0
+            gone = held & ~nxt  # the engines caching exactly j blocks
+            i = 0
+            while gone:
+                if gone & 1:
+                    v = s[i]
+                    if v != inf:
+                        v -= w * cached
+                        if v < v_best or (v == v_best and i < i_best):
+                            v_best = v
+                            i_best = i
+                gone >>= 1
+                i += 1
+            held = nxt
+        return self.engines[i_best]
 
-    def cached_prefix_blocks(self, keys: tuple[int, ...], n_max: int) -> int:
+    def cached_prefix_blocks(self, keys: tuple[Key, ...], n_max: int) -> int:
         """Prefix blocks of ``keys`` (at most ``n_max``) cached at the best engine that takes
         work (0 when down or none does)."""
         if not self.up or n_max <= 0:
             return 0
-        if not self.n_draining and self.cap_counts[0] == self.n_engines:
-            index = self.prefix_index
-            d = 0
-            while d < n_max and keys[d] in index:
-                d += 1
-            return d
-        best = 0
-        for e in self.engines:
-            cache = e.cache
-            if cache is not None and e.cap_state == 0 and not e.draining:
-                h = cache.match(keys, n_max)
-                if h > best:
-                    best = h
-        return best
+        held = -1  # the engines that take work (every bit: all of them)
+        if self.n_draining or self.cap_counts[0] != self.n_engines:
+            held = 0
+            for e in self.engines:
+                if e.cap_state == 0 and not e.draining:
+                    held |= 1 << e.index
+        index = self.prefix_index
+        d = 0
+        while d < n_max:
+            held &= index.get(keys[d], 0)
+            if not held:
+                break
+            d += 1
+        return d
 
     def request_rate(self, t: float, tau_s: float = 60.0) -> float:
         """Requests per second arriving at this datacenter (EWMA over ``tau_s``, bias-corrected

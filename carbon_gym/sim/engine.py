@@ -150,9 +150,10 @@ class Engine(CopyableState):
                  step_mode: bool, heap: list, counter: Callable[[], int], rows: list) -> None:
         self.dc = dc
         self.index = index
-        self.block_tokens = cfg.block_tokens
-        self.max_seqs = cfg.max_num_seqs
-        self.token_budget = cfg.max_num_batched_tokens
+        # (typed: the compiled engine does not see EngineConfig's types; validate() checked them)
+        self.block_tokens: int = cfg.block_tokens
+        self.max_seqs: int = cfg.max_num_seqs
+        self.token_budget: int = cfg.max_num_batched_tokens
         self.chunked_prefill = cfg.chunked_prefill
         self.step_mode = step_mode
         self.models = models
@@ -166,10 +167,10 @@ class Engine(CopyableState):
         self.cap_version = 0
         self.cap_end_s = 0.0
         self.wake_after = False
-        self.prefix_tokens = cfg.prefix_block_tokens
-        self.prefix_kv = cfg.prefix_block_tokens // cfg.block_tokens
+        self.prefix_tokens: int = cfg.prefix_block_tokens
+        self.prefix_kv: int = cfg.prefix_block_tokens // cfg.block_tokens
         self.cache: PrefixCache | None = (
-            PrefixCache(cfg.prefix_block_tokens, cfg.block_tokens, dc.prefix_index) if cfg.prefix_caching else None)
+            PrefixCache(cfg.prefix_block_tokens, cfg.block_tokens, dc.prefix_index, index) if cfg.prefix_caching else None)
         self.reset()
 
     def reset(self) -> None:

@@ -13,10 +13,13 @@ hit (vLLM would also reuse its full 16-token blocks: hits here are lower by less
 block per request).
 
 **Keys.** Entry ``i`` of a request is keyed by a chained hash ``key_i = hash((key_{i-1}, id_i))``
-(``key_{-1}`` = :data:`ROOT_KEY`), computed once per request (:func:`chain_keys`), so a hit at
-block ``i`` implies the whole prefix ``0..i`` matches; ids are never trusted to be chained
-themselves. Each entry stores its parent's key and a lookup checks it: for a fixed parent
-CPython's tuple hash is injective in an id in ``[0, 2**61)``, so hits are exact.
+(``key_{-1}`` = :data:`ROOT_KEY`), computed once per request, when it is submitted
+(:func:`prefix_keys`), and kept on it: a key names the whole prefix ``0..i``, so a hit at block
+``i`` implies the prefix matches; ids are never trusted to be chained themselves. As in vLLM, a hit
+trusts the 64-bit key: for a fixed parent CPython's tuple hash is injective in an id in ``[0,
+2**61)``, so only two different prefixes can collide, with probability about ``n**2 / 2**65`` for
+``n`` distinct blocks (below 1e-7 for a million), and the later one would then count a hit on the
+other's block.
 
 **Rules** (the engine calls them; blocks are KV blocks):
 
@@ -41,47 +44,75 @@ CPython's tuple hash is injective in an id in ``[0, 2**61)``, so hits are exact.
   cache as last settled (like the engine's published KV view).
 * A child entry is always evicted before its parent (releases go deepest first and every holder of
   an entry holds its ancestors), so each engine's cache is closed under prefixes: the datacenter's
-  ``index`` (key -> engines holding it) gives the best engine's cached prefix by one walk.
+  :data:`PrefixIndex` (key -> bit mask of the engines holding it) gives every engine's cached prefix
+  of a request by one walk (cache-aware dispatch, the simulator's queries).
 * An engine that falls asleep, powers off, is aborted or reset loses its cache (:meth:`clear`).
 
-Cost: O(prefix blocks) per admission, prefill chunk and release, O(1) per eviction; never per token.
-Compiled with the engine (``setup.py``, :data:`carbon_gym.sim._native.COMPILED_MODULES`).
+**Data.** Plain dicts of ints, no object per block: per engine ``state`` (key -> references, or
+the LRU place of a cached-free entry) and a list of keys in LRU order, kept lazily (see
+:class:`PrefixCache`); per datacenter the index. Cost: O(prefix blocks) per admission, prefill
+chunk and release (a few dict operations per block), O(1) amortised per eviction, one index walk
+per dispatch whatever the number of engines; never per token. Compiled with the engine
+(``setup.py``, :data:`carbon_gym.sim._native.COMPILED_MODULES`).
 """
 
 from __future__ import annotations
 
 import operator
-from collections import OrderedDict
-from typing import Any
+from typing import Any, Final
 
 from ..errors import ConfigError
 from .request import CopyableState, RequestState, mypyc_attr
 
-__all__ = ["PrefixCache", "ROOT_KEY", "MAX_BLOCK_ID", "chain_keys", "prefix_keys", "batch_prefix_keys"]
+__all__ = ["PrefixCache", "PrefixIndex", "Key", "ROOT_KEY", "MAX_BLOCK_ID", "chain_keys", "prefix_keys",
+           "batch_prefix_keys", "attach_prefix"]
 
 #: Parent key of every request's first prefix block.
-ROOT_KEY = 0x5EED
-#: Block ids must lie in [0, MAX_BLOCK_ID) (where the chained keys are exact, see the docstring).
-MAX_BLOCK_ID = 2 ** 61 - 1
+ROOT_KEY: Final = 0x5EED
+#: Block ids must lie in [0, MAX_BLOCK_ID) (where the chained keys are injective per parent, see the docstring).
+MAX_BLOCK_ID: Final = 2 ** 61 - 1
 
 
-def chain_keys(ids: Any, n: int) -> tuple[int, ...]:
+#: A chained key: a Python int, typed ``object`` so that compiled code keeps it as the object it is
+#: (mypyc unboxes an ``int`` of up to 62 bits and boxes it again, an allocation, at every dict access).
+Key = object
+
+
+def chain_keys(ids: Any, n: int) -> tuple[Key, ...]:
     """The chained keys of the first ``n`` block ids: ``key_i = hash((key_{i-1}, ids[i]))``."""
-    prev = ROOT_KEY
-    out: list[int] = []
+    prev: Key = ROOT_KEY
+    out: list[Key] = []
     for i in range(n):
         prev = hash((prev, ids[i]))
         out.append(prev)
     return tuple(out)
 
 
-def prefix_keys(hashes: Any, prompt_tokens: int, prefix_tokens: int, caching: bool, field: str) -> tuple[int, ...] | None:
+def prefix_keys(hashes: Any, prompt_tokens: int, prefix_tokens: int, caching: bool, row: int = -1) -> tuple[Key, ...] | None:
     """Validate one request's ``prefix_hashes`` (None or block ids, at most one per
     ``prefix_tokens``-token block of its ``prompt_tokens``-token prompt, each in [0,
-    :data:`MAX_BLOCK_ID`)) - :class:`ConfigError` naming ``field`` - and return the chained keys of
-    its full blocks, or None (no ids, no full block, or ``caching`` off)."""
+    :data:`MAX_BLOCK_ID`)) - :class:`ConfigError` naming ``prefix_hashes`` (``prefix_hashes[row]``
+    with ``row >= 0``) - and return the chained keys of its full blocks, or None (no ids, no full
+    block, or ``caching`` off)."""
     if hashes is None:
         return None
+    if isinstance(hashes, (list, tuple)) and len(hashes) <= -(-prompt_tokens // prefix_tokens):
+        # the usual input, checked and chained in one pass (anything else: the general path)
+        n = prompt_tokens // prefix_tokens if caching else 0
+        out: list[Key] = []
+        prev: Key = ROOT_KEY
+        ok = True
+        for h in hashes:
+            x = h  # (narrowed to int below; h stays the object it is)
+            if type(x) is not int or x < 0 or x >= MAX_BLOCK_ID:
+                ok = False
+                break
+            if len(out) < n:
+                prev = hash((prev, h))
+                out.append(prev)
+        if ok:
+            return tuple(out) if out else None
+    field = "prefix_hashes" if row < 0 else f"prefix_hashes[{row}]"
     try:
         ids = [operator.index(x) for x in hashes]
     except TypeError:
@@ -100,7 +131,7 @@ def prefix_keys(hashes: Any, prompt_tokens: int, prefix_tokens: int, caching: bo
 
 
 def batch_prefix_keys(hashes: Any, prompts: list[int], prefix_tokens: int,
-                      caching: bool) -> list[tuple[int, ...] | None] | None:
+                      caching: bool) -> list[tuple[Key, ...] | None] | None:
     """:func:`prefix_keys` of each row of a batch (``hashes``: None, or one entry per prompt);
     None when no row has keys."""
     if hashes is None:
@@ -113,42 +144,73 @@ def batch_prefix_keys(hashes: Any, prompts: list[int], prefix_tokens: int,
     if m != n:
         raise ConfigError("prefix_hashes", f"must be None or a sequence of {n} entries (one per request), got "
                           f"{m if m >= 0 else type(hashes).__name__}")
-    out = [prefix_keys(h, p, prefix_tokens, caching, f"prefix_hashes[{i}]") for i, (h, p) in enumerate(zip(hashes, prompts))]
+    out = [prefix_keys(h, p, prefix_tokens, caching, i) for i, (h, p) in enumerate(zip(hashes, prompts))]
     return out if any(k is not None for k in out) else None
+
+
+def attach_prefix(requests: dict[int, RequestState], first: int, hashes: Any,
+                  keys: list[tuple[Key, ...] | None] | None) -> None:
+    """Give the requests ``first, first + 1, ...`` of a batch (``requests``: by id) their block ids
+    ``hashes`` (None, or one entry per request; kept for ``AbortedRequests``) and prefix ``keys``
+    (:func:`batch_prefix_keys`)."""
+    if hashes is None:
+        return
+    for i, h in enumerate(hashes):
+        if h is not None:
+            r = requests[first + i]
+            r.prefix_hashes = h
+            if keys is not None:
+                r.prefix_keys = keys[i]
+
+
+#: A datacenter's prefix index: key -> bit mask of its engines whose cache holds the block (bit
+#: ``i``: the engine of index ``i``).
+PrefixIndex = dict[Key, int]
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
 class PrefixCache(CopyableState):
     """The prefix cache of one engine (see the module docstring). Counts are in entries (prefix
-    blocks) unless named ``_blocks`` (KV blocks)."""
+    blocks) unless named ``_blocks`` (KV blocks).
+
+    ``state`` holds one int per entry: ``refs >= 1``, the running requests holding it, or for a
+    cached-free entry ``-1 - p``, ``p`` its place in the LRU order. That order is the list
+    ``lru`` of keys in the order they became cached-free (place ``p`` at ``lru[p - lru_base]``),
+    read from ``lru_head`` on and kept lazily: an entry taken again, or released again later,
+    leaves its old place behind, so a place is live only while ``state[key] == -1 - p``. The used
+    places are cut off when they are half the list, and the list is rebuilt from its live places
+    when it holds more than twice as many places as live ones (amortised O(1) per release)."""
 
     __slots__ = (
         "prefix_tokens",     # tokens per prefix block
         "block_tokens",      # tokens per KV block
         "kv_per_block",      # KV blocks per entry (prefix_block_tokens / block_tokens)
-        "refs",              # key -> requests holding the entry (0: cached-free, in lru)
-        "parents",           # key -> the key of its parent entry (ROOT_KEY for a first block)
-        "lru",               # keys of the cached-free entries, least recently used first
+        "bit",               # this engine's bit in the datacenter's index (1 << its index)
+        "index",             # the datacenter's PrefixIndex (shared by its engines)
+        "state",             # key -> refs (>= 1) or -1 - its LRU place (cached-free)
+        "lru",               # keys in the order they became cached-free (with stale places)
+        "lru_base",          # place of lru[0]
+        "lru_head",          # index in lru of the first place not used up
         "evictable_blocks",  # KV blocks of the cached-free entries
-        "index",             # the datacenter's key -> engines holding it (shared by its engines)
         "evictions",         # entries evicted so far
         "inserted",          # entries created so far
     )
 
-    def __init__(self, prefix_tokens: int, block_tokens: int, index: dict[int, int]) -> None:
+    def __init__(self, prefix_tokens: int, block_tokens: int, index: PrefixIndex, engine: int) -> None:
         self.prefix_tokens = prefix_tokens
         self.block_tokens = block_tokens
         self.kv_per_block = prefix_tokens // block_tokens
         self.index = index
-        self.refs: dict[int, int] = {}
-        self.parents: dict[int, int] = {}
-        self.lru: OrderedDict[int, None] = OrderedDict()
+        self.bit = 1 << engine
+        self.state: dict[Key, int] = {}
+        self.lru: list[Key] = []
+        self.lru_base = self.lru_head = 0
         self.evictable_blocks = 0
         self.evictions = 0
         self.inserted = 0
 
     def __len__(self) -> int:
-        return len(self.refs)
+        return len(self.state)
 
     # ------------------------------------------------------------------ queries
     def limit(self, req: RequestState) -> int:
@@ -175,59 +237,52 @@ class PrefixCache(CopyableState):
         blocks = (L + bt - 1) // bt - self.live(keys, n_max) * self.kv_per_block
         return blocks if blocks <= free_blocks else 0
 
-    def match(self, keys: tuple[int, ...], n_max: int) -> int:
+    def match(self, keys: tuple[Key, ...], n_max: int) -> int:
         """Entries of the longest cached prefix of ``keys`` (at most ``n_max``)."""
-        parents = self.parents
-        prev = ROOT_KEY
+        state = self.state
         h = 0
-        while h < n_max:
-            k = keys[h]
-            p = parents.get(k)
-            if p is None or p != prev:
-                break
-            prev = k
+        while h < n_max and keys[h] in state:
             h += 1
         return h
 
-    def live(self, keys: tuple[int, ...], n_max: int) -> int:
+    def live(self, keys: tuple[Key, ...], n_max: int) -> int:
         """Entries of the longest prefix of ``keys`` (at most ``n_max``) held by running requests:
         admitting the request takes no new blocks for them (they are already allocated)."""
-        parents = self.parents
-        refs = self.refs
-        prev = ROOT_KEY
+        state = self.state
         h = 0
-        while h < n_max:
-            k = keys[h]
-            p = parents.get(k)
-            if p is None or p != prev or refs[k] == 0:
-                break
-            prev = k
+        while h < n_max and state.get(keys[h], 0) > 0:
             h += 1
         return h
 
-    def peek(self, keys: tuple[int, ...], n_max: int, free_blocks: int) -> int:
+    def peek(self, keys: tuple[Key, ...], n_max: int, free_blocks: int) -> int:
         """:meth:`match` as it will be after :meth:`settle` with ``free_blocks`` (nothing changes)."""
         deficit = self.evictable_blocks - free_blocks
         if deficit <= 0:
             return self.match(keys, n_max)
         m = self.kv_per_block
         n = (deficit + m - 1) // m
-        doomed: set[int] = set()
-        for k in self.lru:
-            if len(doomed) >= n:
-                break
-            doomed.add(k)
-        parents = self.parents
-        prev = ROOT_KEY
+        state = self.state
+        lru = self.lru
+        doomed: set[Key] = set()
+        i = self.lru_head
+        live = -1 - self.lru_base - i  # state of a live place at lru[i]
+        while len(doomed) < n:
+            k = lru[i]
+            if state.get(k, 0) == live:
+                doomed.add(k)
+            i += 1
+            live -= 1
         h = 0
-        while h < n_max:
-            k = keys[h]
-            p = parents.get(k)
-            if p is None or p != prev or k in doomed:
-                break
-            prev = k
+        while h < n_max and keys[h] in state and keys[h] not in doomed:
             h += 1
         return h
+
+    def lru_order(self) -> list[Key]:
+        """Keys of the cached-free entries, least recently used first (for checks and rebuilds)."""
+        state = self.state
+        lru = self.lru
+        b = -1 - self.lru_base
+        return [lru[i] for i in range(self.lru_head, len(lru)) if state.get(lru[i], 0) == b - i]
 
     # ------------------------------------------------------------------ changes
     def settle(self, free_blocks: int) -> None:
@@ -238,19 +293,30 @@ class PrefixCache(CopyableState):
             return
         m = self.kv_per_block
         n = (deficit + m - 1) // m
+        state = self.state
         lru = self.lru
-        refs = self.refs
-        parents = self.parents
         index = self.index
-        for _ in range(n):
-            k = lru.popitem(last=False)[0]
-            del refs[k]
-            del parents[k]
-            c = index[k] - 1
-            if c:
-                index[k] = c
-            else:
-                del index[k]
+        keep = ~self.bit
+        i = self.lru_head
+        live = -1 - self.lru_base - i  # state of a live place at lru[i]
+        left = n
+        while left:
+            k = lru[i]
+            if state.get(k, 0) == live:  # evicted
+                del state[k]
+                holders = index[k] & keep
+                if holders:
+                    index[k] = holders
+                else:
+                    del index[k]
+                left -= 1
+            i += 1
+            live -= 1
+        if i > 64 and 2 * i > len(lru):  # cut off the used places
+            del lru[:i]
+            self.lru_base += i
+            i = 0
+        self.lru_head = i
         self.evictable_blocks -= n * m
         self.evictions += n
 
@@ -261,19 +327,20 @@ class PrefixCache(CopyableState):
         self.settle(free_blocks)
         keys = req.prefix_keys
         assert keys is not None
-        h = self.match(keys, self.limit(req))
-        if h:
-            refs = self.refs
-            lru = self.lru
-            back = 0
-            for i in range(h):
-                k = keys[i]
-                c = refs[k]
-                if c == 0:
-                    del lru[k]
-                    back += 1
-                refs[k] = c + 1
-            self.evictable_blocks -= back * self.kv_per_block
+        n_max = self.limit(req)
+        state = self.state
+        back = h = 0
+        while h < n_max:
+            k = keys[h]
+            c = state.get(k, 0)
+            if c == 0:
+                break
+            if c < 0:  # cached-free: taken again (its LRU place goes stale)
+                back += 1
+                c = 0
+            state[k] = c + 1
+            h += 1
+        self.evictable_blocks -= back * self.kv_per_block
         req.held = h
         return h
 
@@ -287,33 +354,27 @@ class PrefixCache(CopyableState):
         if i >= n_full:
             return 0
         self.settle(free_blocks)
-        refs = self.refs
-        parents = self.parents
+        state = self.state
         index = self.index
+        bit = self.bit
         m = self.kv_per_block
-        prev = keys[i - 1] if i else ROOT_KEY
         delta = 0
         while i < n_full:
             k = keys[i]
-            p = parents.get(k)
-            if p is None:
-                refs[k] = 1
-                parents[k] = prev
-                index[k] = index.get(k, 0) + 1
+            holders = index.get(k, 0)
+            if not holders & bit:  # a new entry
+                state[k] = 1
+                index[k] = holders | bit
                 self.inserted += 1
-            elif p == prev:  # computed by another request meanwhile: share it, free this copy
-                c = refs[k]
-                if c == 0:
-                    del self.lru[k]
+            else:  # computed by another request meanwhile: share it, free this copy
+                c = state[k]
+                if c < 0:  # (cached-free)
+                    state[k] = 1
                     self.evictable_blocks -= m
                 else:
+                    state[k] = c + 1
                     delta += m
-                refs[k] = c + 1
-            else:  # a key collision (another chain): this chain is not cached beyond here
-                req.prefix_keys = keys[:i]
-                break
             req.kv_blocks -= m
-            prev = k
             i += 1
         req.held = i
         return delta
@@ -328,32 +389,46 @@ class PrefixCache(CopyableState):
             return 0
         keys = req.prefix_keys
         assert keys is not None
-        refs = self.refs
+        state = self.state
         lru = self.lru
+        b = -1 - self.lru_base
         n = 0
         for i in range(h - 1, -1, -1):
             k = keys[i]
-            c = refs[k] - 1
-            refs[k] = c
-            if c == 0:
-                lru[k] = None
+            c = state[k] - 1
+            if c:
+                state[k] = c
+            else:
+                state[k] = b - len(lru)
+                lru.append(k)
                 n += 1
         req.held = 0
         freed = n * self.kv_per_block
         self.evictable_blocks += freed
+        if len(lru) - self.lru_head > 2 * (self.evictable_blocks // self.kv_per_block) + 64:
+            self._compact()
         return freed
 
+    def _compact(self) -> None:
+        """Rebuild the LRU list from its live places (same order)."""
+        live = self.lru_order()
+        state = self.state
+        for p, k in enumerate(live):
+            state[k] = -1 - p
+        self.lru = live
+        self.lru_base = self.lru_head = 0
+
     def clear(self) -> None:
-        """Forget every entry (the engine lost its KV cache: asleep, off, aborted, reset). Only
-        cached-free entries may remain when it is called (nothing runs on the engine)."""
+        """Forget every entry (the engine lost its KV cache: asleep, off, aborted, reset)."""
         index = self.index
-        for k in self.refs:
-            c = index[k] - 1
-            if c:
-                index[k] = c
+        keep = ~self.bit
+        for k in self.state:
+            holders = index[k] & keep
+            if holders:
+                index[k] = holders
             else:
                 del index[k]
-        self.refs = {}
-        self.parents = {}
-        self.lru = OrderedDict()
+        self.state = {}
+        self.lru = []
+        self.lru_base = self.lru_head = 0
         self.evictable_blocks = 0

@@ -184,8 +184,10 @@ class AbortedRequests:
     Attributes are arrays, one entry per aborted request: ``request_id``, ``origin``,
     ``arrival_s`` (client arrival), ``prompt_tokens``, ``output_tokens``, ``datacenter`` (where
     they were), ``preemptions``, and the wasted work: ``energy_j`` / ``carbon_g``, each request's
-    share of the iterations it had completed (facility level, as in :class:`RequestRecords`).
-    The caller may resubmit them elsewhere (they get new ids).
+    share of the iterations it had completed (facility level, as in :class:`RequestRecords`);
+    ``prefix_hashes``: each request's block ids as submitted (a tuple; None for a request
+    submitted without), or None when none of them had any. The caller may resubmit them
+    elsewhere, with ``submit_batch(..., prefix_hashes=ab.prefix_hashes)`` (they get new ids).
     """
 
     request_id: np.ndarray
@@ -197,9 +199,17 @@ class AbortedRequests:
     preemptions: np.ndarray
     energy_j: np.ndarray
     carbon_g: np.ndarray
+    prefix_hashes: list[tuple[int, ...] | None] | None = None
 
     def __len__(self) -> int:
         return int(self.request_id.shape[0])
+
+    @staticmethod
+    def hashes_of(per_request: list[Any]) -> list[tuple[int, ...] | None] | None:
+        """``prefix_hashes`` from each request's block ids as submitted (None: none)."""
+        if all(h is None for h in per_request):
+            return None
+        return [None if h is None else tuple(h) for h in per_request]
 
 
 class RecordWriter:

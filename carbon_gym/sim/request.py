@@ -69,6 +69,7 @@ class RequestState(CopyableState):
         "energy_j", "carbon_g",     # facility energy (J) and carbon (gCO2eq) attributed so far
         "alive",                    # False once completed or aborted (its heap entries are stale)
         # prefix caching (carbon_gym.sim.prefix_cache; None / 0 without it)
+        "prefix_hashes",            # its block ids as submitted, or None (kept for AbortedRequests)
         "prefix_keys",              # chained keys of its full prompt prefix blocks, or None (not cacheable)
         "held",                     # leading prefix-cache entries it holds a reference on
         "cached_tokens",            # prompt tokens served from the cache at its first admission
@@ -94,7 +95,8 @@ class RequestState(CopyableState):
         self.share_mark_j = self.share_mark_g = self.energy_j = self.carbon_g = 0.0
         self.first_sched_s = self.first_token_s = -1.0
         self.alive = True
-        self.prefix_keys: tuple[int, ...] | None = None
+        self.prefix_hashes: Any = None
+        self.prefix_keys: tuple[object, ...] | None = None  # (prefix_cache.Key: ints kept as objects)
         self.held = self.cached_tokens = 0
 
 

@@ -28,7 +28,7 @@ from ..errors import ConfigError
 from .datacenter import Datacenter
 from .dispatch import get_dispatcher, get_prefix_weight
 from .engine import IDLE, RUN, EngineConfig
-from .prefix_cache import batch_prefix_keys, prefix_keys
+from .prefix_cache import Key, attach_prefix, batch_prefix_keys, prefix_keys
 from .request import CopyableState, EngineModels, RequestState, mypyc_attr
 from .records import AbortedRequests, RequestRecords
 from .results import ClusterSnapshot, EnergyAttribution, LatencyEstimates, SimTotals, snapshot_from_array
@@ -260,29 +260,19 @@ class Simulator(CopyableState):
         if not math.isfinite(a) or a < 0:
             raise ConfigError("arrival_s", f"must be finite and >= 0, got {arrival_s!r}")
         self._check_request(a, p, q, d)
-        keys = self._prefix_keys(prefix_hashes, p, "prefix_hashes")
+        keys = self._prefix_keys(prefix_hashes, p)
         rid = self._submit(o, a, p, q, d)
-        if keys is not None:
-            self._in_transit[rid].prefix_keys = keys
+        attach_prefix(self._in_transit, rid, None if prefix_hashes is None else [prefix_hashes], [keys])
         return rid
 
-    def _prefix_keys(self, hashes: Any, p: int, field: str) -> tuple[int, ...] | None:
+    def _prefix_keys(self, hashes: Any, p: int) -> tuple[Key, ...] | None:
         """Validated ``prefix_hashes`` of a ``p``-token prompt -> its chained keys (or None)."""
         cfg = self.engine_config
-        return prefix_keys(hashes, p, cfg.prefix_block_tokens, cfg.prefix_caching, field)
+        return prefix_keys(hashes, p, cfg.prefix_block_tokens, cfg.prefix_caching)
 
-    def _batch_keys(self, hashes: Any, prompts: list[int]) -> list[tuple[int, ...] | None] | None:
+    def _batch_keys(self, hashes: Any, prompts: list[int]) -> list[tuple[Key, ...] | None] | None:
         cfg = self.engine_config
         return batch_prefix_keys(hashes, prompts, cfg.prefix_block_tokens, cfg.prefix_caching)
-
-    def _set_keys(self, first: int, keys: list[tuple[int, ...] | None] | None) -> None:
-        """Attach the prefix keys of a batch submitted with ids ``first, first + 1, ...``."""
-        if keys is None:
-            return
-        in_transit = self._in_transit
-        for i, k in enumerate(keys):
-            if k is not None:
-                in_transit[first + i].prefix_keys = k
 
     def _check_request(self, a: float, p: int, q: int, d: int, index: str = "") -> None:
         """Checks shared by submit and submit_batch (``index`` = "[i]" names the batch row)."""
@@ -379,7 +369,7 @@ class Simulator(CopyableState):
             keys = self._batch_keys(prefix_hashes, [r[2] for r in rows])
             first = self._next_id
             ids = self._submit_rows(rows)
-            self._set_keys(first, keys)
+            attach_prefix(self._in_transit, first, prefix_hashes, keys)
             return ids
         arrs = {
             "origins": np.asarray(origins), "arrival_s": np.asarray(arrival_s, dtype=np.float64),
@@ -431,7 +421,7 @@ class Simulator(CopyableState):
         first = self._next_id
         ids = self._submit_rows(zip(ints["origins"].tolist(), a.tolist(), prompts,
                                     ints["output_tokens"].tolist(), dc_index.tolist()))
-        self._set_keys(first, keys)
+        attach_prefix(self._in_transit, first, prefix_hashes, keys)
         return ids
 
     # ------------------------------------------------------------------ time
@@ -575,7 +565,7 @@ class Simulator(CopyableState):
         (:mod:`carbon_gym.sim.prefix_cache`)."""
         p = _as_int("prompt_tokens", prompt_tokens, 1)
         out = np.zeros(len(self.datacenters), dtype=np.int64)
-        keys = self._prefix_keys(prefix_hashes, p, "prefix_hashes")
+        keys = self._prefix_keys(prefix_hashes, p)
         if keys is not None:
             P = self.engine_config.prefix_block_tokens
             n_max = min(len(keys), (p - 1) // P)
@@ -667,6 +657,7 @@ class Simulator(CopyableState):
             preemptions=np.array([r.preemptions for r in reqs], dtype=np.int64),
             energy_j=np.array([r.energy_j for r in reqs], dtype=np.float64),
             carbon_g=np.array([r.carbon_g for r in reqs], dtype=np.float64),
+            prefix_hashes=AbortedRequests.hashes_of([r.prefix_hashes for r in reqs]),
         )
 
     def set_link_delay(self, origin: Scalar, dc: Scalar, one_way_s: Scalar) -> None:
