@@ -400,9 +400,13 @@ class Datacenter(CopyableState):
     def pick(self) -> Engine:
         """The engine with the lowest dispatcher score (ties: lowest index)."""
         s = self.scores
-        if len(s) == 1:
-            return self.engines[0]
-        return self.engines[s.index(min(s))]
+        best = 0
+        v = s[0]
+        for i in range(1, len(s)):  # (a native loop when compiled; min() compares boxed floats)
+            if s[i] < v:
+                v = s[i]
+                best = i
+        return self.engines[best]
 
     def pick_cached(self, req: RequestState) -> Engine:
         """Cache-aware dispatch of ``req`` (which has prefix keys): the engine with the lowest

@@ -107,12 +107,13 @@ def _table_time_fn(latency: Any) -> Callable[[int, float, int, float, int], floa
         tokens = pt + nd
         if tokens <= 0:
             return 0.0
-        i = bisect_right(grid, tokens) - 1
+        x = float(tokens)  # (exact: the same floats, with float-float comparisons in the bisections)
+        i = bisect_right(grid, x) - 1
         if i < 0:
             i = 0
         elif i > last:
             i = last
-        t = lin[i] + slopes[i] * (tokens - grid[i])
+        t = lin[i] + slopes[i] * (x - grid[i])
         if nd > 0:
             t += dec_fixed + dec_seq * nd
             t += dec_ctx * ctx_sum
@@ -120,7 +121,7 @@ def _table_time_fn(latency: Any) -> Callable[[int, float, int, float, int], floa
             t += pre_fixed + pre_tok * pt
             t += pre_pair * pairs
             if table is not None:
-                t += prefill_table_s(table, pt, pairs)
+                t += prefill_table_s(table, float(pt), pairs)
         t += overhead + ar_fixed + ar_tok * tokens
         if n_sampled > 0:
             t += lm_fixed + per_sampled * n_sampled

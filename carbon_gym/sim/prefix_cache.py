@@ -176,10 +176,9 @@ class PrefixCache(CopyableState):
     ``state`` holds one int per entry: ``refs >= 1``, the running requests holding it, or for a
     cached-free entry ``-1 - p``, ``p`` its place in the LRU order. That order is the list
     ``lru`` of keys in the order they became cached-free (place ``p`` at ``lru[p - lru_base]``),
-    read from ``lru_head`` on and kept lazily: an entry taken again, or released again later,
-    leaves its old place behind, so a place is live only while ``state[key] == -1 - p``. The used
-    places are cut off when they are half the list, and the list is rebuilt from its live places
-    when it holds more than twice as many places as live ones (amortised O(1) per release)."""
+    read from ``lru_head`` on; an entry taken again leaves its place empty (None). The used places
+    are cut off when they are half the list, and the list is rebuilt without its empty places when
+    they outnumber the cached-free entries (amortised O(1) per release)."""
 
     __slots__ = (
         "prefix_tokens",     # tokens per prefix block
@@ -188,7 +187,7 @@ class PrefixCache(CopyableState):
         "bit",               # this engine's bit in the datacenter's index (1 << its index)
         "index",             # the datacenter's PrefixIndex (shared by its engines)
         "state",             # key -> refs (>= 1) or -1 - its LRU place (cached-free)
-        "lru",               # keys in the order they became cached-free (with stale places)
+        "lru",               # keys in the order they became cached-free (None: an empty place)
         "lru_base",          # place of lru[0]
         "lru_head",          # index in lru of the first place not used up
         "evictable_blocks",  # KV blocks of the cached-free entries
@@ -203,7 +202,7 @@ class PrefixCache(CopyableState):
         self.index = index
         self.bit = 1 << engine
         self.state: dict[Key, int] = {}
-        self.lru: list[Key] = []
+        self.lru: list[Key | None] = []
         self.lru_base = self.lru_head = 0
         self.evictable_blocks = 0
         self.evictions = 0
@@ -265,13 +264,11 @@ class PrefixCache(CopyableState):
         lru = self.lru
         doomed: set[Key] = set()
         i = self.lru_head
-        live = -1 - self.lru_base - i  # state of a live place at lru[i]
         while len(doomed) < n:
             k = lru[i]
-            if state.get(k, 0) == live:
+            if k is not None:
                 doomed.add(k)
             i += 1
-            live -= 1
         h = 0
         while h < n_max and keys[h] in state and keys[h] not in doomed:
             h += 1
@@ -279,10 +276,13 @@ class PrefixCache(CopyableState):
 
     def lru_order(self) -> list[Key]:
         """Keys of the cached-free entries, least recently used first (for checks and rebuilds)."""
-        state = self.state
         lru = self.lru
-        b = -1 - self.lru_base
-        return [lru[i] for i in range(self.lru_head, len(lru)) if state.get(lru[i], 0) == b - i]
+        return [lru[i] for i in range(self.lru_head, len(lru)) if lru[i] is not None]
+
+    def _take_free(self, c: int) -> None:
+        """An entry with state ``c < 0`` (cached-free) is taken again: empty its LRU place."""
+        self.lru[-1 - c - self.lru_base] = None
+        self.evictable_blocks -= self.kv_per_block
 
     # ------------------------------------------------------------------ changes
     def settle(self, free_blocks: int) -> None:
@@ -298,11 +298,10 @@ class PrefixCache(CopyableState):
         index = self.index
         keep = ~self.bit
         i = self.lru_head
-        live = -1 - self.lru_base - i  # state of a live place at lru[i]
         left = n
         while left:
             k = lru[i]
-            if state.get(k, 0) == live:  # evicted
+            if k is not None:  # evicted
                 del state[k]
                 holders = index[k] & keep
                 if holders:
@@ -311,7 +310,6 @@ class PrefixCache(CopyableState):
                     del index[k]
                 left -= 1
             i += 1
-            live -= 1
         if i > 64 and 2 * i > len(lru):  # cut off the used places
             del lru[:i]
             self.lru_base += i
@@ -329,18 +327,17 @@ class PrefixCache(CopyableState):
         assert keys is not None
         n_max = self.limit(req)
         state = self.state
-        back = h = 0
+        h = 0
         while h < n_max:
             k = keys[h]
             c = state.get(k, 0)
             if c == 0:
                 break
-            if c < 0:  # cached-free: taken again (its LRU place goes stale)
-                back += 1
+            if c < 0:  # cached-free: taken again
+                self._take_free(c)
                 c = 0
             state[k] = c + 1
             h += 1
-        self.evictable_blocks -= back * self.kv_per_block
         req.held = h
         return h
 
@@ -369,8 +366,8 @@ class PrefixCache(CopyableState):
             else:  # computed by another request meanwhile: share it, free this copy
                 c = state[k]
                 if c < 0:  # (cached-free)
+                    self._take_free(c)
                     state[k] = 1
-                    self.evictable_blocks -= m
                 else:
                     state[k] = c + 1
                     delta += m
@@ -410,7 +407,7 @@ class PrefixCache(CopyableState):
         return freed
 
     def _compact(self) -> None:
-        """Rebuild the LRU list from its live places (same order)."""
+        """Rebuild the LRU list without its empty places (same order)."""
         live = self.lru_order()
         state = self.state
         for p, k in enumerate(live):

@@ -456,11 +456,10 @@ class Simulator(CopyableState):
                     dc.tok_rate_t = time
                 dc.tok_rate_sum += obj.prompt_tokens
                 dc.req_rate_sum += 1.0
-                s = dc.scores
                 if dc.prefix_weight > 0.0 and obj.prefix_keys is not None:
                     eng = dc.pick_cached(obj)  # cache-aware dispatch (carbon_gym.sim.dispatch)
                 else:
-                    eng = dc.engines[s.index(min(s))] if len(s) > 1 else dc.engines[0]
+                    eng = dc.pick()
                 if eng.cap_state:  # no engine takes work: one wakes for it (carbon_gym.sim.capacity)
                     eng = dc.capacity.engine_for_arrival(time)
                 if eng.state == IDLE and eng.cap_state <= 1 and (not heap or heap[0][0] > time):
