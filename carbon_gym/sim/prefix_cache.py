@@ -13,9 +13,9 @@ hit (vLLM would also reuse its full 16-token blocks: hits here are lower by less
 block per request).
 
 **Keys.** Entry ``i`` of a request is keyed by a chained hash ``key_i = hash((key_{i-1}, id_i))``
-(``key_{-1}`` = :data:`ROOT_KEY`), computed once per request, when it is submitted
-(:func:`prefix_keys`), and kept on it: a key names the whole prefix ``0..i``, so a hit at block
-``i`` implies the prefix matches; ids are never trusted to be chained themselves. As in vLLM, a hit
+(:func:`chain_key`; ``key_{-1}`` = :data:`ROOT_KEY`), computed once per request, when it is
+submitted (:func:`prefix_keys`), and kept on it: a key names the whole prefix ``0..i``, so a hit at
+block ``i`` implies the prefix matches; ids are never trusted to be chained themselves. As in vLLM, a hit
 trusts the 64-bit key: for a fixed parent CPython's tuple hash is injective in an id in ``[0,
 2**61)``, so only two different prefixes can collide, with probability about ``n**2 / 2**65`` for
 ``n`` distinct blocks (below 1e-7 for a million), and the later one would then count a hit on the
@@ -64,7 +64,7 @@ from typing import Any, Final
 from ..errors import ConfigError
 from .request import CopyableState, RequestState, mypyc_attr
 
-__all__ = ["PrefixCache", "PrefixIndex", "Key", "ROOT_KEY", "MAX_BLOCK_ID", "chain_keys", "prefix_keys",
+__all__ = ["PrefixCache", "PrefixIndex", "Key", "ROOT_KEY", "MAX_BLOCK_ID", "chain_key", "chain_keys", "prefix_keys",
            "batch_prefix_keys", "attach_prefix"]
 
 #: Parent key of every request's first prefix block.
@@ -78,12 +78,17 @@ MAX_BLOCK_ID: Final = 2 ** 61 - 1
 Key = object
 
 
+def chain_key(parent: Key, block_id: Any) -> Key:
+    """The key of a block: ``hash((parent key, block id))`` (typed ``Key``: boxed once, here)."""
+    return hash((parent, block_id))
+
+
 def chain_keys(ids: Any, n: int) -> tuple[Key, ...]:
-    """The chained keys of the first ``n`` block ids: ``key_i = hash((key_{i-1}, ids[i]))``."""
+    """The chained keys of the first ``n`` block ids: ``key_i = chain_key(key_{i-1}, ids[i])``."""
     prev: Key = ROOT_KEY
     out: list[Key] = []
     for i in range(n):
-        prev = hash((prev, ids[i]))
+        prev = chain_key(prev, ids[i])
         out.append(prev)
     return tuple(out)
 
@@ -108,7 +113,7 @@ def prefix_keys(hashes: Any, prompt_tokens: int, prefix_tokens: int, caching: bo
                 ok = False
                 break
             if len(out) < n:
-                prev = hash((prev, h))
+                prev = chain_key(prev, h)
                 out.append(prev)
         if ok:
             return tuple(out) if out else None
