@@ -45,7 +45,7 @@ from .workload import (
 )
 
 __all__ = [
-    "build_world", "build_topology", "build_network", "build_carbon", "build_workload", "build_forecaster",
+    "build_world", "build_topology", "build_network", "build_carbon", "carbon_trace_of", "build_workload", "build_forecaster",
     "build_predictor", "build_engine_config", "default_topology", "derive_seed", "WorldParts", "build_parts",
     "reseed_workload",
     "build_fault_runtime", "build_gpu_models",
@@ -78,13 +78,21 @@ def build_network(scenario: Scenario) -> Network:
                           source=scenario.source or None) from None
 
 
-def build_carbon(scenario: Scenario) -> tuple[CarbonTrace, float]:
-    """The carbon trace (columns = the datacenters' distinct zones) and the episode's offset in it, s."""
+def carbon_trace_of(scenario: Scenario) -> CarbonTrace:
+    """The scenario's carbon trace (columns = the datacenters' distinct zones), whatever its
+    ``carbon.start_utc`` (which :func:`build_carbon` checks against it)."""
     topo = build_topology(scenario)
     zones = list(dict.fromkeys(d.zone for d in topo.datacenters))
     c = scenario.carbon
     path = None if c.file == "packaged" else c.file
-    trace = load_carbon_trace(path, kind=c.kind, zones=zones, interpolation=c.interpolation, fill=c.fill)
+    return load_carbon_trace(path, kind=c.kind, zones=zones, interpolation=c.interpolation, fill=c.fill)
+
+
+def build_carbon(scenario: Scenario) -> tuple[CarbonTrace, float]:
+    """The carbon trace (columns = the datacenters' distinct zones) and the episode's offset in it, s."""
+    trace = carbon_trace_of(scenario)
+    c = scenario.carbon
+    path = None if c.file == "packaged" else c.file
     offset = carbon_offset_s(trace, c.start_utc)
     if path is not None and offset + float(scenario.duration_s) > trace.period_s:
         import warnings

@@ -4,7 +4,7 @@ Subcommands (each imports what it needs only when it runs, so ``carbon-gym --hel
 
     carbon-gym eval --policies rr,greedy,milp --scenarios dev --seeds 3 [--preset quick]
     carbon-gym eval --policies rr,milp --scenarios dev-fault   # + fault report vs the same runs without faults
-    carbon-gym experiment headline|milp-vs-ilp|predictor|polling|tradeoff|bound|diurnal|capacity|sessions|all  (or a..i)
+    carbon-gym experiment headline|milp-vs-ilp|predictor|polling|tradeoff|bound|diurnal|capacity|sessions|generalise|all  (or a..j)
     carbon-gym report results/headline            # regenerate RESULTS.md from a headline run
     carbon-gym report results --section capacity   # rewrite only RESULTS.md's capacity section
     carbon-gym scenarios                           # shipped scenarios
@@ -39,6 +39,7 @@ EXPERIMENT_ALIASES = {
     "g": "diurnal",
     "h": "capacity",
     "i": "sessions",
+    "j": "generalise",
 }
 EXPERIMENTS = tuple(EXPERIMENT_ALIASES.values())
 # `carbon-gym bench NAME ...` -> the module whose main(argv) runs it
@@ -378,7 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--spread-starts", action="store_true", help="start each seed at its own point of the carbon year (day x hour, a low-discrepancy sequence) instead of the scenario's carbon.start_utc, which eval keeps by default")
 
     ex = sub.add_parser("experiment", help="run one of the study's experiments (a-i) and write its table and figure")
-    ex.add_argument("name", help="headline|milp-vs-ilp|predictor|polling|tradeoff|bound|diurnal|capacity|sessions|all, or a..i")
+    ex.add_argument("name", help="headline|milp-vs-ilp|predictor|polling|tradeoff|bound|diurnal|capacity|sessions|generalise|all, or a..j")
     add_run_args(ex, out_default="results")
     ex.add_argument("--models", default=None, help="comma list of models to include (llama8b,qwen7b,mixtral8x7b; default all)")
     ex.add_argument("--loads", default=None, help="comma list of loads (low,moderate,high; default per experiment)")

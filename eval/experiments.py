@@ -1,4 +1,4 @@
-"""The study's experiments (a-h), the ``carbon-gym eval`` driver and the figures they share.
+"""The study's experiments (a-j), the ``carbon-gym eval`` driver and the figures they share.
 
 Each experiment is one command (``carbon-gym experiment <name>``) that runs its matrix
 (:func:`eval.backends.run_matrix`) and writes, under ``results/<name>/``: the matrix outputs
@@ -18,6 +18,7 @@ runs.csv, records, TensorBoard), the experiment's own table ``<name>.md``/``.csv
  g     diurnal       one 6 h steady-state window of llama8b-diurnal: rr, the planner, the MILP
  h     capacity      capacity control: always-on rr vs policies deciding awake engines / servers
  i     sessions      multi-turn sessions with prefix caching: affinity-blind vs sticky vs cache-aware
+ j     generalise    the learned agent vs the MILP on held-out days, another year, loads, topology, faults
 =====  ============  ==========================================================================
 
 Presets: ``quick`` (60 s episodes from an empty cluster with the drain: a smoke test for CI and
@@ -39,7 +40,7 @@ import numpy as np
 
 from carbon_gym.registry import available_policies
 
-from eval import backends, sessions_experiment, writers
+from eval import backends, generalise_experiment, sessions_experiment, writers
 from eval.figures import standard_figures
 from eval.runner import (
     OVERRIDE_DURATION,
@@ -720,6 +721,7 @@ EXPERIMENT_FUNCS: dict[str, Callable[[Ctx], str]] = {
     "diurnal": exp_diurnal,
     "capacity": exp_capacity,
     "sessions": sessions_experiment.sessions_experiment,
+    "generalise": generalise_experiment.generalise_experiment,
 }
 
 

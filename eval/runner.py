@@ -352,9 +352,9 @@ def resolve_run_scenario(spec: RunSpec) -> tuple[Any, dict[str, Any]]:
         if spec.carbon_start and OVERRIDE_CARBON_START not in overrides:
             from datetime import timedelta
 
-            from carbon_gym.world import build_carbon
+            from carbon_gym.world import carbon_trace_of
 
-            trace, _ = build_carbon(scenario)
+            trace = carbon_trace_of(scenario)  # (the scenario's own start may lie outside a user file's year)
             offset = episode_start_offset_s(spec.start_key or spec.scenario_name, spec.seed, period_s=trace.period_s)
             start = trace.start_utc + timedelta(seconds=offset)
             overrides[OVERRIDE_CARBON_START] = start.strftime("%Y-%m-%dT%H:%M:%SZ")
