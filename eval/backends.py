@@ -68,10 +68,10 @@ class _Progress:
             return
         from tqdm import tqdm
 
-        cache: dict[tuple[str, tuple], int] = {}
+        cache: dict[tuple[str, str], int] = {}
         self.totals = []
         for sp in specs:
-            k = (sp.scenario, sp.overrides)
+            k = (sp.scenario, repr(sp.overrides))  # (values may be lists, e.g. a "faults" override)
             if k not in cache:
                 cache[k] = episode_steps(sp)
             self.totals.append(cache[k])

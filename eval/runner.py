@@ -95,7 +95,8 @@ def window_of(overrides: Mapping[str, Any]) -> tuple[float, float]:
 
 
 def freeze(mapping: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ...]:
-    """A mapping as sorted ``(key, value)`` pairs (hashable, for :class:`RunSpec` fields)."""
+    """A mapping as sorted ``(key, value)`` pairs (for :class:`RunSpec` fields; hashable when the
+    values are: a ``faults`` override is a list of tables)."""
     if not mapping:
         return ()
     return tuple(sorted((str(k), v) for k, v in mapping.items()))

@@ -74,3 +74,15 @@ def test_table_share_and_paired_violation_difference():
     assert r["learned_decision_p95_ms"] == pytest.approx(1.5)
     md = generalise_markdown(t, "head", "learned:x")
     assert "| held-out days | llama8b-moderate | 2 |" in md and "93%" in md and np.isfinite(r["milp_reduction_ci95"])
+
+
+def test_progress_bar_counts_steps_of_runs_with_a_faults_override():
+    """A ``faults`` override is a list of tables (not hashable): the driver's progress bar still
+    sizes every run (it failed before it started)."""
+    from eval.backends import _Progress
+
+    specs = generalise_specs([TESTS[5]], ["rr", "milp"], {"duration_s": 30.0}, other_starts=1)
+    assert isinstance(dict(specs[0].overrides)["faults"], list)
+    bar = _Progress(specs, True)
+    assert bar.totals == [30, 30]
+    bar.bar.close()
