@@ -440,31 +440,16 @@ def bound_summary(runs: Any) -> Any:
     return pd.DataFrame(rows)
 
 
-def bound_experiment(ctx: Any, policies: Any) -> str:
-    """Experiment f (an :class:`eval.experiments.Ctx`): every policy's reduction vs rr as a
-    share of the lower bound's (per seed, the most any policy could save), with the bound row
-    and a check that no run is below it. Writes ``bound.md``, ``bound.csv`` (per policy),
-    ``bounds.csv`` (per scenario and seed) and a figure."""
-    import os
-    import sys
-
+def bound_share(runs: Any) -> tuple[Any, str]:
+    """Every policy's reduction vs rr as a share of the lower bound's, per (scenario, policy) of a
+    :func:`with_bounds` runs table (per seed, then averaged): ``(table, Markdown)`` with the
+    bound row and the runs below it (none, unless the bound or the accounting is wrong)."""
     import pandas as pd
 
-    from eval.runner import make_specs
     from eval.stats import mean_ci95
-    from eval.tables import METRICS_NOTE, MLPERF_COLUMNS, REFERENCE_POLICY, fmt_ci, frame_markdown, p99_verdict
+    from eval.tables import METRICS_NOTE, MLPERF_COLUMNS, fmt_ci, frame_markdown, p99_verdict
 
-    scens = ctx.scenario_list(("moderate",))
-    specs = make_specs(scens, list(dict.fromkeys([REFERENCE_POLICY] + list(policies))), ctx.seeds, overrides=ctx.overrides,
-                       policy_kwargs=ctx.policy_kwargs)
-    ex = ctx.execute(specs)
-    bounds = bounds_table([s for s in specs if s.policy == REFERENCE_POLICY], runs=ex.runs)
-    bounds.to_csv(os.path.join(ctx.out, "bounds.csv"), index=False)
-    runs = with_bounds(ex.runs, bounds)
     below = runs_below_bound(runs)
-    if not below.empty:  # a bug in the bound or the accounting: say it loudly, keep the evidence
-        print(f"carbon-gym: warning: {len(below)} run(s) below the carbon lower bound: {', '.join(below['policy'] + '/' + below['scenario'])}",
-              file=sys.stderr)
     rows = []
     for (scen, pol), g in runs.groupby(["scenario", "policy"], sort=False):
         red, rci = mean_ci95(g["reduction_vs_rr_pct"])
@@ -478,7 +463,6 @@ def bound_experiment(ctx: Any, policies: Any) -> str:
             row[c + "_share"] = float(g[c].astype(float).mean()) if c in g else np.nan
         rows.append(row)
     table = pd.DataFrame(rows)
-    table.to_csv(os.path.join(ctx.out, "bound.csv"), index=False)
     summ = bound_summary(runs)
     disp = pd.DataFrame({
         "scenario": table["scenario"], "policy": table["policy"],
@@ -500,6 +484,33 @@ def bound_experiment(ctx: Any, policies: Any) -> str:
           "at the most efficient batch, engines at most 100% busy, work no earlier than it arrives, each hour at its "
           "carbon): no run can emit less. Each policy's reduction vs rr is shown as a share of the bound's reduction in "
           "the same seed. " + METRICS_NOTE + "\n\n" + frame_markdown(bdisp) + "\n" + frame_markdown(disp))
+    return table, md
+
+
+def bound_experiment(ctx: Any, policies: Any) -> str:
+    """Experiment f (an :class:`eval.experiments.Ctx`): every policy's reduction vs rr as a
+    share of the lower bound's (per seed, the most any policy could save), with the bound row
+    and a check that no run is below it (:func:`bound_share`). Writes ``bound.md``, ``bound.csv``
+    (per policy), ``bounds.csv`` (per scenario and seed) and a figure."""
+    import os
+    import sys
+
+    from eval.runner import make_specs
+    from eval.tables import REFERENCE_POLICY
+
+    scens = ctx.scenario_list(("moderate",))
+    specs = make_specs(scens, list(dict.fromkeys([REFERENCE_POLICY] + list(policies))), ctx.seeds, overrides=ctx.overrides,
+                       policy_kwargs=ctx.policy_kwargs)
+    ex = ctx.execute(specs)
+    bounds = bounds_table([s for s in specs if s.policy == REFERENCE_POLICY], runs=ex.runs)
+    bounds.to_csv(os.path.join(ctx.out, "bounds.csv"), index=False)
+    runs = with_bounds(ex.runs, bounds)
+    below = runs_below_bound(runs)
+    if not below.empty:  # a bug in the bound or the accounting: say it loudly, keep the evidence
+        print(f"carbon-gym: warning: {len(below)} run(s) below the carbon lower bound: {', '.join(below['policy'] + '/' + below['scenario'])}",
+              file=sys.stderr)
+    table, md = bound_share(runs)
+    table.to_csv(os.path.join(ctx.out, "bound.csv"), index=False)
     ctx.write_text("bound.md", md)
     if ctx.plots:
         from eval import plots

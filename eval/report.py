@@ -225,6 +225,13 @@ def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", f
             add("## Facility MILP vs per-request ILPs (from the headline runs)\n")
             add(f"Reduction vs rr, % (SLO violation %; MLPerf p99 verdict), and the paired gap MILP - ILP in percentage points (mean ± 95% CI over seeds). {METRICS_NOTE}\n")
             add(milp_vs_ilp_markdown(milp_vs_ilp_table(runs, ilps=ilps), ilps))
+    if not os.path.isfile(os.path.join(results_dir, "bound", "bound.md")) and bounds is not None and runs is not None:
+        from eval.bound import bound_share, with_bounds
+
+        add("## Share of the carbon lower bound (from the headline runs)\n")
+        add("The headline's runs against the bound of their episodes (the clairvoyant heuristic of `carbon-gym "
+            "experiment bound` was not run).\n")
+        add(bound_share(with_bounds(runs, bounds))[1])
     for exp, title in (("milp-vs-ilp", "Facility MILP vs per-request ILPs"), ("predictor", "Predictor vs oracle"), ("polling", "Polling period"), ("tradeoff", "Carbon vs SLO trade-off"), ("bound", "Share of the carbon lower bound"), ("diurnal", "A long run: llama8b-diurnal"), ("sessions", "Multi-turn sessions and prefix caching"), ("generalise", "The learned agent on unseen data (held-out days, another year, loads, topology, faults)")):
         md_path = os.path.join(results_dir, exp, f"{exp}.md")
         if not os.path.isfile(md_path):

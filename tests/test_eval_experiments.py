@@ -187,3 +187,22 @@ def test_replot_from_files(results):
     assert ex.results[0].steps["cumulative_carbon_g"][-1] == pytest.approx(ex.runs["carbon_g"].iloc[0])
     experiments.replot_headline(str(results / "headline"))
     assert fig.stat().st_mtime_ns >= before and os.path.getsize(fig) > 1000
+
+
+def test_share_of_the_bound_from_the_headline_runs(results, tmp_path):
+    """Without experiment f, RESULTS.md derives the share of the bound from the headline's own runs
+    and bounds: the same shares as ``bound_share`` of those runs, one row per headline policy."""
+    import shutil
+
+    from eval.bound import bound_share, with_bounds
+
+    only = tmp_path / "only_headline"
+    shutil.copytree(results / "headline", only / "headline")
+    out = tmp_path / "R.md"
+    assert cli.main(["report", str(only), "--out", str(out), "--figures", str(tmp_path / "f")]) == 0
+    text = out.read_text()
+    assert "## Share of the carbon lower bound (from the headline runs)" in text
+    runs = pd.read_csv(only / "headline" / "runs.csv")
+    table, md = bound_share(with_bounds(runs, pd.read_csv(only / "headline" / "bounds.csv")))
+    assert md in text and set(table["policy"]) == {"rr", "greedy", "ilp", "milp"}
+    assert (table["below_bound"] == 0).all() and (table.loc[table["policy"] == "rr", "share_of_bound_pct"] == 0).all()
