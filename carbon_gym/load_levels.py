@@ -21,6 +21,11 @@ from .errors import ConfigError, DataError
 
 __all__ = ["LEVEL_BASES", "Capacity", "LoadLevels", "capacity_key", "load_levels_path", "load_load_levels", "load_rate_per_s"]
 
+#: What a load level is a fraction of (``level_basis`` of a load-level file): ``cluster`` = the
+#: whole study topology under round-robin with its polling period and network (the packaged
+#: file); ``engine`` = one engine fed every request at its arrival.
+LEVEL_BASES = ("cluster", "engine")
+
 
 def capacity_key(model: str, gpu: str, tp: int) -> str:
     """Key of a measured capacity in ``load_levels.toml``: ``"<model>/<gpu>/tp<k>"``."""
@@ -160,12 +165,6 @@ def _read_load_levels(p: Path) -> LoadLevels:
     if basis not in LEVEL_BASES:
         raise DataError(str(p), f"level_basis = {basis!r}: allowed {list(LEVEL_BASES)}")
     return LoadLevels(fractions, caps, basis)
-
-
-#: What a load level is a fraction of (``level_basis`` of a load-level file): ``cluster`` = the
-#: whole study topology under round-robin with its polling period and network (the packaged
-#: file); ``engine`` = one engine fed every request at its arrival.
-LEVEL_BASES = ("cluster", "engine")
 
 
 def load_rate_per_s(model: str, gpu: str, tp: int, level: str, n_engines: int,

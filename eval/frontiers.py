@@ -74,8 +74,8 @@ for _k in (
 
 
 def knob_values_from_cli(items: Sequence[str] | None) -> dict[str, tuple[float, ...]]:
-    """Parse ``--knob POLICY=V1,V2,...`` items into ``{policy: values}`` (each policy's default
-    is added if missing: its run is the policy's own row). A ConfigError names ``--knob`` and the
+    """Parse ``--knob POLICY=V1,V2,...`` items into ``{policy: values}`` (:func:`set_knob_values`
+    adds each policy's default: its run is the policy's own row). A ConfigError names ``--knob`` and the
     knob-driven policies for an unknown policy, a malformed item or a value that is not a number."""
     from carbon_gym.errors import ConfigError
 
@@ -88,7 +88,7 @@ def knob_values_from_cli(items: Sequence[str] | None) -> dict[str, tuple[float, 
             values = {float(v) for v in vals.split(",") if v.strip()}
         except ValueError:
             raise ConfigError("--knob", f"{item!r}: the values must be numbers ({KNOBS[pol].kwarg})") from None
-        out[pol] = tuple(sorted(values | {KNOBS[pol].default}))
+        out[pol] = tuple(sorted(values))
     return out
 
 
