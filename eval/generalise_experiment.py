@@ -145,7 +145,7 @@ def generalise_table(runs: Any, tests: Sequence[GenTest], learned: str, milp: st
 def _ci(v: float, ci: float, fmt: str = ".1f") -> str:
     if not np.isfinite(v):
         return "n/a"
-    return f"{v:{fmt}}" + (f" ± {ci:{fmt}}" if np.isfinite(ci) else "")
+    return f"{v:{fmt}}" + (f" ± {ci:{fmt.lstrip('+')}}" if np.isfinite(ci) else "")
 
 
 def generalise_markdown(table: Any, head: str, learned: str) -> str:
@@ -164,6 +164,13 @@ def generalise_markdown(table: Any, head: str, learned: str) -> str:
             f"{int(r['rr_p99_pass'])}/{int(r['milp_p99_pass'])}/{int(r['learned_p99_pass'])} of {n} | "
             f"{r['learned_decision_p95_ms']:.1f} | {r['milp_decision_p95_ms']:.0f} |")
     return "\n".join(lines) + "\n"
+
+
+def _head(overrides: Mapping[str, Any]) -> str:
+    warm, window = window_of(overrides)
+    return (f"Steady-state windows of {window:g} s after a {warm:g} s burn-in; the same episodes for every policy. "
+            "Share of the MILP's reduction = the agent's mean paired reduction / the MILP's; violation difference "
+            "paired per start (per-request SLO violation %, completed requests).")
 
 
 def generalise_experiment(ctx: Any) -> str:
@@ -193,10 +200,6 @@ def generalise_experiment(ctx: Any) -> str:
     learned = next(s.policy_name for s in specs if s.policy_name.startswith("learned"))
     table = generalise_table(ex.runs, tests, learned)
     table.to_csv(os.path.join(ctx.out, "generalise.csv"), index=False)
-    warm, window = window_of(ov)
-    head = (f"Steady-state windows of {window:g} s after a {warm:g} s burn-in; the same episodes for every policy. "
-            "Share of the MILP's reduction = the agent's mean paired reduction / the MILP's; violation difference "
-            "paired per start (per-request SLO violation %, completed requests).")
-    md = generalise_markdown(table, head, learned)
+    md = generalise_markdown(table, _head(ov), learned)
     ctx.write_text("generalise.md", md)
     return md
