@@ -64,7 +64,7 @@ from typing import Any, Final
 from ..errors import ConfigError
 from .request import CopyableState, RequestState, mypyc_attr
 
-__all__ = ["PrefixCache", "PrefixIndex", "Key", "ROOT_KEY", "MAX_BLOCK_ID", "chain_key", "chain_keys", "prefix_keys",
+__all__ = ["PrefixCache", "Segment", "PrefixIndex", "Key", "ROOT_KEY", "MAX_BLOCK_ID", "chain_key", "chain_keys", "prefix_keys",
            "batch_prefix_keys", "attach_prefix"]
 
 #: Parent key of every request's first prefix block.
@@ -174,16 +174,40 @@ PrefixIndex = dict[Key, int]
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
+class Segment(CopyableState):
+    """A run of consecutive entries of one engine's cache: the prefix blocks ``lo .. lo + n - 1``
+    of the chain ``keys`` (any request's keys with that prefix), all with the same references
+    ``refs`` (0: cached-free), whose parent run ends at block ``lo - 1`` (None: ``lo == 0``).
+    Runs are split where references differ or the chain branches, never merged."""
+
+    __slots__ = ("keys", "lo", "n", "refs", "place", "parent", "nchild")
+
+    def __init__(self, keys: tuple[Key, ...], lo: int, n: int, refs: int, parent: Segment | None) -> None:
+        self.keys = keys
+        self.lo = lo
+        self.n = n
+        self.refs = refs
+        self.place = -1  # cached-free: its place in the LRU order (-1: not in it)
+        self.parent = parent
+        self.nchild = 0  # runs whose parent it is
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
 class PrefixCache(CopyableState):
     """The prefix cache of one engine (see the module docstring). Counts are in entries (prefix
     blocks) unless named ``_blocks`` (KV blocks).
 
-    ``state`` holds one int per entry: ``refs >= 1``, the running requests holding it, or for a
-    cached-free entry ``-1 - p``, ``p`` its place in the LRU order. That order is the list
-    ``lru`` of keys in the order they became cached-free (place ``p`` at ``lru[p - lru_base]``),
-    read from ``lru_head`` on; an entry taken again leaves its place empty (None). The used places
-    are cut off when they are half the list, and the list is rebuilt without its empty places when
-    they outnumber the cached-free entries (amortised O(1) per release)."""
+    The entries are held as :class:`Segment` runs (a radix tree): ``heads`` maps the key of each
+    run's first block to the run, so a lookup walks runs, comparing keys inside a run, and a
+    request's prefill extends its own run without a dict operation per block. Every entry of a
+    run has its references (``refs``; 0: cached-free). The LRU order of the cached-free entries
+    is kept per run: a release appends the runs it frees deepest first (an entry at a time, that
+    is the order of their blocks from the deepest), and eviction takes blocks from the tail of the
+    first run of the list ``lru`` (runs in the order they became cached-free; place ``p`` at
+    ``lru[p - lru_base]``), read from ``lru_head`` on; a run taken again leaves its place empty
+    (None). The used places are cut off when they are half the list, and the list is rebuilt
+    without its empty places when they outnumber the cached-free entries (amortised O(1) per
+    release). :attr:`state` and :meth:`lru_order` give the per-entry view (for checks)."""
 
     __slots__ = (
         "prefix_tokens",     # tokens per prefix block
@@ -191,8 +215,9 @@ class PrefixCache(CopyableState):
         "kv_per_block",      # KV blocks per entry (prefix_block_tokens / block_tokens)
         "bit",               # this engine's bit in the datacenter's index (1 << its index)
         "index",             # the datacenter's PrefixIndex (shared by its engines)
-        "state",             # key -> refs (>= 1) or -1 - its LRU place (cached-free)
-        "lru",               # keys in the order they became cached-free (None: an empty place)
+        "heads",             # key of a run's first block -> the run
+        "entries",           # entries cached (blocks of the runs)
+        "lru",               # runs in the order they became cached-free (None: an empty place)
         "lru_base",          # place of lru[0]
         "lru_head",          # index in lru of the first place not used up
         "evictable_blocks",  # KV blocks of the cached-free entries
@@ -206,15 +231,16 @@ class PrefixCache(CopyableState):
         self.kv_per_block = prefix_tokens // block_tokens
         self.index = index
         self.bit = 1 << engine
-        self.state: dict[Key, int] = {}
-        self.lru: list[Key | None] = []
+        self.heads: dict[Key, Segment] = {}
+        self.entries = 0
+        self.lru: list[Segment | None] = []
         self.lru_base = self.lru_head = 0
         self.evictable_blocks = 0
         self.evictions = 0
         self.inserted = 0
 
     def __len__(self) -> int:
-        return len(self.state)
+        return self.entries
 
     # ------------------------------------------------------------------ queries
     def limit(self, req: RequestState) -> int:
@@ -241,55 +267,131 @@ class PrefixCache(CopyableState):
         blocks = (L + bt - 1) // bt - self.live(keys, n_max) * self.kv_per_block
         return blocks if blocks <= free_blocks else 0
 
+    def _walk(self, keys: tuple[Key, ...], n_max: int, mode: int, doomed: dict[Segment, int] | None) -> int:
+        """Entries of the longest cached prefix of ``keys`` (at most ``n_max``): all of them (mode
+        0), those held by running requests (1), or those left after the evictions ``doomed`` (run
+        -> blocks evicted from its tail; mode 2)."""
+        heads = self.heads
+        h = 0
+        while h < n_max:
+            seg = heads.get(keys[h])
+            if seg is None or (mode == 1 and seg.refs == 0):
+                break
+            n = seg.n
+            if doomed is not None:
+                n -= doomed.get(seg, 0)
+                if n <= 0:
+                    break
+            end = h + n
+            stop = end > n_max or n < seg.n
+            if end > n_max:
+                end = n_max
+            sk = seg.keys
+            d = seg.lo - h
+            j = h + 1
+            while j < end and keys[j] == sk[j + d]:
+                j += 1
+            if j < end or stop:
+                return j
+            h = j
+        return h
+
     def match(self, keys: tuple[Key, ...], n_max: int) -> int:
         """Entries of the longest cached prefix of ``keys`` (at most ``n_max``)."""
-        state = self.state
-        h = 0
-        while h < n_max and keys[h] in state:
-            h += 1
-        return h
+        return self._walk(keys, n_max, 0, None)
 
     def live(self, keys: tuple[Key, ...], n_max: int) -> int:
         """Entries of the longest prefix of ``keys`` (at most ``n_max``) held by running requests:
         admitting the request takes no new blocks for them (they are already allocated)."""
-        state = self.state
-        h = 0
-        while h < n_max and state.get(keys[h], 0) > 0:
-            h += 1
-        return h
+        return self._walk(keys, n_max, 1, None)
 
     def peek(self, keys: tuple[Key, ...], n_max: int, free_blocks: int) -> int:
         """:meth:`match` as it will be after :meth:`settle` with ``free_blocks`` (nothing changes)."""
         deficit = self.evictable_blocks - free_blocks
         if deficit <= 0:
-            return self.match(keys, n_max)
+            return self._walk(keys, n_max, 0, None)
         m = self.kv_per_block
-        n = (deficit + m - 1) // m
-        state = self.state
+        left = (deficit + m - 1) // m
         lru = self.lru
-        doomed: set[Key] = set()
+        doomed: dict[Segment, int] = {}
         i = self.lru_head
-        while len(doomed) < n:
-            k = lru[i]
-            if k is not None:
-                doomed.add(k)
+        while left > 0:
+            seg = lru[i]
+            if seg is not None:
+                e = seg.n if seg.n < left else left
+                doomed[seg] = e
+                left -= e
             i += 1
-        h = 0
-        while h < n_max and keys[h] in state and keys[h] not in doomed:
-            h += 1
-        return h
+        return self._walk(keys, n_max, 2, doomed)
 
     def lru_order(self) -> list[Key]:
-        """Keys of the cached-free entries, least recently used first (for checks and rebuilds)."""
+        """Keys of the cached-free entries, least recently used first (for checks)."""
+        out: list[Key] = []
         lru = self.lru
-        return [lru[i] for i in range(self.lru_head, len(lru)) if lru[i] is not None]
+        for i in range(self.lru_head, len(lru)):
+            seg = lru[i]
+            if seg is not None:
+                for j in range(seg.lo + seg.n - 1, seg.lo - 1, -1):
+                    out.append(seg.keys[j])
+        return out
 
-    def _take_free(self, c: int) -> None:
-        """An entry with state ``c < 0`` (cached-free) is taken again: empty its LRU place."""
-        self.lru[-1 - c - self.lru_base] = None
-        self.evictable_blocks -= self.kv_per_block
+    @property
+    def state(self) -> dict[Key, int]:
+        """Key -> references (>= 1) of every entry, or ``-1 - p`` for a cached-free one, ``p`` its
+        place in :meth:`lru_order` (the per-entry view, for checks)."""
+        out: dict[Key, int] = {}
+        for seg in self.heads.values():
+            if seg.refs:
+                for j in range(seg.lo, seg.lo + seg.n):
+                    out[seg.keys[j]] = seg.refs
+        for p, k in enumerate(self.lru_order()):
+            out[k] = -1 - p
+        return out
 
     # ------------------------------------------------------------------ changes
+    def _split(self, seg: Segment, x: int) -> Segment:
+        """Cut the run ``seg`` after its first ``x`` entries (0 < x < seg.n): they become a new
+        run, the parent of the rest (``seg``, which keeps its place in the LRU order); return it."""
+        f = Segment(seg.keys, seg.lo, x, seg.refs, seg.parent)
+        f.nchild = 1
+        heads = self.heads
+        heads[seg.keys[seg.lo]] = f
+        seg.lo += x
+        seg.n -= x
+        seg.parent = f
+        heads[seg.keys[seg.lo]] = seg
+        return f
+
+    def _take(self, seg: Segment) -> None:
+        """One more reference on the entries of ``seg`` (cached-free ones are taken again)."""
+        if seg.refs == 0:
+            if seg.place >= 0:
+                self.lru[seg.place - self.lru_base] = None
+                seg.place = -1
+            self.evictable_blocks -= seg.n * self.kv_per_block
+        seg.refs += 1
+
+    def _common(self, keys: tuple[Key, ...], h: int, seg: Segment, n_max: int) -> int:
+        """Entries of ``seg`` (whose first block is ``keys[h]``) matching ``keys`` from ``h`` on,
+        at most ``n_max - h``."""
+        end = h + seg.n
+        if end > n_max:
+            end = n_max
+        sk = seg.keys
+        d = seg.lo - h
+        j = h + 1
+        while j < end and keys[j] == sk[j + d]:
+            j += 1
+        return j - h
+
+    def _drop(self, seg: Segment) -> None:
+        """Forget the run ``seg``, emptied by evictions (its children are gone already)."""
+        k = seg.keys[seg.lo]
+        del self.heads[k]
+        parent = seg.parent
+        if parent is not None:
+            parent.nchild -= 1
+
     def settle(self, free_blocks: int) -> None:
         """Evict least-recently-used cached-free entries until the unallocated blocks
         (``free_blocks`` - cached-free blocks) are not negative."""
@@ -298,23 +400,34 @@ class PrefixCache(CopyableState):
             return
         m = self.kv_per_block
         n = (deficit + m - 1) // m
-        state = self.state
         lru = self.lru
+        sk: tuple[Key, ...]
         index = self.index
         keep = ~self.bit
         i = self.lru_head
         left = n
         while left:
-            k = lru[i]
-            if k is not None:  # evicted
-                del state[k]
+            seg = lru[i]
+            if seg is None:
+                i += 1
+                continue
+            e = seg.n if seg.n <= left else left
+            left -= e
+            sk = seg.keys
+            hi = seg.lo + seg.n
+            seg.n -= e
+            for j in range(hi - e, hi):  # evicted (the run's deepest entries)
+                k = sk[j]
                 holders = index[k] & keep
                 if holders:
                     index[k] = holders
                 else:
                     del index[k]
-                left -= 1
-            i += 1
+            if not seg.n:
+                self._drop(seg)
+                seg.place = -1
+                lru[i] = None
+                i += 1
         if i > 64 and 2 * i > len(lru):  # cut off the used places
             del lru[:i]
             self.lru_base += i
@@ -322,6 +435,7 @@ class PrefixCache(CopyableState):
         self.lru_head = i
         self.evictable_blocks -= n * m
         self.evictions += n
+        self.entries -= n
 
     def acquire(self, req: RequestState, free_blocks: int) -> int:
         """Admission of ``req`` with ``free_blocks`` free (cached-free included): settle, then take
@@ -331,19 +445,24 @@ class PrefixCache(CopyableState):
         keys = req.prefix_keys
         assert keys is not None
         n_max = self.limit(req)
-        state = self.state
+        heads = self.heads
         h = 0
+        tail: Segment | None = None
         while h < n_max:
-            k = keys[h]
-            c = state.get(k, 0)
-            if c == 0:
+            seg = heads.get(keys[h])
+            if seg is None:
                 break
-            if c < 0:  # cached-free: taken again
-                self._take_free(c)
-                c = 0
-            state[k] = c + 1
-            h += 1
+            x = self._common(keys, h, seg, n_max)
+            full = x == seg.n
+            if not full:
+                seg = self._split(seg, x)
+            self._take(seg)
+            h += x
+            tail = seg
+            if not full:
+                break
         req.held = h
+        req.seg = tail
         return h
 
     def insert(self, req: RequestState, n_full: int, free_blocks: int) -> int:
@@ -356,29 +475,44 @@ class PrefixCache(CopyableState):
         if i >= n_full:
             return 0
         self.settle(free_blocks)
-        state = self.state
+        heads = self.heads
         index = self.index
         bit = self.bit
         m = self.kv_per_block
+        tail: Segment | None = req.seg
         delta = 0
         while i < n_full:
-            k = keys[i]
-            holders = index.get(k, 0)
-            if not holders & bit:  # a new entry
-                state[k] = 1
-                index[k] = holders | bit
-                self.inserted += 1
-            else:  # computed by another request meanwhile: share it, free this copy
-                c = state[k]
-                if c < 0:  # (cached-free)
-                    self._take_free(c)
-                    state[k] = 1
+            seg = heads.get(keys[i])
+            if seg is None:  # new entries: i .. n_full - 1
+                k = n_full - i
+                if tail is not None and tail.refs == 1 and not tail.nchild:
+                    tail.keys = keys  # (its own run: extended; the keys agree on the run's blocks)
+                    tail.n += k
                 else:
-                    state[k] = c + 1
-                    delta += m
-            req.kv_blocks -= m
-            i += 1
-        req.held = i
+                    new = Segment(keys, i, k, 1, tail)
+                    heads[keys[i]] = new
+                    if tail is not None:
+                        tail.nchild += 1
+                    tail = new
+                for j in range(i, n_full):
+                    kj = keys[j]
+                    index[kj] = index.get(kj, 0) | bit
+                self.inserted += k
+                self.entries += k
+                req.kv_blocks -= k * m
+                break
+            # computed by another request meanwhile: share it, free this copy
+            x = self._common(keys, i, seg, n_full)
+            if x < seg.n:
+                seg = self._split(seg, x)
+            if seg.refs:
+                delta += x * m
+            self._take(seg)
+            req.kv_blocks -= x * m
+            i += x
+            tail = seg
+        req.held = n_full
+        req.seg = tail
         return delta
 
     def release(self, req: RequestState, free_blocks: int) -> int:
@@ -386,25 +520,21 @@ class PrefixCache(CopyableState):
         drop its references deepest first; return the KV blocks that became cached-free (they
         count as free)."""
         self.settle(free_blocks)  # (for every request: its blocks may have needed evictions)
-        h = req.held
-        if not h:
+        if not req.held:
             return 0
-        keys = req.prefix_keys
-        assert keys is not None
-        state = self.state
         lru = self.lru
-        b = -1 - self.lru_base
+        b = self.lru_base
         n = 0
-        for i in range(h - 1, -1, -1):
-            k = keys[i]
-            c = state[k] - 1
-            if c:
-                state[k] = c
-            else:
-                state[k] = b - len(lru)
-                lru.append(k)
-                n += 1
+        seg: Segment | None = req.seg
+        while seg is not None:
+            seg.refs -= 1
+            if not seg.refs:
+                seg.place = b + len(lru)
+                lru.append(seg)
+                n += seg.n
+            seg = seg.parent
         req.held = 0
+        req.seg = None
         freed = n * self.kv_per_block
         self.evictable_blocks += freed
         if len(lru) - self.lru_head > 2 * (self.evictable_blocks // self.kv_per_block) + 64:
@@ -413,10 +543,13 @@ class PrefixCache(CopyableState):
 
     def _compact(self) -> None:
         """Rebuild the LRU list without its empty places (same order)."""
-        live = self.lru_order()
-        state = self.state
-        for p, k in enumerate(live):
-            state[k] = -1 - p
+        lru = self.lru
+        live: list[Segment | None] = []
+        for i in range(self.lru_head, len(lru)):
+            seg = lru[i]
+            if seg is not None:
+                seg.place = len(live)
+                live.append(seg)
         self.lru = live
         self.lru_base = self.lru_head = 0
 
@@ -424,13 +557,17 @@ class PrefixCache(CopyableState):
         """Forget every entry (the engine lost its KV cache: asleep, off, aborted, reset)."""
         index = self.index
         keep = ~self.bit
-        for k in self.state:
-            holders = index[k] & keep
-            if holders:
-                index[k] = holders
-            else:
-                del index[k]
-        self.state = {}
+        for seg in self.heads.values():
+            sk = seg.keys
+            for j in range(seg.lo, seg.lo + seg.n):
+                k = sk[j]
+                holders = index[k] & keep
+                if holders:
+                    index[k] = holders
+                else:
+                    del index[k]
+        self.heads = {}
+        self.entries = 0
         self.lru = []
         self.lru_base = self.lru_head = 0
         self.evictable_blocks = 0

@@ -73,6 +73,7 @@ class RequestState(CopyableState):
         "prefix_hashes",            # its block ids as submitted, or None (kept for AbortedRequests)
         "prefix_keys",              # chained keys of its full prompt prefix blocks, or None (not cacheable)
         "held",                     # leading prefix-cache entries it holds a reference on
+        "seg",                      # the prefix-cache run (prefix_cache.Segment) of its last held entry, or None
         "cached_tokens",            # prompt tokens served from the cache at its first admission
     )
 
@@ -99,6 +100,7 @@ class RequestState(CopyableState):
         self.prefix_hashes: Any = None
         self.prefix_keys: tuple[object, ...] | None = None  # (prefix_cache.Key: ints kept as objects)
         self.held = self.cached_tokens = 0
+        self.seg: Any = None
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
