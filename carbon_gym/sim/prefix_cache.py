@@ -44,15 +44,19 @@ other's block.
   cache as last settled (like the engine's published KV view).
 * A child entry is always evicted before its parent (releases go deepest first and every holder of
   an entry holds its ancestors), so each engine's cache is closed under prefixes: the datacenter's
-  :data:`PrefixIndex` (key -> bit mask of the engines holding it) gives every engine's cached prefix
-  of a request by one walk (cache-aware dispatch, the simulator's queries).
+  :data:`PrefixIndex` (key -> the runs of its engines' caches that start with it) gives every
+  engine's cached prefix of a request by a walk of its runs (cache-aware dispatch, the
+  simulator's queries).
 * An engine that falls asleep, powers off, is aborted or reset loses its cache (:meth:`clear`).
 
-**Data.** Plain dicts of ints, no object per block: per engine ``state`` (key -> references, or
-the LRU place of a cached-free entry) and a list of keys in LRU order, kept lazily (see
-:class:`PrefixCache`); per datacenter the index. Cost: O(prefix blocks) per admission, prefill
-chunk and release (a few dict operations per block), O(1) amortised per eviction, one index walk
-per dispatch whatever the number of engines; never per token. Compiled with the engine
+**Data.** No object per block: per engine, runs of consecutive entries with the same references
+(:class:`Segment`, a radix tree: split where references differ or the chain branches) found by
+the key of their first entry, and a list of runs in LRU order, kept lazily (see
+:class:`PrefixCache`); per datacenter the index of the runs by first key. Cost: per admission
+and release O(runs of the request's prefix) plus key comparisons inside runs, per prefill chunk
+O(1) (the request's own run grows), O(1) amortised per eviction (a dict operation only when a
+run empties), per dispatch a walk of the runs of each engine caching the first block; never per
+token. Compiled with the engine
 (``setup.py``, :data:`carbon_gym.sim._native.COMPILED_MODULES`).
 """
 
@@ -64,7 +68,7 @@ from typing import Any, Final
 from ..errors import ConfigError
 from .request import CopyableState, RequestState, mypyc_attr
 
-__all__ = ["PrefixCache", "Segment", "PrefixIndex", "Key", "ROOT_KEY", "MAX_BLOCK_ID", "chain_key", "chain_keys", "prefix_keys",
+__all__ = ["PrefixCache", "Segment", "PrefixIndex", "common_entries", "run_depth", "Key", "ROOT_KEY", "MAX_BLOCK_ID", "chain_key", "chain_keys", "prefix_keys",
            "batch_prefix_keys", "attach_prefix"]
 
 #: Parent key of every request's first prefix block.
@@ -168,9 +172,9 @@ def attach_prefix(requests: dict[int, RequestState], first: int, hashes: Any,
                 r.prefix_keys = keys[i]
 
 
-#: A datacenter's prefix index: key -> bit mask of its engines whose cache holds the block (bit
-#: ``i``: the engine of index ``i``).
-PrefixIndex = dict[Key, int]
+#: A datacenter's prefix index: key -> the runs (:class:`Segment`, of any of its engines) whose
+#: first entry it is.
+PrefixIndex = dict[Key, list["Segment"]]
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -180,9 +184,10 @@ class Segment(CopyableState):
     ``refs`` (0: cached-free), whose parent run ends at block ``lo - 1`` (None: ``lo == 0``).
     Runs are split where references differ or the chain branches, never merged."""
 
-    __slots__ = ("keys", "lo", "n", "refs", "place", "parent", "nchild")
+    __slots__ = ("keys", "lo", "n", "refs", "place", "parent", "nchild", "eng")
 
-    def __init__(self, keys: tuple[Key, ...], lo: int, n: int, refs: int, parent: Segment | None) -> None:
+    def __init__(self, keys: tuple[Key, ...], lo: int, n: int, refs: int, parent: Segment | None, eng: int) -> None:
+        self.eng = eng  # index of its engine in the datacenter
         self.keys = keys
         self.lo = lo
         self.n = n
@@ -213,7 +218,7 @@ class PrefixCache(CopyableState):
         "prefix_tokens",     # tokens per prefix block
         "block_tokens",      # tokens per KV block
         "kv_per_block",      # KV blocks per entry (prefix_block_tokens / block_tokens)
-        "bit",               # this engine's bit in the datacenter's index (1 << its index)
+        "eng",               # this engine's index in its datacenter
         "index",             # the datacenter's PrefixIndex (shared by its engines)
         "heads",             # key of a run's first block -> the run
         "entries",           # entries cached (blocks of the runs)
@@ -230,7 +235,7 @@ class PrefixCache(CopyableState):
         self.block_tokens = block_tokens
         self.kv_per_block = prefix_tokens // block_tokens
         self.index = index
-        self.bit = 1 << engine
+        self.eng = engine
         self.heads: dict[Key, Segment] = {}
         self.entries = 0
         self.lru: list[Segment | None] = []
@@ -352,15 +357,28 @@ class PrefixCache(CopyableState):
     def _split(self, seg: Segment, x: int) -> Segment:
         """Cut the run ``seg`` after its first ``x`` entries (0 < x < seg.n): they become a new
         run, the parent of the rest (``seg``, which keeps its place in the LRU order); return it."""
-        f = Segment(seg.keys, seg.lo, x, seg.refs, seg.parent)
+        f = Segment(seg.keys, seg.lo, x, seg.refs, seg.parent, self.eng)
         f.nchild = 1
         heads = self.heads
-        heads[seg.keys[seg.lo]] = f
+        k = seg.keys[seg.lo]
+        heads[k] = f
+        runs = self.index[k]
+        runs[runs.index(seg)] = f
         seg.lo += x
         seg.n -= x
         seg.parent = f
-        heads[seg.keys[seg.lo]] = seg
+        self._register(seg)
         return f
+
+    def _register(self, seg: Segment) -> None:
+        """``seg`` is a run of this cache: find it by its first key (here and in the index)."""
+        k = seg.keys[seg.lo]
+        self.heads[k] = seg
+        runs = self.index.get(k)
+        if runs is None:
+            self.index[k] = [seg]
+        else:
+            runs.append(seg)
 
     def _take(self, seg: Segment) -> None:
         """One more reference on the entries of ``seg`` (cached-free ones are taken again)."""
@@ -371,23 +389,15 @@ class PrefixCache(CopyableState):
             self.evictable_blocks -= seg.n * self.kv_per_block
         seg.refs += 1
 
-    def _common(self, keys: tuple[Key, ...], h: int, seg: Segment, n_max: int) -> int:
-        """Entries of ``seg`` (whose first block is ``keys[h]``) matching ``keys`` from ``h`` on,
-        at most ``n_max - h``."""
-        end = h + seg.n
-        if end > n_max:
-            end = n_max
-        sk = seg.keys
-        d = seg.lo - h
-        j = h + 1
-        while j < end and keys[j] == sk[j + d]:
-            j += 1
-        return j - h
-
     def _drop(self, seg: Segment) -> None:
         """Forget the run ``seg``, emptied by evictions (its children are gone already)."""
         k = seg.keys[seg.lo]
         del self.heads[k]
+        runs = self.index[k]
+        if len(runs) == 1:
+            del self.index[k]
+        else:
+            runs.remove(seg)
         parent = seg.parent
         if parent is not None:
             parent.nchild -= 1
@@ -401,9 +411,6 @@ class PrefixCache(CopyableState):
         m = self.kv_per_block
         n = (deficit + m - 1) // m
         lru = self.lru
-        sk: tuple[Key, ...]
-        index = self.index
-        keep = ~self.bit
         i = self.lru_head
         left = n
         while left:
@@ -413,16 +420,7 @@ class PrefixCache(CopyableState):
                 continue
             e = seg.n if seg.n <= left else left
             left -= e
-            sk = seg.keys
-            hi = seg.lo + seg.n
-            seg.n -= e
-            for j in range(hi - e, hi):  # evicted (the run's deepest entries)
-                k = sk[j]
-                holders = index[k] & keep
-                if holders:
-                    index[k] = holders
-                else:
-                    del index[k]
+            seg.n -= e  # (its deepest entries evicted)
             if not seg.n:
                 self._drop(seg)
                 seg.place = -1
@@ -452,7 +450,7 @@ class PrefixCache(CopyableState):
             seg = heads.get(keys[h])
             if seg is None:
                 break
-            x = self._common(keys, h, seg, n_max)
+            x = common_entries(keys, h, seg, n_max)
             full = x == seg.n
             if not full:
                 seg = self._split(seg, x)
@@ -476,8 +474,6 @@ class PrefixCache(CopyableState):
             return 0
         self.settle(free_blocks)
         heads = self.heads
-        index = self.index
-        bit = self.bit
         m = self.kv_per_block
         tail: Segment | None = req.seg
         delta = 0
@@ -489,20 +485,17 @@ class PrefixCache(CopyableState):
                     tail.keys = keys  # (its own run: extended; the keys agree on the run's blocks)
                     tail.n += k
                 else:
-                    new = Segment(keys, i, k, 1, tail)
-                    heads[keys[i]] = new
+                    new = Segment(keys, i, k, 1, tail, self.eng)
+                    self._register(new)
                     if tail is not None:
                         tail.nchild += 1
                     tail = new
-                for j in range(i, n_full):
-                    kj = keys[j]
-                    index[kj] = index.get(kj, 0) | bit
                 self.inserted += k
                 self.entries += k
                 req.kv_blocks -= k * m
                 break
             # computed by another request meanwhile: share it, free this copy
-            x = self._common(keys, i, seg, n_full)
+            x = common_entries(keys, i, seg, n_full)
             if x < seg.n:
                 seg = self._split(seg, x)
             if seg.refs:
@@ -556,18 +549,52 @@ class PrefixCache(CopyableState):
     def clear(self) -> None:
         """Forget every entry (the engine lost its KV cache: asleep, off, aborted, reset)."""
         index = self.index
-        keep = ~self.bit
-        for seg in self.heads.values():
-            sk = seg.keys
-            for j in range(seg.lo, seg.lo + seg.n):
-                k = sk[j]
-                holders = index[k] & keep
-                if holders:
-                    index[k] = holders
-                else:
-                    del index[k]
+        for k, seg in self.heads.items():
+            runs = index[k]
+            if len(runs) == 1:
+                del index[k]
+            else:
+                runs.remove(seg)
         self.heads = {}
         self.entries = 0
         self.lru = []
         self.lru_base = self.lru_head = 0
         self.evictable_blocks = 0
+
+
+def common_entries(keys: tuple[Key, ...], h: int, seg: Segment, n_max: int) -> int:
+    """Entries of the run ``seg`` (whose first entry is ``keys[h]``) matching ``keys`` from ``h``
+    on, at most ``n_max - h``."""
+    end = h + seg.n
+    if end > n_max:
+        end = n_max
+    sk = seg.keys
+    d = seg.lo - h
+    j = h + 1
+    while j < end and keys[j] == sk[j + d]:
+        j += 1
+    return j - h
+
+
+def run_depth(index: PrefixIndex, seg: Segment, keys: tuple[Key, ...], n_max: int) -> int:
+    """Entries of the longest prefix of ``keys`` (at most ``n_max``) cached by the engine of the
+    run ``seg``, a run whose first entry is ``keys[0]`` (a walk of that engine's runs through the
+    datacenter's ``index``)."""
+    h = 0
+    eng = seg.eng
+    while True:
+        x = common_entries(keys, h, seg, n_max)
+        h += x
+        if x < seg.n or h >= n_max:
+            return h
+        runs = index.get(keys[h])
+        if runs is None:
+            return h
+        nxt: Segment | None = None
+        for r in runs:
+            if r.eng == eng:
+                nxt = r
+                break
+        if nxt is None:
+            return h
+        seg = nxt
