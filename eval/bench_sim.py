@@ -17,10 +17,10 @@ every tick and reduced to running sums, so memory does not grow with finished re
 ``--mooncake-engines`` A100 engines (Llama-3.1-8B TP1, 128k context) with automatic prefix caching
 (``--mooncake-no-cache``: without) and the ``cache_aware`` dispatcher (``--mooncake-dispatcher``),
 arrivals ``--mooncake-speedup`` times faster than recorded; it also prints the prefix hit rate
-(cached / prompt tokens) and the prefill tokens saved. Measured on the 2-core shared host, compiled
-(issue 23; medians of paired runs, README "Benchmarks"): 6,800-7,700 simulated requests/s while the
-host is slow (main before issue 23's rework: 3,800 in the same runs; without the cache: 13,800),
-10,000-12,100 in its fast phases (without the cache: 17,000-20,600).
+(cached / prompt tokens) and the prefill tokens saved. Measured on the 2-core shared host, compiled,
+loaded (git 1c85452 alternating with 14e1d00, 2026-12-02; README "Benchmarks"): 11,458 simulated
+requests per CPU second with the cache, median of 9 pairs (10,026-14,154; 14e1d00: 5,675), 17,693
+without (5 pairs; 14e1d00: 11,568).
 
 Usage: ``python -m eval.bench_sim [--requests-a N] [--requests-b N] [--only a|b|m] [--mooncake [PATH]]
 [--mooncake-no-cache] [--profile]``. With no arguments it runs (a) and (b) in well under a minute;

@@ -17,7 +17,7 @@ from carbon_gym.scenario import load_scenario
 from carbon_gym.sim import RECORD_COLUMNS, SNAPSHOT_ARRAY_ROWS
 from carbon_gym.sim.datacenter import ZoneClock
 from carbon_gym.sim.engine import RUN
-from carbon_gym.sim.kernels import _phase_prefill_power_fn, _table_time_fn
+from carbon_gym.sim.request import EngineModels
 from carbon_gym.sim.records import RequestRecords
 from carbon_gym.world import build_workload, build_world, reseed_workload
 from test_sim_fixtures import drive, make_sim, random_workload
@@ -27,7 +27,9 @@ def test_table_latency_copy_returns_the_models_floats():
     rng = np.random.default_rng(0)
     for spec in (("a100-80gb", "llama-3.1-8b", 1), ("a100-80gb", "mixtral-8x7b", 4)):
         model = TableLatencyModel.from_file(latency_params_path(*spec))
-        fast = _table_time_fn(model)
+        fast = EngineModels(model, load_power_model("a100-80gb"), spec[2]).iteration_time_s
+        m = EngineModels(model, load_power_model("a100-80gb"), spec[2])
+        assert m.table and m.ptable  # (the compiled evaluation, prefill tables included)
         for _ in range(5000):
             pt = int(rng.choice([0, 1, rng.integers(0, 5000), rng.integers(0, 40000)]))
             nd = int(rng.choice([0, 1, rng.integers(0, 300)]))
@@ -41,7 +43,8 @@ def test_phase_power_copy_returns_the_models_floats():
     rng = np.random.default_rng(1)
     power = load_power_model("a100-80gb")
     for tp in (1, 4):
-        fast = _phase_prefill_power_fn(power, tp)
+        fast = EngineModels(TableLatencyModel.from_file(latency_params_path("a100-80gb", "llama-3.1-8b", 1)),
+                            power, tp).prefill_engine_w
         for _ in range(3000):
             pt, nd = int(rng.integers(1, 9000)), int(rng.integers(0, 300))
             assert fast(pt, nd) == tp * float(power.gpu_power_w(pt, nd))

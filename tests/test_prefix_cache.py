@@ -149,7 +149,15 @@ def check_cache_invariants(sim, parent_of: dict[int, int]) -> None:
                     assert pos[k] < pos[p]  # a child is evicted before its parent
             for k in refs:
                 index[k] = index.get(k, 0) | 1 << e.index
-        assert index == dc.prefix_index
+            runs = c.heads
+            assert sum(r.n for r in runs.values()) == len(c) == len(refs)
+            for k, r in runs.items():
+                assert r.keys[r.lo] == k and r.n > 0 and r.eng == e.index
+                assert r in dc.prefix_index[k]  # the datacenter's index of runs by first key
+        assert sum(len(v) for v in dc.prefix_index.values()) == sum(len(e.cache.heads) for e in dc.engines)
+        # a request's first block: the engines holding it are those with a run starting with it
+        firsts = {k: m for k, m in index.items() if parent_of[k] == ROOT_KEY}
+        assert firsts == {k: sum(1 << r.eng for r in v) for k, v in dc.prefix_index.items() if parent_of[k] == ROOT_KEY}
 
 
 def submit(sim, r: dict, dc: int = 0, origin: int = 0, arrival_s: float | None = None) -> int:

@@ -25,7 +25,7 @@ import numpy as np
 from ..physics.carbon import CarbonTrace
 from ..topology import DatacenterSpec
 from .engine import IDLE, Engine, EngineConfig
-from .prefix_cache import Key, PrefixIndex
+from .prefix_cache import Key, PrefixIndex, run_depth
 from .request import CopyableState, EngineModels, RequestState, mypyc_attr
 from .kernels import draining_score_fn
 
@@ -190,7 +190,7 @@ class Datacenter(CopyableState):
         "req_rate_sum",           # EWMA of requests arriving (same decay and time): sum (requests)
         "est_key", "est_val",     # memo of the simulator's latency estimates for (running, used blocks)
         # prefix caching (carbon_gym.sim.prefix_cache)
-        "prefix_index",           # key -> bit mask of the engines caching it (prefix_cache.PrefixIndex; empty without caching)
+        "prefix_index",           # key -> its engines' cache runs starting with it (prefix_cache.PrefixIndex; empty without caching)
         "prefix_weight",          # dispatch: load tokens one cached prompt token is worth (0: not cache-aware)
         "prefix_tokens",          # tokens per prefix block
         "prompt_tokens",          # prompt tokens of the requests admitted (first admission), tokens
@@ -413,9 +413,10 @@ class Datacenter(CopyableState):
         ``score - prefix_weight x cached prefix tokens of req there`` (ties: lowest index); the
         plain :meth:`pick` when no engine holds its first block.
 
-        One walk of the prefix index serves every engine: ``held`` is the mask of the engines
-        caching the request's first ``j`` blocks; the engines that leave it at block ``j`` cache
-        exactly ``j``, and the best engine is the plain pick (nothing cached) or one of those."""
+        The engines caching the request's first block are those with a run (of their prefix
+        cache) starting at it, in the prefix index; each one's cached prefix is a walk of its
+        runs (:func:`~carbon_gym.sim.prefix_cache.run_depth`), and the best engine is the plain
+        pick (nothing cached) or one of them."""
         keys = req.prefix_keys
         assert keys is not None
         n_max = (req.prefill_len - 1) // self.prefix_tokens
@@ -425,31 +426,22 @@ class Datacenter(CopyableState):
         if n_max <= 0:
             return best
         index = self.prefix_index
+        roots = index.get(keys[0])
+        if roots is None:
+            return best
         w = self.prefix_weight * self.prefix_tokens
         s = self.scores
         i_best = best.index
         v_best = s[i_best]
         inf = math.inf
-        held = index.get(keys[0], 0)
-        j = 0
-        cached = 0.0  # (j as a float)
-        while held:
-            j += 1
-            cached += 1.0
-            nxt = held & index.get(keys[j], 0) if j < n_max else 0
-            gone = held & ~nxt  # the engines caching exactly j blocks
-            i = 0
-            while gone:
-                if gone & 1:
-                    v = s[i]
-                    if v != inf:
-                        v -= w * cached
-                        if v < v_best or (v == v_best and i < i_best):
-                            v_best = v
-                            i_best = i
-                gone >>= 1
-                i += 1
-            held = nxt
+        for root in roots:
+            i = root.eng
+            v = s[i]
+            if v != inf:
+                v -= w * float(run_depth(index, root, keys, n_max))
+                if v < v_best or (v == v_best and i < i_best):
+                    v_best = v
+                    i_best = i
         return self.engines[i_best]
 
     def cached_prefix_blocks(self, keys: tuple[Key, ...], n_max: int) -> int:
@@ -457,19 +449,21 @@ class Datacenter(CopyableState):
         work (0 when down or none does)."""
         if not self.up or n_max <= 0:
             return 0
-        held = -1  # the engines that take work (every bit: all of them)
-        if self.n_draining or self.cap_counts[0] != self.n_engines:
-            held = 0
-            for e in self.engines:
-                if e.cap_state == 0 and not e.draining:
-                    held |= 1 << e.index
         index = self.prefix_index
+        roots = index.get(keys[0])
+        if roots is None:
+            return 0
+        every = not (self.n_draining or self.cap_counts[0] != self.n_engines)  # all take work
+        engines = self.engines
         d = 0
-        while d < n_max:
-            held &= index.get(keys[d], 0)
-            if not held:
-                break
-            d += 1
+        for root in roots:
+            if not every:
+                e = engines[root.eng]
+                if e.cap_state != 0 or e.draining:
+                    continue
+            h = run_depth(index, root, keys, n_max)
+            if h > d:
+                d = h
         return d
 
     def request_rate(self, t: float, tau_s: float = 60.0) -> float:

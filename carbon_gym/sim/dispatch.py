@@ -43,21 +43,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 from ..errors import ConfigError
+from .engine import least_work_score, most_free_kv_score  # (compiled with the engine: called at every queue change)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engine import Engine
 
+__all__ = ["ScoreFn", "least_work_score", "most_free_kv_score", "register_dispatcher", "get_prefix_weight",
+           "available_dispatchers", "get_dispatcher"]
+
 ScoreFn = Callable[["Engine"], float]
-
-
-def least_work_score(engine: Engine) -> float:
-    """Queued prompt tokens + tokens resident in the engine's KV cache (lower is better)."""
-    return engine.pending_tokens + engine.view_used_blocks * engine.block_tokens
-
-
-def most_free_kv_score(engine: Engine) -> float:
-    """Minus (published free KV blocks - blocks needed by the waiting prompts)."""
-    return -(engine.view_free_blocks - engine.waiting_blocks)
 
 
 _DISPATCHERS: dict[str, ScoreFn] = {

@@ -882,3 +882,16 @@ class Engine(CopyableState):
         dc.waiting -= len(reqs)
         dc.scores[self.index] = dc.score_fn(self)
         return reqs
+
+
+# ---------------------------------------------------------------------- built-in dispatch scores
+# (carbon_gym.sim.dispatch registers them; defined here to be compiled with the engine, whose
+# queue and published state they read at every queue change)
+def least_work_score(engine: Engine) -> float:
+    """Queued prompt tokens + tokens resident in the engine's KV cache (lower is better)."""
+    return float(engine.pending_tokens + engine.view_used_blocks * engine.block_tokens)
+
+
+def most_free_kv_score(engine: Engine) -> float:
+    """Minus (published free KV blocks - blocks needed by the waiting prompts)."""
+    return float(-(engine.view_free_blocks - engine.waiting_blocks))

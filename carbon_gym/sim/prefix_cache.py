@@ -44,15 +44,19 @@ other's block.
   cache as last settled (like the engine's published KV view).
 * A child entry is always evicted before its parent (releases go deepest first and every holder of
   an entry holds its ancestors), so each engine's cache is closed under prefixes: the datacenter's
-  :data:`PrefixIndex` (key -> bit mask of the engines holding it) gives every engine's cached prefix
-  of a request by one walk (cache-aware dispatch, the simulator's queries).
+  :data:`PrefixIndex` (key -> the runs of its engines' caches that start with it) gives every
+  engine's cached prefix of a request by a walk of its runs (cache-aware dispatch, the
+  simulator's queries).
 * An engine that falls asleep, powers off, is aborted or reset loses its cache (:meth:`clear`).
 
-**Data.** Plain dicts of ints, no object per block: per engine ``state`` (key -> references, or
-the LRU place of a cached-free entry) and a list of keys in LRU order, kept lazily (see
-:class:`PrefixCache`); per datacenter the index. Cost: O(prefix blocks) per admission, prefill
-chunk and release (a few dict operations per block), O(1) amortised per eviction, one index walk
-per dispatch whatever the number of engines; never per token. Compiled with the engine
+**Data.** No object per block: per engine, runs of consecutive entries with the same references
+(:class:`Segment`, a radix tree: split where references differ or the chain branches) found by
+the key of their first entry, and a list of runs in LRU order, kept lazily (see
+:class:`PrefixCache`); per datacenter the index of the runs by first key. Cost: per admission
+and release O(runs of the request's prefix) plus key comparisons inside runs, per prefill chunk
+O(1) (the request's own run grows), O(1) amortised per eviction (a dict operation only when a
+run empties), per dispatch a walk of the runs of each engine caching the first block; never per
+token. Compiled with the engine
 (``setup.py``, :data:`carbon_gym.sim._native.COMPILED_MODULES`).
 """
 
@@ -64,7 +68,7 @@ from typing import Any, Final
 from ..errors import ConfigError
 from .request import CopyableState, RequestState, mypyc_attr
 
-__all__ = ["PrefixCache", "PrefixIndex", "Key", "ROOT_KEY", "MAX_BLOCK_ID", "chain_key", "chain_keys", "prefix_keys",
+__all__ = ["PrefixCache", "Segment", "PrefixIndex", "common_entries", "run_depth", "Key", "ROOT_KEY", "MAX_BLOCK_ID", "chain_key", "chain_keys", "prefix_keys",
            "batch_prefix_keys", "attach_prefix"]
 
 #: Parent key of every request's first prefix block.
@@ -168,9 +172,29 @@ def attach_prefix(requests: dict[int, RequestState], first: int, hashes: Any,
                 r.prefix_keys = keys[i]
 
 
-#: A datacenter's prefix index: key -> bit mask of its engines whose cache holds the block (bit
-#: ``i``: the engine of index ``i``).
-PrefixIndex = dict[Key, int]
+#: A datacenter's prefix index: key -> the runs (:class:`Segment`, of any of its engines) whose
+#: first entry it is.
+PrefixIndex = dict[Key, list["Segment"]]
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class Segment(CopyableState):
+    """A run of consecutive entries of one engine's cache: the prefix blocks ``lo .. lo + n - 1``
+    of the chain ``keys`` (any request's keys with that prefix), all with the same references
+    ``refs`` (0: cached-free), whose parent run ends at block ``lo - 1`` (None: ``lo == 0``).
+    Runs are split where references differ or the chain branches, never merged."""
+
+    __slots__ = ("keys", "lo", "n", "refs", "place", "parent", "nchild", "eng")
+
+    def __init__(self, keys: tuple[Key, ...], lo: int, n: int, refs: int, parent: Segment | None, eng: int) -> None:
+        self.eng = eng  # index of its engine in the datacenter
+        self.keys = keys
+        self.lo = lo
+        self.n = n
+        self.refs = refs
+        self.place = -1  # cached-free: its place in the LRU order (-1: not in it)
+        self.parent = parent
+        self.nchild = 0  # runs whose parent it is
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -178,21 +202,27 @@ class PrefixCache(CopyableState):
     """The prefix cache of one engine (see the module docstring). Counts are in entries (prefix
     blocks) unless named ``_blocks`` (KV blocks).
 
-    ``state`` holds one int per entry: ``refs >= 1``, the running requests holding it, or for a
-    cached-free entry ``-1 - p``, ``p`` its place in the LRU order. That order is the list
-    ``lru`` of keys in the order they became cached-free (place ``p`` at ``lru[p - lru_base]``),
-    read from ``lru_head`` on; an entry taken again leaves its place empty (None). The used places
-    are cut off when they are half the list, and the list is rebuilt without its empty places when
-    they outnumber the cached-free entries (amortised O(1) per release)."""
+    The entries are held as :class:`Segment` runs (a radix tree): ``heads`` maps the key of each
+    run's first block to the run, so a lookup walks runs, comparing keys inside a run, and a
+    request's prefill extends its own run without a dict operation per block. Every entry of a
+    run has its references (``refs``; 0: cached-free). The LRU order of the cached-free entries
+    is kept per run: a release appends the runs it frees deepest first (an entry at a time, that
+    is the order of their blocks from the deepest), and eviction takes blocks from the tail of the
+    first run of the list ``lru`` (runs in the order they became cached-free; place ``p`` at
+    ``lru[p - lru_base]``), read from ``lru_head`` on; a run taken again leaves its place empty
+    (None). The used places are cut off when they are half the list, and the list is rebuilt
+    without its empty places when they outnumber the cached-free entries (amortised O(1) per
+    release). :attr:`state` and :meth:`lru_order` give the per-entry view (for checks)."""
 
     __slots__ = (
         "prefix_tokens",     # tokens per prefix block
         "block_tokens",      # tokens per KV block
         "kv_per_block",      # KV blocks per entry (prefix_block_tokens / block_tokens)
-        "bit",               # this engine's bit in the datacenter's index (1 << its index)
+        "eng",               # this engine's index in its datacenter
         "index",             # the datacenter's PrefixIndex (shared by its engines)
-        "state",             # key -> refs (>= 1) or -1 - its LRU place (cached-free)
-        "lru",               # keys in the order they became cached-free (None: an empty place)
+        "heads",             # key of a run's first block -> the run
+        "entries",           # entries cached (blocks of the runs)
+        "lru",               # runs in the order they became cached-free (None: an empty place)
         "lru_base",          # place of lru[0]
         "lru_head",          # index in lru of the first place not used up
         "evictable_blocks",  # KV blocks of the cached-free entries
@@ -205,16 +235,17 @@ class PrefixCache(CopyableState):
         self.block_tokens = block_tokens
         self.kv_per_block = prefix_tokens // block_tokens
         self.index = index
-        self.bit = 1 << engine
-        self.state: dict[Key, int] = {}
-        self.lru: list[Key | None] = []
+        self.eng = engine
+        self.heads: dict[Key, Segment] = {}
+        self.entries = 0
+        self.lru: list[Segment | None] = []
         self.lru_base = self.lru_head = 0
         self.evictable_blocks = 0
         self.evictions = 0
         self.inserted = 0
 
     def __len__(self) -> int:
-        return len(self.state)
+        return self.entries
 
     # ------------------------------------------------------------------ queries
     def limit(self, req: RequestState) -> int:
@@ -241,55 +272,136 @@ class PrefixCache(CopyableState):
         blocks = (L + bt - 1) // bt - self.live(keys, n_max) * self.kv_per_block
         return blocks if blocks <= free_blocks else 0
 
+    def _walk(self, keys: tuple[Key, ...], n_max: int, mode: int, doomed: dict[Segment, int] | None) -> int:
+        """Entries of the longest cached prefix of ``keys`` (at most ``n_max``): all of them (mode
+        0), those held by running requests (1), or those left after the evictions ``doomed`` (run
+        -> blocks evicted from its tail; mode 2)."""
+        heads = self.heads
+        h = 0
+        while h < n_max:
+            seg = heads.get(keys[h])
+            if seg is None or (mode == 1 and seg.refs == 0):
+                break
+            n = seg.n
+            if doomed is not None:
+                n -= doomed.get(seg, 0)
+                if n <= 0:
+                    break
+            end = h + n
+            stop = end > n_max or n < seg.n
+            if end > n_max:
+                end = n_max
+            sk = seg.keys
+            d = seg.lo - h
+            j = h + 1
+            while j < end and keys[j] == sk[j + d]:
+                j += 1
+            if j < end or stop:
+                return j
+            h = j
+        return h
+
     def match(self, keys: tuple[Key, ...], n_max: int) -> int:
         """Entries of the longest cached prefix of ``keys`` (at most ``n_max``)."""
-        state = self.state
-        h = 0
-        while h < n_max and keys[h] in state:
-            h += 1
-        return h
+        return self._walk(keys, n_max, 0, None)
 
     def live(self, keys: tuple[Key, ...], n_max: int) -> int:
         """Entries of the longest prefix of ``keys`` (at most ``n_max``) held by running requests:
         admitting the request takes no new blocks for them (they are already allocated)."""
-        state = self.state
-        h = 0
-        while h < n_max and state.get(keys[h], 0) > 0:
-            h += 1
-        return h
+        return self._walk(keys, n_max, 1, None)
 
     def peek(self, keys: tuple[Key, ...], n_max: int, free_blocks: int) -> int:
         """:meth:`match` as it will be after :meth:`settle` with ``free_blocks`` (nothing changes)."""
         deficit = self.evictable_blocks - free_blocks
         if deficit <= 0:
-            return self.match(keys, n_max)
+            return self._walk(keys, n_max, 0, None)
         m = self.kv_per_block
-        n = (deficit + m - 1) // m
-        state = self.state
+        left = (deficit + m - 1) // m
         lru = self.lru
-        doomed: set[Key] = set()
+        doomed: dict[Segment, int] = {}
         i = self.lru_head
-        while len(doomed) < n:
-            k = lru[i]
-            if k is not None:
-                doomed.add(k)
+        while left > 0:
+            seg = lru[i]
+            if seg is not None:
+                e = seg.n if seg.n < left else left
+                doomed[seg] = e
+                left -= e
             i += 1
-        h = 0
-        while h < n_max and keys[h] in state and keys[h] not in doomed:
-            h += 1
-        return h
+        return self._walk(keys, n_max, 2, doomed)
 
     def lru_order(self) -> list[Key]:
-        """Keys of the cached-free entries, least recently used first (for checks and rebuilds)."""
+        """Keys of the cached-free entries, least recently used first (for checks)."""
+        out: list[Key] = []
         lru = self.lru
-        return [lru[i] for i in range(self.lru_head, len(lru)) if lru[i] is not None]
+        for i in range(self.lru_head, len(lru)):
+            seg = lru[i]
+            if seg is not None:
+                for j in range(seg.lo + seg.n - 1, seg.lo - 1, -1):
+                    out.append(seg.keys[j])
+        return out
 
-    def _take_free(self, c: int) -> None:
-        """An entry with state ``c < 0`` (cached-free) is taken again: empty its LRU place."""
-        self.lru[-1 - c - self.lru_base] = None
-        self.evictable_blocks -= self.kv_per_block
+    @property
+    def state(self) -> dict[Key, int]:
+        """Key -> references (>= 1) of every entry, or ``-1 - p`` for a cached-free one, ``p`` its
+        place in :meth:`lru_order` (the per-entry view, for checks)."""
+        out: dict[Key, int] = {}
+        for seg in self.heads.values():
+            if seg.refs:
+                for j in range(seg.lo, seg.lo + seg.n):
+                    out[seg.keys[j]] = seg.refs
+        for p, k in enumerate(self.lru_order()):
+            out[k] = -1 - p
+        return out
 
     # ------------------------------------------------------------------ changes
+    def _split(self, seg: Segment, x: int) -> Segment:
+        """Cut the run ``seg`` after its first ``x`` entries (0 < x < seg.n): they become a new
+        run, the parent of the rest (``seg``, which keeps its place in the LRU order); return it."""
+        f = Segment(seg.keys, seg.lo, x, seg.refs, seg.parent, self.eng)
+        f.nchild = 1
+        heads = self.heads
+        k = seg.keys[seg.lo]
+        heads[k] = f
+        runs = self.index[k]
+        runs[runs.index(seg)] = f
+        seg.lo += x
+        seg.n -= x
+        seg.parent = f
+        self._register(seg)
+        return f
+
+    def _register(self, seg: Segment) -> None:
+        """``seg`` is a run of this cache: find it by its first key (here and in the index)."""
+        k = seg.keys[seg.lo]
+        self.heads[k] = seg
+        runs = self.index.get(k)
+        if runs is None:
+            self.index[k] = [seg]
+        else:
+            runs.append(seg)
+
+    def _take(self, seg: Segment) -> None:
+        """One more reference on the entries of ``seg`` (cached-free ones are taken again)."""
+        if seg.refs == 0:
+            if seg.place >= 0:
+                self.lru[seg.place - self.lru_base] = None
+                seg.place = -1
+            self.evictable_blocks -= seg.n * self.kv_per_block
+        seg.refs += 1
+
+    def _drop(self, seg: Segment) -> None:
+        """Forget the run ``seg``, emptied by evictions (its children are gone already)."""
+        k = seg.keys[seg.lo]
+        del self.heads[k]
+        runs = self.index[k]
+        if len(runs) == 1:
+            del self.index[k]
+        else:
+            runs.remove(seg)
+        parent = seg.parent
+        if parent is not None:
+            parent.nchild -= 1
+
     def settle(self, free_blocks: int) -> None:
         """Evict least-recently-used cached-free entries until the unallocated blocks
         (``free_blocks`` - cached-free blocks) are not negative."""
@@ -298,23 +410,22 @@ class PrefixCache(CopyableState):
             return
         m = self.kv_per_block
         n = (deficit + m - 1) // m
-        state = self.state
         lru = self.lru
-        index = self.index
-        keep = ~self.bit
         i = self.lru_head
         left = n
         while left:
-            k = lru[i]
-            if k is not None:  # evicted
-                del state[k]
-                holders = index[k] & keep
-                if holders:
-                    index[k] = holders
-                else:
-                    del index[k]
-                left -= 1
-            i += 1
+            seg = lru[i]
+            if seg is None:
+                i += 1
+                continue
+            e = seg.n if seg.n <= left else left
+            left -= e
+            seg.n -= e  # (its deepest entries evicted)
+            if not seg.n:
+                self._drop(seg)
+                seg.place = -1
+                lru[i] = None
+                i += 1
         if i > 64 and 2 * i > len(lru):  # cut off the used places
             del lru[:i]
             self.lru_base += i
@@ -322,6 +433,7 @@ class PrefixCache(CopyableState):
         self.lru_head = i
         self.evictable_blocks -= n * m
         self.evictions += n
+        self.entries -= n
 
     def acquire(self, req: RequestState, free_blocks: int) -> int:
         """Admission of ``req`` with ``free_blocks`` free (cached-free included): settle, then take
@@ -331,19 +443,24 @@ class PrefixCache(CopyableState):
         keys = req.prefix_keys
         assert keys is not None
         n_max = self.limit(req)
-        state = self.state
+        heads = self.heads
         h = 0
+        tail: Segment | None = None
         while h < n_max:
-            k = keys[h]
-            c = state.get(k, 0)
-            if c == 0:
+            seg = heads.get(keys[h])
+            if seg is None:
                 break
-            if c < 0:  # cached-free: taken again
-                self._take_free(c)
-                c = 0
-            state[k] = c + 1
-            h += 1
+            x = common_entries(keys, h, seg, n_max)
+            full = x == seg.n
+            if not full:
+                seg = self._split(seg, x)
+            self._take(seg)
+            h += x
+            tail = seg
+            if not full:
+                break
         req.held = h
+        req.seg = tail
         return h
 
     def insert(self, req: RequestState, n_full: int, free_blocks: int) -> int:
@@ -356,29 +473,39 @@ class PrefixCache(CopyableState):
         if i >= n_full:
             return 0
         self.settle(free_blocks)
-        state = self.state
-        index = self.index
-        bit = self.bit
+        heads = self.heads
         m = self.kv_per_block
+        tail: Segment | None = req.seg
         delta = 0
         while i < n_full:
-            k = keys[i]
-            holders = index.get(k, 0)
-            if not holders & bit:  # a new entry
-                state[k] = 1
-                index[k] = holders | bit
-                self.inserted += 1
-            else:  # computed by another request meanwhile: share it, free this copy
-                c = state[k]
-                if c < 0:  # (cached-free)
-                    self._take_free(c)
-                    state[k] = 1
+            seg = heads.get(keys[i])
+            if seg is None:  # new entries: i .. n_full - 1
+                k = n_full - i
+                if tail is not None and tail.refs == 1 and not tail.nchild:
+                    tail.keys = keys  # (its own run: extended; the keys agree on the run's blocks)
+                    tail.n += k
                 else:
-                    state[k] = c + 1
-                    delta += m
-            req.kv_blocks -= m
-            i += 1
-        req.held = i
+                    new = Segment(keys, i, k, 1, tail, self.eng)
+                    self._register(new)
+                    if tail is not None:
+                        tail.nchild += 1
+                    tail = new
+                self.inserted += k
+                self.entries += k
+                req.kv_blocks -= k * m
+                break
+            # computed by another request meanwhile: share it, free this copy
+            x = common_entries(keys, i, seg, n_full)
+            if x < seg.n:
+                seg = self._split(seg, x)
+            if seg.refs:
+                delta += x * m
+            self._take(seg)
+            req.kv_blocks -= x * m
+            i += x
+            tail = seg
+        req.held = n_full
+        req.seg = tail
         return delta
 
     def release(self, req: RequestState, free_blocks: int) -> int:
@@ -386,25 +513,21 @@ class PrefixCache(CopyableState):
         drop its references deepest first; return the KV blocks that became cached-free (they
         count as free)."""
         self.settle(free_blocks)  # (for every request: its blocks may have needed evictions)
-        h = req.held
-        if not h:
+        if not req.held:
             return 0
-        keys = req.prefix_keys
-        assert keys is not None
-        state = self.state
         lru = self.lru
-        b = -1 - self.lru_base
+        b = self.lru_base
         n = 0
-        for i in range(h - 1, -1, -1):
-            k = keys[i]
-            c = state[k] - 1
-            if c:
-                state[k] = c
-            else:
-                state[k] = b - len(lru)
-                lru.append(k)
-                n += 1
+        seg: Segment | None = req.seg
+        while seg is not None:
+            seg.refs -= 1
+            if not seg.refs:
+                seg.place = b + len(lru)
+                lru.append(seg)
+                n += seg.n
+            seg = seg.parent
         req.held = 0
+        req.seg = None
         freed = n * self.kv_per_block
         self.evictable_blocks += freed
         if len(lru) - self.lru_head > 2 * (self.evictable_blocks // self.kv_per_block) + 64:
@@ -413,24 +536,65 @@ class PrefixCache(CopyableState):
 
     def _compact(self) -> None:
         """Rebuild the LRU list without its empty places (same order)."""
-        live = self.lru_order()
-        state = self.state
-        for p, k in enumerate(live):
-            state[k] = -1 - p
+        lru = self.lru
+        live: list[Segment | None] = []
+        for i in range(self.lru_head, len(lru)):
+            seg = lru[i]
+            if seg is not None:
+                seg.place = len(live)
+                live.append(seg)
         self.lru = live
         self.lru_base = self.lru_head = 0
 
     def clear(self) -> None:
         """Forget every entry (the engine lost its KV cache: asleep, off, aborted, reset)."""
         index = self.index
-        keep = ~self.bit
-        for k in self.state:
-            holders = index[k] & keep
-            if holders:
-                index[k] = holders
-            else:
+        for k, seg in self.heads.items():
+            runs = index[k]
+            if len(runs) == 1:
                 del index[k]
-        self.state = {}
+            else:
+                runs.remove(seg)
+        self.heads = {}
+        self.entries = 0
         self.lru = []
         self.lru_base = self.lru_head = 0
         self.evictable_blocks = 0
+
+
+def common_entries(keys: tuple[Key, ...], h: int, seg: Segment, n_max: int) -> int:
+    """Entries of the run ``seg`` (whose first entry is ``keys[h]``) matching ``keys`` from ``h``
+    on, at most ``n_max - h``."""
+    end = h + seg.n
+    if end > n_max:
+        end = n_max
+    sk = seg.keys
+    d = seg.lo - h
+    j = h + 1
+    while j < end and keys[j] == sk[j + d]:
+        j += 1
+    return j - h
+
+
+def run_depth(index: PrefixIndex, seg: Segment, keys: tuple[Key, ...], n_max: int) -> int:
+    """Entries of the longest prefix of ``keys`` (at most ``n_max``) cached by the engine of the
+    run ``seg``, a run whose first entry is ``keys[0]`` (a walk of that engine's runs through the
+    datacenter's ``index``)."""
+    h = 0
+    eng = seg.eng
+    while True:
+        x = common_entries(keys, h, seg, n_max)
+        h += x
+        if x < seg.n or h >= n_max:
+            return h
+        runs = index.get(keys[h])
+        if runs is None:
+            return h
+        nxt: Segment | None = None
+        for r in runs:
+            if r.eng == eng:
+                nxt = r
+                break
+        if nxt is None:
+            return h
+        seg = nxt

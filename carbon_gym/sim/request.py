@@ -6,9 +6,10 @@ caches). Compiled with them (``setup.py``, :data:`carbon_gym.sim._native.COMPILE
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from typing import Any
 
-from .kernels import blank_instance, iteration_time_fn, prefill_power_fn, slot_state
+from .kernels import blank_instance, phase_power_params, slot_state, table_latency_params
 
 try:  # compile-time class options for mypyc (setup.py); a no-op when the module runs as Python
     from mypy_extensions import mypyc_attr
@@ -72,6 +73,7 @@ class RequestState(CopyableState):
         "prefix_hashes",            # its block ids as submitted, or None (kept for AbortedRequests)
         "prefix_keys",              # chained keys of its full prompt prefix blocks, or None (not cacheable)
         "held",                     # leading prefix-cache entries it holds a reference on
+        "seg",                      # the prefix-cache run (prefix_cache.Segment) of its last held entry, or None
         "cached_tokens",            # prompt tokens served from the cache at its first admission
     )
 
@@ -98,15 +100,21 @@ class RequestState(CopyableState):
         self.prefix_hashes: Any = None
         self.prefix_keys: tuple[object, ...] | None = None  # (prefix_cache.Key: ints kept as objects)
         self.held = self.cached_tokens = 0
+        self.seg: Any = None
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
 class EngineModels(CopyableState):
     """Latency and power models shared by the engines of a simulation, with small caches.
 
-    ``decode_fixed_s(n)`` is the part of a pure-decode iteration's time that does not depend on
-    the context sum (the latency contract guarantees the time is affine in it), and
-    ``decode_power_w(n)`` the engine's (all TP GPUs) power while decoding ``n`` sequences.
+    :meth:`iteration_time_s` and :meth:`prefill_engine_w` are the models' own formulas, evaluated
+    here (compiled with this module) for the table latency model and the phase power model, from
+    the parameters those models hand over (:func:`~carbon_gym.sim.kernels.table_latency_params`,
+    :func:`~carbon_gym.sim.kernels.phase_power_params`), with the same floating-point operations
+    in the same order (the same floats: ``tests/test_perf_paths.py``); any other model's own
+    method is called. ``decode_fixed_s(n)`` is the part of a pure-decode iteration's time that
+    does not depend on the context sum (the latency contract guarantees the time is affine in
+    it), and ``decode_power_w(n)`` the engine's (all TP GPUs) power while decoding ``n`` sequences.
     """
 
     __slots__ = (
@@ -114,9 +122,15 @@ class EngineModels(CopyableState):
         "states",                  # PowerStates of the capacity states (sleep, wake, boot), or None
         "decode_ctx_coeff_s",      # seconds a decode iteration gains per context token
         "idle_engine_w",           # engine watts with no work (tp x idle GPU power)
-        "iteration_time_s",        # (prefill_tokens, pairs, n_decode, ctx_sum, n_sampled) -> seconds
-        "prefill_engine_w",        # (prefill_tokens > 0, n_decode) -> engine watts of that iteration
-        "_decode_fixed", "_decode_power",  # caches of decode_fixed_s / decode_power_w, by sequences
+        # the table latency model's parameters (table_latency_params; table False: another model)
+        "table", "grid", "lin", "slopes", "last",
+        "dec_fixed", "dec_seq", "dec_ctx", "pre_fixed", "pre_tok", "pre_pair",
+        "overhead", "ar_fixed", "ar_tok", "lm_fixed", "per_sampled",
+        "ptable", "pg", "pa", "psa", "pb", "psb",  # prefill attention tables (ptable False: none)
+        # the phase power model's (phase_power_params; phase False: another model)
+        "phase", "prefill_w", "prefill_sat",
+        "_decode_fixed", "_decode_power", "_decode_base",  # caches of decode_fixed_s / decode_power_w /
+                                                           # per-GPU decode_power_w, by sequences
     )
 
     def __init__(self, latency: Any, power: Any, tp: int, states: Any = None) -> None:
@@ -125,12 +139,94 @@ class EngineModels(CopyableState):
         self.tp = tp
         self.states = states
         self.decode_ctx_coeff_s = float(latency.decode_ctx_coeff_s())
-        # the latency model's (a pure-Python copy for the table model, same floats; see kernels.iteration_time_fn)
-        self.iteration_time_s = iteration_time_fn(latency)
-        self.prefill_engine_w = prefill_power_fn(power, tp)
         self.idle_engine_w = tp * float(power.idle_w)
+        lp = table_latency_params(latency)
+        self.table = lp is not None
+        if lp is None:
+            lp = ([0.0, 1.0], [0.0, 0.0], [0.0], 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, None)
+        self.grid: list[float] = lp[0]
+        self.lin: list[float] = lp[1]
+        self.slopes: list[float] = lp[2]
+        self.last = len(self.grid) - 2
+        self.dec_fixed: float = lp[3]
+        self.dec_seq: float = lp[4]
+        self.dec_ctx: float = lp[5]
+        self.pre_fixed: float = lp[6]
+        self.pre_tok: float = lp[7]
+        self.pre_pair: float = lp[8]
+        self.overhead: float = lp[9]
+        self.ar_fixed: float = lp[10]
+        self.ar_tok: float = lp[11]
+        self.lm_fixed: float = lp[12]
+        self.per_sampled: float = lp[13]
+        pt = lp[14]
+        self.ptable = pt is not None
+        if pt is None:
+            pt = ([0.0, 1.0], [0.0, 0.0], [0.0], [0.0, 0.0], [0.0])
+        self.pg: list[float] = pt[0]
+        self.pa: list[float] = pt[1]
+        self.psa: list[float] = pt[2]
+        self.pb: list[float] = pt[3]
+        self.psb: list[float] = pt[4]
+        pp = phase_power_params(power)
+        self.phase = pp is not None
+        self.prefill_w: float = pp[0] if pp is not None else 0.0
+        self.prefill_sat: float = pp[1] if pp is not None else 1.0
         self._decode_fixed: dict[int, float] = {}
         self._decode_power: dict[int, float] = {}
+        self._decode_base: dict[int, float] = {}
+
+    def iteration_time_s(self, pt: int, pairs: float, nd: int, ctx_sum: float, n_sampled: int) -> float:
+        """Seconds of an iteration computing ``pt`` prompt tokens (``pairs`` attention pairs) and
+        decoding ``nd`` sequences (context sum ``ctx_sum``), ``n_sampled`` of them sampling: the
+        latency model's ``iteration_time_s`` (the table model's formula, same floats)."""
+        if not self.table:
+            return float(self.latency.iteration_time_s(pt, pairs, nd, ctx_sum, n_sampled))
+        tokens = pt + nd
+        if tokens <= 0:
+            return 0.0
+        x = float(tokens)  # (exact: the same floats, with float-float comparisons in the bisections)
+        grid = self.grid
+        i = bisect_right(grid, x) - 1
+        if i < 0:
+            i = 0
+        elif i > self.last:
+            i = self.last
+        t = self.lin[i] + self.slopes[i] * (x - grid[i])
+        if nd > 0:
+            t += self.dec_fixed + self.dec_seq * nd
+            t += self.dec_ctx * ctx_sum
+        if pt > 0:
+            t += self.pre_fixed + self.pre_tok * pt
+            t += self.pre_pair * pairs
+            if self.ptable:  # physics.latency.prefill_table_s
+                p = float(pt)
+                g = self.pg
+                if p <= g[0]:
+                    t += self.pa[0] + self.pb[0] * pairs
+                else:
+                    j = bisect_right(g, p) - 1
+                    if j > len(g) - 2:
+                        j = len(g) - 2
+                    dx = p - g[j]
+                    a = self.pa[j] + self.psa[j] * dx
+                    b = self.pb[-1] if p >= g[-1] else self.pb[j] + self.psb[j] * dx
+                    t += a + b * pairs
+        t += self.overhead + self.ar_fixed + self.ar_tok * tokens
+        if n_sampled > 0:
+            t += self.lm_fixed + self.per_sampled * n_sampled
+        return t
+
+    def prefill_engine_w(self, pt: int, nd: int) -> float:
+        """The engine's watts (all ``tp`` GPUs) during an iteration with ``pt > 0`` prompt tokens
+        and ``nd`` decoding sequences: ``tp x`` the power model's ``gpu_power_w(pt, nd)``."""
+        if not self.phase:
+            return self.tp * float(self.power.gpu_power_w(pt, nd))
+        base = self._decode_base.get(nd)
+        if base is None:
+            base = self._decode_base[nd] = float(self.power.decode_power_w(nd))
+        frac = min(1.0, pt / self.prefill_sat)
+        return self.tp * (base + (self.prefill_w - base) * frac)
 
     def decode_fixed_s(self, n: int) -> float:
         """Seconds of a pure-decode iteration of ``n`` sequences with zero context."""
