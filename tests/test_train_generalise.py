@@ -1,6 +1,6 @@
 """Generalisation-test infrastructure (issue 24 item 3): a carbon CSV of another year loads by path
-and drives an episode (named errors for a start outside it), evaluation starts in another year,
-and the per-test table (share of the MILP's reduction, violation difference)."""
+and drives an episode (named errors for a start outside it), evaluation starts in another year. The
+generalisation table itself is experiment j (tests/test_generalise_experiment.py)."""
 
 from __future__ import annotations
 
@@ -45,32 +45,3 @@ def test_evaluation_starts_in_another_year():
     assert heldout_starts(3) == heldout_starts(3, year=2023)  # the default year is unchanged
     with pytest.raises(ConfigError, match="year"):
         heldout_starts(2, year=20222)
-
-
-def test_generalisation_table_on_dev(tmp_path):
-    import torch as th
-
-    from train.checkpoint import save_set_checkpoint
-    from train.generalise import GenTest, markdown, parse_test, run_tests
-    from train.set_policy import SetNetwork, layout_spec
-
-    env = GeoServeEnv("dev", overrides={"duration_s": 3.0})
-    th.manual_seed(0)
-    ck = save_set_checkpoint(tmp_path / "dev.npz", SetNetwork(layout_spec(env), hidden=4, classes=True))
-    env.close()
-    path = tmp_path / "ci_2022.csv"
-    _csv_2022(path)
-    tests = [parse_test("base=dev"), GenTest("other-year", "dev", {"carbon.file": str(path)}, ["2022-03-01T10:00:00Z"])]
-    res = run_tests(tests, checkpoint=str(ck), days=1, duration_s=5.0)
-    for name in ("base", "other-year"):
-        r = res[name]
-        assert r["episodes"] == 1
-        rr, milp, learned = r["rr"]["carbon_g"], r["milp"]["carbon_g"], r["learned"]["carbon_g"]
-        assert r["reduction_milp_pct"] == pytest.approx(100 * (1 - milp / rr))
-        assert r["share_of_milp"] == pytest.approx((1 - learned / rr) / (1 - milp / rr))
-        assert r["violation_diff_pp"] == pytest.approx(100 * (r["learned"]["violation_rate"] - r["milp"]["violation_rate"]))
-    assert "| other-year | dev | 1 |" in markdown(res)
-    with pytest.raises(ConfigError, match="--test"):
-        parse_test("nameonly")
-    with pytest.raises(ConfigError, match="--test"):
-        parse_test("x=dev,novalue")
