@@ -291,11 +291,7 @@ class PrefixCache(CopyableState):
             stop = end > n_max or n < seg.n
             if end > n_max:
                 end = n_max
-            sk = seg.keys
-            d = seg.lo - h
-            j = h + 1
-            while j < end and keys[j] == sk[j + d]:
-                j += 1
+            j = h + common_entries(keys, h, seg, n_max, n)
             if j < end or stop:
                 return j
             h = j
@@ -562,10 +558,10 @@ class PrefixCache(CopyableState):
         self.evictable_blocks = 0
 
 
-def common_entries(keys: tuple[Key, ...], h: int, seg: Segment, n_max: int) -> int:
-    """Entries of the run ``seg`` (whose first entry is ``keys[h]``) matching ``keys`` from ``h``
-    on, at most ``n_max - h``."""
-    end = h + seg.n
+def common_entries(keys: tuple[Key, ...], h: int, seg: Segment, n_max: int, n: int = -1) -> int:
+    """Entries of the run ``seg`` (whose first entry is ``keys[h]``; its first ``n`` entries, all
+    of them with ``n < 0``) matching ``keys`` from ``h`` on, at most ``n_max - h``."""
+    end = h + (seg.n if n < 0 else n)
     if end > n_max:
         end = n_max
     sk = seg.keys
