@@ -4,7 +4,7 @@ Subcommands (each imports what it needs only when it runs, so ``carbon-gym --hel
 
     carbon-gym eval --policies rr,greedy,milp --scenarios dev --seeds 3 [--preset quick]
     carbon-gym eval --policies rr,milp --scenarios dev-fault   # + fault report vs the same runs without faults
-    carbon-gym experiment headline|milp-vs-ilp|predictor|polling|tradeoff|bound|diurnal|capacity|sessions|generalise|all  (or a..j)
+    carbon-gym experiment headline|milp-vs-ilp|predictor|polling|tradeoff|bound|diurnal|capacity|sessions|generalise|learned-capacity|all  (or a..k)
     carbon-gym report results/headline            # regenerate RESULTS.md from a headline run
     carbon-gym report results --section capacity   # rewrite only RESULTS.md's capacity section
     carbon-gym scenarios                           # shipped scenarios
@@ -40,6 +40,7 @@ EXPERIMENT_ALIASES = {
     "h": "capacity",
     "i": "sessions",
     "j": "generalise",
+    "k": "learned-capacity",
 }
 EXPERIMENTS = tuple(EXPERIMENT_ALIASES.values())
 # `carbon-gym bench NAME ...` -> the module whose main(argv) runs it
@@ -378,8 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--no-fault-baseline", action="store_true", help="do not also run scenarios with [[faults]] without them (no fault report)")
     ev.add_argument("--spread-starts", action="store_true", help="start each seed at its own point of the carbon year (day x hour, a low-discrepancy sequence) instead of the scenario's carbon.start_utc, which eval keeps by default")
 
-    ex = sub.add_parser("experiment", help="run one of the study's experiments (a-i) and write its table and figure")
-    ex.add_argument("name", help="headline|milp-vs-ilp|predictor|polling|tradeoff|bound|diurnal|capacity|sessions|generalise|all, or a..j")
+    ex = sub.add_parser("experiment", help="run one of the study's experiments (a-k) and write its table and figure")
+    ex.add_argument("name", help="headline|milp-vs-ilp|predictor|polling|tradeoff|bound|diurnal|capacity|sessions|generalise|learned-capacity|all, or a..k")
     add_run_args(ex, out_default="results")
     ex.add_argument("--models", default=None, help="comma list of models to include (llama8b,qwen7b,mixtral8x7b; default all)")
     ex.add_argument("--loads", default=None, help="comma list of loads (low,moderate,high; default per experiment)")
@@ -600,8 +601,19 @@ def cmd_experiment(args: argparse.Namespace, argv: Sequence[str]) -> int:
             if ld not in experiments.LOADS:
                 raise UsageError("--loads", f"unknown load {ld!r}", experiments.LOADS)
     policies = resolve_policies(args.policies, args.trust_checkpoint) if args.policies else None
-    scenarios = resolve_scenarios(args.scenarios) if args.scenarios else None
-    check_scenarios(scenarios or [f"{(models or experiments.MODELS)[0]}-{(loads or ['moderate'])[0]}"], experiments.preset_overrides(args.preset or "quick", args.duration_s, parse_assignments(args.overrides, "--set"), window_s=args.window_s, warmup_s=args.warmup_s))
+    if names == ["generalise"] and args.scenarios:  # the experiment's tests, by their scenario labels
+        from eval.generalise_experiment import TESTS
+
+        labels = [t.label for t in TESTS]
+        for n in split_list(args.scenarios):
+            if n not in labels:
+                raise UsageError("--scenarios", f"experiment generalise has no test {n!r}", labels)
+        scenarios = split_list(args.scenarios)
+        checked = list(dict.fromkeys(t.scenario for t in TESTS if t.label in scenarios))
+    else:
+        scenarios = resolve_scenarios(args.scenarios) if args.scenarios else None
+        checked = scenarios
+    check_scenarios(checked or [f"{(models or experiments.MODELS)[0]}-{(loads or ['moderate'])[0]}"], experiments.preset_overrides(args.preset or "quick", args.duration_s, parse_assignments(args.overrides, "--set"), window_s=args.window_s, warmup_s=args.warmup_s))
     note_preset(args.preset or "quick", args.window_s, experiment=True)
     if "capacity" in names and args.window_s is None:
         from eval.capacity_report import CAPACITY_WARMUP_S, CAPACITY_WINDOW_S

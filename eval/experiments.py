@@ -19,6 +19,7 @@ runs.csv, records, TensorBoard), the experiment's own table ``<name>.md``/``.csv
  h     capacity      capacity control: always-on rr vs policies deciding awake engines / servers
  i     sessions      multi-turn sessions with prefix caching: affinity-blind vs sticky vs cache-aware
  j     generalise    the learned agent vs the MILP on held-out days, another year, loads, topology, faults
+ k     learned-capacity  an agent deciding capacity vs the MILP and its look-ahead MPC, 20 held-out starts
 =====  ============  ==========================================================================
 
 Presets: ``quick`` (60 s episodes from an empty cluster with the drain: a smoke test for CI and
@@ -40,7 +41,7 @@ import numpy as np
 
 from carbon_gym.registry import available_policies
 
-from eval import backends, generalise_experiment, sessions_experiment, writers
+from eval import backends, generalise_experiment, learned_capacity_experiment, sessions_experiment, writers
 from eval.figures import standard_figures
 from eval.runner import (
     OVERRIDE_DURATION,
@@ -722,6 +723,7 @@ EXPERIMENT_FUNCS: dict[str, Callable[[Ctx], str]] = {
     "capacity": exp_capacity,
     "sessions": sessions_experiment.sessions_experiment,
     "generalise": generalise_experiment.generalise_experiment,
+    "learned-capacity": learned_capacity_experiment.learned_capacity_experiment,
 }
 
 

@@ -17,11 +17,16 @@ lower load        llama8b-low (fresh held-out days)
 higher load       llama8b-high (fresh held-out days)
 fewer DCs         2 datacenters per region (8 of the 16; ``topology.datacenters_per_region``)
 region outage     llama8b-moderate with Europe's 4 datacenters down for 300 s inside the window
+more DCs          18 datacenters: the 16 and the two zones of the packaged tables and RTT matrix
+                  that training never saw (US-NY-NYIS, ES; :data:`UNSEEN_ZONES`), a custom topology
+other zones       16 datacenters, two of them in those zones instead of US-MIDA-PJM and FR
+                  (their grids, PUEs and RTTs)
 ================  =========================================================================
 
 The shipped agent was trained on llama8b-moderate at the former load level (3.11 req/s per
 engine; the cluster-basis moderate level is 1.78), so every test is also at another load than
-its training. Per test the table gives the MILP's and the agent's reduction vs rr (means over
+its training; the request rate is the scenario's, so 8 datacenters run hotter and 18 cooler than
+16. Per test the table gives the MILP's and the agent's reduction vs rr (means over
 starts with 95% intervals), the agent's **share of the MILP's reduction** (mean of the agent's
 paired reductions / mean of the MILP's), the **violation difference** (agent - MILP, percentage
 points, paired), MLPerf p99 passes and the agent's decision time. Writes ``generalise.csv`` and
@@ -68,6 +73,36 @@ class GenTest:
     main: bool = False
 
 
+#: Zones of the packaged carbon tables and the RTT matrix that the default topology (and so the
+#: agent's training) never uses, per region of :data:`carbon_gym.scenario.DEFAULT_REGIONS` (the
+#: tables' BR and ZA have no RTT data).
+UNSEEN_ZONES: dict[str, tuple[str, ...]] = {"north_america": ("US-NY-NYIS",), "europe": ("ES",)}
+CLIENT_ZONES = {"north_america": "US-CAL-CISO", "europe": "DE", "asia_pacific": "JP-TK", "southern": "AU-NSW"}
+
+
+def custom_topology(zones: Mapping[str, Sequence[str]]) -> dict[str, Any]:
+    """Overrides of a custom topology: the study's four regions (clients at their usual zones)
+    with the datacenters ``zones`` lists per region (PUE from the zone table)."""
+    return {"topology.preset": "custom",
+            "topology.regions": [{"name": r, "client_zone": CLIENT_ZONES[r]} for r in zones],
+            "topology.datacenters": [{"name": z.lower(), "region": r, "zone": z} for r, zs in zones.items() for z in zs]}
+
+
+def _more_dcs() -> dict[str, Any]:
+    """18 datacenters: the default 16 and the two unseen zones."""
+    from carbon_gym.scenario import DEFAULT_REGIONS
+
+    return custom_topology({r: (*DEFAULT_REGIONS[r], *UNSEEN_ZONES.get(r, ())) for r in DEFAULT_REGIONS})
+
+
+def _other_zones() -> dict[str, Any]:
+    """16 datacenters of which two are in unseen zones: US-NY-NYIS for US-MIDA-PJM, ES for FR."""
+    from carbon_gym.scenario import DEFAULT_REGIONS
+
+    swap = {"US-MIDA-PJM": "US-NY-NYIS", "FR": "ES"}
+    return custom_topology({r: tuple(swap.get(z, z) for z in DEFAULT_REGIONS[r]) for r in DEFAULT_REGIONS})
+
+
 def _tests() -> tuple[GenTest, ...]:
     outage = [{"kind": "region_outage", "region": "europe", "start_s": 420.0, "end_s": 720.0}]
     return (
@@ -78,6 +113,8 @@ def _tests() -> tuple[GenTest, ...]:
         GenTest("higher load", "llama8b-high", "llama8b-high"),
         GenTest("fewer DCs (8)", "llama8b-moderate-8dc", "llama8b-moderate", {"topology.datacenters_per_region": 2}),
         GenTest("region outage", "llama8b-moderate-outage", "llama8b-moderate", {"faults": outage}),
+        GenTest("more DCs (18)", "llama8b-moderate-18dc", "llama8b-moderate", _more_dcs()),
+        GenTest("other zones (2 of 16 unseen)", "llama8b-moderate-otherzones", "llama8b-moderate", _other_zones()),
     )
 
 
@@ -203,3 +240,36 @@ def generalise_experiment(ctx: Any) -> str:
     md = generalise_markdown(table, _head(ov), learned)
     ctx.write_text("generalise.md", md)
     return md
+
+
+def generalise_dirs(results_dir: str) -> list[str]:
+    """This experiment's matrices under ``results_dir``: ``generalise/`` first, then every
+    ``generalise-*/generalise/`` (e.g. tests added later) in name order."""
+    import glob
+
+    first = os.path.join(results_dir, "generalise")
+    more = sorted(glob.glob(os.path.join(results_dir, "generalise-*", "generalise")))
+    return [d for d in [first, *more] if os.path.isfile(os.path.join(d, "runs.csv"))]
+
+
+def generalise_section(results_dir: str) -> str | None:
+    """The table over every matrix of :func:`generalise_dirs` (a later run of the same test label,
+    policy and seed replaces an earlier one), with each matrix's command; None when there is
+    at most one matrix (its own ``generalise.md`` is the section)."""
+    import json
+
+    from eval.capacity_report import merged_runs
+
+    dirs = generalise_dirs(results_dir)
+    if len(dirs) < 2:
+        return None
+    runs = merged_runs(dirs)
+    learned = next(p for p in dict.fromkeys(runs["policy"]) if str(p).startswith("learned"))
+    cmds, ov = [], {}
+    for d in dirs:
+        with open(os.path.join(d, "config.json"), encoding="utf-8") as fh:
+            c = json.load(fh)
+        cmds.append(str(c.get("command")))
+        ov = ov or dict(c.get("runs", [{}])[0].get("overrides", {}))
+    table = generalise_table(runs, TESTS, learned)
+    return "```bash\n" + "\n".join(cmds) + "\n```\n\n" + generalise_markdown(table, _head(ov), learned)

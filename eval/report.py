@@ -13,6 +13,8 @@ import os
 import shutil
 
 from eval.experiments import PRESETS, headline_table, milp_vs_ilp_markdown, milp_vs_ilp_table
+from eval.generalise_experiment import generalise_section
+from eval.learned_capacity_experiment import learned_capacity_dirs, learned_capacity_section
 from eval.tables import METRICS_NOTE, summary_markdown
 
 __all__ = ["write_results_md", "STUDY_CLAIMS", "NOTES_BEGIN", "NOTES_END"]
@@ -237,17 +239,30 @@ def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", f
         if not os.path.isfile(md_path):
             continue
         add(f"## {title}\n")
+        merged = generalise_section(results_dir) if exp == "generalise" else None
         econf = os.path.join(results_dir, exp, "config.json")
-        if os.path.isfile(econf):
-            with open(econf, encoding="utf-8") as f:
-                add(f"`{json.load(f).get('command')}`\n")
-        add(open(md_path, encoding="utf-8").read())
+        if merged is not None:
+            add(merged)
+        else:
+            if os.path.isfile(econf):
+                with open(econf, encoding="utf-8") as f:
+                    add(f"`{json.load(f).get('command')}`\n")
+            add(open(md_path, encoding="utf-8").read())
         fdir = os.path.join(results_dir, exp, "figures")
         for name in sorted(os.listdir(fdir)) if os.path.isdir(fdir) else []:
             if name.endswith(".png"):
                 p = fig(exp, name[:-4])
                 if p:
                     add(f"![{exp}: {name[:-4]}]({p})\n")
+    if learned_capacity_dirs(results_dir):
+        add("## A learned agent deciding capacity (20 held-out starts)\n")
+        lc_md, _ = learned_capacity_section(results_dir)
+        add(lc_md)
+        p = fig("learned-capacity", "capacity_decisions")
+        if p:
+            add(f"![learned-capacity: capacity decisions]({p})\n\n*The capacity decisions on the start where the agent "
+                "gains most on the MILP: the load, the servers each policy keeps powered, and the grid intensity those "
+                "servers see.*\n")
     if os.path.isfile(os.path.join(results_dir, "capacity", "runs.csv")):
         from eval.capacity_report import capacity_section
 

@@ -378,7 +378,9 @@ class EpisodeRecorder(EpisodeObserver):
     Per step (:data:`STEP_COLUMNS`): ``step``, ``time_s`` (end of the step), the env's step
     ``info`` counters, the decision wall time, latency percentiles of the step's completions,
     cumulative carbon and violation rate; per datacenter ``carbon_g_dc<d>`` (emitted in the
-    step) and ``intensity_g_per_kwh_dc<d>`` (grid intensity at the step's start). Per request:
+    step) and ``intensity_g_per_kwh_dc<d>`` (grid intensity at the step's start), and under
+    capacity control (``capacity.control`` other than ``always_on``) ``servers_on_dc<d>`` (nodes
+    powered) and ``awake_engines_dc<d>`` at the step's end. Per request:
     the simulator's ``RequestRecords`` of every completion (when ``keep_requests``).
     """
 
@@ -387,6 +389,8 @@ class EpisodeRecorder(EpisodeObserver):
         self.cols: dict[str, list] = {k: [] for k in STEP_COLUMNS}
         self._dc_carbon_rows: list[np.ndarray] = []
         self._intensity_rows: list[np.ndarray] = []
+        self._capacity_rows: list[np.ndarray] = []
+        self._record_capacity = False
         self._req_parts: list[dict[str, np.ndarray]] = []
 
     def on_reset(self, env: Any, observation: Any, info: dict[str, Any]) -> None:
@@ -397,6 +401,8 @@ class EpisodeRecorder(EpisodeObserver):
         self.datacenters = sim.topology.datacenters
         self._zone_idx = np.array([self.trace.zone_index(d.zone) for d in self.datacenters], dtype=np.int64)
         self.n_dc = len(self.datacenters)
+        self._capacity_rows = []
+        self._record_capacity = str(u.scenario.capacity.control) != "always_on"
         self.offset_s = float(sim.carbon_offset_s)
         self._prev_dc_carbon = np.asarray(sim.totals().carbon_g, dtype=np.float64).copy()
         self._cum_carbon = float(info.get("carbon_g", 0.0))  # the reset's first (idle) polling period
@@ -421,6 +427,9 @@ class EpisodeRecorder(EpisodeObserver):
         dc_now = np.asarray(sim.totals().carbon_g, dtype=np.float64)
         self._dc_carbon_rows.append(dc_now - self._prev_dc_carbon)
         self._prev_dc_carbon = dc_now.copy()
+        if self._record_capacity:
+            dcs = u.state().datacenters
+            self._capacity_rows.append(np.concatenate([dcs.servers_on, dcs.awake_engines]).astype(np.int64))
         if recs is not None and len(recs):
             ttft, tpot = recs.ttft_s, recs.tpot_s
             if self.keep_requests:
@@ -450,6 +459,12 @@ class EpisodeRecorder(EpisodeObserver):
         for d in range(self.n_dc):
             out[f"carbon_g_dc{d}"] = dc_c[:, d]
             out[f"intensity_g_per_kwh_dc{d}"] = ci[:, d]
+        if self._capacity_rows:
+            cap = np.vstack(self._capacity_rows)
+            for d in range(self.n_dc):
+                out[f"servers_on_dc{d}"] = cap[:, d]
+            for d in range(self.n_dc):
+                out[f"awake_engines_dc{d}"] = cap[:, self.n_dc + d]
         return out
 
     def requests(self) -> dict[str, np.ndarray]:

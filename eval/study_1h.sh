@@ -26,13 +26,16 @@
 #   j  generalise the learned agent vs the MILP (and rr) on data it never saw: 20 fresh held-out
 #                days, the 2022 carbon year, llama8b-low / -high, 8 datacenters, a region outage
 #                (2 starts each); 90 runs, ~90 CPU-minutes
+#   k  learned-capacity the capacity-aware agent (train/checkpoints/llama8b_capacity_set.npz) vs
+#                the MILP deciding capacity, milp-mpc, rr+reactive and rr always on: llama8b-moderate,
+#                20 fresh held-out days, 600 s windows; 100 runs, ~110 CPU-minutes
 #
 # Not in this run (too costly for 2 cores; the full matrix on a cluster is in README "On a Ray
 # cluster"): the full trade-off frontiers, the other 8 headline scenarios, the predictor, polling
 # and bound experiments at >= 8 starts (the share of the bound is read from the headline's runs).
 #
 # usage: bash eval/study_1h.sh [OUT] [STAGES]   (OUT defaults to results, STAGES to "a e h i";
-#        "a e h i g j" for everything RESULTS.md shows; RESULTS.md is regenerated from OUT)
+#        "a e h i g j k" for everything RESULTS.md shows; RESULTS.md is regenerated from OUT)
 set -euo pipefail
 OUT=${1:-results}
 STAGES=${2:-a e h i}
@@ -49,7 +52,8 @@ for stage in $STAGES; do
     g) carbon-gym experiment diurnal --preset full --no-carbon-start --policies rr,planner+reactive,milp --out "$OUT" \
          --workers 2 --no-requests --no-plots --no-tensorboard --no-progress ;;
     j) carbon-gym experiment generalise --preset full --out "$OUT" --workers 2 --no-tensorboard --no-plots --no-progress ;;
-    *) echo "unknown stage $stage (a, e, h, i, g, j)" >&2; exit 2 ;;
+    k) carbon-gym experiment learned-capacity --preset full --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
+    *) echo "unknown stage $stage (a, e, h, i, g, j, k)" >&2; exit 2 ;;
   esac
 done
 carbon-gym report "$OUT" --force

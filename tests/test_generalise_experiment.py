@@ -86,3 +86,21 @@ def test_progress_bar_counts_steps_of_runs_with_a_faults_override():
     bar = _Progress(specs, True)
     assert bar.totals == [30, 30]
     bar.bar.close()
+
+
+def test_topology_tests_add_and_swap_in_zones_training_never_saw():
+    """More DCs: the 16 default zones plus US-NY-NYIS and ES; other zones: those two replace
+    US-MIDA-PJM and FR; both keep the study's four regions and their client zones."""
+    from carbon_gym.scenario import DEFAULT_REGIONS
+
+    by_label = {t.label: t for t in TESTS}
+    default = [z for zs in DEFAULT_REGIONS.values() for z in zs]
+    for label, want in (("llama8b-moderate-18dc", default + ["US-NY-NYIS", "ES"]),
+                        ("llama8b-moderate-otherzones", [{"US-MIDA-PJM": "US-NY-NYIS", "FR": "ES"}.get(z, z) for z in default])):
+        spec = generalise_specs([by_label[label]], ["rr"], {"duration_s": 10.0}, other_starts=1)[0]
+        sc, _ = resolve_run_scenario(spec)
+        zones = [d.zone for d in sc.topology.datacenters]
+        assert sorted(zones) == sorted(want) and len(zones) == len(want)
+        assert [r.name for r in sc.topology.regions] == list(DEFAULT_REGIONS)
+        assert [r.client_zone for r in sc.topology.regions] == [zs[0] for zs in DEFAULT_REGIONS.values()]
+        assert {d.region for d in sc.topology.datacenters if d.zone in ("US-NY-NYIS", "ES")} == {"north_america", "europe"}

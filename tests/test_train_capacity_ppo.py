@@ -130,6 +130,43 @@ def test_ppo_fine_tunes_a_capacity_checkpoint_on_dev(tmp_path):
     assert m["invalid_actions"] == 0 and m["capacity_decisions"] == 4
 
 
+def test_critic_warmup_moves_only_the_critic_then_ppo_moves_the_actor(tmp_path):
+    """``critic_warmup_timesteps``: during the warm-up only ``value_head`` changes (the actor,
+    capacity head included, keeps the checkpoint's weights); after it PPO moves the actor, and
+    the full optimizer is back (a checkpoint saved after the warm-up resumes)."""
+    from sb3_contrib import MaskablePPO
+
+    from train.checkpoint import save_set_checkpoint
+    from train.envs import make_episode_env
+    from train.runner import train
+
+    warnings.simplefilter("ignore", UserWarning)
+    env = make_episode_env("dev", OVER, None)
+    th.manual_seed(6)
+    start = SetNetwork(layout_spec(env), **NET)
+    ck = save_set_checkpoint(tmp_path / "best.npz", start)
+    raw = {"name": "warm", "scenarios": ["dev"], "overrides": {**OVER, "env.measure": "window", "env.warmup_s": 5.0},
+           "n_envs": 1, "set_policy": NET, "init_checkpoint": str(ck), "vec_normalize": {"reward": True},
+           "critic_warmup_timesteps": 128, "checkpoint": {"every_timesteps": 64, "keep": 10},
+           "ppo": {"n_steps": 64, "batch_size": 32, "n_epochs": 2, "learning_rate": 1e-2, "target_kl": None},
+           "eval": {"every_timesteps": 0, "final": False}}
+    logs: list[str] = []
+    train(config_from_dict({**raw, "total_timesteps": 128}), tmp_path / "a", log=logs.append)
+    assert any("critic warm-up: 128 timesteps" in m for m in logs)
+    warm = MaskablePPO.load(tmp_path / "a" / "final.zip", device="cpu").policy.net.state_dict()
+    s0 = start.state_dict()
+    changed = {k for k, v in warm.items() if not th.equal(v, s0[k])}
+    assert changed and all(k.startswith("value_head") for k in changed), changed
+    out = train(config_from_dict({**raw, "total_timesteps": 256}), tmp_path / "b", log=lambda _: None)
+    net = MaskablePPO.load(out["final"], device="cpu").policy.net.state_dict()
+    assert float((net["cap_head.0.weight"] - s0["cap_head.0.weight"]).abs().max()) > 1e-3
+    # a checkpoint after the warm-up holds the full optimizer (every parameter), so it resumes
+    b192 = MaskablePPO.load(tmp_path / "b" / "checkpoints" / "step_000000192.zip", device="cpu")
+    assert len(b192.policy.optimizer.param_groups[0]["params"]) == len(list(b192.policy.parameters()))
+    with pytest.raises(ConfigError, match="critic_warmup_timesteps"):
+        config_from_dict({k: v for k, v in raw.items() if k != "init_checkpoint"})
+
+
 def test_capacity_ppo_config_is_checked(tmp_path):
     base = {"name": "x", "scenarios": ["dev"], "set_policy": dict(NET)}
     with pytest.raises(ConfigError, match="capacity.control"):

@@ -183,6 +183,10 @@ class TrainConfig:
     #: Set-policy checkpoint (``.npz``) whose weights the PPO model starts from (instead of
     #: ``[bc]``); its network settings must equal ``[set_policy]``'s.
     init_checkpoint: str | None = None
+    #: Timesteps at the start of PPO during which only the critic (``SetNetwork.value_head``)
+    #: learns, the actor frozen: a warm-started actor is not moved by advantages from an
+    #: untrained critic. Counted in ``total_timesteps``; needs ``init_checkpoint`` or ``[bc]``.
+    critic_warmup_timesteps: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form (JSON-serialisable)."""
@@ -200,7 +204,7 @@ class TrainConfig:
 
 _TOP = {
     "name", "algorithm", "scenarios", "scenario", "overrides", "seed", "n_envs", "total_timesteps",
-    "torch_threads", "heldout_every_days", "ppo", "set_policy", "vec_normalize", "bc", "dagger", "eval", "checkpoint",
+    "torch_threads", "heldout_every_days", "critic_warmup_timesteps", "ppo", "set_policy", "vec_normalize", "bc", "dagger", "eval", "checkpoint",
     "init_checkpoint",
 }
 _SET_POLICY = {"hidden", "logprob_reduction", "classes", "demand_features", "load_feedback", "capacity_head"}
@@ -331,7 +335,11 @@ def config_from_dict(raw: Mapping[str, Any], *, source: str = "") -> TrainConfig
         keep_checkpoints=_pos_int("checkpoint.keep", ckpt.get("keep", 2), source),
         source=source,
         init_checkpoint=init,
+        critic_warmup_timesteps=_pos_int("critic_warmup_timesteps", raw.get("critic_warmup_timesteps", 0), source, minimum=0),
     )
+    if cfg.critic_warmup_timesteps and (algo != "maskable_ppo" or (init is None and bc is None)):
+        raise ConfigError("critic_warmup_timesteps", "trains the set policy's critic alone before PPO moves a warm-started "
+                          "actor: needs algorithm 'maskable_ppo' and init_checkpoint or [bc]", source=source)
     return cfg
 
 

@@ -180,6 +180,13 @@ def train(  # noqa: C901
     target = int(cfg.total_timesteps)
     if stop_after_timesteps is not None:
         target = min(target, int(model.num_timesteps) + int(stop_after_timesteps))
+    warm = min(int(cfg.critic_warmup_timesteps), target) - int(model.num_timesteps)
+    if warm > 0:  # the critic alone (a resumed run finishes what is left of it)
+        full = model.policy.optimizer
+        model.policy.optimizer = type(full)(model.policy.net.value_head.parameters(), **full.defaults)
+        log(f"critic warm-up: {warm} timesteps, the actor frozen")
+        model.learn(total_timesteps=warm, callback=[domain], reset_num_timesteps=False, progress_bar=False)  # no checkpoint: its optimizer is partial
+        model.policy.optimizer = full
     remaining = target - int(model.num_timesteps)
     if remaining > 0:
         model.learn(total_timesteps=remaining, callback=[domain, ckpt], reset_num_timesteps=False, progress_bar=False)
