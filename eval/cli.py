@@ -581,6 +581,48 @@ def cmd_eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
+def _experiment_scenarios(names: Sequence[str], args: argparse.Namespace) -> tuple[list[str] | None, list[str] | None]:
+    """``--scenarios`` of an experiment: (what it runs, the shipped scenarios to check). Experiment
+    generalise takes its tests' scenario labels."""
+    if names == ["generalise"] and args.scenarios:  # the experiment's tests, by their scenario labels
+        from eval.generalise_experiment import TESTS
+
+        labels = [t.label for t in TESTS]
+        for n in split_list(args.scenarios):
+            if n not in labels:
+                raise UsageError("--scenarios", f"experiment generalise has no test {n!r}", labels)
+        scenarios = split_list(args.scenarios)
+        checked = list(dict.fromkeys(t.scenario for t in TESTS if t.label in scenarios))
+    else:
+        scenarios = resolve_scenarios(args.scenarios) if args.scenarios else None
+        checked = scenarios
+    return scenarios, checked
+
+
+def _experiment_notes(names: Sequence[str], args: argparse.Namespace) -> None:
+    """The notes (stderr) on windows and starts that an experiment chooses itself."""
+    if "capacity" in names and args.window_s is None:
+        from eval.capacity_report import CAPACITY_WARMUP_S, CAPACITY_WINDOW_S
+
+        print(f"{PROG}: note: experiment capacity measures its own window ({CAPACITY_WINDOW_S:g} s after a {CAPACITY_WARMUP_S:g} s "
+              "burn-in; 60 s after 60 s under --preset quick) and one start unless --seeds; --window-s / --warmup-s set another",
+              file=sys.stderr)
+    if "learned-capacity" in names and args.seeds is None and args.seed_list is None:
+        from eval.learned_capacity_experiment import DEFAULT_SCENARIO, STARTS, WARMUP_S, WINDOW_S
+
+        print(f"{PROG}: note: experiment learned-capacity runs its own starts and window: the first {STARTS} fresh held-out "
+              f"days of {DEFAULT_SCENARIO}, {WINDOW_S:g} s after a {WARMUP_S:g} s burn-in (one start, 20 s after 10 s under "
+              "--preset quick); --seed-list / --window-s set others", file=sys.stderr)
+    if "generalise" in names and args.seeds is None and args.seed_list is None:
+        print(f"{PROG}: note: experiment generalise runs its own starts: 20 fresh held-out days for its main test, 2 starts "
+              "for each other test (one under --preset quick)", file=sys.stderr)
+    if args.no_carbon_start:
+        print(f"{PROG}: note: --no-carbon-start: every episode starts at its scenario's own carbon.start_utc", file=sys.stderr)
+    else:
+        print(f"{PROG}: note: each seed starts at its own day and hour of the carbon year (the same for every policy), "
+              "replacing the scenarios' carbon.start_utc; --no-carbon-start keeps it", file=sys.stderr)
+
+
 def cmd_experiment(args: argparse.Namespace, argv: Sequence[str]) -> int:
     _check_run_args(args)
     name = EXPERIMENT_ALIASES.get(args.name, args.name)
@@ -601,31 +643,10 @@ def cmd_experiment(args: argparse.Namespace, argv: Sequence[str]) -> int:
             if ld not in experiments.LOADS:
                 raise UsageError("--loads", f"unknown load {ld!r}", experiments.LOADS)
     policies = resolve_policies(args.policies, args.trust_checkpoint) if args.policies else None
-    if names == ["generalise"] and args.scenarios:  # the experiment's tests, by their scenario labels
-        from eval.generalise_experiment import TESTS
-
-        labels = [t.label for t in TESTS]
-        for n in split_list(args.scenarios):
-            if n not in labels:
-                raise UsageError("--scenarios", f"experiment generalise has no test {n!r}", labels)
-        scenarios = split_list(args.scenarios)
-        checked = list(dict.fromkeys(t.scenario for t in TESTS if t.label in scenarios))
-    else:
-        scenarios = resolve_scenarios(args.scenarios) if args.scenarios else None
-        checked = scenarios
+    scenarios, checked = _experiment_scenarios(names, args)
     check_scenarios(checked or [f"{(models or experiments.MODELS)[0]}-{(loads or ['moderate'])[0]}"], experiments.preset_overrides(args.preset or "quick", args.duration_s, parse_assignments(args.overrides, "--set"), window_s=args.window_s, warmup_s=args.warmup_s))
     note_preset(args.preset or "quick", args.window_s, experiment=True)
-    if "capacity" in names and args.window_s is None:
-        from eval.capacity_report import CAPACITY_WARMUP_S, CAPACITY_WINDOW_S
-
-        print(f"{PROG}: note: experiment capacity measures its own window ({CAPACITY_WINDOW_S:g} s after a {CAPACITY_WARMUP_S:g} s "
-              "burn-in; 60 s after 60 s under --preset quick) and one start unless --seeds; --window-s / --warmup-s set another",
-              file=sys.stderr)
-    if args.no_carbon_start:
-        print(f"{PROG}: note: --no-carbon-start: every episode starts at its scenario's own carbon.start_utc", file=sys.stderr)
-    else:
-        print(f"{PROG}: note: each seed starts at its own day and hour of the carbon year (the same for every policy), "
-              "replacing the scenarios' carbon.start_utc; --no-carbon-start keeps it", file=sys.stderr)
+    _experiment_notes(names, args)
     if getattr(args, "knobs", None):
         from eval.frontiers import knob_values_from_cli, set_knob_values
 

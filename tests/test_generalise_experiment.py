@@ -104,3 +104,11 @@ def test_topology_tests_add_and_swap_in_zones_training_never_saw():
         assert [r.name for r in sc.topology.regions] == list(DEFAULT_REGIONS)
         assert [r.client_zone for r in sc.topology.regions] == [zs[0] for zs in DEFAULT_REGIONS.values()]
         assert {d.region for d in sc.topology.datacenters if d.zone in ("US-NY-NYIS", "ES")} == {"north_america", "europe"}
+
+
+def test_cli_selects_tests_by_label_and_names_the_allowed_ones(capsys, tmp_path):
+    from eval import cli
+
+    assert cli.main(["experiment", "generalise", "--scenarios", "llama8b-moderate-9dc", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--scenarios: experiment generalise has no test 'llama8b-moderate-9dc'" in err and "llama8b-moderate-18dc" in err
