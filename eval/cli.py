@@ -607,15 +607,15 @@ def _experiment_notes(names: Sequence[str], args: argparse.Namespace) -> None:
         print(f"{PROG}: note: experiment capacity measures its own window ({CAPACITY_WINDOW_S:g} s after a {CAPACITY_WARMUP_S:g} s "
               "burn-in; 60 s after 60 s under --preset quick) and one start unless --seeds; --window-s / --warmup-s set another",
               file=sys.stderr)
-    if "learned-capacity" in names and args.seeds is None and args.seed_list is None:
+    if "learned-capacity" in names:
         from eval.learned_capacity_experiment import DEFAULT_SCENARIO, STARTS, WARMUP_S, WINDOW_S
 
         print(f"{PROG}: note: experiment learned-capacity runs its own starts and window: the first {STARTS} fresh held-out "
               f"days of {DEFAULT_SCENARIO}, {WINDOW_S:g} s after a {WARMUP_S:g} s burn-in (one start, 20 s after 10 s under "
-              "--preset quick); --seed-list / --window-s set others", file=sys.stderr)
-    if "generalise" in names and args.seeds is None and args.seed_list is None:
+              "--preset quick); --seeds N takes the first N such days, --window-s another window", file=sys.stderr)
+    if "generalise" in names:
         print(f"{PROG}: note: experiment generalise runs its own starts: 20 fresh held-out days for its main test, 2 starts "
-              "for each other test (one under --preset quick)", file=sys.stderr)
+              "for each other test (one under --preset quick); --seeds N sets how many for every test", file=sys.stderr)
     if args.no_carbon_start:
         print(f"{PROG}: note: --no-carbon-start: every episode starts at its scenario's own carbon.start_utc", file=sys.stderr)
     else:

@@ -215,7 +215,8 @@ def _tables(runs: Any) -> tuple[Any, Any, str | None]:
 
 def learned_capacity_experiment(ctx: Any) -> str:
     """Run the experiment with ``ctx`` (:class:`eval.experiments.Ctx`; module docstring); the
-    quick preset runs one start of a 20 s window (CI). ``--policies`` runs a subset (rr: the
+    quick preset runs one start of a 20 s window (CI); ``--seeds N`` runs the first N fresh
+    held-out starts. ``--policies`` runs a subset (rr: the
     always-on reference) whose table :func:`learned_capacity_section` merges with other matrices."""
     quick = ctx.preset_name == "quick"
     scenario = (ctx.scenarios or [DEFAULT_SCENARIO])[0]
@@ -228,12 +229,11 @@ def learned_capacity_experiment(ctx: Any) -> str:
     ov = dict(ctx.overrides)
     if not ctx.explicit_window:
         ov.update(window_overrides(QUICK_WINDOW_S, QUICK_WARMUP_S) if quick else window_overrides(WINDOW_S, WARMUP_S))
-    if ctx.explicit_seeds:
-        seeds = list(ctx.seeds)
-    else:
-        from eval.heldout_seeds import fresh_heldout_seeds
+    from eval.heldout_seeds import fresh_heldout_seeds
 
-        seeds = fresh_heldout_seeds(scenario, 1 if quick else STARTS)
+    # as experiment generalise: --seeds N sets how many fresh held-out starts (a learned agent is
+    # never judged on a day it trained on), not which
+    seeds = fresh_heldout_seeds(scenario, len(ctx.seeds) if ctx.explicit_seeds else (1 if quick else STARTS))
     ex = ctx.execute(learned_capacity_specs(scenario, pols, seeds, ov, ctx.policy_kwargs))
     table, vs, learned = _tables(ex.runs)
     table.to_csv(os.path.join(ctx.out, f"{NAME}.csv"), index=False)

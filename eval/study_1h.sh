@@ -19,23 +19,25 @@
 #                (their load levels come from the sessions' own capacity file, so they did not move
 #                with the cluster basis)
 #
-# Two more stages, not in the default set (each longer than the hour on its own):
+# More stages, not in the default set (each near or over the hour on its own):
 #   g  diurnal   llama8b-diurnal, one 6 h window after a 10 min burn-in, its own carbon start
 #                (2023-06-15 00:00 UTC): rr always on, planner+reactive and the MILP deciding
 #                capacity (capacity.control = agent); the MILP run alone is > 1 h of one core
 #   j  generalise the learned agent vs the MILP (and rr) on data it never saw: 20 fresh held-out
 #                days, the 2022 carbon year, llama8b-low / -high, 8 datacenters, a region outage
 #                (2 starts each); 90 runs, ~90 CPU-minutes
+#   c  predictor the MILP with the output-length predictor vs oracle lengths on the headline's 8
+#                starts and window (rr at each); 32 runs, ~40 CPU-minutes
 #   k  learned-capacity the capacity-aware agent (train/checkpoints/llama8b_capacity_set.npz) vs
 #                the MILP deciding capacity, milp-mpc, rr+reactive and rr always on: llama8b-moderate,
 #                20 fresh held-out days, 600 s windows; 100 runs, ~110 CPU-minutes
 #
 # Not in this run (too costly for 2 cores; the full matrix on a cluster is in README "On a Ray
-# cluster"): the full trade-off frontiers, the other 8 headline scenarios, the predictor, polling
-# and bound experiments at >= 8 starts (the share of the bound is read from the headline's runs).
+# cluster"): the full trade-off frontiers, the other 8 headline scenarios, the polling and bound
+# experiments at >= 8 starts (the share of the bound is read from the headline's runs).
 #
 # usage: bash eval/study_1h.sh [OUT] [STAGES]   (OUT defaults to results, STAGES to "a e h i";
-#        "a e h i g j k" for everything RESULTS.md shows; RESULTS.md is regenerated from OUT)
+#        "a e h i c g j k" for everything RESULTS.md shows; RESULTS.md is regenerated from OUT)
 set -euo pipefail
 OUT=${1:-results}
 STAGES=${2:-a e h i}
@@ -52,8 +54,10 @@ for stage in $STAGES; do
     g) carbon-gym experiment diurnal --preset full --no-carbon-start --policies rr,planner+reactive,milp --out "$OUT" \
          --workers 2 --no-requests --no-plots --no-tensorboard --no-progress ;;
     j) carbon-gym experiment generalise --preset full --out "$OUT" --workers 2 --no-tensorboard --no-plots --no-progress ;;
+    c) carbon-gym experiment predictor --preset full --scenarios llama8b-moderate --policies milp \
+         --seed-list "$SEEDS" --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
     k) carbon-gym experiment learned-capacity --preset full --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
-    *) echo "unknown stage $stage (a, e, h, i, g, j, k)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage (a, c, e, h, i, g, j, k)" >&2; exit 2 ;;
   esac
 done
 carbon-gym report "$OUT" --force
