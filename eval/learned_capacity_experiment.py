@@ -18,7 +18,8 @@ capacity_table`), ``learned-capacity-vs.csv`` (the agent against each look-ahead
 look-ahead expert: share of its reduction, paired violation difference, starts where the agent
 emits less and by how much) and ``learned-capacity.md``; ``figures/capacity_decisions`` (PNG,
 PDF): on the start where the agent gains most on the MILP, the load, the servers each policy
-keeps powered and the grid intensity those servers see, over the window.
+keeps powered and the grid intensity those servers see, over the episode;
+``figures/capacity_decisions_worst``: the same on the start where it loses most.
 
 The policies' runs can come from several matrices (e.g. the references first, the agent once
 trained): :func:`learned_capacity_section` merges ``<results>/learned-capacity`` and every
@@ -105,6 +106,7 @@ def versus_table(runs: Any, learned: str, experts: Sequence[str] = EXPERTS) -> A
                      "learned_better_starts": int(better.sum()),
                      "mean_gain_where_better_pp": float(gain[better].mean()) if better.any() else float("nan"),
                      "best_gain_pp": float(gain.max()), "best_gain_seed": int(seeds[int(np.argmax(gain))]),
+                     "worst_gain_pp": float(gain.min()), "worst_gain_seed": int(seeds[int(np.argmin(gain))]),
                      "expert_p99_pass": int(np.nansum(p_e)), "learned_p99_pass": int(np.nansum(p_l)),
                      "invalid_starts": int(np.sum((ok_l < 0.5) | (ok_e < 0.5)))})
     return pd.DataFrame(rows)
@@ -123,8 +125,8 @@ def learned_capacity_markdown(table: Any, vs: Any, head: str, learned: str) -> s
     if len(vs):
         lines += ["", f"`{learned}` against each expert (paired by start; reductions vs `{ALWAYS_ON_LABEL}`):", "",
                   "| expert | starts | expert vs always-on rr % (viol. %) | agent vs always-on rr % (viol. %) | share of the "
-                  "expert's reduction | viol. agent - expert (pp) | starts agent < expert carbon (mean gain, pp) | best gain "
-                  "(pp, seed) | p99 pass expert / agent |", "|---|---|---|---|---|---|---|---|---|"]
+                  "expert's reduction | viol. agent - expert (pp) | starts agent < expert carbon (mean gain, pp) | best / worst "
+                  "gain (pp, seed) | p99 pass expert / agent |", "|---|---|---|---|---|---|---|---|---|"]
         for _, r in vs.iterrows():
             n = int(r["starts"])
             bad = f" ({int(r['invalid_starts'])} start(s) with a run leaving > 1% unfinished: invalid)" if r["invalid_starts"] else ""
@@ -133,7 +135,8 @@ def learned_capacity_markdown(table: Any, vs: Any, head: str, learned: str) -> s
                 f"| {r['expert']}{bad} | {n} | {_ci(r['expert_reduction_pct'], r['expert_reduction_ci95'])} ({r['expert_violation_pct']:.2f}) "
                 f"| {_ci(r['learned_reduction_pct'], r['learned_reduction_ci95'])} ({r['learned_violation_pct']:.2f}) "
                 f"| {100 * r['share_of_expert']:.0f}% | {_ci(r['violation_diff_pp'], r['violation_diff_ci95'], '+.2f')} "
-                f"| {int(r['learned_better_starts'])}/{n}{gain} | {r['best_gain_pp']:+.2f} ({int(r['best_gain_seed'])}) "
+                f"| {int(r['learned_better_starts'])}/{n}{gain} | {r['best_gain_pp']:+.2f} ({int(r['best_gain_seed'])}) / "
+                f"{r['worst_gain_pp']:+.2f} ({int(r['worst_gain_seed'])}) "
                 f"| {int(r['expert_p99_pass'])} / {int(r['learned_p99_pass'])} of {n} |")
     return "\n".join(lines) + "\n"
 
@@ -175,7 +178,8 @@ def decisions_figure(dirs: Sequence[str], seed: int, policies: Sequence[str], st
         if not band_done:
             dt = float(np.median(np.diff(t))) if len(t) > 1 else 1.0
             w = max(1, int(round(smooth_s / dt)))
-            rate = np.convolve(np.asarray(s["arrived"], dtype=np.float64) / dt, np.ones(w) / w, mode="same")
+            x = np.asarray(s["arrived"], dtype=np.float64) / dt
+            rate = np.convolve(x, np.ones(w), mode="same") / np.convolve(np.ones_like(x), np.ones(w), mode="same")
             axes[0].plot(t, rate, color="0.3", lw=0.8)
             axes[2].fill_between(t, ci.min(axis=1), ci.max(axis=1), color="0.85", label="cleanest-dirtiest datacenter")
             band_done = True
@@ -246,13 +250,18 @@ def learned_capacity_experiment(ctx: Any) -> str:
 
 
 def _figure(dirs: Sequence[str], vs: Any, learned: str, fig_dir: str, warmup_s: float) -> list[str]:
+    """``capacity_decisions``: the start where the agent gains most on the MILP;
+    ``capacity_decisions_worst``: where it loses most."""
     row = vs[vs["expert"] == "milp"]
     row = row.iloc[0] if len(row) else vs.iloc[0]
-    seed = int(row["best_gain_seed"])
     pols = ["rr+reactive", *EXPERTS, learned]
-    title = (f"start {seed}: the agent's largest gain on {row['expert']} ({row['best_gain_pp']:+.2f} pp of the always-on "
-             f"carbon); shaded: the {warmup_s:g} s burn-in")
-    return decisions_figure(dirs, seed, pols, os.path.join(fig_dir, "capacity_decisions"), title=title, warmup_s=warmup_s)
+    paths = []
+    for stem, seed, gain, what in (("capacity_decisions", int(row["best_gain_seed"]), row["best_gain_pp"], "largest gain"),
+                                   ("capacity_decisions_worst", int(row["worst_gain_seed"]), row["worst_gain_pp"], "largest loss")):
+        title = (f"start {seed}: the agent's {what} against {row['expert']} ({gain:+.2f} pp of the always-on carbon); "
+                 f"shaded: the {warmup_s:g} s burn-in")
+        paths += decisions_figure(dirs, seed, pols, os.path.join(fig_dir, stem), title=title, warmup_s=warmup_s)
+    return paths
 
 
 def learned_capacity_dirs(results_dir: str) -> list[str]:

@@ -24,6 +24,7 @@ NOTES_END = "<!-- notes:end -->"
 
 STUDY_CLAIMS = (
     ("carbon", "Carbon reduction vs round-robin, best load (facility MILP)", "up to 60%"),
+    ("capacity", "The same with capacity control (servers power off; MILP vs always-on rr, and vs rr+reactive)", "up to 60%"),
     ("violation", "Average SLO violation of the facility MILP", "about 3%"),
     ("milp_ilp", "Facility MILP minus best per-request ILP, Mixtral-8x7B", "up to 8.6 pp, at 1.3% violation"),
     ("predictor", "Predicted vs oracle output lengths (carbon / violation)", "within 4.1 pp / 1.1 pp"),
@@ -69,6 +70,15 @@ def _claims(results_dir: str) -> dict[str, str]:
                 gaps = ", ".join(f"{r[f'gap_vs_{i}_pp']:+.1f} pp vs {i}" for i in ilps)
                 parts.append(f"{r['scenario']}: {gaps} (MILP violation {r['milp_violation_pct']:.2f}%)")
             out["milp_ilp"] = "; ".join(parts)
+    lc = learned_capacity_dirs(results_dir)
+    if lc:
+        from eval.capacity_report import capacity_table, merged_runs
+
+        t = capacity_table(merged_runs(lc)).set_index("policy")
+        if "milp" in t.index:
+            m = t.loc["milp"]
+            out["capacity"] = (f"{m['reduction_vs_always_on_pct']:.1f}% vs always-on rr, {m['reduction_vs_reactive_pct']:.1f}% vs "
+                               f"rr+reactive ({m['scenario']}, {int(m['seeds'])} starts, {m['slo_violation_pct']:.1f}% violation)")
     pred = _read_csv(os.path.join(results_dir, "predictor", "predictor.csv"))
     if pred is not None and not pred.empty:
         out["predictor"] = f"within {pred['reduction_diff_pp'].abs().max():.1f} pp / {pred['violation_diff_pp'].abs().max():.2f} pp (max over {len(pred)} scenario x policy cases)"
@@ -258,11 +268,12 @@ def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", f
         add("## A learned agent deciding capacity (20 held-out starts)\n")
         lc_md, _ = learned_capacity_section(results_dir)
         add(lc_md)
-        p = fig("learned-capacity", "capacity_decisions")
-        if p:
-            add(f"![learned-capacity: capacity decisions]({p})\n\n*The capacity decisions on the start where the agent "
-                "gains most on the MILP: the load, the servers each policy keeps powered, and the grid intensity those "
-                "servers see.*\n")
+        for stem, what in (("capacity_decisions", "gains most on"), ("capacity_decisions_worst", "loses most against")):
+            p = fig("learned-capacity", stem)
+            if p:
+                add(f"![learned-capacity: {stem}]({p})\n\n*The capacity decisions on the start where the agent {what} "
+                    "the MILP: the load, the servers each policy keeps powered, and the grid intensity those servers "
+                    "see.*\n")
     if os.path.isfile(os.path.join(results_dir, "capacity", "runs.csv")):
         from eval.capacity_report import capacity_section
 

@@ -79,5 +79,6 @@ def test_quick_run_records_capacity_decisions_and_merges_matrices(tmp_path):
     assert "servers_on_dc0" not in always_on.columns
     md, figs = learned_capacity_section(str(tmp_path), fig_dir=str(tmp_path / "figs"))
     assert "- measurement window: 20 s" in md and "- starts: 1" in md
-    assert "| milp | 1 |" in md and all(os.path.isfile(p) for p in figs) and len(figs) == 2
+    assert "\n| milp" in md and "\n| milp-mpc" not in md  # the agent against the MILP (milp-mpc did not run)
+    assert len(figs) == 4 and all(os.path.isfile(p) for p in figs)  # the best and the worst start, PNG and PDF
     shutil.rmtree(tmp_path)
