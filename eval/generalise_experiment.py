@@ -21,6 +21,8 @@ more DCs          18 datacenters: the 16 and the two zones of the packaged table
                   that training never saw (US-NY-NYIS, ES; :data:`UNSEEN_ZONES`), a custom topology
 other zones       16 datacenters, two of them in those zones instead of US-MIDA-PJM and FR
                   (their grids, PUEs and RTTs)
+three regions     the southern region dropped (its clients and its 4 datacenters;
+                  ``topology.only_regions``): 12 datacenters, three regions' traffic
 ================  =========================================================================
 
 The shipped agent was trained on llama8b-moderate at the former load level (3.11 req/s per
@@ -115,6 +117,8 @@ def _tests() -> tuple[GenTest, ...]:
         GenTest("region outage", "llama8b-moderate-outage", "llama8b-moderate", {"faults": outage}),
         GenTest("more DCs (18)", "llama8b-moderate-18dc", "llama8b-moderate", _more_dcs()),
         GenTest("other zones (2 of 16 unseen)", "llama8b-moderate-otherzones", "llama8b-moderate", _other_zones()),
+        GenTest("three regions (no southern)", "llama8b-moderate-3regions", "llama8b-moderate",
+                {"topology.only_regions": ["north_america", "europe", "asia_pacific"]}),
     )
 
 

@@ -46,7 +46,8 @@ __all__ = ["DEFAULT_LEARNED", "DEFAULT_SCENARIO", "STARTS", "WINDOW_S", "WARMUP_
            "learned_capacity_section"]
 
 NAME = "learned-capacity"
-#: The capacity-aware agent (train/configs/llama8b_dagger_capacity.toml, then llama8b_ppo_capacity.toml).
+#: The capacity-aware agent: the DAgger checkpoint of train/configs/llama8b_dagger_capacity.toml (PPO fine-tuning
+#: did not improve it; train/RESULTS_TRAIN.md, "Capacity head: a finished run").
 DEFAULT_LEARNED = "learned:train/checkpoints/llama8b_capacity_set.npz"
 DEFAULT_SCENARIO = "llama8b-moderate"
 #: The references run with ``capacity.control = "agent"`` besides the learned policy.

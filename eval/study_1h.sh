@@ -24,8 +24,8 @@
 #                (2023-06-15 00:00 UTC): rr always on, planner+reactive and the MILP deciding
 #                capacity (capacity.control = agent); the MILP run alone is > 1 h of one core
 #   j  generalise the learned agent vs the MILP (and rr) on data it never saw: 20 fresh held-out
-#                days, the 2022 carbon year, llama8b-low / -high, 8 datacenters, a region outage
-#                (2 starts each); 90 runs, ~90 CPU-minutes
+#                days, the 2022 carbon year, llama8b-low / -high, 8 and 18 datacenters, two unseen
+#                zones, three regions, a region outage (2 starts each); 108 runs, ~90 CPU-minutes
 #   c  predictor the MILP with the output-length predictor vs oracle lengths on the headline's 8
 #                starts and window (rr at each); 32 runs, ~40 CPU-minutes
 #   k  learned-capacity the capacity-aware agent (train/checkpoints/llama8b_capacity_set.npz) vs

@@ -112,3 +112,17 @@ def test_cli_selects_tests_by_label_and_names_the_allowed_ones(capsys, tmp_path)
     assert cli.main(["experiment", "generalise", "--scenarios", "llama8b-moderate-9dc", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "--scenarios: experiment generalise has no test 'llama8b-moderate-9dc'" in err and "llama8b-moderate-18dc" in err
+
+
+def test_three_region_test_drops_the_southern_region_and_its_traffic():
+    from carbon_gym.env import GeoServeEnv
+
+    by_label = {t.label: t for t in TESTS}
+    specs = generalise_specs([by_label["llama8b-moderate-3regions"], TESTS[0]], ["rr"], {"duration_s": 10.0}, main_starts=1,
+                             other_starts=1)
+    envs = [GeoServeEnv(resolve_run_scenario(s)[0]) for s in specs]
+    for e in envs:
+        e.reset(seed=0)
+    three, full = (e.simulator.topology for e in envs)
+    assert len(three.datacenters) == 12 and len(full.datacenters) == 16
+    assert {d.region for d in three.datacenters} == {"north_america", "europe", "asia_pacific"}

@@ -199,6 +199,8 @@ class TrainConfig:
         d = self.to_dict()
         d.pop("source", None)
         d.pop("total_timesteps", None)
+        if not d.get("critic_warmup_timesteps"):  # its default leaves the digests of earlier runs as they were
+            d.pop("critic_warmup_timesteps", None)
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
