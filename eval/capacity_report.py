@@ -18,7 +18,6 @@ rest of the file.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Mapping, Sequence
 
@@ -26,6 +25,7 @@ import numpy as np
 
 from eval.runner import VALID_UNFINISHED_PCT, RunSpec, freeze, window_of
 from eval.stats import mean_ci95
+from eval.writers import matrix_dirs, read_configs
 
 __all__ = ["CAPACITY_SCENARIOS", "CAPACITY_POLICIES", "ALWAYS_ON_LABEL", "MILP_ALWAYS_ON_LABEL", "REACTIVE_REFERENCE", "CAPACITY_WINDOW_S",
            "CAPACITY_WARMUP_S", "ENERGY_GROUPS", "capacity_specs", "capacity_table", "capacity_markdown",
@@ -276,11 +276,7 @@ def _reading(table) -> list[str]:
 def capacity_dirs(results_dir: str) -> list[str]:
     """The capacity matrices under ``results_dir``: ``capacity/`` first, then every
     ``capacity-*/capacity/`` (later runs, e.g. rows rerun on newer code), in name order."""
-    import glob
-
-    first = os.path.join(results_dir, "capacity")
-    more = sorted(glob.glob(os.path.join(results_dir, "capacity-*", "capacity")))
-    return [d for d in [first, *more] if os.path.isfile(os.path.join(d, "runs.csv"))]
+    return matrix_dirs(results_dir, "capacity")
 
 
 def merged_runs(dirs: Sequence[str]):
@@ -316,10 +312,7 @@ def capacity_section(results_dir: str) -> str:
     dirs = capacity_dirs(results_dir)
     if not dirs:
         raise FileNotFoundError(f"no capacity results under {results_dir!r} (carbon-gym experiment capacity --out {results_dir})")
-    cfgs = []
-    for d in dirs:
-        with open(os.path.join(d, "config.json"), encoding="utf-8") as fh:
-            cfgs.append(json.load(fh))
+    cfgs = read_configs(dirs)
     runs = merged_runs(dirs)
     table = capacity_table(runs)
     first = open(os.path.join(dirs[0], "capacity.md"), encoding="utf-8").read()

@@ -46,6 +46,8 @@ import numpy as np
 
 from eval.runner import RunSpec, make_specs, window_of, window_overrides
 from eval.stats import mean_ci95
+from eval.tables import fmt_spec_ci
+from eval.writers import matrix_dirs, read_configs
 
 __all__ = ["GenTest", "TESTS", "generalise_specs", "generalise_table", "generalise_markdown", "generalise_experiment",
            "carbon_2022_file"]
@@ -183,12 +185,6 @@ def generalise_table(runs: Any, tests: Sequence[GenTest], learned: str, milp: st
     return pd.DataFrame(rows)
 
 
-def _ci(v: float, ci: float, fmt: str = ".1f") -> str:
-    if not np.isfinite(v):
-        return "n/a"
-    return f"{v:{fmt}}" + (f" ± {ci:{fmt.lstrip('+')}}" if np.isfinite(ci) else "")
-
-
 def generalise_markdown(table: Any, head: str, learned: str) -> str:
     """The experiment's Markdown table."""
     lines = [head, "", f"| test | scenario | starts | MILP vs rr % (viol. %) | {learned} vs rr % (viol. %) | share of the "
@@ -198,10 +194,10 @@ def generalise_markdown(table: Any, head: str, learned: str) -> str:
         n = int(r["starts"])
         mark = "" if bool(r["valid"]) else " (a run left > 1% unfinished: invalid)"
         lines.append(
-            f"| {r['test']}{mark} | {r['scenario']} | {n} | {_ci(r['milp_reduction_pct'], r['milp_reduction_ci95'])} "
-            f"({r['milp_violation_pct']:.2f}) | {_ci(r['learned_reduction_pct'], r['learned_reduction_ci95'])} "
+            f"| {r['test']}{mark} | {r['scenario']} | {n} | {fmt_spec_ci(r['milp_reduction_pct'], r['milp_reduction_ci95'])} "
+            f"({r['milp_violation_pct']:.2f}) | {fmt_spec_ci(r['learned_reduction_pct'], r['learned_reduction_ci95'])} "
             f"({r['learned_violation_pct']:.2f}) | {100 * r['share_of_milp']:.0f}% | "
-            f"{_ci(r['violation_diff_pp'], r['violation_diff_ci95'], '+.2f')} | {int(r['learned_better_starts'])}/{n} | "
+            f"{fmt_spec_ci(r['violation_diff_pp'], r['violation_diff_ci95'], '+.2f')} | {int(r['learned_better_starts'])}/{n} | "
             f"{int(r['rr_p99_pass'])}/{int(r['milp_p99_pass'])}/{int(r['learned_p99_pass'])} of {n} | "
             f"{r['learned_decision_p95_ms']:.1f} | {r['milp_decision_p95_ms']:.0f} |")
     return "\n".join(lines) + "\n"
@@ -249,19 +245,13 @@ def generalise_experiment(ctx: Any) -> str:
 def generalise_dirs(results_dir: str) -> list[str]:
     """This experiment's matrices under ``results_dir``: ``generalise/`` first, then every
     ``generalise-*/generalise/`` (e.g. tests added later) in name order."""
-    import glob
-
-    first = os.path.join(results_dir, "generalise")
-    more = sorted(glob.glob(os.path.join(results_dir, "generalise-*", "generalise")))
-    return [d for d in [first, *more] if os.path.isfile(os.path.join(d, "runs.csv"))]
+    return matrix_dirs(results_dir, "generalise")
 
 
 def generalise_section(results_dir: str) -> str | None:
     """The table over every matrix of :func:`generalise_dirs` (a later run of the same test label,
     policy and seed replaces an earlier one), with each matrix's command; None when there is
     at most one matrix (its own ``generalise.md`` is the section)."""
-    import json
-
     from eval.capacity_report import merged_runs
 
     dirs = generalise_dirs(results_dir)
@@ -269,11 +259,8 @@ def generalise_section(results_dir: str) -> str | None:
         return None
     runs = merged_runs(dirs)
     learned = next(p for p in dict.fromkeys(runs["policy"]) if str(p).startswith("learned"))
-    cmds, ov = [], {}
-    for d in dirs:
-        with open(os.path.join(d, "config.json"), encoding="utf-8") as fh:
-            c = json.load(fh)
-        cmds.append(str(c.get("command")))
-        ov = ov or dict(c.get("runs", [{}])[0].get("overrides", {}))
+    cfgs = read_configs(dirs)
+    cmds = [str(c.get("command")) for c in cfgs]
+    ov = dict(cfgs[0].get("runs", [{}])[0].get("overrides", {}))
     table = generalise_table(runs, TESTS, learned)
     return "```bash\n" + "\n".join(cmds) + "\n```\n\n" + generalise_markdown(table, _head(ov), learned)

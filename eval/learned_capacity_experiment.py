@@ -29,8 +29,6 @@ replaces an earlier one).
 
 from __future__ import annotations
 
-import glob
-import json
 import os
 from dataclasses import replace
 from typing import Any, Mapping, Sequence
@@ -40,6 +38,8 @@ import numpy as np
 from eval.capacity_report import ALWAYS_ON_LABEL, OVERRIDE_CONTROL, capacity_markdown, capacity_table, merged_runs
 from eval.runner import RunSpec, make_specs, window_of, window_overrides
 from eval.stats import mean_ci95
+from eval.tables import fmt_spec_ci
+from eval.writers import matrix_dirs, read_configs
 
 __all__ = ["DEFAULT_LEARNED", "DEFAULT_SCENARIO", "STARTS", "WINDOW_S", "WARMUP_S", "learned_capacity_specs", "versus_table",
            "learned_capacity_markdown", "decisions_figure", "learned_capacity_experiment", "learned_capacity_dirs",
@@ -69,13 +69,6 @@ def learned_capacity_specs(scenario: str, policies: Sequence[str], seeds: Sequen
     return specs + (make_specs([scenario], others, seeds, overrides=agent, policy_kwargs=policy_kwargs) if others else [])
 
 
-def _paired(runs: Any, col: str, a: str, b: str) -> tuple[list[int], np.ndarray, np.ndarray]:
-    ga = runs[runs["policy"] == a].set_index("seed")[col]
-    gb = runs[runs["policy"] == b].set_index("seed")[col]
-    seeds = sorted(set(ga.index) & set(gb.index))
-    return seeds, ga.loc[seeds].to_numpy(np.float64), gb.loc[seeds].to_numpy(np.float64)
-
-
 def versus_table(runs: Any, learned: str, experts: Sequence[str] = EXPERTS) -> Any:
     """One row per expert in ``runs``: paired over the starts both ran, the expert's and the
     agent's reductions vs ``rr (always on)`` (mean, 95% CI), the agent's **share of the expert's
@@ -84,18 +77,24 @@ def versus_table(runs: Any, learned: str, experts: Sequence[str] = EXPERTS) -> A
     import pandas as pd
 
     rows = []
-    ref = runs[runs["policy"] == ALWAYS_ON_LABEL].set_index("seed")["carbon_g"]
+    by = {p: g.set_index("seed") for p, g in runs.groupby("policy")}
+    if learned not in by or ALWAYS_ON_LABEL not in by:
+        return pd.DataFrame(rows)
+    ref, lrn = by[ALWAYS_ON_LABEL], by[learned]
     for e in experts:
-        seeds, c_l, c_e = _paired(runs, "carbon_g", learned, e)
-        seeds = [s for s in seeds if s in ref.index]
+        if e not in by:
+            continue
+        ex = by[e]
+        seeds = sorted(set(lrn.index) & set(ex.index) & set(ref.index))
         if not seeds:
             continue
-        _, c_l, c_e = _paired(runs[runs["seed"].isin(seeds)], "carbon_g", learned, e)
-        c_ref = ref.loc[seeds].to_numpy(np.float64)
-        red_l, red_e = 100 * (c_ref - c_l) / c_ref, 100 * (c_ref - c_e) / c_ref
-        _, v_l, v_e = _paired(runs[runs["seed"].isin(seeds)], "slo_violation_pct", learned, e)
-        _, p_l, p_e = _paired(runs[runs["seed"].isin(seeds)], "mlperf_p99_pass", learned, e)
-        _, ok_l, ok_e = _paired(runs[runs["seed"].isin(seeds)], "run_valid", learned, e)
+        L, E = lrn.loc[seeds], ex.loc[seeds]
+        c_ref = ref.loc[seeds, "carbon_g"].to_numpy(np.float64)
+        red_l = 100 * (c_ref - L["carbon_g"].to_numpy(np.float64)) / c_ref
+        red_e = 100 * (c_ref - E["carbon_g"].to_numpy(np.float64)) / c_ref
+        v_l, v_e = L["slo_violation_pct"].to_numpy(np.float64), E["slo_violation_pct"].to_numpy(np.float64)
+        p_l, p_e = L["mlperf_p99_pass"].to_numpy(np.float64), E["mlperf_p99_pass"].to_numpy(np.float64)
+        ok_l, ok_e = L["run_valid"].to_numpy(np.float64), E["run_valid"].to_numpy(np.float64)
         (me, mec), (ml, mlc), (dv, dvc) = mean_ci95(red_e), mean_ci95(red_l), mean_ci95(v_l - v_e)
         gain = red_l - red_e
         better = gain > 0
@@ -113,12 +112,6 @@ def versus_table(runs: Any, learned: str, experts: Sequence[str] = EXPERTS) -> A
     return pd.DataFrame(rows)
 
 
-def _ci(v: float, ci: float, fmt: str = ".1f") -> str:
-    if not np.isfinite(v):
-        return "n/a"
-    return f"{v:{fmt}}" + (f" ± {ci:{fmt.lstrip('+')}}" if np.isfinite(ci) else "")
-
-
 def learned_capacity_markdown(table: Any, vs: Any, head: str, learned: str) -> str:
     """The per-policy table (:func:`eval.capacity_report.capacity_markdown`) and the agent
     against each expert."""
@@ -133,37 +126,35 @@ def learned_capacity_markdown(table: Any, vs: Any, head: str, learned: str) -> s
             bad = f" ({int(r['invalid_starts'])} start(s) with a run leaving > 1% unfinished: invalid)" if r["invalid_starts"] else ""
             gain = "" if not np.isfinite(r["mean_gain_where_better_pp"]) else f" ({r['mean_gain_where_better_pp']:.2f})"
             lines.append(
-                f"| {r['expert']}{bad} | {n} | {_ci(r['expert_reduction_pct'], r['expert_reduction_ci95'])} ({r['expert_violation_pct']:.2f}) "
-                f"| {_ci(r['learned_reduction_pct'], r['learned_reduction_ci95'])} ({r['learned_violation_pct']:.2f}) "
-                f"| {100 * r['share_of_expert']:.0f}% | {_ci(r['violation_diff_pp'], r['violation_diff_ci95'], '+.2f')} "
+                f"| {r['expert']}{bad} | {n} | {fmt_spec_ci(r['expert_reduction_pct'], r['expert_reduction_ci95'])} ({r['expert_violation_pct']:.2f}) "
+                f"| {fmt_spec_ci(r['learned_reduction_pct'], r['learned_reduction_ci95'])} ({r['learned_violation_pct']:.2f}) "
+                f"| {100 * r['share_of_expert']:.0f}% | {fmt_spec_ci(r['violation_diff_pp'], r['violation_diff_ci95'], '+.2f')} "
                 f"| {int(r['learned_better_starts'])}/{n}{gain} | {r['best_gain_pp']:+.2f} ({int(r['best_gain_seed'])}) / "
                 f"{r['worst_gain_pp']:+.2f} ({int(r['worst_gain_seed'])}) "
                 f"| {int(r['expert_p99_pass'])} / {int(r['learned_p99_pass'])} of {n} |")
     return "\n".join(lines) + "\n"
 
 
-def _run_ids(dirs: Sequence[str]) -> dict[tuple[str, int], str]:
-    """(policy label, seed) -> steps file stem, over ``dirs`` (a later directory's run wins)."""
-    out: dict[tuple[str, int], str] = {}
-    for d in dirs:
-        with open(os.path.join(d, "config.json"), encoding="utf-8") as fh:
-            for r in json.load(fh).get("runs", []):
-                out[(r.get("label") or r["policy"], int(r["seed"]))] = os.path.join(d, "steps", r["run_id"])
-    return out
+def _run_ids(dirs: Sequence[str], cfgs: Sequence[Mapping[str, Any]]) -> dict[tuple[str, int], str]:
+    """(policy label, seed) -> steps file stem, over ``dirs`` and their configs (a later
+    directory's run wins)."""
+    return {(r.get("label") or r["policy"], int(r["seed"])): os.path.join(d, "steps", r["run_id"])
+            for d, c in zip(dirs, cfgs) for r in c.get("runs", [])}
 
 
 def decisions_figure(dirs: Sequence[str], seed: int, policies: Sequence[str], stem: str, *, title: str = "",
-                     warmup_s: float = 0.0, smooth_s: float = 30.0) -> list[str]:
+                     warmup_s: float = 0.0, smooth_s: float = 30.0,
+                     cfgs: Sequence[Mapping[str, Any]] | None = None) -> list[str]:
     """The capacity decisions of ``policies`` on start ``seed`` (their steps files under ``dirs``),
     over the episode (the ``warmup_s`` burn-in shaded): requests arriving per second (top; a
     ``smooth_s`` moving mean), servers powered in all
     (middle) and the grid intensity the powered servers see (bottom: the mean over datacenters
     weighted by servers on, gCO2eq/kWh; grey band: the cleanest and dirtiest datacenter). Returns
-    the written paths (PNG, PDF)."""
+    the written paths (PNG, PDF). ``cfgs``: the directories' ``config.json`` when already read."""
     from eval.plots import _colors, _plt, save
     from eval.writers import read_table
 
-    ids = _run_ids(dirs)
+    ids = _run_ids(dirs, read_configs(dirs) if cfgs is None else cfgs)
     plt = _plt()
     fig, axes = plt.subplots(3, 1, figsize=(8.0, 7.5), sharex=True)
     colors = _colors(list(policies))
@@ -250,7 +241,8 @@ def learned_capacity_experiment(ctx: Any) -> str:
     return md
 
 
-def _figure(dirs: Sequence[str], vs: Any, learned: str, fig_dir: str, warmup_s: float) -> list[str]:
+def _figure(dirs: Sequence[str], vs: Any, learned: str, fig_dir: str, warmup_s: float,
+            cfgs: Sequence[Mapping[str, Any]] | None = None) -> list[str]:
     """``capacity_decisions``: the start where the agent gains most on the MILP;
     ``capacity_decisions_worst``: where it loses most."""
     row = vs[vs["expert"] == "milp"]
@@ -261,16 +253,14 @@ def _figure(dirs: Sequence[str], vs: Any, learned: str, fig_dir: str, warmup_s: 
                                    ("capacity_decisions_worst", int(row["worst_gain_seed"]), row["worst_gain_pp"], "largest loss")):
         title = (f"start {seed}: the agent's {what} against {row['expert']} ({gain:+.2f} pp of the always-on carbon); "
                  f"shaded: the {warmup_s:g} s burn-in")
-        paths += decisions_figure(dirs, seed, pols, os.path.join(fig_dir, stem), title=title, warmup_s=warmup_s)
+        paths += decisions_figure(dirs, seed, pols, os.path.join(fig_dir, stem), title=title, warmup_s=warmup_s, cfgs=cfgs)
     return paths
 
 
 def learned_capacity_dirs(results_dir: str) -> list[str]:
     """The matrices of this experiment under ``results_dir``: ``learned-capacity/`` first, then
     every ``learned-capacity-*/learned-capacity/`` in name order."""
-    first = os.path.join(results_dir, NAME)
-    more = sorted(glob.glob(os.path.join(results_dir, f"{NAME}-*", NAME)))
-    return [d for d in [first, *more] if os.path.isfile(os.path.join(d, "runs.csv"))]
+    return matrix_dirs(results_dir, NAME)
 
 
 def learned_capacity_section(results_dir: str, fig_dir: str | None = None) -> tuple[str, list[str]]:
@@ -280,10 +270,7 @@ def learned_capacity_section(results_dir: str, fig_dir: str | None = None) -> tu
     dirs = learned_capacity_dirs(results_dir)
     if not dirs:
         raise FileNotFoundError(f"no {NAME} results under {results_dir!r} (carbon-gym experiment {NAME} --out {results_dir})")
-    cfgs = []
-    for d in dirs:
-        with open(os.path.join(d, "config.json"), encoding="utf-8") as fh:
-            cfgs.append(json.load(fh))
+    cfgs = read_configs(dirs)
     runs = merged_runs(dirs)
     table, vs, learned = _tables(runs)
     meta = [r for c in cfgs for r in c.get("runs", [])]
@@ -301,5 +288,5 @@ def learned_capacity_section(results_dir: str, fig_dir: str | None = None) -> tu
                          f"{c.get('versions', {}).get('git', '?')}")
     lines.append(f"- CPU time of the runs shown: {runs['cpu_s'].sum() / 60:.1f} min\n")
     lines.append(learned_capacity_markdown(table, vs, _head(scen, ov, seeds), learned or "learned"))
-    paths = _figure(dirs, vs, learned, fig_dir or os.path.join(dirs[0], "figures"), warm) if learned and len(vs) else []
+    paths = _figure(dirs, vs, learned, fig_dir or os.path.join(dirs[0], "figures"), warm, cfgs) if learned and len(vs) else []
     return "\n".join(lines), paths

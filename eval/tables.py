@@ -174,6 +174,14 @@ def fmt_ci(m: float, ci: float = float("nan"), d: int = 1) -> str:
     return f"{m:.{d}f}" + (f" ± {ci:.{d}f}" if ci is not None and np.isfinite(ci) else "")
 
 
+def fmt_spec_ci(v: float, ci: float, fmt: str = ".1f") -> str:
+    """``"+1.23 ± 0.45"``: ``v`` in the format spec ``fmt`` (a sign allowed), the ± part (unsigned)
+    only with a finite CI; ``n/a`` without a finite value."""
+    if not np.isfinite(v):
+        return "n/a"
+    return f"{v:{fmt}}" + (f" ± {ci:{fmt.lstrip('+')}}" if np.isfinite(ci) else "")
+
+
 def frame_markdown(df, columns: Sequence[str] | None = None) -> str:
     """A DataFrame of display strings as a Markdown table."""
     cols = list(columns or df.columns)

@@ -48,8 +48,32 @@ from eval.tables import fault_markdown, fault_pairs, fault_summary, runs_table, 
 
 __all__ = [
     "OutputWriter", "write_outputs", "write_fault_report", "write_table", "read_table", "write_tensorboard",
-    "report_warnings", "versions",
+    "report_warnings", "versions", "matrix_dirs", "read_configs",
 ]
+
+
+# ----------------------------------------------------------------------------------------------
+# finished matrices on disk
+
+
+def matrix_dirs(results_dir: str, name: str) -> list[str]:
+    """The finished matrices of experiment ``name`` under ``results_dir`` (those with a
+    ``runs.csv``): ``<name>/`` first, then every ``<name>-*/<name>/`` (later runs written with
+    ``--out <results_dir>/<name>-SOMETHING``) in name order."""
+    import glob
+
+    first = os.path.join(results_dir, name)
+    more = sorted(glob.glob(os.path.join(results_dir, f"{name}-*", name)))
+    return [d for d in [first, *more] if os.path.isfile(os.path.join(d, "runs.csv"))]
+
+
+def read_configs(dirs: Sequence[str]) -> list[dict[str, Any]]:
+    """The ``config.json`` of each matrix directory in ``dirs``, in order."""
+    out = []
+    for d in dirs:
+        with open(os.path.join(d, "config.json"), encoding="utf-8") as fh:
+            out.append(json.load(fh))
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
