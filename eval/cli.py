@@ -43,6 +43,9 @@ EXPERIMENT_ALIASES = {
     "k": "learned-capacity",
 }
 EXPERIMENTS = tuple(EXPERIMENT_ALIASES.values())
+#: ``report --section`` choices: capacity, then eval.report.TABLE_SECTIONS (kept here so --help needs no heavy import; a test
+#: holds them equal)
+SECTIONS = ("capacity", "milp-vs-ilp", "predictor", "polling", "tradeoff", "bound", "diurnal", "sessions", "generalise")
 # `carbon-gym bench NAME ...` -> the module whose main(argv) runs it
 BENCHES = {
     "env": "eval.bench_env",
@@ -387,6 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--policies", default=None, help="override the experiment's policy list (comma list)")
     ex.add_argument("--scenarios", default=None, help="run on these scenarios instead of models x loads (comma list of names or TOML paths)")
     ex.add_argument("--all-requests", action="store_true", help="write per-request records of every run (default: only where a figure needs them)")
+    ex.add_argument("--periods", default=None, metavar="S1,S2", help="experiment polling: the polling periods to sweep, s (comma list, each > 0; default the preset's 0.1,0.25,0.5,1,2,4,8)")
 
     rp = sub.add_parser("report", help="write RESULTS.md from a finished headline run (and other experiments found next to it)")
     rp.add_argument("results_dir", nargs="?", default="results", help="directory holding headline/ (and the other experiments), default results")
@@ -395,8 +399,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--command", dest="run_command", default=None, help="the command that produced the run (default: from its config.json)")
     rp.add_argument("--replot", action="store_true", help="redraw the headline figures from its files first")
     rp.add_argument("--force", action="store_true", help="replace an existing --out file and figures (default: refuse)")
-    rp.add_argument("--section", choices=("capacity",), default=None, help="rewrite only this section of --out in place "
-                    "(capacity: from <results_dir>/capacity; the rest of the file is kept, no headline run needed)")
+    rp.add_argument("--section", choices=SECTIONS, default=None, help="rewrite only this experiment's section of --out in place, "
+                    "from <results_dir>/<section> (with its cost-table row, the totals and its study claim; the rest of the file "
+                    "is kept, no headline run needed): " + ", ".join(SECTIONS))
 
     sub.add_parser("scenarios", help="list the shipped scenarios")
     sub.add_parser("policies", help="list the policy names (registered names, learned:<path>, package.module:Class)")
@@ -623,12 +628,35 @@ def _experiment_notes(names: Sequence[str], args: argparse.Namespace) -> None:
               "replacing the scenarios' carbon.start_utc; --no-carbon-start keeps it", file=sys.stderr)
 
 
+def parse_periods(text: str | None) -> tuple[float, ...] | None:
+    """``--periods``: a comma list of polling periods, s (each a number > 0, no repeats)."""
+    if text is None:
+        return None
+    out: list[float] = []
+    for part in split_list(text):
+        try:
+            v = float(part)
+        except ValueError:
+            raise UsageError("--periods", f"{part!r} is not a number of seconds") from None
+        if not (v > 0) or v != v or v == float("inf"):
+            raise UsageError("--periods", f"each period must be a finite number > 0 s, got {part!r}")
+        if v in out:
+            raise UsageError("--periods", f"period {part!r} is given twice")
+        out.append(v)
+    if not out:
+        raise UsageError("--periods", "needs at least one period, e.g. --periods 0.1,0.5,1,2,4")
+    return tuple(out)
+
+
 def cmd_experiment(args: argparse.Namespace, argv: Sequence[str]) -> int:
     _check_run_args(args)
     name = EXPERIMENT_ALIASES.get(args.name, args.name)
     names = list(EXPERIMENTS) if name == "all" else [name]
     if names[0] not in EXPERIMENTS:
         raise UsageError("experiment", f"unknown experiment {args.name!r}", list(EXPERIMENTS) + ["all"] + list(EXPERIMENT_ALIASES))
+    periods = parse_periods(args.periods)
+    if periods is not None and "polling" not in names:
+        raise UsageError("--periods", f"sets the polling sweep's periods: use it with experiment polling, not {args.name!r}", ["polling", "d"])
     seeds = parse_seeds(args.seeds, args.seed_list, args.seed_start) if (args.seeds or args.seed_list) else None
     from eval import experiments
 
@@ -677,6 +705,7 @@ def cmd_experiment(args: argparse.Namespace, argv: Sequence[str]) -> int:
             command=_command_line(argv),
             window_s=args.window_s,
             warmup_s=args.warmup_s,
+            polling_s=periods,
         )
         print(f"## {n}\n")
         print(table, end="")
@@ -694,6 +723,17 @@ def cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
         from eval.capacity_report import write_capacity_section
 
         print(f"wrote the capacity section of {write_capacity_section(args.results_dir, out=args.out)}")
+        return 0
+    if args.section is not None:
+        from eval.report import write_section
+
+        from carbon_gym.errors import ConfigError
+
+        try:
+            path = write_section(args.results_dir, args.section, out=args.out, figures_dir=args.figures)
+        except ConfigError as exc:
+            raise UsageError("--out" if exc.field == "out" else exc.field, str(exc).removeprefix(f"{exc.field}: ")) from None
+        print(f"wrote the {args.section} section of {path}")
         return 0
 
     if not os.path.isdir(os.path.join(args.results_dir, "headline")):

@@ -810,9 +810,13 @@ def run_experiment(
     command: str | None = None,
     window_s: float | None = None,
     warmup_s: float | None = None,
+    polling_s: Sequence[float] | None = None,
 ) -> str:
-    """Run experiment ``name`` (see the module docstring) and return its Markdown table."""
+    """Run experiment ``name`` (see the module docstring) and return its Markdown table.
+    ``polling_s``: the polling sweep's periods, s (default the preset's)."""
     p = PRESETS[preset]
+    if polling_s is not None:
+        p = replace(p, polling_s=tuple(float(v) for v in polling_s))
     ctx = Ctx(
         name=name,
         out=out,

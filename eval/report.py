@@ -15,9 +15,10 @@ import shutil
 from eval.experiments import PRESETS, headline_table, milp_vs_ilp_markdown, milp_vs_ilp_table
 from eval.generalise_experiment import generalise_section
 from eval.learned_capacity_experiment import learned_capacity_dirs, learned_capacity_section
+from eval.capacity_report import SECTION_BEGIN as CAPACITY_BEGIN
 from eval.tables import METRICS_NOTE, summary_markdown
 
-__all__ = ["write_results_md", "STUDY_CLAIMS", "NOTES_BEGIN", "NOTES_END"]
+__all__ = ["write_results_md", "write_section", "table_section", "TABLE_SECTIONS", "STUDY_CLAIMS", "NOTES_BEGIN", "NOTES_END"]
 
 NOTES_BEGIN = "<!-- notes:begin (kept when RESULTS.md is regenerated) -->"
 NOTES_END = "<!-- notes:end -->"
@@ -124,6 +125,154 @@ def run_costs_markdown(results_dir: str) -> str:
     return "\n".join(out)
 
 
+#: The sections written from one experiment's own table (``<exp>/<exp>.md``), in file order: title.
+TABLE_SECTIONS: dict[str, str] = {
+    "milp-vs-ilp": "Facility MILP vs per-request ILPs",
+    "predictor": "Predictor vs oracle",
+    "polling": "Polling period",
+    "tradeoff": "Carbon vs SLO trade-off",
+    "bound": "Share of the carbon lower bound",
+    "diurnal": "A long run: llama8b-diurnal",
+    "sessions": "Multi-turn sessions and prefix caching",
+    "generalise": "The learned agent on unseen data (held-out days, another year, loads, topology, faults)",
+}
+#: The study claim (:data:`STUDY_CLAIMS` key) each table section's experiment answers.
+SECTION_CLAIMS = {"milp-vs-ilp": "milp_ilp", "predictor": "predictor", "polling": "polling"}
+
+
+class Figures:
+    """The figures RESULTS.md links (PNG under ``<results_dir>/<exp>/figures``), copied into
+    ``figures_dir`` only once the text is complete (:meth:`copy`)."""
+
+    def __init__(self, results_dir: str, figures_dir: str, out: str) -> None:
+        self.results_dir, self.figures_dir = results_dir, figures_dir
+        self.rel = os.path.relpath(figures_dir, os.path.dirname(os.path.abspath(out)) or ".")
+        self.copies: list[tuple[str, str]] = []  # (source, destination)
+
+    def link(self, exp: str, stem: str) -> str | None:
+        """The Markdown path of figure ``stem`` of ``exp`` (None when it was not drawn)."""
+        src = os.path.join(self.results_dir, exp, "figures", stem + ".png")
+        if not os.path.isfile(src):
+            return None
+        dst_name = f"{exp}_{stem}.png" if not stem.startswith(exp) else stem + ".png"
+        self.copies.append((src, os.path.join(self.figures_dir, dst_name)))
+        return f"{self.rel}/{dst_name}".replace(os.sep, "/")
+
+    def copy(self) -> None:
+        os.makedirs(self.figures_dir, exist_ok=True)
+        for src, dst in self.copies:
+            shutil.copyfile(src, dst)
+
+
+def table_section(results_dir: str, exp: str, figs: Figures) -> str | None:
+    """The RESULTS.md section of experiment ``exp`` (a :data:`TABLE_SECTIONS` key): its title,
+    command, table and figures; None when ``<results_dir>/<exp>/<exp>.md`` is absent."""
+    md_path = os.path.join(results_dir, exp, f"{exp}.md")
+    if not os.path.isfile(md_path):
+        return None
+    parts = [f"## {TABLE_SECTIONS[exp]}\n"]
+    merged = generalise_section(results_dir) if exp == "generalise" else None
+    econf = os.path.join(results_dir, exp, "config.json")
+    if merged is not None:
+        parts.append(merged)
+    else:
+        if os.path.isfile(econf):
+            with open(econf, encoding="utf-8") as f:
+                parts.append(f"`{json.load(f).get('command')}`\n")
+        parts.append(open(md_path, encoding="utf-8").read())
+    fdir = os.path.join(results_dir, exp, "figures")
+    for name in sorted(os.listdir(fdir)) if os.path.isdir(fdir) else []:
+        if name.endswith(".png"):
+            p = figs.link(exp, name[:-4])
+            if p:
+                parts.append(f"![{exp}: {name[:-4]}]({p})\n")
+    return "\n".join(parts)
+
+
+def _split_sections(text: str) -> tuple[str, list[str]]:
+    """``text`` as its preamble and its ``## `` sections (each from its heading to the next)."""
+    pieces = text.split("\n## ")
+    sections = ["## " + p for p in pieces[1:]]
+    for i in range(len(sections) - 1):  # the capacity section's marker line, above its heading, goes with it
+        pos = sections[i].rfind("\n" + CAPACITY_BEGIN)
+        if pos >= 0:
+            sections[i], sections[i + 1] = sections[i][:pos], sections[i][pos + 1:] + "\n" + sections[i + 1]
+    return pieces[0], sections
+
+
+def _costs_rows(text: str) -> list[str]:
+    """The rows of the "Every matrix in this file" table of an existing RESULTS.md."""
+    if "Every matrix in this file" not in text:
+        return []
+    body = text.split("Every matrix in this file", 1)[1].split("\n\n", 2)[1]
+    return [ln for ln in body.splitlines() if ln.startswith("| ") and not ln.startswith("| results |")]
+
+
+def _costs_total(rows: list[str]) -> str:
+    """The "Whole run" line summed over cost-table rows."""
+    cells = [[c.strip() for c in r.strip("|").split("|")] for r in rows]
+    runs = sum(int(c[1]) for c in cells)
+    wall = sum(float(c[3]) for c in cells)
+    cpu = sum(float(c[4]) for c in cells)
+    return (f"Whole run: {runs} runs, {wall:.1f} min of wall time summed over the commands (some ran at the same time), "
+            f"{cpu:.1f} CPU-minutes ({cpu / 2:.1f} min on 2 dedicated cores).")
+
+
+def write_section(results_dir: str, exp: str, *, out: str = "RESULTS.md", figures_dir: str = "docs/figures") -> str:
+    """Rewrite experiment ``exp``'s section of an existing ``out`` in place (a :data:`TABLE_SECTIONS`
+    key) from ``<results_dir>/<exp>``, with its row of the cost table, the whole run's totals and
+    its study claim; the rest of the file is kept. For a matrix rerun (or added) without rerunning
+    the others. A section not yet in ``out`` goes where the full report puts it."""
+    from carbon_gym.errors import ConfigError
+
+    if exp not in TABLE_SECTIONS:
+        raise ConfigError("section", f"unknown section {exp!r}; allowed: {', '.join(TABLE_SECTIONS)}")
+    if not os.path.isfile(out):
+        raise ConfigError("out", f"{out!r} not found: a section is rewritten in an existing RESULTS.md (write the whole file first)")
+    figs = Figures(results_dir, figures_dir, out)
+    section = table_section(results_dir, exp, figs)
+    if section is None:
+        raise ConfigError("results_dir", f"{os.path.join(results_dir, exp, exp + '.md')!r} not found; run "
+                          f"`carbon-gym experiment {exp} --out {results_dir}` first")
+    old = open(out, encoding="utf-8").read()
+    head, sections = _split_sections(old)
+    title = f"## {TABLE_SECTIONS[exp]}\n"
+    block = section.rstrip("\n") + "\n"
+    at = next((i for i, sec in enumerate(sections) if sec.startswith(title)), None)
+    if at is not None:
+        sections[at] = block
+    else:
+        order = list(TABLE_SECTIONS)
+        later = {f"## {TABLE_SECTIONS[e]}\n" for e in order[order.index(exp) + 1:]}
+        later |= {"## A learned agent deciding capacity", CAPACITY_BEGIN, "## Comparison with the study"}
+        at = next((i for i, sec in enumerate(sections) if any(sec.startswith(t) for t in later)), len(sections))
+        sections.insert(at, block)
+    text = head + "".join("\n" + sec for sec in sections)
+    # the cost table: this experiment's rows replaced (or added), then the totals
+    rows = [r for r in _costs_rows(text) if r.split("|")[1].strip().split("/")[0] != exp]
+    new_rows = [r for r in run_costs_markdown(results_dir).splitlines()[2:] if r.startswith("| ")
+                and r.split("|")[1].strip().split("/")[0] == exp]
+    if rows or new_rows:
+        old_rows = _costs_rows(text)
+        merged = sorted(rows + new_rows, key=lambda r: r.split("|")[1].strip() + "/config.json")
+        text = text.replace("\n".join(old_rows), "\n".join(merged), 1) if old_rows else text
+        total = next((ln for ln in text.splitlines() if ln.startswith("Whole run: ")), None)
+        if total is not None:
+            text = text.replace(total, _costs_total(merged), 1)
+    key = SECTION_CLAIMS.get(exp)
+    claim = _claims(results_dir).get(key) if key else None
+    if claim is not None:
+        label = next(c for k, c, _ in STUDY_CLAIMS if k == key)
+        line = next((ln for ln in text.splitlines() if ln.startswith(f"| {label} |")), None)
+        if line is not None:
+            study = line.strip("|").split("|")[1].strip()
+            text = text.replace(line, f"| {label} | {study} | {claim} |", 1)
+    figs.copy()
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(text)
+    return out
+
+
 def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", figures_dir: str = "docs/figures", command: str | None = None,  # noqa: C901
                      overwrite: bool = True) -> str:
     """Write RESULTS.md from ``results_dir/headline`` (+ the other experiments found there).
@@ -149,17 +298,9 @@ def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", f
         if NOTES_BEGIN in old:  # (an end marker lost in a hand edit: the notes run to the end of the file)
             notes = old.split(NOTES_BEGIN, 1)[1].split(NOTES_END, 1)[0].strip("\n")
     os.makedirs(figures_dir, exist_ok=True)
-    rel = os.path.relpath(figures_dir, os.path.dirname(os.path.abspath(out)) or ".")
 
-    copies: list[tuple[str, str]] = []  # (source, destination), copied once the text is complete
-
-    def fig(exp: str, stem: str) -> str | None:
-        src = os.path.join(results_dir, exp, "figures", stem + ".png")
-        if not os.path.isfile(src):
-            return None
-        dst_name = f"{exp}_{stem}.png" if not stem.startswith(exp) else stem + ".png"
-        copies.append((src, os.path.join(figures_dir, dst_name)))
-        return f"{rel}/{dst_name}".replace(os.sep, "/")
+    figs = Figures(results_dir, figures_dir, out)
+    copies, fig = figs.copies, figs.link
 
     v = cfg.get("versions", {})
     runs_meta = cfg.get("runs", [])
@@ -237,33 +378,20 @@ def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", f
             add("## Facility MILP vs per-request ILPs (from the headline runs)\n")
             add(f"Reduction vs rr, % (SLO violation %; MLPerf p99 verdict), and the paired gap MILP - ILP in percentage points (mean ± 95% CI over seeds). {METRICS_NOTE}\n")
             add(milp_vs_ilp_markdown(milp_vs_ilp_table(runs, ilps=ilps), ilps))
-    if not os.path.isfile(os.path.join(results_dir, "bound", "bound.md")) and bounds is not None and runs is not None:
+    bound_runs = _read_csv(os.path.join(results_dir, "bound", "runs.csv"))
+    bound_ran = os.path.isfile(os.path.join(results_dir, "bound", "bound.md")) and bound_runs is not None
+    if bounds is not None and runs is not None and not (bound_runs is not None and bound_ran and set(runs["policy"]) <= set(bound_runs["policy"])):
         from eval.bound import bound_share, with_bounds
 
         add("## Share of the carbon lower bound (from the headline runs)\n")
-        add("The headline's runs against the bound of their episodes (the clairvoyant heuristic of `carbon-gym "
-            "experiment bound` was not run).\n")
+        add("The headline's runs against the bound of their episodes " + (
+            "(the clairvoyant heuristic of `carbon-gym experiment bound`: \"Share of the carbon lower bound\" below).\n" if bound_ran
+            else "(the clairvoyant heuristic of `carbon-gym experiment bound` was not run).\n"))
         add(bound_share(with_bounds(runs, bounds))[1])
-    for exp, title in (("milp-vs-ilp", "Facility MILP vs per-request ILPs"), ("predictor", "Predictor vs oracle"), ("polling", "Polling period"), ("tradeoff", "Carbon vs SLO trade-off"), ("bound", "Share of the carbon lower bound"), ("diurnal", "A long run: llama8b-diurnal"), ("sessions", "Multi-turn sessions and prefix caching"), ("generalise", "The learned agent on unseen data (held-out days, another year, loads, topology, faults)")):
-        md_path = os.path.join(results_dir, exp, f"{exp}.md")
-        if not os.path.isfile(md_path):
-            continue
-        add(f"## {title}\n")
-        merged = generalise_section(results_dir) if exp == "generalise" else None
-        econf = os.path.join(results_dir, exp, "config.json")
-        if merged is not None:
-            add(merged)
-        else:
-            if os.path.isfile(econf):
-                with open(econf, encoding="utf-8") as f:
-                    add(f"`{json.load(f).get('command')}`\n")
-            add(open(md_path, encoding="utf-8").read())
-        fdir = os.path.join(results_dir, exp, "figures")
-        for name in sorted(os.listdir(fdir)) if os.path.isdir(fdir) else []:
-            if name.endswith(".png"):
-                p = fig(exp, name[:-4])
-                if p:
-                    add(f"![{exp}: {name[:-4]}]({p})\n")
+    for exp in TABLE_SECTIONS:
+        section = table_section(results_dir, exp, figs)
+        if section is not None:
+            add(section)
     if learned_capacity_dirs(results_dir):
         add("## A learned agent deciding capacity (20 held-out starts)\n")
         lc_md, _ = learned_capacity_section(results_dir)
@@ -294,8 +422,7 @@ def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", f
     if clash and not overwrite:
         raise ConfigError("figures", f"{len(clash)} figure(s) would be replaced, e.g. {clash[0]!r}; choose another "
                           "figures directory, or allow replacing them (carbon-gym report --force)")
-    for src, dst in copies:
-        shutil.copyfile(src, dst)
+    figs.copy()
     with open(out, "w", encoding="utf-8") as f:
         f.write(text)
     return out

@@ -11,10 +11,11 @@
 #                mixtral8x7b-low, 900 s window after 300 s, one start: rr always on vs rr / planner /
 #                ilp-state with the reactive autoscaler, rr with the carbon-aware one, the MILP deciding
 #                capacity (and its own always-on run)
-#   e  tradeoff  llama8b-moderate, the same 8 starts and window: the planner at utilisation 0.6 and
-#                0.9 (default), the facility MILP at violation penalty 1 g (default) and 10 g, rr
-#                the reference: two points per frontier, enough to compare at equal violation
-#                by interpolation, not the full frontier (eval/frontiers.py KNOBS: 6-7 values each)
+#   e  tradeoff  llama8b-moderate, the same 8 starts and window: the planner at utilisation 0.6, 0.7,
+#                0.8 and 0.9 (default), the facility MILP at its utilisation cap max_prefill_share 0.3,
+#                0.4 and 0.5 (default; its violation penalty hardly moves it), rr the reference: 4 and 3
+#                points per frontier, compared at equal violation by interpolation (eval/frontiers.py
+#                KNOBS has 6 values each); ~75 CPU-minutes
 #   i  sessions  multi-turn sessions with prefix caching (issue 23): 4 scenarios, 2 starts
 #                (their load levels come from the sessions' own capacity file, so they did not move
 #                with the cluster basis)
@@ -28,16 +29,20 @@
 #                zones, three regions, a region outage (2 starts each); 108 runs, ~90 CPU-minutes
 #   c  predictor the MILP with the output-length predictor vs oracle lengths on the headline's 8
 #                starts and window (rr at each); 32 runs, ~40 CPU-minutes
+#   d  polling   llama8b-moderate, the same 8 starts and window: rr and the MILP at polling periods
+#                0.1, 0.5, 1, 2 and 4 s (rr at each period the reference); 80 runs, ~120 CPU-minutes
 #   k  learned-capacity the capacity-aware agent (train/checkpoints/llama8b_capacity_set.npz) vs
 #                the MILP deciding capacity, milp-mpc, rr+reactive and rr always on: llama8b-moderate,
 #                20 fresh held-out days, 600 s windows; 100 runs, ~110 CPU-minutes
 #
 # Not in this run (too costly for 2 cores; the full matrix on a cluster is in README "On a Ray
-# cluster"): the full trade-off frontiers, the other 8 headline scenarios, the polling and bound
-# experiments at >= 8 starts (the share of the bound is read from the headline's runs).
+# cluster"): the full trade-off frontiers (6 values per knob, the learned agent's and the capped
+# heuristics'), the other 8 headline scenarios, the bound experiment's clairvoyant heuristic (the
+# share of the bound is read from the headline's runs).
 #
 # usage: bash eval/study_1h.sh [OUT] [STAGES]   (OUT defaults to results, STAGES to "a e h i";
-#        "a e h i c g j k" for everything RESULTS.md shows; RESULTS.md is regenerated from OUT)
+#        "a e h i c d g j k" for everything RESULTS.md shows; RESULTS.md is regenerated from OUT;
+#        one stage rerun on its own: carbon-gym report OUT --section <experiment>)
 set -euo pipefail
 OUT=${1:-results}
 STAGES=${2:-a e h i}
@@ -48,7 +53,9 @@ for stage in $STAGES; do
          --policies rr,greedy-cap,planner,ilp-state,milp,learned:train/checkpoints/llama8b_set.npz \
          --seed-list "$SEEDS" --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
     e) carbon-gym experiment tradeoff --preset full --scenarios llama8b-moderate --policies planner,milp \
-         --knob planner=0.6 --knob milp=10 --seed-list "$SEEDS" --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
+         --knob planner=0.6,0.7,0.8 --knob milp=0.3,0.4 --seed-list "$SEEDS" --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
+    d) carbon-gym experiment polling --preset full --scenarios llama8b-moderate --policies milp --periods 0.1,0.5,1,2,4 \
+         --seed-list "$SEEDS" --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
     h) carbon-gym experiment capacity --preset full --out "$OUT" --workers 2 --no-plots --no-tensorboard --no-progress ;;
     i) carbon-gym experiment sessions --preset full --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
     g) carbon-gym experiment diurnal --preset full --no-carbon-start --policies rr,planner+reactive,milp --out "$OUT" \
@@ -57,7 +64,7 @@ for stage in $STAGES; do
     c) carbon-gym experiment predictor --preset full --scenarios llama8b-moderate --policies milp \
          --seed-list "$SEEDS" --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
     k) carbon-gym experiment learned-capacity --preset full --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
-    *) echo "unknown stage $stage (a, c, e, h, i, g, j, k)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage (a, c, d, e, h, i, g, j, k)" >&2; exit 2 ;;
   esac
 done
 carbon-gym report "$OUT" --force

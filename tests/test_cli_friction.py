@@ -212,3 +212,15 @@ def test_tables_use_the_scenarios_name(tmp_path):
     g = tmp_path / "other.toml"
     g.write_text(text)
     assert runner.scenario_labels([str(f), str(g)]) == {}
+
+
+def test_polling_periods_are_checked(capsys):
+    """``--periods`` chooses the polling sweep's periods: numbers > 0, no repeats, and only for
+    experiment polling; a bad one names --periods."""
+    assert cli.parse_periods("0.1, 0.5,2") == (0.1, 0.5, 2.0) and cli.parse_periods(None) is None
+    for bad, why in (("0", "> 0"), ("-1", "> 0"), ("fast", "not a number"), ("1,1", "twice"), ("inf", "finite"), (",", "at least one")):
+        with pytest.raises(cli.UsageError, match=why) as e:
+            cli.parse_periods(bad)
+        assert str(e.value).startswith("--periods: ")
+    assert cli.main(["experiment", "headline", "--periods", "1", *QUIET]) == 2
+    assert "--periods: sets the polling sweep's periods: use it with experiment polling" in capsys.readouterr().err

@@ -238,13 +238,13 @@ def test_knob_values_from_the_command_line(monkeypatch):
     from eval import frontiers
 
     monkeypatch.setattr(frontiers, "KNOBS", dict(frontiers.KNOBS))
-    vals = frontiers.knob_values_from_cli(["planner=0.6", "milp=10,3"])
-    assert vals == {"planner": (0.6,), "milp": (3.0, 10.0)}
+    vals = frontiers.knob_values_from_cli(["planner=0.6", "milp=0.4,0.3"])
+    assert vals == {"planner": (0.6,), "milp": (0.3, 0.4)}
     frontiers.set_knob_values(vals)
-    assert frontiers.KNOBS["planner"].values == (0.6, 0.9) and frontiers.KNOBS["milp"].values == (1.0, 3.0, 10.0)
+    assert frontiers.KNOBS["planner"].values == (0.6, 0.9) and frontiers.KNOBS["milp"].values == (0.3, 0.4, 0.5)
     specs = frontiers.frontier_specs(["dev"], ["rr", "planner", "milp"], [0, 1])
     labels = sorted({s.label or s.policy for s in specs})
-    assert labels == ["milp", "milp[violation_penalty_g=10]", "milp[violation_penalty_g=3]", "planner",
+    assert labels == ["milp", "milp[max_prefill_share=0.3]", "milp[max_prefill_share=0.4]", "planner",
                       "planner[utilisation=0.6]", "rr"]
     assert len(specs) == 6 * 2
     for bad in ("plannr=0.5", "planner", "planner=fast"):

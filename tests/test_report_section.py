@@ -1,0 +1,147 @@
+"""``carbon-gym report --section <exp>``: one experiment's section of RESULTS.md rewritten in place
+(eval.report.write_section), with its cost-table row, the totals and its study claim; the rest of
+the file byte for byte."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from carbon_gym.errors import ConfigError
+from eval.capacity_report import SECTION_BEGIN
+from eval.cli import SECTIONS, main
+from eval.report import TABLE_SECTIONS, _split_sections, write_section
+
+ROOT = Path(__file__).resolve().parent.parent
+
+BASE = f"""# Results
+
+## How it was produced
+
+Every matrix in this file, its command and cost:
+
+| results | runs | workers | wall (min) | CPU of the runs (min) | command |
+|---|---|---|---|---|---|
+| headline | 48 | 2 | 35.6 | 43.0 | `carbon-gym experiment headline` |
+| tradeoff | 40 | 2 | 19.5 | 37.0 | `carbon-gym experiment tradeoff` |
+
+Whole run: 88 runs, 55.1 min of wall time summed over the commands (some ran at the same time), 80.0 CPU-minutes (40.0 min on 2 dedicated cores).
+
+## Headline: carbon reduction vs round-robin (SLO violation %)
+
+headline table
+
+## Predictor vs oracle
+
+predictor table
+
+## Carbon vs SLO trade-off
+
+tradeoff table
+
+{SECTION_BEGIN}
+## Capacity control
+
+capacity table
+<!-- capacity:end -->
+
+## Comparison with the study
+
+| claim | study | this run |
+|---|---|---|
+| SLO violation vs polling period | rises noticeably past 2 s | not run |
+
+## Discussion
+
+notes
+"""
+
+
+def _matrix(root: Path, exp: str, *, cpu_s: list[float], elapsed_s: float, table: str, extra: dict[str, str] | None = None) -> Path:
+    d = root / exp
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps({"command": f"carbon-gym experiment {exp} --preset full", "elapsed_s": elapsed_s,
+                                               "workers": 2, "runs": [{} for _ in cpu_s]}), encoding="utf-8")
+    (d / "runs.csv").write_text("cpu_s\n" + "".join(f"{c}\n" for c in cpu_s), encoding="utf-8")
+    (d / f"{exp}.md").write_text(table, encoding="utf-8")
+    for name, text in (extra or {}).items():
+        (d / name).write_text(text, encoding="utf-8")
+    return d
+
+
+POLL_CSV = "policy,polling_s,slo_violation_pct\nmilp,0.1,1.25\nmilp,2,6.5\nrr,0.1,0.5\n"
+
+
+def test_sections_choices_match_the_report():
+    assert SECTIONS == ("capacity",) + tuple(TABLE_SECTIONS)
+
+
+def test_the_committed_results_md_splits_and_joins_byte_for_byte():
+    text = (ROOT / "RESULTS.md").read_text(encoding="utf-8")
+    head, sections = _split_sections(text)
+    assert head + "".join("\n" + s for s in sections) == text
+    cap = [s for s in sections if "## Capacity control" in s]
+    assert all(s.startswith(SECTION_BEGIN) for s in cap)  # the marker travels with its heading
+
+
+def test_a_new_section_goes_where_the_full_report_puts_it(tmp_path):
+    out = tmp_path / "RESULTS.md"
+    out.write_text(BASE, encoding="utf-8")
+    _matrix(tmp_path / "res", "polling", cpu_s=[60.0, 120.0, 180.0], elapsed_s=240.0, table="| polling table |\n",
+            extra={"polling.csv": POLL_CSV})
+    write_section(str(tmp_path / "res"), "polling", out=str(out), figures_dir=str(tmp_path / "figs"))
+    text = out.read_text(encoding="utf-8")
+    # between the predictor and the trade-off (TABLE_SECTIONS order), with its command
+    assert "predictor table\n\n## Polling period\n\n`carbon-gym experiment polling --preset full`\n\n| polling table |\n\n## Carbon vs SLO trade-off" in text
+    # its cost row in order, the totals summed over the rows: 88 + 3 runs, 55.1 + 4.0 min wall, 80.0 + 6.0 CPU-min
+    assert ("| headline | 48 | 2 | 35.6 | 43.0 | `carbon-gym experiment headline` |\n"
+            "| polling | 3 | 2 | 4.0 | 6.0 | `carbon-gym experiment polling --preset full` |\n"
+            "| tradeoff | 40 | 2 | 19.5 | 37.0 |") in text
+    assert "Whole run: 91 runs, 59.1 min of wall time summed over the commands (some ran at the same time), 86.0 CPU-minutes (43.0 min on 2 dedicated cores)." in text
+    assert "| SLO violation vs polling period | rises noticeably past 2 s | MILP violation %: 0.1 s: 1.25, 2 s: 6.50 |" in text
+    # nothing else moved
+    rest = text.replace("## Polling period\n\n`carbon-gym experiment polling --preset full`\n\n| polling table |\n\n", "")
+    rest = rest.replace("| polling | 3 | 2 | 4.0 | 6.0 | `carbon-gym experiment polling --preset full` |\n", "")
+    rest = rest.replace("Whole run: 91 runs, 59.1 min", "Whole run: 88 runs, 55.1 min").replace("86.0 CPU-minutes (43.0 min", "80.0 CPU-minutes (40.0 min")
+    rest = rest.replace("MILP violation %: 0.1 s: 1.25, 2 s: 6.50", "not run")
+    assert rest == BASE
+
+
+def test_a_rerun_replaces_its_section_and_row_and_is_idempotent(tmp_path):
+    out = tmp_path / "RESULTS.md"
+    out.write_text(BASE, encoding="utf-8")
+    _matrix(tmp_path / "res", "tradeoff", cpu_s=[600.0], elapsed_s=300.0, table="new tradeoff table\n")
+    for _ in range(2):
+        write_section(str(tmp_path / "res"), "tradeoff", out=str(out), figures_dir=str(tmp_path / "figs"))
+        text = out.read_text(encoding="utf-8")
+        assert "tradeoff table\n\n" + SECTION_BEGIN not in text.replace("new tradeoff table", "")
+        assert "## Carbon vs SLO trade-off\n\n`carbon-gym experiment tradeoff --preset full`\n\nnew tradeoff table\n\n" + SECTION_BEGIN + "\n## Capacity control" in text
+        assert "| tradeoff | 1 | 2 | 5.0 | 10.0 | `carbon-gym experiment tradeoff --preset full` |" in text
+        assert "| tradeoff | 40 |" not in text
+        assert "Whole run: 49 runs, 40.6 min" in text and "53.0 CPU-minutes (26.5 min on 2 dedicated cores)" in text
+        assert text.count("## Carbon vs SLO trade-off") == 1
+
+
+def test_a_section_before_the_capacity_marker_keeps_the_marker_above_its_heading(tmp_path):
+    out = tmp_path / "RESULTS.md"
+    out.write_text(BASE, encoding="utf-8")
+    _matrix(tmp_path / "res", "sessions", cpu_s=[30.0], elapsed_s=30.0, table="sessions table\n")
+    write_section(str(tmp_path / "res"), "sessions", out=str(out), figures_dir=str(tmp_path / "figs"))
+    text = out.read_text(encoding="utf-8")
+    assert "tradeoff table\n\n## Multi-turn sessions and prefix caching\n" in text
+    assert "sessions table\n\n" + SECTION_BEGIN + "\n## Capacity control\n" in text
+
+
+def test_bad_requests_name_the_field(tmp_path, capsys):
+    with pytest.raises(ConfigError, match="section.*allowed: milp-vs-ilp"):
+        write_section(str(tmp_path), "headline", out=str(tmp_path / "R.md"))
+    with pytest.raises(ConfigError, match="out.*not found"):
+        write_section(str(tmp_path), "polling", out=str(tmp_path / "R.md"))
+    (tmp_path / "R.md").write_text(BASE, encoding="utf-8")
+    with pytest.raises(ConfigError, match="polling.md.*not found.*experiment polling"):
+        write_section(str(tmp_path), "polling", out=str(tmp_path / "R.md"))
+    assert main(["report", str(tmp_path), "--section", "polling", "--out", str(tmp_path / "R.md")]) == 2
+    assert "polling.md" in capsys.readouterr().err
+    assert (tmp_path / "R.md").read_text(encoding="utf-8") == BASE
