@@ -22,6 +22,7 @@ Invalid runs (work left unfinished, :data:`eval.runner.VALID_UNFINISHED_PCT`) ar
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -224,10 +225,20 @@ def envelope_at(viol: Sequence[float], red: Sequence[float], target: float) -> f
     return float(np.interp(target, v, r))
 
 
-def equal_violation(runs, *, reference: str = "rr", anchor: str = "milp") -> Any:
+#: Fixed violation levels (%) every frontier is also read at: 1% and the study's operating point, ~3%.
+LEVELS_PCT: tuple[float, ...] = (1.0, 3.0)
+
+
+def level_key(level_pct: float) -> str:
+    """Column prefix of a fixed level in :func:`equal_violation`: ``at_1pct``, ``at_2.5pct``."""
+    return f"at_{level_pct:g}pct"
+
+
+def equal_violation(runs, *, reference: str = "rr", anchor: str = "milp", levels_pct: Sequence[float] = LEVELS_PCT) -> Any:
     """Per (scenario, knob-driven policy): the default point, and the frontier read per seed at
-    round-robin's violation in that seed (``at_rr_*``) and at ``anchor``'s default violation
-    (``at_anchor_*``): mean ± 95% CI over the seeds where the frontier reaches that level
+    round-robin's violation in that seed (``at_rr_*``), at ``anchor``'s default violation
+    (``at_anchor_*``) and at each fixed level of ``levels_pct`` (``at_<v>pct_*``,
+    :func:`level_key`): mean ± 95% CI over the seeds where the frontier reaches that level
     (``*_seeds``). Reductions are vs rr, as everywhere."""
     import pandas as pd
 
@@ -246,7 +257,9 @@ def equal_violation(runs, *, reference: str = "rr", anchor: str = "milp") -> Any
             d = pts[pts["policy"] == pol]
             row["default_reduction_pct"], row["default_reduction_pct_ci95"] = mean_ci95(d["reduction_vs_rr_pct"])
             row["default_violation_pct"] = mean_ci95(d["slo_violation_pct"])[0]
-            for name, target in (("at_rr", ref), ("at_anchor", anc)):
+            seeds = sorted(set(pts["seed"]))
+            levels = [(level_key(lv), pd.Series(float(lv), index=seeds)) for lv in levels_pct]
+            for name, target in [("at_rr", ref), ("at_anchor", anc), *levels]:
                 vals = []
                 for seed, g in pts.groupby("seed"):
                     if seed in target.index:
@@ -301,38 +314,81 @@ def equal_violation_markdown(table, anchor: str = "milp") -> str:
         f"at {anchor}'s violation: vs rr % (seeds)": [f"{fmt_ci(a, b)} ({n})" for a, b, n in
                                                      zip(table["at_anchor_reduction_pct"], table["at_anchor_reduction_pct_ci95"], table["at_anchor_seeds"])],
     })
+    for lv in LEVELS_PCT:
+        k = level_key(lv)
+        if f"{k}_reduction_pct" in table:
+            disp[f"at {lv:g}% violation: vs rr % (seeds)"] = [f"{fmt_ci(a, b)} ({n})" for a, b, n in
+                                                           zip(table[f"{k}_reduction_pct"], table[f"{k}_reduction_pct_ci95"], table[f"{k}_seeds"])]
     return frame_markdown(disp)
+
+
+def tradeoff_tables(runs, summary, out: str) -> tuple[Any, Any, str]:
+    """Experiment e's tables from its runs and summary (as run, or read back from ``runs.csv`` /
+    ``summary.csv``): writes ``tradeoff.csv`` (the frontier points), ``equal_violation.csv`` and
+    ``tradeoff.md`` into ``out``; returns the points, the policies without a knob and the Markdown.
+    The knobs described are those of :data:`KNOBS` that the runs used, with the values they ran."""
+    import os
+
+    from eval.tables import METRICS_NOTE, summary_markdown
+
+    points = frontier_points(runs)
+    eq = equal_violation(runs)
+    os.makedirs(out, exist_ok=True)
+    points.to_csv(os.path.join(out, "tradeoff.csv"), index=False)
+    eq.to_csv(os.path.join(out, "equal_violation.csv"), index=False)
+    singles = summary[~summary["policy"].isin(list(KNOBS)) & ~summary["policy"].map(lambda p: parse_knob_label(str(p)) is not None)]
+    ran = {str(p) for p in runs["policy"]}
+    values = {pol: sorted(set(points[points["policy"] == pol]["value"])) for pol in KNOBS} if not points.empty else {}
+    knobs = "; ".join(f"{k.policy}: `{k.kwarg}` in {', '.join(f'{v:g}' for v in values.get(k.policy) or k.values)} (default {k.default:g}; {k.doc})"
+                      for k in KNOBS.values() if k.policy in ran)
+    levels = " and ".join(f"{lv:g}%" for lv in LEVELS_PCT)
+    md = ("Carbon vs SLO frontiers of the knob-driven policies, each run at every value of its knob (" + knobs + "). "
+          "◆ = on the policy's frontier (Pareto-efficient), * = its default. " + METRICS_NOTE + "\n\n"
+          + frontier_markdown(points)
+          + "\nAt equal violation: each frontier read per seed at round-robin's violation in that seed, at the facility "
+          f"MILP's default's and at {levels} (straight lines between the Pareto points; not reached = the knob cannot get that "
+          "low), mean ± 95% CI over the seeds where it is reached.\n\n" + equal_violation_markdown(eq)
+          + "\nPolicies without a knob, at their defaults:\n\n"
+          + (summary_markdown(singles, timing=False) if not singles.empty else "(none)\n"))
+    with open(os.path.join(out, "tradeoff.md"), "w", encoding="utf-8") as f:
+        f.write(md)
+    return points, singles, md
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m eval.frontiers DIR``: rewrite experiment e's tables in ``DIR`` (a finished
+    ``tradeoff`` matrix) from its ``runs.csv`` and ``summary.csv``, no run repeated."""
+    import argparse
+    import os
+
+    import pandas as pd
+
+    ap = argparse.ArgumentParser(prog="python -m eval.frontiers", description=main.__doc__)
+    ap.add_argument("dir", help="a tradeoff matrix (holding runs.csv and summary.csv), e.g. results/tradeoff")
+    a = ap.parse_args(argv)
+    files = [os.path.join(a.dir, n) for n in ("runs.csv", "summary.csv")]
+    missing = [f for f in files if not os.path.isfile(f)]
+    if missing:
+        print(f"python -m eval.frontiers: error: dir: {missing[0]!r} not found (run carbon-gym experiment tradeoff first)", file=sys.stderr)
+        return 2
+    tradeoff_tables(pd.read_csv(files[0]), pd.read_csv(files[1]), a.dir)
+    print(f"wrote {os.path.join(a.dir, 'tradeoff.md')}")
+    return 0
 
 
 def tradeoff_experiment(ctx: Any, policies: Sequence[str]) -> str:
     """Run ``policies`` (every knob-driven one at each value of its knob, the others at their
     defaults) on ``ctx``'s matrix (an :class:`eval.experiments.Ctx`) and write ``tradeoff.md`` /
     ``tradeoff.csv`` (the frontier points), ``equal_violation.csv`` and a figure per scenario."""
-    import os
     import sys
 
-    from eval.tables import METRICS_NOTE, REFERENCE_POLICY, summary_markdown
+    from eval.tables import REFERENCE_POLICY
 
     scens = ctx.scenario_list(("moderate",), ("llama8b",))
     pols = list(dict.fromkeys([REFERENCE_POLICY] + list(policies)))
     specs = frontier_specs(scens, pols, ctx.seeds, overrides=ctx.overrides, policy_kwargs=ctx.policy_kwargs)
     ex = ctx.execute(specs)
-    points = frontier_points(ex.runs)
-    eq = equal_violation(ex.runs)
-    points.to_csv(os.path.join(ctx.out, "tradeoff.csv"), index=False)
-    eq.to_csv(os.path.join(ctx.out, "equal_violation.csv"), index=False)
-    singles = ex.summary[~ex.summary["policy"].isin(list(KNOBS)) & ~ex.summary["policy"].map(lambda p: parse_knob_label(str(p)) is not None)]
-    knobs = "; ".join(f"{k.policy}: `{k.kwarg}` in {', '.join(f'{v:g}' for v in k.values)} (default {k.default:g}; {k.doc})"
-                      for k in KNOBS.values() if k.policy in pols)
-    md = ("Carbon vs SLO frontiers of the knob-driven policies, each run at every value of its knob (" + knobs + "). "
-          "◆ = on the policy's frontier (Pareto-efficient), * = its default. " + METRICS_NOTE + "\n\n"
-          + frontier_markdown(points)
-          + "\nAt equal violation: each frontier read per seed at round-robin's violation in that seed and at the facility "
-          "MILP's default's (straight lines between the Pareto points; not reached = the knob cannot get that low), mean ± "
-          "95% CI over the seeds where it is reached.\n\n" + equal_violation_markdown(eq)
-          + "\nPolicies without a knob, at their defaults:\n\n"
-          + (summary_markdown(singles, timing=False) if not singles.empty else "(none)\n"))
-    ctx.write_text("tradeoff.md", md)
+    points, singles, md = tradeoff_tables(ex.runs, ex.summary, ctx.out)
     if ctx.plots and not points.empty:
         from eval import plots
 
@@ -341,3 +397,7 @@ def tradeoff_experiment(ctx: Any, policies: Sequence[str]) -> str:
             plots.frontiers(points[points["scenario"] == scen], singles[singles["scenario"] == scen],
                             ctx.fig(f"tradeoff_{scen}"), title=f"{scen}: carbon vs SLO frontiers")
     return md
+
+
+if __name__ == "__main__":
+    sys.exit(main())

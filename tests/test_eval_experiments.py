@@ -101,9 +101,37 @@ def test_tradeoff_frontiers_and_equal_violation(results):
     assert eq.loc["milp", "at_rr_seeds"] == len(vals)
     if vals:
         assert eq.loc["milp", "at_rr_reduction_pct"] == pytest.approx(sum(vals) / len(vals))
+    # ... and at the fixed levels (1% and 3%): the same envelope read at that violation
+    for lv in frontiers.LEVELS_PCT:
+        k = frontiers.level_key(lv)
+        vals = []
+        for seed in (0, 1):
+            pts = runs[(runs.seed == seed) & runs.policy.str.startswith("milp")]
+            vals.append(frontiers.envelope_at(pts["slo_violation_pct"], pts["reduction_vs_rr_pct"], lv))
+        vals = [v for v in vals if v == v]
+        assert eq.loc["milp", f"{k}_seeds"] == len(vals) and eq.loc["milp", f"{k}_violation_pct"] == lv
+        if vals:
+            assert eq.loc["milp", f"{k}_reduction_pct"] == pytest.approx(sum(vals) / len(vals))
     md = (results / "tradeoff" / "tradeoff.md").read_text()
-    assert "At equal violation" in md and "least-loaded" in md and "◆" in md
+    assert "At equal violation" in md and "least-loaded" in md and "◆" in md and "at 3% violation: vs rr % (seeds)" in md
     assert (results / "tradeoff" / "figures" / "tradeoff_dev.png").is_file()
+
+
+def test_tradeoff_tables_from_the_files_are_the_tables_as_run(results, tmp_path):
+    """``python -m eval.frontiers DIR`` rewrites experiment e's tables from runs.csv / summary.csv:
+    byte for byte what the run wrote (the knobs' values read from the runs, not the registry)."""
+    import shutil
+
+    from eval import frontiers
+
+    d = tmp_path / "tradeoff"
+    shutil.copytree(results / "tradeoff", d)
+    for f in ("tradeoff.md", "tradeoff.csv", "equal_violation.csv"):
+        (d / f).unlink()
+    assert frontiers.main([str(d)]) == 0
+    for f in ("tradeoff.md", "tradeoff.csv", "equal_violation.csv"):
+        assert (d / f).read_text() == (results / "tradeoff" / f).read_text(), f
+    assert frontiers.main([str(tmp_path / "nowhere")]) == 2
 
 
 def test_bound_shares(results):
