@@ -85,8 +85,11 @@ def _claims(results_dir: str) -> dict[str, str]:
         out["predictor"] = f"within {pred['reduction_diff_pp'].abs().max():.1f} pp / {pred['violation_diff_pp'].abs().max():.2f} pp (max over {len(pred)} scenario x policy cases)"
     poll = _read_csv(os.path.join(results_dir, "polling", "polling.csv"))
     if poll is not None and "milp" in set(poll["policy"]):
-        p = poll[poll["policy"] == "milp"].sort_values("polling_s")
-        out["polling"] = "MILP violation %: " + ", ".join(f"{r.polling_s:g} s: {r.slo_violation_pct:.2f}" for r in p.itertuples())
+        def viol(pol: str) -> str:
+            p = poll[poll["policy"] == pol].sort_values("polling_s")
+            return ", ".join(f"{r.polling_s:g} s: {r.slo_violation_pct:.2f}" for r in p.itertuples())
+
+        out["polling"] = "MILP violation %: " + viol("milp") + (f"; rr: {viol('rr')}" if "rr" in set(poll["policy"]) else "")
     return out
 
 

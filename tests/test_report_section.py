@@ -100,12 +100,12 @@ def test_a_new_section_goes_where_the_full_report_puts_it(tmp_path):
             "| polling | 3 | 2 | 4.0 | 6.0 | `carbon-gym experiment polling --preset full` |\n"
             "| tradeoff | 40 | 2 | 19.5 | 37.0 |") in text
     assert "Whole run: 91 runs, 59.1 min of wall time summed over the commands (some ran at the same time), 86.0 CPU-minutes (43.0 min on 2 dedicated cores)." in text
-    assert "| SLO violation vs polling period | rises noticeably past 2 s | MILP violation %: 0.1 s: 1.25, 2 s: 6.50 |" in text
+    assert "| SLO violation vs polling period | rises noticeably past 2 s | MILP violation %: 0.1 s: 1.25, 2 s: 6.50; rr: 0.1 s: 0.50 |" in text
     # nothing else moved
     rest = text.replace("## Polling period\n\n`carbon-gym experiment polling --preset full`\n\n| polling table |\n\n", "")
     rest = rest.replace("| polling | 3 | 2 | 4.0 | 6.0 | `carbon-gym experiment polling --preset full` |\n", "")
     rest = rest.replace("Whole run: 91 runs, 59.1 min", "Whole run: 88 runs, 55.1 min").replace("86.0 CPU-minutes (43.0 min", "80.0 CPU-minutes (40.0 min")
-    rest = rest.replace("MILP violation %: 0.1 s: 1.25, 2 s: 6.50", "not run")
+    rest = rest.replace("MILP violation %: 0.1 s: 1.25, 2 s: 6.50; rr: 0.1 s: 0.50", "not run")
     assert rest == BASE
 
 

@@ -40,3 +40,28 @@ def test_the_check_table_is_parsed_and_fails_below_the_bound():
     check_rows(rows[:1])
     with pytest.raises(AssertionError):
         check_rows(rows)
+
+
+def _without_figures(text: str) -> str:
+    return "\n".join(ln for ln in text.rstrip("\n").splitlines() if not ln.startswith("![")).rstrip("\n")
+
+
+def test_results_md_sections_are_their_committed_tables():
+    """Each experiment section of RESULTS.md is what its tracked tables under results/ give
+    (eval.report.table_section; figure links aside, as the figures themselves are not tracked):
+    the numbers shown are the numbers on record."""
+    from eval.report import TABLE_SECTIONS, Figures, _split_sections, table_section
+
+    root = RESULTS.parent
+    _, sections = _split_sections(RESULTS.read_text(encoding="utf-8"))
+    checked = []
+    for exp, title in TABLE_SECTIONS.items():
+        if not (root / "results" / exp / f"{exp}.md").is_file():
+            continue
+        shown = [s for s in sections if s.startswith(f"## {title}\n")]
+        assert len(shown) == 1, f"RESULTS.md has {len(shown)} '{title}' sections, its tables are in results/{exp}"
+        want = table_section(str(root / "results"), exp, Figures(str(root / "results"), str(root / "docs" / "figures"), str(RESULTS)))
+        assert want is not None
+        assert _without_figures(shown[0]) == _without_figures(want), f"RESULTS.md's '{title}' differs from results/{exp} (carbon-gym report results --section {exp})"
+        checked.append(exp)
+    assert checked, "no experiment's tables are tracked under results/"
