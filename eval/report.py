@@ -12,10 +12,10 @@ import json
 import os
 import shutil
 
+from eval.capacity_report import SECTION_BEGIN as CAPACITY_BEGIN
 from eval.experiments import PRESETS, headline_table, milp_vs_ilp_markdown, milp_vs_ilp_table
 from eval.generalise_experiment import generalise_section
 from eval.learned_capacity_experiment import learned_capacity_dirs, learned_capacity_section
-from eval.capacity_report import SECTION_BEGIN as CAPACITY_BEGIN
 from eval.tables import METRICS_NOTE, summary_markdown
 
 __all__ = ["write_results_md", "write_section", "table_section", "TABLE_SECTIONS", "STUDY_CLAIMS", "NOTES_BEGIN", "NOTES_END"]
@@ -251,10 +251,14 @@ def write_section(results_dir: str, exp: str, *, out: str = "RESULTS.md", figure
         at = next((i for i, sec in enumerate(sections) if any(sec.startswith(t) for t in later)), len(sections))
         sections.insert(at, block)
     text = head + "".join("\n" + sec for sec in sections)
-    # the cost table: this experiment's rows replaced (or added), then the totals
-    rows = [r for r in _costs_rows(text) if r.split("|")[1].strip().split("/")[0] != exp]
-    new_rows = [r for r in run_costs_markdown(results_dir).splitlines()[2:] if r.startswith("| ")
-                and r.split("|")[1].strip().split("/")[0] == exp]
+    # the cost table: this experiment's rows (``<exp>``, and ``<exp>-NAME/<exp>`` merged into its section) replaced
+    # or added, then the totals
+    def mine(row: str) -> bool:
+        top = row.split("|")[1].strip().split("/")[0]
+        return top == exp or top.startswith(exp + "-")
+
+    rows = [r for r in _costs_rows(text) if not mine(r)]
+    new_rows = [r for r in run_costs_markdown(results_dir).splitlines()[2:] if r.startswith("| ") and mine(r)]
     if rows or new_rows:
         old_rows = _costs_rows(text)
         merged = sorted(rows + new_rows, key=lambda r: r.split("|")[1].strip() + "/config.json")
