@@ -379,7 +379,10 @@ def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", f
         p = fig("headline", stem)
         if p:
             add(f"![{caption}]({p})\n\n*{caption}*\n")
-    if not os.path.isfile(os.path.join(results_dir, "milp-vs-ilp", "milp-vs-ilp.md")) and runs is not None and "milp" in set(runs["policy"]):
+    mvi_runs = _read_csv(os.path.join(results_dir, "milp-vs-ilp", "runs.csv"))
+    mvi_covers = (mvi_runs is not None and runs is not None and os.path.isfile(os.path.join(results_dir, "milp-vs-ilp", "milp-vs-ilp.md"))
+                  and set(runs["scenario"]) <= set(mvi_runs["scenario"]))
+    if not mvi_covers and runs is not None and "milp" in set(runs["policy"]):  # (kept unless experiment b covers its scenarios)
         ilps = [p for p in ("ilp", "ilp-state") if p in set(runs["policy"])]
         if ilps:
             add("## Facility MILP vs per-request ILPs (from the headline runs)\n")
