@@ -31,17 +31,22 @@
 #                starts and window (rr at each); 32 runs, ~40 CPU-minutes
 #   d  polling   llama8b-moderate, the same 8 starts and window: rr and the MILP at polling periods
 #                0.1, 0.5, 1, 2 and 4 s (rr at each period the reference); 80 runs, ~120 CPU-minutes
+#   f  bound     the clairvoyant heuristic (true lengths, all arrivals and carbon known, SLOs ignored)
+#                against the lower bound on the headline's 8 starts and window (rr the reference; the
+#                other policies' shares of the bound come from the headline's runs); 16 runs
+#   b  milp-vs-ilp the facility MILP vs the per-request ILPs (load-blind ilp, state-aware ilp-state)
+#                on mixtral8x7b-moderate (the study's case), the same 8 starts and window; 32 runs
 #   k  learned-capacity the capacity-aware agent (train/checkpoints/llama8b_capacity_set.npz) vs
 #                the MILP deciding capacity, milp-mpc, rr+reactive and rr always on: llama8b-moderate,
 #                20 fresh held-out days, 600 s windows; 100 runs, ~110 CPU-minutes
 #
 # Not in this run (too costly for 2 cores; the full matrix on a cluster is in README "On a Ray
 # cluster"): the full trade-off frontiers (6 values per knob, the learned agent's and the capped
-# heuristics'), the other 8 headline scenarios, the bound experiment's clairvoyant heuristic (the
-# share of the bound is read from the headline's runs).
+# heuristics'), the other 8 headline scenarios, the MILP-vs-ILP and predictor comparisons at the
+# other models and loads.
 #
 # usage: bash eval/study_1h.sh [OUT] [STAGES]   (OUT defaults to results, STAGES to "a e h i";
-#        "a e h i c d g j k" for everything RESULTS.md shows; RESULTS.md is regenerated from OUT;
+#        "a b e h i c d f g j k" for everything RESULTS.md shows; RESULTS.md is regenerated from OUT;
 #        one stage rerun on its own: carbon-gym report OUT --section <experiment>)
 set -euo pipefail
 OUT=${1:-results}
@@ -63,8 +68,25 @@ for stage in $STAGES; do
     j) carbon-gym experiment generalise --preset full --out "$OUT" --workers 2 --no-tensorboard --no-plots --no-progress ;;
     c) carbon-gym experiment predictor --preset full --scenarios llama8b-moderate --policies milp \
          --seed-list "$SEEDS" --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
+    f) carbon-gym experiment bound --preset full --scenarios llama8b-moderate --policies rr \
+         --seed-list "$SEEDS" --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
+    b) carbon-gym experiment milp-vs-ilp --preset full --scenarios mixtral8x7b-moderate \
+         --seed-list "$SEEDS" --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
     k) carbon-gym experiment learned-capacity --preset full --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
-    *) echo "unknown stage $stage (a, c, d, e, h, i, g, j, k)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage (a, b, c, d, e, f, g, h, i, j, k)" >&2; exit 2 ;;
   esac
 done
-carbon-gym report "$OUT" --force
+if [ -f "$OUT/headline/config.json" ]; then
+  carbon-gym report "$OUT" --force                      # the whole file, from every matrix under OUT
+else                                                    # no headline here: each stage's section, in place
+  for stage in $STAGES; do
+    case $stage in
+      b) carbon-gym report "$OUT" --section milp-vs-ilp ;;  c) carbon-gym report "$OUT" --section predictor ;;
+      d) carbon-gym report "$OUT" --section polling ;;      e) carbon-gym report "$OUT" --section tradeoff ;;
+      f) carbon-gym report "$OUT" --section bound ;;        g) carbon-gym report "$OUT" --section diurnal ;;
+      h) carbon-gym report "$OUT" --section capacity ;;     i) carbon-gym report "$OUT" --section sessions ;;
+      j) carbon-gym report "$OUT" --section generalise ;;
+      *) echo "stage $stage: its section needs the headline run (a) under $OUT: carbon-gym report $OUT --force" >&2 ;;
+    esac
+  done
+fi
