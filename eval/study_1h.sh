@@ -30,7 +30,9 @@
 #   c  predictor the MILP with the output-length predictor vs oracle lengths on the headline's 8
 #                starts and window (rr at each); 32 runs, ~40 CPU-minutes
 #   d  polling   llama8b-moderate, the same 8 starts and window: rr and the MILP at polling periods
-#                0.1, 0.5, 1, 2 and 4 s (rr at each period the reference); 80 runs, ~120 CPU-minutes
+#                0.5, 1, 2 and 4 s (rr at each period the reference); 64 runs, ~90 CPU-minutes. At
+#                0.1 s one MILP run of 900 s takes ~30 CPU-minutes (9,000 solves; measured on 2 starts
+#                before that run was cut), 8 starts ~4 CPU-hours: a cluster's (README, "On a Ray cluster")
 #   f  bound     the clairvoyant heuristic (true lengths, all arrivals and carbon known, SLOs ignored)
 #                against the lower bound on the headline's 8 starts and window (rr the reference; the
 #                other policies' shares of the bound come from the headline's runs); 16 runs
@@ -59,7 +61,7 @@ for stage in $STAGES; do
          --seed-list "$SEEDS" --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
     e) carbon-gym experiment tradeoff --preset full --scenarios llama8b-moderate --policies planner,milp \
          --knob planner=0.6,0.7,0.8 --knob milp=0.3,0.4 --seed-list "$SEEDS" --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
-    d) carbon-gym experiment polling --preset full --scenarios llama8b-moderate --policies milp --periods 0.1,0.5,1,2,4 \
+    d) carbon-gym experiment polling --preset full --scenarios llama8b-moderate --policies milp --periods 0.5,1,2,4 \
          --seed-list "$SEEDS" --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
     h) carbon-gym experiment capacity --preset full --out "$OUT" --workers 2 --no-plots --no-tensorboard --no-progress ;;
     i) carbon-gym experiment sessions --preset full --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
