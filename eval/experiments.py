@@ -389,7 +389,9 @@ def headline_table(summary, bounds=None) -> str:
 
 
 def milp_vs_ilp_table(runs, *, milp: str = "milp", ilps: Sequence[str] = ("ilp", "ilp-state")):
-    """Per scenario: MILP reduction, each ILP's, and the paired gap (pp) MILP - ILP, with CIs."""
+    """Per scenario: MILP reduction, each ILP's, and the paired gap (pp) MILP - ILP, with CIs.
+    A policy with an invalid run in the scenario (work left unfinished, ``run_valid`` false) gets
+    no reduction and no gap (NaN; ``<policy>_invalid`` true): its unspent energy would flatter it."""
     import pandas as pd
 
     rows = []
@@ -397,8 +399,15 @@ def milp_vs_ilp_table(runs, *, milp: str = "milp", ilps: Sequence[str] = ("ilp",
         sub = runs[runs["scenario"] == scen]
         if milp not in set(sub["policy"]):
             continue
-        row: dict[str, Any] = {"scenario": scen}
+
+        def bad(pol: str, sub: Any = sub) -> bool:
+            r = sub[sub["policy"] == pol]
+            return "run_valid" in r and not bool(r["run_valid"].astype(bool).all())
+
+        row: dict[str, Any] = {"scenario": scen, "milp_invalid": bad(milp)}
         m, ci = mean_ci95(sub[sub["policy"] == milp]["reduction_vs_rr_pct"])
+        if row["milp_invalid"]:
+            m, ci = float("nan"), float("nan")
         row["milp_reduction_pct"], row["milp_reduction_pct_ci95"] = m, ci
         m, ci = mean_ci95(sub[sub["policy"] == milp]["slo_violation_pct"])
         row["milp_violation_pct"], row["milp_violation_pct_ci95"] = m, ci
@@ -406,12 +415,17 @@ def milp_vs_ilp_table(runs, *, milp: str = "milp", ilps: Sequence[str] = ("ilp",
         for ilp in ilps:
             if ilp not in set(sub["policy"]):
                 continue
+            row[f"{ilp}_invalid"] = bad(ilp)
             m, ci = mean_ci95(sub[sub["policy"] == ilp]["reduction_vs_rr_pct"])
+            if row[f"{ilp}_invalid"]:
+                m, ci = float("nan"), float("nan")
             row[f"{ilp}_reduction_pct"], row[f"{ilp}_reduction_pct_ci95"] = m, ci
             m, ci = mean_ci95(sub[sub["policy"] == ilp]["slo_violation_pct"])
             row[f"{ilp}_violation_pct"] = m
             row.update(_p99_shares(sub[sub["policy"] == ilp], f"{ilp}_"))
             g, gci, n = paired_difference(sub, "scenario", milp, ilp, "reduction_vs_rr_pct")
+            if row[f"{ilp}_invalid"] or row["milp_invalid"]:
+                g, gci = float("nan"), float("nan")
             row[f"gap_vs_{ilp}_pp"], row[f"gap_vs_{ilp}_pp_ci95"] = g, gci
         rows.append(row)
     return pd.DataFrame(rows)
@@ -436,12 +450,16 @@ def _prefixed_verdict(r: Any, prefix: str) -> str:
 def milp_vs_ilp_markdown(table, ilps: Sequence[str] = ("ilp", "ilp-state")) -> str:
     """Per scenario: each policy's reduction vs rr (per-request violation %; MLPerf p99 verdict)
     and the paired gaps."""
+    # (invalid = work left unfinished in some seed: no reduction, no gap)
     head = ["scenario", "milp: vs rr % (viol. %; p99)"] + [f"{i}: vs rr % (viol. %; p99)" for i in ilps] + [f"MILP - {i} (pp)" for i in ilps]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for _, r in table.iterrows():
-        cells = [r["scenario"], f"{_fmt(r['milp_reduction_pct'], r['milp_reduction_pct_ci95'])} ({r['milp_violation_pct']:.1f}; {_prefixed_verdict(r, 'milp_')})"]
+        def red(p: str, r: Any = r) -> str:
+            return "invalid" if bool(r.get(f"{p}_invalid", False)) else _fmt(r.get(f"{p}_reduction_pct"), r.get(f"{p}_reduction_pct_ci95"))
+
+        cells = [r["scenario"], f"{red('milp')} ({r['milp_violation_pct']:.1f}; {_prefixed_verdict(r, 'milp_')})"]
         for i in ilps:
-            cells.append(f"{_fmt(r.get(f'{i}_reduction_pct'), r.get(f'{i}_reduction_pct_ci95'))} ({_fmt(r.get(f'{i}_violation_pct'))}; {_prefixed_verdict(r, f'{i}_')})" if f"{i}_reduction_pct" in r else "–")
+            cells.append(f"{red(i)} ({_fmt(r.get(f'{i}_violation_pct'))}; {_prefixed_verdict(r, f'{i}_')})" if f"{i}_reduction_pct" in r else "–")
         for i in ilps:
             cells.append(_fmt(r.get(f"gap_vs_{i}_pp", float("nan")), r.get(f"gap_vs_{i}_pp_ci95", float("nan"))))
         lines.append("| " + " | ".join(cells) + " |")
@@ -515,17 +533,28 @@ def exp_headline(ctx: Ctx) -> str:
     return table
 
 
+def milp_vs_ilp_tables(runs, out: str) -> tuple[Any, str]:
+    """Experiment b's tables from its runs (as run, or read back from ``runs.csv``): writes
+    ``milp-vs-ilp.csv`` and ``milp-vs-ilp.md`` into ``out``; returns the table and the Markdown."""
+    ilps = [p for p in ("ilp", "ilp-state") if p in set(runs["policy"])]
+    table = milp_vs_ilp_table(runs, ilps=ilps)
+    os.makedirs(out, exist_ok=True)
+    table.to_csv(os.path.join(out, "milp-vs-ilp.csv"), index=False)
+    md = ("Facility MILP vs per-request ILPs: reduction vs rr, % (SLO violation %; MLPerf p99 verdict), and the paired gap "
+          "in percentage points; invalid = more than 1% of the work left unfinished in some start (no reduction, no gap: "
+          f"its unspent energy would flatter it). {METRICS_NOTE}\n\n" + milp_vs_ilp_markdown(table, ilps))
+    with open(os.path.join(out, "milp-vs-ilp.md"), "w", encoding="utf-8") as f:
+        f.write(md)
+    return table, md
+
+
 def exp_milp_vs_ilp(ctx: Ctx) -> str:
     scens = ctx.scenario_list(("moderate", "high"))
     pols = ctx.policies or [REFERENCE_POLICY, "ilp", "ilp-state", "milp"]
     specs = make_specs(scens, pols, ctx.seeds, overrides=ctx.overrides, policy_kwargs=ctx.policy_kwargs)
     ex = ctx.execute(specs)
+    table, md = milp_vs_ilp_tables(ex.runs, ctx.out)
     ilps = [p for p in ("ilp", "ilp-state") if p in pols]
-    table = milp_vs_ilp_table(ex.runs, ilps=ilps)
-    table.to_csv(os.path.join(ctx.out, "milp-vs-ilp.csv"), index=False)
-    md = ("Facility MILP vs per-request ILPs: reduction vs rr, % (SLO violation %; MLPerf p99 verdict), and the paired gap "
-          f"in percentage points. {METRICS_NOTE}\n\n" + milp_vs_ilp_markdown(table, ilps))
-    ctx.write_text("milp-vs-ilp.md", md)
     if ctx.plots and not table.empty:
         say(f"{ctx.name}: writing figures to {ctx.fig_dir} (PNG + PDF; --no-plots skips them)")
         from eval import plots

@@ -22,7 +22,6 @@ Invalid runs (work left unfinished, :data:`eval.runner.VALID_UNFINISHED_PCT`) ar
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -355,27 +354,6 @@ def tradeoff_tables(runs, summary, out: str) -> tuple[Any, Any, str]:
     return points, singles, md
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m eval.frontiers DIR``: rewrite experiment e's tables in ``DIR`` (a finished
-    ``tradeoff`` matrix) from its ``runs.csv`` and ``summary.csv``, no run repeated."""
-    import argparse
-    import os
-
-    import pandas as pd
-
-    ap = argparse.ArgumentParser(prog="python -m eval.frontiers", description=main.__doc__)
-    ap.add_argument("dir", help="a tradeoff matrix (holding runs.csv and summary.csv), e.g. results/tradeoff")
-    a = ap.parse_args(argv)
-    files = [os.path.join(a.dir, n) for n in ("runs.csv", "summary.csv")]
-    missing = [f for f in files if not os.path.isfile(f)]
-    if missing:
-        print(f"python -m eval.frontiers: error: dir: {missing[0]!r} not found (run carbon-gym experiment tradeoff first)", file=sys.stderr)
-        return 2
-    tradeoff_tables(pd.read_csv(files[0]), pd.read_csv(files[1]), a.dir)
-    print(f"wrote {os.path.join(a.dir, 'tradeoff.md')}")
-    return 0
-
-
 def tradeoff_experiment(ctx: Any, policies: Sequence[str]) -> str:
     """Run ``policies`` (every knob-driven one at each value of its knob, the others at their
     defaults) on ``ctx``'s matrix (an :class:`eval.experiments.Ctx`) and write ``tradeoff.md`` /
@@ -397,7 +375,3 @@ def tradeoff_experiment(ctx: Any, policies: Sequence[str]) -> str:
             plots.frontiers(points[points["scenario"] == scen], singles[singles["scenario"] == scen],
                             ctx.fig(f"tradeoff_{scen}"), title=f"{scen}: carbon vs SLO frontiers")
     return md
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -68,7 +68,8 @@ def _claims(results_dir: str) -> dict[str, str]:
         if not t.empty and ilps:
             parts = []
             for _, r in t.iterrows():
-                gaps = ", ".join(f"{r[f'gap_vs_{i}_pp']:+.1f} pp vs {i}" for i in ilps)
+                gaps = ", ".join(f"{i} invalid (work left unfinished)" if bool(r.get(f"{i}_invalid", False))
+                                 else f"{r[f'gap_vs_{i}_pp']:+.1f} pp vs {i}" for i in ilps)
                 parts.append(f"{r['scenario']}: {gaps} (MILP violation {r['milp_violation_pct']:.2f}%)")
             out["milp_ilp"] = "; ".join(parts)
     lc = learned_capacity_dirs(results_dir)

@@ -117,21 +117,42 @@ def test_tradeoff_frontiers_and_equal_violation(results):
     assert (results / "tradeoff" / "figures" / "tradeoff_dev.png").is_file()
 
 
-def test_tradeoff_tables_from_the_files_are_the_tables_as_run(results, tmp_path):
-    """``python -m eval.frontiers DIR`` rewrites experiment e's tables from runs.csv / summary.csv:
-    byte for byte what the run wrote (the knobs' values read from the runs, not the registry)."""
+@pytest.mark.parametrize("exp, files", [("tradeoff", ("tradeoff.md", "tradeoff.csv", "equal_violation.csv")),
+                                        ("milp-vs-ilp", ("milp-vs-ilp.md", "milp-vs-ilp.csv"))])
+def test_tables_from_the_files_are_the_tables_as_run(results, tmp_path, exp, files, capsys):
+    """``python -m eval.retable DIR`` rewrites experiments e's and b's tables from runs.csv /
+    summary.csv: byte for byte what the run wrote (the knobs' values read from the runs, not the
+    registry); another experiment or a missing file is refused, naming dir."""
     import shutil
 
-    from eval import frontiers
+    from eval import retable
 
-    d = tmp_path / "tradeoff"
-    shutil.copytree(results / "tradeoff", d)
-    for f in ("tradeoff.md", "tradeoff.csv", "equal_violation.csv"):
+    d = tmp_path / exp
+    shutil.copytree(results / exp, d)
+    for f in files:
         (d / f).unlink()
-    assert frontiers.main([str(d)]) == 0
-    for f in ("tradeoff.md", "tradeoff.csv", "equal_violation.csv"):
-        assert (d / f).read_text() == (results / "tradeoff" / f).read_text(), f
-    assert frontiers.main([str(tmp_path / "nowhere")]) == 2
+    assert retable.main([str(d)]) == 0
+    for f in files:
+        assert (d / f).read_text() == (results / exp / f).read_text(), f
+    assert retable.main([str(tmp_path / "nowhere")]) == 2
+    assert retable.main([str(results / "polling")]) == 2
+    err = capsys.readouterr().err
+    assert "dir: " in err and "not found" in err and "allowed: tradeoff, milp-vs-ilp" in err
+
+
+def test_an_invalid_ilp_gets_no_reduction_and_no_gap():
+    """A policy leaving work unfinished in some start (run_valid false) shows 'invalid' in
+    experiment b's table: no reduction, no gap to the MILP (its unspent energy would flatter it)."""
+    runs = pd.DataFrame({"scenario": ["s"] * 6, "policy": ["milp", "milp", "ilp", "ilp", "ilp-state", "ilp-state"],
+                         "seed": [0, 1] * 3, "reduction_vs_rr_pct": [30.0, 32.0, 45.0, 44.0, 20.0, 24.0],
+                         "slo_violation_pct": [1.0, 1.2, 99.0, 98.0, 2.0, 2.2], "run_valid": [True, True, True, False, True, True]})
+    t = experiments.milp_vs_ilp_table(runs)
+    r = t.iloc[0]
+    assert bool(r["ilp_invalid"]) and not bool(r["ilp-state_invalid"]) and not bool(r["milp_invalid"])
+    assert r["ilp_reduction_pct"] != r["ilp_reduction_pct"] and r["gap_vs_ilp_pp"] != r["gap_vs_ilp_pp"]  # NaN
+    assert r["gap_vs_ilp-state_pp"] == pytest.approx(9.0) and r["milp_reduction_pct"] == pytest.approx(31.0)
+    md = experiments.milp_vs_ilp_markdown(t)
+    assert "| invalid (98.5;" in md and "9.0" in md and md.splitlines()[0].endswith("| MILP - ilp (pp) | MILP - ilp-state (pp) |")
 
 
 def test_bound_shares(results):
