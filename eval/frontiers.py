@@ -67,7 +67,8 @@ for _k in (
     Knob("planner", "utilisation", (0.5, 0.6, 0.7, 0.8, 0.9, 1.0), 0.9, "share of the static capacity the plan may use"),
     # the MILP's violations move with its utilisation cap, not with its violation penalty: 1 -> 10 g gave 5.22 -> 5.18%
     # violation over the 8 headline starts, 1 -> 100 -> 1,000 g 5.14 / 5.08 / 5.16% on one start (0 g leaves work
-    # unfinished), while max_prefill_share 0.3 / 0.4 / 0.5 gave 1.00 / 2.62 / 5.14% (RESULTS.md, "Carbon vs SLO trade-off")
+    # unfinished), while max_prefill_share 0.3 / 0.4 / 0.5 gives 0.78 / 2.59 / 5.22% over the 8 starts (RESULTS.md,
+    # "Carbon vs SLO trade-off")
     Knob("milp", "max_prefill_share", (0.3, 0.35, 0.4, 0.45, 0.5, 0.6), 0.5,
          "cap on the share of iteration time prefill may take at a datacenter (its utilisation cap)"),
     Knob("learned", "headroom_penalty", (0.0, 5.0, 10.0, 20.0, 40.0), 20.0,
