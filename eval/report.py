@@ -39,6 +39,14 @@ def _read_csv(path: str):
     return pd.read_csv(path) if os.path.isfile(path) else None
 
 
+def _own_runs(results_dir: str, exp: str):
+    """The runs of experiment ``exp``'s own matrix under ``results_dir`` (None unless it wrote its
+    table ``<exp>/<exp>.md``)."""
+    if not os.path.isfile(os.path.join(results_dir, exp, f"{exp}.md")):
+        return None
+    return _read_csv(os.path.join(results_dir, exp, "runs.csv"))
+
+
 def _claims(results_dir: str) -> dict[str, str]:
     """Our numbers for each study claim, computed from the result tables that exist."""
     out: dict[str, str] = {}
@@ -119,14 +127,21 @@ def run_costs_markdown(results_dir: str) -> str:
     if not rows:
         return ""
     out = ["| results | runs | workers | wall (min) | CPU of the runs (min) | command |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        out.append(f"| {r['dir']} | {r['runs']} | {r['workers']} | {r['elapsed_s'] / 60:.1f} | {r['cpu_s'] / 60:.1f} | `{r['command']}` |")
-    wall = sum(r["elapsed_s"] for r in rows)
-    cpu = sum(r["cpu_s"] for r in rows)
+    out += [_cost_row(r) for r in rows]
     out.append("")
-    out.append(f"Whole run: {sum(r['runs'] for r in rows)} runs, {wall / 60:.1f} min of wall time summed over the commands "
-               f"(some ran at the same time), {cpu / 60:.1f} CPU-minutes ({cpu / 120:.1f} min on 2 dedicated cores).\n")
+    out.append(_whole_run(sum(r["runs"] for r in rows), sum(r["elapsed_s"] for r in rows) / 60, sum(r["cpu_s"] for r in rows) / 60) + "\n")
     return "\n".join(out)
+
+
+def _cost_row(r: dict) -> str:
+    """One row of the cost table (a :func:`run_costs` row)."""
+    return f"| {r['dir']} | {r['runs']} | {r['workers']} | {r['elapsed_s'] / 60:.1f} | {r['cpu_s'] / 60:.1f} | `{r['command']}` |"
+
+
+def _whole_run(runs: int, wall_min: float, cpu_min: float) -> str:
+    """The cost table's "Whole run" line."""
+    return (f"Whole run: {runs} runs, {wall_min:.1f} min of wall time summed over the commands (some ran at the same time), "
+            f"{cpu_min:.1f} CPU-minutes ({cpu_min / 2:.1f} min on 2 dedicated cores).")
 
 
 #: The sections written from one experiment's own table (``<exp>/<exp>.md``), in file order: title.
@@ -213,13 +228,9 @@ def _costs_rows(text: str) -> list[str]:
 
 
 def _costs_total(rows: list[str]) -> str:
-    """The "Whole run" line summed over cost-table rows."""
+    """The "Whole run" line summed over cost-table rows (as shown, to 0.1 min)."""
     cells = [[c.strip() for c in r.strip("|").split("|")] for r in rows]
-    runs = sum(int(c[1]) for c in cells)
-    wall = sum(float(c[3]) for c in cells)
-    cpu = sum(float(c[4]) for c in cells)
-    return (f"Whole run: {runs} runs, {wall:.1f} min of wall time summed over the commands (some ran at the same time), "
-            f"{cpu:.1f} CPU-minutes ({cpu / 2:.1f} min on 2 dedicated cores).")
+    return _whole_run(sum(int(c[1]) for c in cells), sum(float(c[3]) for c in cells), sum(float(c[4]) for c in cells))
 
 
 def write_section(results_dir: str, exp: str, *, out: str = "RESULTS.md", figures_dir: str = "docs/figures") -> str:
@@ -254,15 +265,18 @@ def write_section(results_dir: str, exp: str, *, out: str = "RESULTS.md", figure
     text = head + "".join("\n" + sec for sec in sections)
     # the cost table: this experiment's rows (``<exp>``, and ``<exp>-NAME/<exp>`` merged into its section) replaced
     # or added, then the totals
-    def mine(row: str) -> bool:
-        top = row.split("|")[1].strip().split("/")[0]
+    def mine(rel: str) -> bool:
+        top = rel.split("/")[0]
         return top == exp or top.startswith(exp + "-")
 
-    rows = [r for r in _costs_rows(text) if not mine(r)]
-    new_rows = [r for r in run_costs_markdown(results_dir).splitlines()[2:] if r.startswith("| ") and mine(r)]
+    def rel_of(row: str) -> str:
+        return row.split("|")[1].strip()
+
+    old_rows = _costs_rows(text)
+    rows = [r for r in old_rows if not mine(rel_of(r))]
+    new_rows = [_cost_row(r) for r in run_costs(results_dir) if mine(r["dir"])]
     if rows or new_rows:
-        old_rows = _costs_rows(text)
-        merged = sorted(rows + new_rows, key=lambda r: r.split("|")[1].strip() + "/config.json")
+        merged = sorted(rows + new_rows, key=lambda r: rel_of(r) + "/config.json")
         text = text.replace("\n".join(old_rows), "\n".join(merged), 1) if old_rows else text
         total = next((ln for ln in text.splitlines() if ln.startswith("Whole run: ")), None)
         if total is not None:
@@ -380,18 +394,17 @@ def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", f
         p = fig("headline", stem)
         if p:
             add(f"![{caption}]({p})\n\n*{caption}*\n")
-    mvi_runs = _read_csv(os.path.join(results_dir, "milp-vs-ilp", "runs.csv"))
-    mvi_covers = (mvi_runs is not None and runs is not None and os.path.isfile(os.path.join(results_dir, "milp-vs-ilp", "milp-vs-ilp.md"))
-                  and set(runs["scenario"]) <= set(mvi_runs["scenario"]))
+    mvi_runs = _own_runs(results_dir, "milp-vs-ilp")
+    mvi_covers = mvi_runs is not None and runs is not None and set(runs["scenario"]) <= set(mvi_runs["scenario"])
     if not mvi_covers and runs is not None and "milp" in set(runs["policy"]):  # (kept unless experiment b covers its scenarios)
         ilps = [p for p in ("ilp", "ilp-state") if p in set(runs["policy"])]
         if ilps:
             add("## Facility MILP vs per-request ILPs (from the headline runs)\n")
             add(f"Reduction vs rr, % (SLO violation %; MLPerf p99 verdict), and the paired gap MILP - ILP in percentage points (mean ± 95% CI over seeds). {METRICS_NOTE}\n")
             add(milp_vs_ilp_markdown(milp_vs_ilp_table(runs, ilps=ilps), ilps))
-    bound_runs = _read_csv(os.path.join(results_dir, "bound", "runs.csv"))
-    bound_ran = os.path.isfile(os.path.join(results_dir, "bound", "bound.md")) and bound_runs is not None
-    if bounds is not None and runs is not None and not (bound_runs is not None and bound_ran and set(runs["policy"]) <= set(bound_runs["policy"])):
+    bound_runs = _own_runs(results_dir, "bound")
+    bound_ran = bound_runs is not None
+    if bounds is not None and runs is not None and not (bound_runs is not None and set(runs["policy"]) <= set(bound_runs["policy"])):
         from eval.bound import bound_share, with_bounds
 
         add("## Share of the carbon lower bound (from the headline runs)\n")
