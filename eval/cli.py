@@ -43,9 +43,9 @@ EXPERIMENT_ALIASES = {
     "k": "learned-capacity",
 }
 EXPERIMENTS = tuple(EXPERIMENT_ALIASES.values())
-#: ``report --section`` choices: capacity, then eval.report.TABLE_SECTIONS (kept here so --help needs no heavy import; a test
+#: ``report --section`` choices: headline, capacity, then eval.report.TABLE_SECTIONS (kept here so --help needs no heavy import; a test
 #: holds them equal)
-SECTIONS = ("capacity", "milp-vs-ilp", "predictor", "polling", "tradeoff", "bound", "diurnal", "sessions", "generalise")
+SECTIONS = ("headline", "capacity", "milp-vs-ilp", "predictor", "polling", "tradeoff", "bound", "diurnal", "sessions", "generalise")
 # `carbon-gym bench NAME ...` -> the module whose main(argv) runs it
 BENCHES = {
     "env": "eval.bench_env",
@@ -390,6 +390,9 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--policies", default=None, help="override the experiment's policy list (comma list)")
     ex.add_argument("--scenarios", default=None, help="run on these scenarios instead of models x loads (comma list of names or TOML paths)")
     ex.add_argument("--all-requests", action="store_true", help="write per-request records of every run (default: only where a figure needs them)")
+    ex.add_argument("--heldout-seeds", action="store_true", help="experiment headline: each scenario runs its own first N fresh held-out starts "
+                    "(python -m eval.heldout_seeds: days the shipped learned agent never saw), N = --seeds or the preset's; "
+                    "instead of one --seed-list for every scenario")
     ex.add_argument("--periods", default=None, metavar="S1,S2", help="experiment polling: the polling periods to sweep, s (comma list, each > 0; default the preset's 0.1,0.25,0.5,1,2,4,8)")
 
     rp = sub.add_parser("report", help="write RESULTS.md from a finished headline run (and other experiments found next to it)")
@@ -401,7 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--force", action="store_true", help="replace an existing --out file and figures (default: refuse)")
     rp.add_argument("--section", choices=SECTIONS, default=None, help="rewrite only this experiment's section of --out in place, "
                     "from <results_dir>/<section> (with its cost-table row, the totals and its study claim; the rest of the file "
-                    "is kept, no headline run needed): " + ", ".join(SECTIONS))
+                    "is kept, no headline run needed; headline: the preamble, how it was produced, the headline and the sections "
+                    "derived from its runs): " + ", ".join(SECTIONS))
 
     sub.add_parser("scenarios", help="list the shipped scenarios")
     sub.add_parser("policies", help="list the policy names (registered names, learned:<path>, package.module:Class)")
@@ -658,6 +662,12 @@ def cmd_experiment(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if periods is not None and "polling" not in names:
         raise UsageError("--periods", f"sets the polling sweep's periods: use it with experiment polling, not {args.name!r}", ["polling", "d"])
     seeds = parse_seeds(args.seeds, args.seed_list, args.seed_start) if (args.seeds or args.seed_list) else None
+    if args.heldout_seeds:
+        if names != ["headline"]:
+            raise UsageError("--heldout-seeds", f"gives each scenario of experiment headline its own held-out starts; {args.name!r} chooses its "
+                             "starts itself or takes --seeds / --seed-list", ["headline", "a"])
+        if args.seed_list or args.seed_start:
+            raise UsageError("--heldout-seeds", "chooses the seeds itself: give --seeds N (how many per scenario), not --seed-list or --seed-start")
     from eval import experiments
 
     models = split_list(args.models) or None
@@ -706,6 +716,7 @@ def cmd_experiment(args: argparse.Namespace, argv: Sequence[str]) -> int:
             window_s=args.window_s,
             warmup_s=args.warmup_s,
             polling_s=periods,
+            heldout_seeds=args.heldout_seeds,
         )
         print(f"## {n}\n")
         print(table, end="")
@@ -723,6 +734,17 @@ def cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
         from eval.capacity_report import write_capacity_section
 
         print(f"wrote the capacity section of {write_capacity_section(args.results_dir, out=args.out)}")
+        return 0
+    if args.section == "headline":
+        from eval.report import write_headline_section
+
+        from carbon_gym.errors import ConfigError
+
+        try:
+            path = write_headline_section(args.results_dir, out=args.out, figures_dir=args.figures, command=args.run_command)
+        except ConfigError as exc:
+            raise UsageError("--out" if exc.field == "out" else exc.field, str(exc).removeprefix(f"{exc.field}: ")) from None
+        print(f"wrote the headline's sections of {path}")
         return 0
     if args.section is not None:
         from eval.report import write_section

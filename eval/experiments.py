@@ -508,7 +508,7 @@ def _variant(label: str) -> str:
 def exp_headline(ctx: Ctx) -> str:
     scens = ctx.scenario_list(LOADS)
     pols = ctx.policies or [p for p in STUDY_POLICIES if p in available_policies()]
-    specs = make_specs(scens, pols, ctx.seeds, overrides=ctx.overrides, policy_kwargs=ctx.policy_kwargs)
+    specs = [s for sc in scens for s in make_specs([sc], pols, ctx.seeds_for(sc), overrides=ctx.overrides, policy_kwargs=ctx.policy_kwargs)]
     focus = next((sc for sc in scens if sc.endswith("-moderate")), scens[0])
     ex = ctx.execute(specs, requests_for=[focus])
     from eval.bound import bound_summary, bounds_table, with_bounds
@@ -777,6 +777,16 @@ class Ctx:
     command: str | None
     explicit_seeds: bool = False
     explicit_window: bool = False
+    heldout_seeds: bool = False
+
+    def seeds_for(self, scenario: str) -> list[int]:
+        """The seeds of ``scenario``: ``self.seeds``, or with ``heldout_seeds`` the scenario's own first
+        ``len(self.seeds)`` fresh held-out starts (:func:`eval.heldout_seeds.fresh_heldout_seeds`)."""
+        if not self.heldout_seeds:
+            return list(self.seeds)
+        from eval.heldout_seeds import fresh_heldout_seeds
+
+        return fresh_heldout_seeds(scenario, len(self.seeds))
 
     def scenario_list(self, default_loads: Sequence[str], default_models: Sequence[str] = MODELS) -> list[str]:
         """Explicit ``--scenarios``, else models x loads (the experiment's defaults where not given)."""
@@ -840,9 +850,13 @@ def run_experiment(
     window_s: float | None = None,
     warmup_s: float | None = None,
     polling_s: Sequence[float] | None = None,
+    heldout_seeds: bool = False,
 ) -> str:
     """Run experiment ``name`` (see the module docstring) and return its Markdown table.
-    ``polling_s``: the polling sweep's periods, s (default the preset's)."""
+    ``polling_s``: the polling sweep's periods, s (default the preset's). ``heldout_seeds``
+    (headline only): each scenario runs its own first ``len(seeds)`` fresh held-out starts."""
+    if heldout_seeds and name != "headline":
+        raise ValueError(f"heldout_seeds is for experiment headline, not {name!r}")
     p = PRESETS[preset]
     if polling_s is not None:
         p = replace(p, polling_s=tuple(float(v) for v in polling_s))
@@ -864,5 +878,6 @@ def run_experiment(
         command=command,
         explicit_seeds=seeds is not None,
         explicit_window=window_s is not None,
+        heldout_seeds=heldout_seeds,
     )
     return EXPERIMENT_FUNCS[name](ctx)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from typing import Any, Mapping, Sequence
 
 from eval.capacity_report import SECTION_BEGIN as CAPACITY_BEGIN
 from eval.experiments import PRESETS, headline_table, milp_vs_ilp_markdown, milp_vs_ilp_table
@@ -18,7 +19,7 @@ from eval.generalise_experiment import generalise_section
 from eval.learned_capacity_experiment import learned_capacity_dirs, learned_capacity_section
 from eval.tables import METRICS_NOTE, summary_markdown
 
-__all__ = ["write_results_md", "write_section", "table_section", "TABLE_SECTIONS", "STUDY_CLAIMS", "NOTES_BEGIN", "NOTES_END"]
+__all__ = ["write_results_md", "write_section", "write_headline_section", "table_section", "TABLE_SECTIONS", "STUDY_CLAIMS", "NOTES_BEGIN", "NOTES_END"]
 
 NOTES_BEGIN = "<!-- notes:begin (kept when RESULTS.md is regenerated) -->"
 NOTES_END = "<!-- notes:end -->"
@@ -208,6 +209,28 @@ def table_section(results_dir: str, exp: str, figs: Figures) -> str | None:
     return "\n".join(parts)
 
 
+def starts_line(runs_meta: Sequence[Mapping[str, Any]]) -> str:
+    """The ``- starts: <K>`` line of "How it was produced" from a matrix's config ``runs``: one seed
+    list for every scenario, or (``--heldout-seeds``) each scenario's own, with its starts (day x hour)."""
+    def _starts(rs: Sequence[Mapping[str, Any]]) -> str:
+        st = sorted({str(r["start_utc"])[:13] for r in rs if r.get("start_utc")})
+        return ", ".join(st[:12]) + (" ..." if len(st) > 12 else "")
+
+    per: dict[str, list[Mapping[str, Any]]] = {}
+    for r in runs_meta:
+        per.setdefault(str(r.get("scenario_label") or r.get("scenario")), []).append(r)
+    seed_sets = {sc: sorted({int(r["seed"]) for r in rs}) for sc, rs in per.items()}
+    if len({tuple(v) for v in seed_sets.values()}) <= 1:
+        seeds = next(iter(seed_sets.values()), [])
+        return (f"- starts: {len(seeds)} (seeds {', '.join(map(str, seeds))}; episode starts spread over the 2023 carbon year, "
+                f"day x hour: {_starts(runs_meta)})")
+    counts = sorted({len(v) for v in seed_sets.values()})
+    lines = [f"- starts: {'/'.join(map(str, counts))} per scenario (each scenario its own fresh held-out seeds, `--heldout-seeds`: "
+             "days the shipped learned agent never saw; spread over the 2023 carbon year, day x hour):"]
+    lines += [f"  - {sc}: seeds {', '.join(map(str, v))} ({_starts(per[sc])})" for sc, v in seed_sets.items()]
+    return "\n".join(lines)
+
+
 def _split_sections(text: str) -> tuple[str, list[str]]:
     """``text`` as its preamble and its ``## `` sections (each from its heading to the next)."""
     pieces = text.split("\n## ")
@@ -327,7 +350,6 @@ def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", f
     v = cfg.get("versions", {})
     runs_meta = cfg.get("runs", [])
     durations = sorted({r.get("duration_s") for r in runs_meta if r.get("duration_s") is not None})
-    seeds = sorted({r.get("seed") for r in runs_meta})
     scen = list(dict.fromkeys(summary["scenario"]))
     pols = list(dict.fromkeys(summary["policy"]))
     lines: list[str] = []
@@ -346,7 +368,6 @@ def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", f
     add(f"- policies: {', '.join(pols)}")
     windows = sorted({float(w) for w in runs["window_s"].dropna()}) if runs is not None and "window_s" in runs else []
     warm = sorted({float(r.get("overrides", {}).get("env.warmup_s", 0.0)) for r in runs_meta})
-    starts = sorted({r.get("start_utc") for r in runs_meta if r.get("start_utc")})
     preset = cfg.get("preset", "?")
     if windows:
         add(f"- measurement window: {', '.join(f'{w:g}' for w in windows)} s (steady state: after a {', '.join(f'{w:g}' for w in warm)} s burn-in "
@@ -355,8 +376,7 @@ def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", f
         add("- measurement window: none (episodes from an empty cluster, arrivals for "
             f"{', '.join(f'{d:g}' for d in durations)} s, then the drain, all counted"
             + (": the quick preset, a smoke test, not a result)" if preset == "quick" else ")"))
-    add(f"- starts: {len(seeds)} (seeds {', '.join(map(str, seeds))}; episode starts spread over the 2023 carbon year, day x hour: "
-        f"{', '.join(str(s)[:13] for s in starts[:12])}{' ...' if len(starts) > 12 else ''})")
+    add(starts_line(runs_meta))
     add(f"- preset `{preset}`" + (f": {PRESETS[preset].note}" if preset in PRESETS else ""))
     if "elapsed_s" in cfg:
         add(f"- wall time: {cfg['elapsed_s'] / 60:.1f} min on {cfg.get('workers')} worker process(es), {cfg.get('cpu_count')} CPU cores ({cfg.get('backend')})")
@@ -447,6 +467,76 @@ def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", f
         raise ConfigError("figures", f"{len(clash)} figure(s) would be replaced, e.g. {clash[0]!r}; choose another "
                           "figures directory, or allow replacing them (carbon-gym report --force)")
     figs.copy()
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(text)
+    return out
+
+
+#: The sections the headline matrix writes (titles as prefixes), in file order.
+HEADLINE_SECTIONS = ("## How it was produced\n", "## Headline:", "## Facility MILP vs per-request ILPs (from the headline runs)\n",
+                     "## Share of the carbon lower bound (from the headline runs)\n")
+#: The study claims computed from the headline matrix.
+HEADLINE_CLAIMS = ("carbon", "violation")
+
+
+def write_headline_section(results_dir: str, *, out: str = "RESULTS.md", figures_dir: str = "docs/figures", command: str | None = None) -> str:
+    """Rewrite the headline's parts of an existing ``out`` in place from ``<results_dir>/headline``:
+    the preamble, "How it was produced" (its cost table keeps the rows of matrices not under
+    ``results_dir``, with the totals summed again), the headline section, the sections derived from
+    the headline runs and the headline's study claims; every other section is kept. For a headline
+    rerun without the other experiments' outputs at hand."""
+    from carbon_gym.errors import ConfigError
+
+    if not os.path.isfile(out):
+        raise ConfigError("out", f"{out!r} not found: a section is rewritten in an existing RESULTS.md (write the whole file first)")
+    if not os.path.isfile(os.path.join(results_dir, "headline", "config.json")):
+        raise ConfigError("results_dir", f"{os.path.join(results_dir, 'headline')!r} not found; run "
+                          f"`carbon-gym experiment headline --out {results_dir}` first")
+    old = open(out, encoding="utf-8").read()
+    tmp = os.path.join(os.path.dirname(os.path.abspath(out)), f".{os.path.basename(out)}.headline.tmp")
+    try:
+        write_results_md(results_dir, out=tmp, figures_dir=figures_dir, command=command)
+        new = open(tmp, encoding="utf-8").read()
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    _, old_secs = _split_sections(old)
+    new_head, new_secs = _split_sections(new)
+
+    def own(sec: str) -> str | None:
+        return next((t for t in HEADLINE_SECTIONS if sec.startswith(t)), None)
+
+    fresh = {own(s): s for s in new_secs if own(s)}
+    secs: list[str] = []
+    for sec in old_secs:
+        t = own(sec)
+        if t is None:
+            secs.append(sec)
+        elif t in fresh:
+            secs.append(fresh.pop(t))
+    for t, sec in list(fresh.items()):  # a headline section the old file lacked: after the last of its kind before it
+        before = HEADLINE_SECTIONS[:HEADLINE_SECTIONS.index(t)]
+        at = max((i + 1 for i, s in enumerate(secs) if own(s) in before), default=0)
+        secs.insert(at, sec)
+    text = new_head + "".join("\n" + s for s in secs)
+    new_rows, old_rows = _costs_rows(new), _costs_rows(old)
+
+    def rel_of(row: str) -> str:
+        return row.split("|")[1].strip()
+
+    mine = {rel_of(r) for r in new_rows}
+    merged = sorted(new_rows + [r for r in old_rows if rel_of(r) not in mine], key=lambda r: rel_of(r) + "/config.json")
+    if new_rows:
+        text = text.replace("\n".join(new_rows), "\n".join(merged), 1)
+        total = next((ln for ln in text.splitlines() if ln.startswith("Whole run: ")), None)
+        if total is not None:
+            text = text.replace(total, _costs_total(merged), 1)
+    for key in HEADLINE_CLAIMS:
+        label = next(c for k, c, _ in STUDY_CLAIMS if k == key)
+        fresh_line = next((ln for ln in new.splitlines() if ln.startswith(f"| {label} |")), None)
+        line = next((ln for ln in text.splitlines() if ln.startswith(f"| {label} |")), None)
+        if fresh_line is not None and line is not None:
+            text = text.replace(line, fresh_line, 1)
     with open(out, "w", encoding="utf-8") as f:
         f.write(text)
     return out

@@ -53,3 +53,35 @@ def test_windowed_headline_bound_and_results_md(tmp_path):
     assert "- measurement window: 12 s (steady state: after a 6 s burn-in" in text
     assert "- starts: 2 (seeds 0, 1;" in text
     assert "lower bound" in text
+
+
+def test_heldout_seeds_argument_errors(capsys, tmp_path):
+    assert cli.main(["experiment", "polling", "--heldout-seeds", "--out", str(tmp_path / "a"), "--no-progress"]) == 2
+    assert "--heldout-seeds: gives each scenario of experiment headline its own held-out starts" in capsys.readouterr().err
+    assert cli.main(["experiment", "headline", "--heldout-seeds", "--seed-list", "1,2", "--out", str(tmp_path / "b"), "--no-progress"]) == 2
+    assert "--heldout-seeds: chooses the seeds itself" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_headline_heldout_seeds_per_scenario(tmp_path):
+    """--heldout-seeds: each scenario runs its own fresh held-out starts (a learned agent's unseen days),
+    every policy of a scenario the same ones, and RESULTS.md lists them per scenario."""
+    from eval.heldout_seeds import fresh_heldout_seeds
+
+    out = tmp_path / "res"
+    scens = ["llama8b-low", "qwen7b-low"]
+    argv = ["experiment", "headline", "--scenarios", ",".join(scens), "--policies", "rr,greedy-cap", "--preset", "full",
+            "--window-s", "4", "--warmup-s", "2", "--seeds", "2", "--heldout-seeds", "--workers", "1", "--no-progress",
+            "--no-tensorboard", "--no-plots", "--out", str(out)]
+    assert cli.main(argv) == 0
+    runs = pd.read_csv(out / "headline" / "runs.csv")
+    want = {sc: fresh_heldout_seeds(sc, 2) for sc in scens}
+    assert want["llama8b-low"] != want["qwen7b-low"]  # the test means something only if they differ
+    for (sc, pol), g in runs.groupby(["scenario", "policy"]):
+        assert sorted(g["seed"]) == want[sc], (sc, pol)
+    md = tmp_path / "R.md"
+    assert cli.main(["report", str(out), "--out", str(md), "--figures", str(tmp_path / "figs")]) == 0
+    text = md.read_text()
+    assert "- starts: 2 per scenario (each scenario its own fresh held-out seeds" in text
+    for sc in scens:
+        assert f"  - {sc}: seeds {', '.join(map(str, want[sc]))} (2023-" in text

@@ -75,7 +75,7 @@ POLL_CSV = "policy,polling_s,slo_violation_pct\nmilp,0.1,1.25\nmilp,2,6.5\nrr,0.
 
 
 def test_sections_choices_match_the_report():
-    assert SECTIONS == ("capacity",) + tuple(TABLE_SECTIONS)
+    assert SECTIONS == ("headline", "capacity") + tuple(TABLE_SECTIONS)
 
 
 def test_the_committed_results_md_splits_and_joins_byte_for_byte():
@@ -145,3 +145,31 @@ def test_bad_requests_name_the_field(tmp_path, capsys):
     assert main(["report", str(tmp_path), "--section", "polling", "--out", str(tmp_path / "R.md")]) == 2
     assert "polling.md" in capsys.readouterr().err
     assert (tmp_path / "R.md").read_text(encoding="utf-8") == BASE
+
+
+@pytest.mark.slow
+def test_headline_section_rewrites_only_the_headline(tmp_path):
+    """--section headline: a rerun headline replaces the preamble, how it was produced (its cost row; the rows of
+    matrices not at hand kept and summed again), the headline and the headline's claims; other sections byte for byte."""
+    res = tmp_path / "res"
+    argv = ["experiment", "headline", "--scenarios", "dev", "--policies", "rr,greedy-cap", "--window-s", "12", "--warmup-s", "6",
+            "--seed-list", "3", "--workers", "1", "--no-progress", "--no-tensorboard", "--no-plots", "--out", str(res)]
+    assert main(argv) == 0
+    md = tmp_path / "R.md"
+    md.write_text(BASE)
+    assert main(["report", str(res), "--section", "headline", "--out", str(md), "--figures", str(tmp_path / "figs")]) == 0
+    text = md.read_text()
+    _, secs = _split_sections(text)
+    _, base_secs = _split_sections(BASE)
+    kept = [s for s in base_secs if not s.startswith(("## How it was produced", "## Headline:", "## Comparison"))]
+    assert [s for s in secs if s in kept] == kept  # the other sections, byte for byte and in order
+    assert "headline table" not in text and "\n| dev | " in text and "- starts: 1 (seeds 3;" in text
+    cfg = json.loads((res / "headline" / "config.json").read_text())
+    rows = [ln for ln in text.splitlines() if ln.startswith("| headline |") or ln.startswith("| tradeoff |")]
+    assert len(rows) == 2 and rows[0].startswith("| headline | 2 | 1 |") and cfg["command"] in rows[0]
+    assert rows[1] == "| tradeoff | 40 | 2 | 19.5 | 37.0 | `carbon-gym experiment tradeoff` |"
+    total = next(ln for ln in text.splitlines() if ln.startswith("Whole run: "))
+    assert total.startswith("Whole run: 42 runs, ")
+    assert "| SLO violation vs polling period | rises noticeably past 2 s | not run |" in text  # a claim it does not own
+    assert "\nnotes\n" in text
+    assert main(["report", str(tmp_path / "nothing"), "--section", "headline", "--out", str(md)]) == 2
