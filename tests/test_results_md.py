@@ -65,3 +65,21 @@ def test_results_md_sections_are_their_committed_tables():
         assert _without_figures(shown[0]) == _without_figures(want), f"RESULTS.md's '{title}' differs from results/{exp} (carbon-gym report results --section {exp})"
         checked.append(exp)
     assert checked, "no experiment's tables are tracked under results/"
+
+
+def test_results_md_headline_is_its_committed_tables():
+    """The headline section's tables (the reduction table and the full table) are those of the
+    tracked results/headline/headline.md, row for row, and every start's bound row says yes."""
+    md = RESULTS.parent / "results" / "headline" / "headline.md"
+    if not md.is_file():
+        pytest.skip("no tracked headline tables (results/headline)")
+    from eval.report import _split_sections
+
+    _, sections = _split_sections(RESULTS.read_text(encoding="utf-8"))
+    head = next(s for s in sections if s.startswith("## Headline:"))
+    rows = [ln for ln in md.read_text(encoding="utf-8").splitlines() if ln.startswith("| ")]
+    assert len(rows) > 4
+    missing = [r for r in rows if r not in head.splitlines()]
+    assert not missing, f"RESULTS.md's headline lacks {len(missing)} rows of results/headline/headline.md, e.g. {missing[0]!r}"
+    checks = [ln for ln in head.split("### Lower bound check", 1)[1].splitlines() if ln.startswith("| ") and not ln.startswith(("| scenario", "|---"))]
+    assert checks and all(ln.rstrip().endswith("| yes |") for ln in checks)
