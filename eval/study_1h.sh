@@ -6,7 +6,7 @@
 #   a  headline  3 models x low/moderate/high load, 600 s window after 300 s, 8 starts: rr, greedy-cap,
 #                planner, milp and the shipped learned agent; each scenario's starts are its own first 8
 #                seeds on days the agent never saw (--heldout-seeds: python -m eval.heldout_seeds); the
-#                lower bound per start comes from these runs; 360 runs, ~110 CPU-minutes
+#                lower bound per start comes from these runs; 360 runs, 70 CPU-minutes (40 min of wall time)
 #                (ilp-state is compared with the MILP in stage b)
 #   h  capacity  capacity control (engines sleep, servers power off): llama8b-low, llama8b-moderate,
 #                mixtral8x7b-low, 900 s window after 300 s, one start: rr always on vs rr / planner /
