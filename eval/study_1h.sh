@@ -38,7 +38,8 @@
 #                against the lower bound on the headline's 8 starts and window (rr the reference; the
 #                other policies' shares of the bound come from the headline's runs); 16 runs
 #   b  milp-vs-ilp the facility MILP vs the per-request ILPs (load-blind ilp, state-aware ilp-state)
-#                on mixtral8x7b-moderate (the study's case), the same 8 starts and window; 32 runs
+#                on mixtral8x7b-moderate (the study's case) and llama8b-moderate, the same 8 starts and
+#                window; 64 runs, ~14 CPU-minutes
 #   k  learned-capacity the capacity-aware agent (train/checkpoints/llama8b_capacity_set.npz) vs
 #                the MILP deciding capacity, milp-mpc, rr+reactive and rr always on: llama8b-moderate,
 #                20 fresh held-out days, 600 s windows; 100 runs, ~110 CPU-minutes
@@ -74,7 +75,7 @@ for stage in $STAGES; do
          --seed-list "$SEEDS" --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
     f) carbon-gym experiment bound --preset full --scenarios llama8b-moderate --policies rr \
          --seed-list "$SEEDS" --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
-    b) carbon-gym experiment milp-vs-ilp --preset full --scenarios mixtral8x7b-moderate \
+    b) carbon-gym experiment milp-vs-ilp --preset full --scenarios mixtral8x7b-moderate,llama8b-moderate \
          --seed-list "$SEEDS" --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
     k) carbon-gym experiment learned-capacity --preset full --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
     *) echo "unknown stage $stage (a, b, c, d, e, f, g, h, i, j, k)" >&2; exit 2 ;;
