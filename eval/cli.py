@@ -735,27 +735,19 @@ def cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
         print(f"wrote the capacity section of {write_capacity_section(args.results_dir, out=args.out)}")
         return 0
-    if args.section == "headline":
-        from eval.report import write_headline_section
-
-        from carbon_gym.errors import ConfigError
-
-        try:
-            path = write_headline_section(args.results_dir, out=args.out, figures_dir=args.figures, command=args.run_command)
-        except ConfigError as exc:
-            raise UsageError("--out" if exc.field == "out" else exc.field, str(exc).removeprefix(f"{exc.field}: ")) from None
-        print(f"wrote the headline's sections of {path}")
-        return 0
     if args.section is not None:
-        from eval.report import write_section
+        from eval.report import write_headline_section, write_section
 
         from carbon_gym.errors import ConfigError
 
         try:
-            path = write_section(args.results_dir, args.section, out=args.out, figures_dir=args.figures)
+            if args.section == "headline":
+                path, what = write_headline_section(args.results_dir, out=args.out, figures_dir=args.figures, command=args.run_command), "the headline's sections"
+            else:
+                path, what = write_section(args.results_dir, args.section, out=args.out, figures_dir=args.figures), f"the {args.section} section"
         except ConfigError as exc:
             raise UsageError("--out" if exc.field == "out" else exc.field, str(exc).removeprefix(f"{exc.field}: ")) from None
-        print(f"wrote the {args.section} section of {path}")
+        print(f"wrote {what} of {path}")
         return 0
 
     if not os.path.isdir(os.path.join(args.results_dir, "headline")):

@@ -256,6 +256,32 @@ def _costs_total(rows: list[str]) -> str:
     return _whole_run(sum(int(c[1]) for c in cells), sum(float(c[3]) for c in cells), sum(float(c[4]) for c in cells))
 
 
+def _cost_dir(row: str) -> str:
+    """The results directory (first cell) of a cost-table row."""
+    return row.split("|")[1].strip()
+
+
+def _with_cost_rows(text: str, shown: list[str], rows: list[str]) -> str:
+    """``text`` with the cost-table rows ``shown`` replaced by ``rows`` (in directory order; nothing
+    replaced when none were shown) and the "Whole run" line summed again over ``rows``."""
+    merged = sorted(rows, key=lambda r: _cost_dir(r) + "/config.json")
+    if shown:
+        text = text.replace("\n".join(shown), "\n".join(merged), 1)
+    total = next((ln for ln in text.splitlines() if ln.startswith("Whole run: ")), None)
+    return text.replace(total, _costs_total(merged), 1) if total is not None else text
+
+
+def _with_claim(text: str, key: str, claim: str) -> str:
+    """``text`` with our figure for study claim ``key`` (a :data:`STUDY_CLAIMS` key) set to ``claim``
+    in the comparison table (the study's column kept); unchanged when the table lacks its row."""
+    label = next(c for k, c, _ in STUDY_CLAIMS if k == key)
+    line = next((ln for ln in text.splitlines() if ln.startswith(f"| {label} |")), None)
+    if line is None:
+        return text
+    study = line.strip("|").split("|")[1].strip()
+    return text.replace(line, f"| {label} | {study} | {claim} |", 1)
+
+
 def write_section(results_dir: str, exp: str, *, out: str = "RESULTS.md", figures_dir: str = "docs/figures") -> str:
     """Rewrite experiment ``exp``'s section of an existing ``out`` in place (a :data:`TABLE_SECTIONS`
     key) from ``<results_dir>/<exp>``, with its row of the cost table, the whole run's totals and
@@ -292,26 +318,15 @@ def write_section(results_dir: str, exp: str, *, out: str = "RESULTS.md", figure
         top = rel.split("/")[0]
         return top == exp or top.startswith(exp + "-")
 
-    def rel_of(row: str) -> str:
-        return row.split("|")[1].strip()
-
     old_rows = _costs_rows(text)
-    rows = [r for r in old_rows if not mine(rel_of(r))]
+    rows = [r for r in old_rows if not mine(_cost_dir(r))]
     new_rows = [_cost_row(r) for r in run_costs(results_dir) if mine(r["dir"])]
     if rows or new_rows:
-        merged = sorted(rows + new_rows, key=lambda r: rel_of(r) + "/config.json")
-        text = text.replace("\n".join(old_rows), "\n".join(merged), 1) if old_rows else text
-        total = next((ln for ln in text.splitlines() if ln.startswith("Whole run: ")), None)
-        if total is not None:
-            text = text.replace(total, _costs_total(merged), 1)
+        text = _with_cost_rows(text, old_rows, rows + new_rows)
     key = SECTION_CLAIMS.get(exp)
     claim = _claims(results_dir).get(key) if key else None
-    if claim is not None:
-        label = next(c for k, c, _ in STUDY_CLAIMS if k == key)
-        line = next((ln for ln in text.splitlines() if ln.startswith(f"| {label} |")), None)
-        if line is not None:
-            study = line.strip("|").split("|")[1].strip()
-            text = text.replace(line, f"| {label} | {study} | {claim} |", 1)
+    if key is not None and claim is not None:
+        text = _with_claim(text, key, claim)
     figs.copy()
     with open(out, "w", encoding="utf-8") as f:
         f.write(text)
@@ -332,6 +347,20 @@ def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", f
     if not overwrite and os.path.exists(out):
         raise ConfigError("out", f"{out!r} exists (RESULTS.md is tracked: regenerating it is a deliberate step); write "
                           "elsewhere, or allow replacing it (carbon-gym report --force)")
+    text, figs = _results_md(results_dir, out=out, figures_dir=figures_dir, command=command)
+    clash = [dst for _, dst in figs.copies if os.path.exists(dst)]
+    if clash and not overwrite:
+        raise ConfigError("figures", f"{len(clash)} figure(s) would be replaced, e.g. {clash[0]!r}; choose another "
+                          "figures directory, or allow replacing them (carbon-gym report --force)")
+    figs.copy()
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(text)
+    return out
+
+
+def _results_md(results_dir: str, *, out: str, figures_dir: str, command: str | None) -> tuple[str, Figures]:  # noqa: C901
+    """The text of RESULTS.md (to be written at ``out``, whose notes it keeps) and the figures it
+    links (not yet copied)."""
     head_dir = os.path.join(results_dir, "headline")
     with open(os.path.join(head_dir, "config.json"), encoding="utf-8") as f:
         cfg = json.load(f)
@@ -345,7 +374,7 @@ def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", f
     os.makedirs(figures_dir, exist_ok=True)
 
     figs = Figures(results_dir, figures_dir, out)
-    copies, fig = figs.copies, figs.link
+    fig = figs.link
 
     v = cfg.get("versions", {})
     runs_meta = cfg.get("runs", [])
@@ -461,15 +490,7 @@ def write_results_md(results_dir: str = "results", *, out: str = "RESULTS.md", f
     add(NOTES_BEGIN)
     add(notes or "(to be written: where and why these numbers differ from the study's)")
     add(NOTES_END)
-    text = "\n".join(lines) + "\n"
-    clash = [dst for _, dst in copies if os.path.exists(dst)]
-    if clash and not overwrite:
-        raise ConfigError("figures", f"{len(clash)} figure(s) would be replaced, e.g. {clash[0]!r}; choose another "
-                          "figures directory, or allow replacing them (carbon-gym report --force)")
-    figs.copy()
-    with open(out, "w", encoding="utf-8") as f:
-        f.write(text)
-    return out
+    return "\n".join(lines) + "\n", figs
 
 
 #: The sections the headline matrix writes (titles as prefixes), in file order.
@@ -493,13 +514,7 @@ def write_headline_section(results_dir: str, *, out: str = "RESULTS.md", figures
         raise ConfigError("results_dir", f"{os.path.join(results_dir, 'headline')!r} not found; run "
                           f"`carbon-gym experiment headline --out {results_dir}` first")
     old = open(out, encoding="utf-8").read()
-    tmp = os.path.join(os.path.dirname(os.path.abspath(out)), f".{os.path.basename(out)}.headline.tmp")
-    try:
-        write_results_md(results_dir, out=tmp, figures_dir=figures_dir, command=command)
-        new = open(tmp, encoding="utf-8").read()
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    new, figs = _results_md(results_dir, out=out, figures_dir=figures_dir, command=command)
     _, old_secs = _split_sections(old)
     new_head, new_secs = _split_sections(new)
 
@@ -519,24 +534,14 @@ def write_headline_section(results_dir: str, *, out: str = "RESULTS.md", figures
         at = max((i + 1 for i, s in enumerate(secs) if own(s) in before), default=0)
         secs.insert(at, sec)
     text = new_head + "".join("\n" + s for s in secs)
-    new_rows, old_rows = _costs_rows(new), _costs_rows(old)
-
-    def rel_of(row: str) -> str:
-        return row.split("|")[1].strip()
-
-    mine = {rel_of(r) for r in new_rows}
-    merged = sorted(new_rows + [r for r in old_rows if rel_of(r) not in mine], key=lambda r: rel_of(r) + "/config.json")
+    new_rows = _costs_rows(new)
+    mine = {_cost_dir(r) for r in new_rows}
     if new_rows:
-        text = text.replace("\n".join(new_rows), "\n".join(merged), 1)
-        total = next((ln for ln in text.splitlines() if ln.startswith("Whole run: ")), None)
-        if total is not None:
-            text = text.replace(total, _costs_total(merged), 1)
+        text = _with_cost_rows(text, new_rows, new_rows + [r for r in _costs_rows(old) if _cost_dir(r) not in mine])
+    ours = _claims(results_dir)
     for key in HEADLINE_CLAIMS:
-        label = next(c for k, c, _ in STUDY_CLAIMS if k == key)
-        fresh_line = next((ln for ln in new.splitlines() if ln.startswith(f"| {label} |")), None)
-        line = next((ln for ln in text.splitlines() if ln.startswith(f"| {label} |")), None)
-        if fresh_line is not None and line is not None:
-            text = text.replace(line, fresh_line, 1)
+        text = _with_claim(text, key, ours.get(key, "not run"))
+    figs.copy()
     with open(out, "w", encoding="utf-8") as f:
         f.write(text)
     return out
