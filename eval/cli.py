@@ -390,7 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--policies", default=None, help="override the experiment's policy list (comma list)")
     ex.add_argument("--scenarios", default=None, help="run on these scenarios instead of models x loads (comma list of names or TOML paths)")
     ex.add_argument("--all-requests", action="store_true", help="write per-request records of every run (default: only where a figure needs them)")
-    ex.add_argument("--heldout-seeds", action="store_true", help="experiment headline: each scenario runs its own first N fresh held-out starts "
+    ex.add_argument("--heldout-seeds", action="store_true", help="experiments headline, milp-vs-ilp, tradeoff: each scenario runs its own first N fresh held-out starts "
                     "(python -m eval.heldout_seeds: days the shipped learned agent never saw), N = --seeds or the preset's; "
                     "instead of one --seed-list for every scenario")
     ex.add_argument("--periods", default=None, metavar="S1,S2", help="experiment polling: the polling periods to sweep, s (comma list, each > 0; default the preset's 0.1,0.25,0.5,1,2,4,8)")
@@ -662,13 +662,14 @@ def cmd_experiment(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if periods is not None and "polling" not in names:
         raise UsageError("--periods", f"sets the polling sweep's periods: use it with experiment polling, not {args.name!r}", ["polling", "d"])
     seeds = parse_seeds(args.seeds, args.seed_list, args.seed_start) if (args.seeds or args.seed_list) else None
+    from eval import experiments
+
     if args.heldout_seeds:
-        if names != ["headline"]:
-            raise UsageError("--heldout-seeds", f"gives each scenario of experiment headline its own held-out starts; {args.name!r} chooses its "
-                             "starts itself or takes --seeds / --seed-list", ["headline", "a"])
+        if len(names) != 1 or names[0] not in experiments.HELDOUT_EXPERIMENTS:
+            raise UsageError("--heldout-seeds", f"gives each scenario of experiments {', '.join(experiments.HELDOUT_EXPERIMENTS)} its own held-out "
+                             f"starts; {args.name!r} chooses its starts itself or takes --seeds / --seed-list", list(experiments.HELDOUT_EXPERIMENTS))
         if args.seed_list or args.seed_start:
             raise UsageError("--heldout-seeds", "chooses the seeds itself: give --seeds N (how many per scenario), not --seed-list or --seed-start")
-    from eval import experiments
 
     models = split_list(args.models) or None
     if models:

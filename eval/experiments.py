@@ -74,6 +74,11 @@ LOADS = ("low", "moderate", "high")
 #: The study's comparison (experiment a's default policy list).
 #: (greedy and ilp are the load-blind strawmen; greedy-cap and ilp-cap the same with the capacity cap
 #: earlier carbon-aware schedulers had)
+#: The per-request ILPs experiment b sets against the facility MILP: load-blind, load-blind with the
+#: static capacity cap earlier carbon-aware schedulers had, and state-aware.
+ILP_POLICIES = ("ilp", "ilp-cap", "ilp-state")
+#: Experiments that take ``heldout_seeds`` (``--heldout-seeds``): each scenario its own fresh held-out starts.
+HELDOUT_EXPERIMENTS = ("headline", "milp-vs-ilp", "tradeoff")
 STUDY_POLICIES = ("rr", "greedy", "greedy-cap", "least-loaded", "planner", "ilp", "ilp-cap", "ilp-state", "milp")
 
 
@@ -388,12 +393,15 @@ def headline_table(summary, bounds=None) -> str:
             + "\n\n" + "\n".join(lines) + "\n")
 
 
-def milp_vs_ilp_table(runs, *, milp: str = "milp", ilps: Sequence[str] = ("ilp", "ilp-state")):
-    """Per scenario: MILP reduction, each ILP's, and the paired gap (pp) MILP - ILP, with CIs.
+def milp_vs_ilp_table(runs, *, milp: str = "milp", ilps: Sequence[str] | None = None):
+    """Per scenario: MILP reduction, each ILP's (``ilps``, default those of :data:`ILP_POLICIES`
+    that ran), and the paired gap (pp) MILP - ILP, with CIs.
     A policy with an invalid run in the scenario (work left unfinished, ``run_valid`` false) gets
     no reduction and no gap (NaN; ``<policy>_invalid`` true): its unspent energy would flatter it."""
     import pandas as pd
 
+    if ilps is None:
+        ilps = [p for p in ILP_POLICIES if p in set(runs["policy"])]
     rows = []
     for scen in dict.fromkeys(runs["scenario"]):
         sub = runs[runs["scenario"] == scen]
@@ -447,9 +455,11 @@ def _prefixed_verdict(r: Any, prefix: str) -> str:
     return p99_verdict(cols, int(n) if np.isfinite(float(n)) else 0)
 
 
-def milp_vs_ilp_markdown(table, ilps: Sequence[str] = ("ilp", "ilp-state")) -> str:
+def milp_vs_ilp_markdown(table, ilps: Sequence[str] | None = None) -> str:
     """Per scenario: each policy's reduction vs rr (per-request violation %; MLPerf p99 verdict)
-    and the paired gaps."""
+    and the paired gaps (``ilps``, default those of :data:`ILP_POLICIES` in ``table``)."""
+    if ilps is None:
+        ilps = [p for p in ILP_POLICIES if f"{p}_reduction_pct" in table]
     # (invalid = work left unfinished in some seed: no reduction, no gap)
     head = ["scenario", "milp: vs rr % (viol. %; p99)"] + [f"{i}: vs rr % (viol. %; p99)" for i in ilps] + [f"MILP - {i} (pp)" for i in ilps]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
@@ -508,7 +518,7 @@ def _variant(label: str) -> str:
 def exp_headline(ctx: Ctx) -> str:
     scens = ctx.scenario_list(LOADS)
     pols = ctx.policies or [p for p in STUDY_POLICIES if p in available_policies()]
-    specs = [s for sc in scens for s in make_specs([sc], pols, ctx.seeds_for(sc), overrides=ctx.overrides, policy_kwargs=ctx.policy_kwargs)]
+    specs = ctx.specs(scens, pols)
     focus = next((sc for sc in scens if sc.endswith("-moderate")), scens[0])
     ex = ctx.execute(specs, requests_for=[focus])
     from eval.bound import bound_summary, bounds_table, with_bounds
@@ -536,7 +546,7 @@ def exp_headline(ctx: Ctx) -> str:
 def milp_vs_ilp_tables(runs, out: str) -> tuple[Any, str]:
     """Experiment b's tables from its runs (as run, or read back from ``runs.csv``): writes
     ``milp-vs-ilp.csv`` and ``milp-vs-ilp.md`` into ``out``; returns the table and the Markdown."""
-    ilps = [p for p in ("ilp", "ilp-state") if p in set(runs["policy"])]
+    ilps = [p for p in ILP_POLICIES if p in set(runs["policy"])]
     table = milp_vs_ilp_table(runs, ilps=ilps)
     os.makedirs(out, exist_ok=True)
     table.to_csv(os.path.join(out, "milp-vs-ilp.csv"), index=False)
@@ -550,11 +560,10 @@ def milp_vs_ilp_tables(runs, out: str) -> tuple[Any, str]:
 
 def exp_milp_vs_ilp(ctx: Ctx) -> str:
     scens = ctx.scenario_list(("moderate", "high"))
-    pols = ctx.policies or [REFERENCE_POLICY, "ilp", "ilp-state", "milp"]
-    specs = make_specs(scens, pols, ctx.seeds, overrides=ctx.overrides, policy_kwargs=ctx.policy_kwargs)
-    ex = ctx.execute(specs)
+    pols = ctx.policies or [REFERENCE_POLICY, *ILP_POLICIES, "milp"]
+    ex = ctx.execute(ctx.specs(scens, pols))
     table, md = milp_vs_ilp_tables(ex.runs, ctx.out)
-    ilps = [p for p in ("ilp", "ilp-state") if p in pols]
+    ilps = [p for p in ILP_POLICIES if p in pols]
     if ctx.plots and not table.empty:
         say(f"{ctx.name}: writing figures to {ctx.fig_dir} (PNG + PDF; --no-plots skips them)")
         from eval import plots
@@ -623,7 +632,8 @@ def exp_predictor(ctx: Ctx) -> str:
 
 
 def exp_polling(ctx: Ctx) -> str:
-    import pandas as pd
+    """Experiment d: rr and the policies at each polling period (:mod:`eval.polling`)."""
+    from eval.polling import polling_figures, write_polling_tables
 
     scens = ctx.scenario_list(("moderate",), ("llama8b",))
     pols = [p for p in (ctx.policies or ["milp", "greedy", "least-loaded"]) if p != REFERENCE_POLICY]
@@ -631,27 +641,11 @@ def exp_polling(ctx: Ctx) -> str:
     variants = [(f"poll={p:g}s", {OVERRIDE_POLLING: float(p)}) for p in periods]
     specs = _variant_specs(scens, pols, ctx.seeds, variants, ctx.overrides, ctx.policy_kwargs)
     ex = ctx.execute(specs)
-    s = ex.summary.copy()
-    s["base"] = s["scenario"].map(_base)
-    s["polling_s"] = s["scenario"].map(lambda x: float(_variant(x).split("=")[1].rstrip("s")))
-    s = s.sort_values(["base", "policy", "polling_s"], kind="stable")
-    s.to_csv(os.path.join(ctx.out, "polling.csv"), index=False)
-    disp = pd.DataFrame({
-        "scenario": s["base"], "policy": s["policy"], "polling (s)": s["polling_s"].map(lambda v: f"{v:g}"),
-        "vs rr %": [_fmt(a, b) for a, b in zip(s["reduction_vs_rr_pct"], s["reduction_vs_rr_pct_ci95"])],
-        "SLO viol. %": [_fmt(a, b, 2) for a, b in zip(s["slo_violation_pct"], s["slo_violation_pct_ci95"])],
-        "MLPerf p99 pass": [p99_verdict(r) for _, r in s.iterrows()],
-        "TTFT p99 (ms)": (s["ttft_p99_s"] * 1e3).map(lambda v: f"{v:.0f}"),
-        "TPOT p99 (ms)": (s["tpot_p99_s"] * 1e3).map(lambda v: f"{v:.0f}"),
-    })
-    md = f"Polling-period sweep (rr at each period is the reference). {METRICS_NOTE}\n\n" + _md(disp)
-    ctx.write_text("polling.md", md)
+    rows, md = write_polling_tables(ex.summary, ctx.out)
     if ctx.plots:
         say(f"{ctx.name}: writing figures to {ctx.fig_dir} (PNG + PDF; --no-plots skips them)")
-        from eval import plots
-
-        for base in dict.fromkeys(s["base"]):
-            plots.polling_curve(s[s["base"] == base], ctx.fig(f"polling_{base}"), title=f"{base}: polling period")
+        os.makedirs(ctx.fig_dir, exist_ok=True)
+        polling_figures(rows, ctx.fig_dir)
     return md
 
 
@@ -788,6 +782,12 @@ class Ctx:
 
         return fresh_heldout_seeds(scenario, len(self.seeds))
 
+    def specs(self, scenarios: Sequence[str], policies: Sequence[str]) -> list[RunSpec]:
+        """Every policy on every scenario at that scenario's seeds (:meth:`seeds_for`), with the
+        experiment's overrides and policy arguments."""
+        return [s for sc in scenarios for s in make_specs([sc], policies, self.seeds_for(sc), overrides=self.overrides,
+                                                          policy_kwargs=self.policy_kwargs)]
+
     def scenario_list(self, default_loads: Sequence[str], default_models: Sequence[str] = MODELS) -> list[str]:
         """Explicit ``--scenarios``, else models x loads (the experiment's defaults where not given)."""
         if self.scenarios:
@@ -854,9 +854,10 @@ def run_experiment(
 ) -> str:
     """Run experiment ``name`` (see the module docstring) and return its Markdown table.
     ``polling_s``: the polling sweep's periods, s (default the preset's). ``heldout_seeds``
-    (headline only): each scenario runs its own first ``len(seeds)`` fresh held-out starts."""
-    if heldout_seeds and name != "headline":
-        raise ValueError(f"heldout_seeds is for experiment headline, not {name!r}")
+    (:data:`HELDOUT_EXPERIMENTS` only): each scenario runs its own first ``len(seeds)`` fresh
+    held-out starts."""
+    if heldout_seeds and name not in HELDOUT_EXPERIMENTS:
+        raise ValueError(f"heldout_seeds is for experiments {', '.join(HELDOUT_EXPERIMENTS)}, not {name!r}")
     p = PRESETS[preset]
     if polling_s is not None:
         p = replace(p, polling_s=tuple(float(v) for v in polling_s))

@@ -365,7 +365,8 @@ def tradeoff_experiment(ctx: Any, policies: Sequence[str]) -> str:
 
     scens = ctx.scenario_list(("moderate",), ("llama8b",))
     pols = list(dict.fromkeys([REFERENCE_POLICY] + list(policies)))
-    specs = frontier_specs(scens, pols, ctx.seeds, overrides=ctx.overrides, policy_kwargs=ctx.policy_kwargs)
+    specs = [s for sc in scens for s in frontier_specs([sc], pols, ctx.seeds_for(sc), overrides=ctx.overrides,
+                                                         policy_kwargs=ctx.policy_kwargs)]
     ex = ctx.execute(specs)
     points, singles, md = tradeoff_tables(ex.runs, ex.summary, ctx.out)
     if ctx.plots and not points.empty:

@@ -14,9 +14,10 @@ import shutil
 from typing import Any, Mapping, Sequence
 
 from eval.capacity_report import SECTION_BEGIN as CAPACITY_BEGIN
-from eval.experiments import PRESETS, headline_table, milp_vs_ilp_markdown, milp_vs_ilp_table
+from eval.experiments import ILP_POLICIES, PRESETS, headline_table, milp_vs_ilp_markdown, milp_vs_ilp_table
 from eval.generalise_experiment import generalise_section
 from eval.learned_capacity_experiment import learned_capacity_dirs, learned_capacity_section
+from eval.polling import merged_polling, polling_section
 from eval.tables import METRICS_NOTE, summary_markdown
 
 __all__ = ["write_results_md", "write_section", "write_headline_section", "table_section", "TABLE_SECTIONS", "STUDY_CLAIMS", "NOTES_BEGIN", "NOTES_END"]
@@ -68,7 +69,7 @@ def _claims(results_dir: str) -> dict[str, str]:
     gap_src = _read_csv(os.path.join(results_dir, "milp-vs-ilp", "runs.csv"))
     src = gap_src if gap_src is not None else h_runs
     if src is not None and "milp" in set(src["policy"]):
-        ilps = [p for p in ("ilp", "ilp-state") if p in set(src["policy"])]
+        ilps = [p for p in ILP_POLICIES if p in set(src["policy"])]
         t = milp_vs_ilp_table(src, ilps=ilps)
         t = t[t["scenario"].str.startswith("mixtral")]
         if "unfinished_pct" in src:
@@ -93,7 +94,7 @@ def _claims(results_dir: str) -> dict[str, str]:
     pred = _read_csv(os.path.join(results_dir, "predictor", "predictor.csv"))
     if pred is not None and not pred.empty:
         out["predictor"] = f"within {pred['reduction_diff_pp'].abs().max():.1f} pp / {pred['violation_diff_pp'].abs().max():.2f} pp (max over {len(pred)} scenario x policy cases)"
-    poll = _read_csv(os.path.join(results_dir, "polling", "polling.csv"))
+    poll = merged_polling(results_dir)
     if poll is not None and "milp" in set(poll["policy"]):
         def viol(pol: str) -> str:
             p = poll[poll["policy"] == pol].sort_values("polling_s")
@@ -178,6 +179,12 @@ class Figures:
         self.copies.append((src, os.path.join(self.figures_dir, dst_name)))
         return f"{self.rel}/{dst_name}".replace(os.sep, "/")
 
+    def drawn(self, src: str) -> str:
+        """The Markdown path of a figure the report drew itself (PNG ``src``, copied under its name)."""
+        name = os.path.basename(src)
+        self.copies.append((src, os.path.join(self.figures_dir, name)))
+        return f"{self.rel}/{name}".replace(os.sep, "/")
+
     def copy(self) -> None:
         os.makedirs(self.figures_dir, exist_ok=True)
         for src, dst in self.copies:
@@ -192,7 +199,13 @@ def table_section(results_dir: str, exp: str, figs: Figures) -> str | None:
         return None
     parts = [f"## {TABLE_SECTIONS[exp]}\n"]
     merged = generalise_section(results_dir) if exp == "generalise" else None
+    polling = polling_section(results_dir) if exp == "polling" else None
     econf = os.path.join(results_dir, exp, "config.json")
+    if polling is not None:  # (merged over its matrices, with the merged figures)
+        parts.append(polling[0])
+        for png in polling[1]:
+            parts.append(f"![{exp}: {os.path.basename(png)[:-4]}]({figs.drawn(png)})\n")
+        return "\n".join(parts)
     if merged is not None:
         parts.append(merged)
     else:
@@ -446,7 +459,7 @@ def _results_md(results_dir: str, *, out: str, figures_dir: str, command: str | 
     mvi_runs = _own_runs(results_dir, "milp-vs-ilp")
     mvi_covers = mvi_runs is not None and runs is not None and set(runs["scenario"]) <= set(mvi_runs["scenario"])
     if not mvi_covers and runs is not None and "milp" in set(runs["policy"]):  # (kept unless experiment b covers its scenarios)
-        ilps = [p for p in ("ilp", "ilp-state") if p in set(runs["policy"])]
+        ilps = [p for p in ILP_POLICIES if p in set(runs["policy"])]
         if ilps:
             add("## Facility MILP vs per-request ILPs (from the headline runs)\n")
             add(f"Reduction vs rr, % (SLO violation %; MLPerf p99 verdict), and the paired gap MILP - ILP in percentage points (mean ± 95% CI over seeds). {METRICS_NOTE}\n")

@@ -119,7 +119,8 @@ iterations) gives a bound; its counts rounded down and completed by :func:`class
 :func:`class_greedy` alone, give the incumbent; when that is not within the gap, HiGHS
 branch-and-bound continues from it (warm start) on programs of at most ``bb_max_columns`` pairs,
 for at most ``bb_node_limit`` nodes and ``bb_work_limit`` of HiGHS's interrupt check points (the
-same points on every run). So a seed gives the same decisions, and the same row, on a loaded
+same points on every run; at polling periods under ``bb_work_poll_s`` = 1 s the proportional share
+of them, so a decision's work stays within the same share of its period). So a seed gives the same decisions, and the same row, on a loaded
 machine as on an idle one; the wall time is measured and reported (``stats``,
 :meth:`FacilityMILP.episode_stats`, ``eval/bench_solvers.py``), not obeyed. ``time_limit_s``
 (e.g. 0.2 s inside a 1 s poll, the earlier default) adds the real-time deadline for users who
@@ -298,10 +299,12 @@ class FacilityMILP(Scheduler):
             log.warning("facility MILP capacity stage falls back to the greedy at t=%.1f s: %s", state.time_s, res.status)
         return res
 
-    def _solve(self, data: FacilityData, warm: tuple[np.ndarray, np.ndarray] | None) -> SolveResult:
+    def _solve(self, data: FacilityData, warm: tuple[np.ndarray, np.ndarray] | None, poll_s: float) -> SolveResult:
         if self.config.backend == "pyomo":
             return solve_pyomo(data, self.config)
-        return solve_highspy(data, self.config, warm)
+        work = self.config.work_limit_at(poll_s)
+        cfg = self.config if work == self.config.bb_work_limit else replace(self.config, bb_work_limit=work)
+        return solve_highspy(data, cfg, warm)
 
     def place(self, problem: PlacementProblem) -> np.ndarray:
         """Assignment (R,) of the pending requests: datacenter index, or D to defer."""
@@ -312,7 +315,7 @@ class FacilityMILP(Scheduler):
         data = compile_facility(problem, self.config)
         warm = class_greedy(data) if self.config.warm_start else None
         try:
-            res = self._solve(data, warm)
+            res = self._solve(data, warm, problem.poll_s)
         except Exception as exc:  # noqa: BLE001 - any solver failure falls back, counted and logged
             res = SolveResult(None, None, f"error: {type(exc).__name__}: {exc}", float("nan"), 0.0, 0.0)
         self.stats["solves"] += 1

@@ -57,7 +57,9 @@ def test_windowed_headline_bound_and_results_md(tmp_path):
 
 def test_heldout_seeds_argument_errors(capsys, tmp_path):
     assert cli.main(["experiment", "polling", "--heldout-seeds", "--out", str(tmp_path / "a"), "--no-progress"]) == 2
-    assert "--heldout-seeds: gives each scenario of experiment headline its own held-out starts" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--heldout-seeds: gives each scenario of experiments headline, milp-vs-ilp, tradeoff its own held-out starts" in err
+    assert "allowed: headline, milp-vs-ilp, tradeoff" in err
     assert cli.main(["experiment", "headline", "--heldout-seeds", "--seed-list", "1,2", "--out", str(tmp_path / "b"), "--no-progress"]) == 2
     assert "--heldout-seeds: chooses the seeds itself" in capsys.readouterr().err
 
@@ -85,3 +87,30 @@ def test_headline_heldout_seeds_per_scenario(tmp_path):
     assert "- starts: 2 per scenario (each scenario its own fresh held-out seeds" in text
     for sc in scens:
         assert f"  - {sc}: seeds {', '.join(map(str, want[sc]))} (2023-" in text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("exp, extra, policies", [
+    ("milp-vs-ilp", ["--policies", "rr,ilp-cap,milp"], {"rr", "ilp-cap", "milp"}),
+    ("tradeoff", ["--policies", "planner", "--knob", "planner=0.8"], {"rr", "planner", "planner[utilisation=0.8]"}),
+])
+def test_heldout_seeds_per_scenario_in_experiments_b_and_e(tmp_path, exp, extra, policies):
+    """Experiments b and e take --heldout-seeds too: every policy (and knob value) of a scenario runs
+    that scenario's own fresh held-out starts."""
+    from eval.heldout_seeds import fresh_heldout_seeds
+
+    out = tmp_path / "res"
+    scens = ["llama8b-low", "mixtral8x7b-low"]
+    argv = ["experiment", exp, "--scenarios", ",".join(scens), *extra, "--preset", "full", "--window-s", "4", "--warmup-s", "2",
+            "--seeds", "2", "--heldout-seeds", "--workers", "1", "--no-progress", "--no-tensorboard", "--no-plots", "--out", str(out)]
+    assert cli.main(argv) == 0
+    runs = pd.read_csv(out / exp / "runs.csv")
+    want = {sc: fresh_heldout_seeds(sc, 2) for sc in scens}
+    assert want["llama8b-low"] != want["mixtral8x7b-low"]
+    assert set(runs["policy"]) == policies
+    for (sc, pol), g in runs.groupby(["scenario", "policy"]):
+        assert sorted(g["seed"]) == want[sc], (sc, pol)
+    if exp == "milp-vs-ilp":  # the capped ILP has its own columns: reduction, violation and the paired gap
+        table = pd.read_csv(out / exp / "milp-vs-ilp.csv")
+        assert list(table["scenario"]) == scens and "gap_vs_ilp-cap_pp" in table
+        assert "ilp-cap: vs rr % (viol. %; p99)" in (out / exp / "milp-vs-ilp.md").read_text()

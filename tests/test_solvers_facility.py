@@ -10,6 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from carbon_gym.errors import ConfigError
 from solvers.facility import (
     FacilityConfig,
     FacilityMILP,
@@ -248,6 +249,24 @@ def test_work_limits_are_deterministic_on_a_busy_machine() -> None:
     assert more.objective <= quiet.objective and more.mip_gap < quiet.mip_gap
 
 
+def test_work_budget_is_a_share_of_the_polling_period() -> None:
+    """bb_work_limit is a 1 s poll's budget; a shorter poll gets its share (at least one check point),
+    a longer one the whole budget; the MILP's solves stop at that share."""
+    cfg = FacilityConfig(bb_work_limit=40)
+    assert [cfg.work_limit_at(s) for s in (4.0, 1.0, 0.5, 0.25, 0.1, 0.001)] == [40, 40, 20, 10, 4, 1]
+    assert FacilityConfig(bb_work_poll_s=None).work_limit_at(0.1) == 40
+    assert FacilityConfig(bb_work_limit=0).work_limit_at(0.1) == 0
+    rng = np.random.default_rng(0)
+    for poll_s, want in ((0.25, 10), (0.5, 20)):
+        p = synthetic_problem(rng, 100, n_datacenters=4, n_regions=2, load=0.5, engines_per_dc=8)
+        p.poll_s = poll_s
+        pol = FacilityMILP()
+        pol.place(p)
+        assert (pol.stats["limit"][-1], pol.stats["bb_work"][-1]) == ("bb_work", want), poll_s
+    with pytest.raises(ConfigError, match="facility.bb_work_poll_s"):
+        FacilityConfig(bb_work_poll_s=0.0)
+
+
 def test_wall_clock_budget_is_an_option() -> None:
     """``time_limit_s`` restores the real-time behaviour: a solve stopped by the deadline says so."""
     rng = np.random.default_rng(0)
@@ -262,8 +281,6 @@ def test_wall_clock_budget_is_an_option() -> None:
 
 
 def test_config_errors() -> None:
-    from carbon_gym.errors import ConfigError
-
     with pytest.raises(ConfigError, match="engine_model"):
         FacilityConfig(engine_model="nope")
     with pytest.raises(ConfigError, match="unknown setting"):
