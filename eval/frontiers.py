@@ -22,6 +22,7 @@ Invalid runs (work left unfinished, :data:`eval.runner.VALID_UNFINISHED_PCT`) ar
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -31,7 +32,7 @@ from eval.runner import RunSpec, freeze, make_specs
 from eval.stats import mean_ci95
 
 __all__ = ["Knob", "KNOBS", "register_knob", "knob_values_from_cli", "set_knob_values", "knob_label", "frontier_specs", "frontier_points", "envelope_at",
-           "equal_violation", "parse_knob_label"]
+           "equal_violation", "parse_knob_label", "tradeoff_tables", "tradeoff_section"]
 
 
 @dataclass(frozen=True)
@@ -355,6 +356,40 @@ def tradeoff_tables(runs, summary, out: str) -> tuple[Any, Any, str]:
     return points, singles, md
 
 
+def tradeoff_section(results_dir: str) -> tuple[str, list[str]] | None:
+    """The trade-off section merged over every matrix of experiment e under ``results_dir``
+    (``tradeoff/`` and ``tradeoff-NAME/tradeoff/``; a later matrix's run of the same scenario,
+    policy label and seed replaces an earlier one's): each matrix's command, the tables and a
+    figure per scenario (PNG paths, drawn in a temporary directory); None when there is at most
+    one matrix (its own ``tradeoff.md`` and figures are the section)."""
+    import tempfile
+
+    from eval.capacity_report import merged_runs
+    from eval.tables import summarise
+    from eval.writers import matrix_dirs, merged_head
+
+    dirs = matrix_dirs(results_dir, "tradeoff")
+    if len(dirs) < 2:
+        return None
+    runs = merged_runs(dirs).drop(columns=["source"])
+    tmp = tempfile.mkdtemp(prefix="carbon-gym-tradeoff-")
+    points, singles, md = tradeoff_tables(runs, summarise(runs), tmp)
+    return merged_head(results_dir, dirs) + "\n\n" + md, _frontier_figures(points, singles, tmp)
+
+
+def _frontier_figures(points: Any, singles: Any, fig_dir: str) -> list[str]:
+    """One frontier figure per scenario (:func:`eval.plots.frontiers`) under ``fig_dir``; the PNG paths."""
+    from eval import plots
+
+    out = []
+    for scen in dict.fromkeys(points["scenario"]):
+        stem = os.path.join(fig_dir, f"tradeoff_{scen}")
+        plots.frontiers(points[points["scenario"] == scen], singles[singles["scenario"] == scen], stem,
+                        title=f"{scen}: carbon vs SLO frontiers")
+        out.append(stem + ".png")
+    return out
+
+
 def tradeoff_experiment(ctx: Any, policies: Sequence[str]) -> str:
     """Run ``policies`` (every knob-driven one at each value of its knob, the others at their
     defaults) on ``ctx``'s matrix (an :class:`eval.experiments.Ctx`) and write ``tradeoff.md`` /
@@ -370,10 +405,6 @@ def tradeoff_experiment(ctx: Any, policies: Sequence[str]) -> str:
     ex = ctx.execute(specs)
     points, singles, md = tradeoff_tables(ex.runs, ex.summary, ctx.out)
     if ctx.plots and not points.empty:
-        from eval import plots
-
         print(f"carbon-gym: note: {ctx.name}: writing figures to {ctx.fig_dir} (PNG + PDF; --no-plots skips them)", file=sys.stderr)
-        for scen in dict.fromkeys(points["scenario"]):
-            plots.frontiers(points[points["scenario"] == scen], singles[singles["scenario"] == scen],
-                            ctx.fig(f"tradeoff_{scen}"), title=f"{scen}: carbon vs SLO frontiers")
+        _frontier_figures(points, singles, ctx.fig_dir)
     return md

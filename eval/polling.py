@@ -14,7 +14,7 @@ import tempfile
 from typing import Any
 
 from eval.tables import METRICS_NOTE, fmt_ci, frame_markdown, p99_verdict
-from eval.writers import matrix_dirs, read_configs
+from eval.writers import matrix_dirs, merged_head
 
 __all__ = ["polling_rows", "polling_markdown", "write_polling_tables", "polling_dirs", "merged_polling", "polling_section",
            "polling_figures"]
@@ -109,9 +109,6 @@ def polling_section(results_dir: str) -> tuple[str, list[str]] | None:
         return None
     rows = merged_polling(results_dir)
     assert rows is not None
-    cmds = [str(c.get("command")) for c in read_configs(dirs)]
-    note = (f"{len(dirs)} matrices ({', '.join(os.path.relpath(d, results_dir) for d in dirs)}); where two ran the same "
-            "period, policy and seed, the later one's run is the row's.")
-    text = "```bash\n" + "\n".join(cmds) + "\n```\n\n" + note + " " + polling_markdown(rows)
+    text = merged_head(results_dir, dirs) + " " + polling_markdown(rows)
     pngs = polling_figures(rows, tempfile.mkdtemp(prefix="carbon-gym-polling-"))
     return text, pngs

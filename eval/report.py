@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from eval.capacity_report import SECTION_BEGIN as CAPACITY_BEGIN
 from eval.experiments import ILP_POLICIES, PRESETS, headline_table, milp_vs_ilp_markdown, milp_vs_ilp_table
+from eval.frontiers import tradeoff_section
 from eval.generalise_experiment import generalise_section
 from eval.learned_capacity_experiment import learned_capacity_dirs, learned_capacity_section
 from eval.polling import merged_polling, polling_section
@@ -191,6 +192,11 @@ class Figures:
             shutil.copyfile(src, dst)
 
 
+#: Sections merged over an experiment's matrices (``<exp>/`` and ``<exp>-NAME/<exp>/``) when there are
+#: several: the text and the figures the report draws (None: one matrix, whose own files are the section).
+MERGED_SECTIONS: dict[str, Callable[[str], tuple[str, list[str]] | None]] = {"polling": polling_section, "tradeoff": tradeoff_section}
+
+
 def table_section(results_dir: str, exp: str, figs: Figures) -> str | None:
     """The RESULTS.md section of experiment ``exp`` (a :data:`TABLE_SECTIONS` key): its title,
     command, table and figures; None when ``<results_dir>/<exp>/<exp>.md`` is absent."""
@@ -199,11 +205,11 @@ def table_section(results_dir: str, exp: str, figs: Figures) -> str | None:
         return None
     parts = [f"## {TABLE_SECTIONS[exp]}\n"]
     merged = generalise_section(results_dir) if exp == "generalise" else None
-    polling = polling_section(results_dir) if exp == "polling" else None
+    drawn = MERGED_SECTIONS[exp](results_dir) if exp in MERGED_SECTIONS else None
     econf = os.path.join(results_dir, exp, "config.json")
-    if polling is not None:  # (merged over its matrices, with the merged figures)
-        parts.append(polling[0])
-        for png in polling[1]:
+    if drawn is not None:  # (merged over its matrices, with the merged figures)
+        parts.append(drawn[0])
+        for png in drawn[1]:
             parts.append(f"![{exp}: {os.path.basename(png)[:-4]}]({figs.drawn(png)})\n")
         return "\n".join(parts)
     if merged is not None:

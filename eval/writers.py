@@ -48,7 +48,7 @@ from eval.tables import fault_markdown, fault_pairs, fault_summary, runs_table, 
 
 __all__ = [
     "OutputWriter", "write_outputs", "write_fault_report", "write_table", "read_table", "write_tensorboard",
-    "report_warnings", "versions", "matrix_dirs", "read_configs",
+    "report_warnings", "versions", "matrix_dirs", "merged_head", "read_configs",
 ]
 
 
@@ -65,6 +65,15 @@ def matrix_dirs(results_dir: str, name: str) -> list[str]:
     first = os.path.join(results_dir, name)
     more = sorted(glob.glob(os.path.join(results_dir, f"{name}-*", name)))
     return [d for d in [first, *more] if os.path.isfile(os.path.join(d, "runs.csv"))]
+
+
+def merged_head(results_dir: str, dirs: Sequence[str]) -> str:
+    """The head of a section merged over the matrices ``dirs`` of one experiment: each matrix's
+    command, and which run a row takes where two matrices ran the same one."""
+    cmds = [str(c.get("command")) for c in read_configs(dirs)]
+    where = ", ".join(os.path.relpath(d, results_dir) for d in dirs)
+    return ("```bash\n" + "\n".join(cmds) + "\n```\n\n" + f"{len(dirs)} matrices ({where}); where two ran the same "
+            "scenario, policy and seed, the later one's run is the row's.")
 
 
 def read_configs(dirs: Sequence[str]) -> list[dict[str, Any]]:

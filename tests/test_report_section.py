@@ -173,3 +173,66 @@ def test_headline_section_rewrites_only_the_headline(tmp_path):
     assert "| SLO violation vs polling period | rises noticeably past 2 s | not run |" in text  # a claim it does not own
     assert "\nnotes\n" in text
     assert main(["report", str(tmp_path / "nothing"), "--section", "headline", "--out", str(md)]) == 2
+
+
+def _later_matrix(src: Path, dst: Path, command: str, edit) -> None:
+    """A second matrix of the same experiment (``dst``): ``src``'s runs changed by ``edit``, its own command."""
+    import pandas as pd
+
+    dst.mkdir(parents=True)
+    edit(pd.read_csv(src / "runs.csv")).to_csv(dst / "runs.csv", index=False)
+    (dst / "config.json").write_text(json.dumps({"command": command}))
+
+
+def test_polling_section_merges_its_matrices(tmp_path):
+    """Polling periods run in two matrices (results/polling, results/polling-short/polling): the section
+    lists both commands, a period both ran takes the later matrix's runs, the others are kept, and the
+    report draws the merged figure."""
+    import shutil
+
+    from eval.polling import merged_polling, polling_section
+
+    res = tmp_path / "res"
+    shutil.copytree(ROOT / "results" / "polling", res / "polling")
+    before = merged_polling(str(res)).set_index(["policy", "polling_s"])
+
+    def short(r):
+        r = r[r["scenario"].str.endswith("[poll=0.5s]")].copy()
+        r.loc[r["policy"] == "milp", "reduction_vs_rr_pct"] = 50.0
+        return r
+
+    _later_matrix(res / "polling", res / "polling-short" / "polling", "carbon-gym experiment polling --periods 0.5", short)
+    after = merged_polling(str(res)).set_index(["policy", "polling_s"])
+    assert after.loc[("milp", 0.5), "reduction_vs_rr_pct"] == pytest.approx(50.0)
+    assert after.loc[("milp", 0.5), "reduction_vs_rr_pct_ci95"] == pytest.approx(0.0)
+    for key in [("milp", 1.0), ("milp", 4.0), ("rr", 0.5)]:
+        assert after.loc[key, "slo_violation_pct"] == pytest.approx(before.loc[key, "slo_violation_pct"]), key
+    text, pngs = polling_section(str(res))
+    assert "--periods 0.5,1,2,4" in text and "carbon-gym experiment polling --periods 0.5\n" in text
+    assert "2 matrices (polling, polling-short/polling)" in text and "| llama8b-moderate | milp | 0.5 | 50.0 ± 0.0 |" in text
+    assert [Path(p).name for p in pngs] == ["polling_llama8b-moderate.png"] and all(Path(p).is_file() for p in pngs)
+
+
+def test_tradeoff_section_merges_its_matrices(tmp_path):
+    """A second trade-off matrix on another scenario: the merged section holds both scenarios'
+    frontiers and equal-violation rows, and a figure for each."""
+    import shutil
+
+    from eval.frontiers import tradeoff_section
+
+    res = tmp_path / "res"
+    shutil.copytree(ROOT / "results" / "tradeoff", res / "tradeoff")
+    assert tradeoff_section(str(res)) is None  # (one matrix: its own tradeoff.md is the section)
+
+    def other(r):
+        r = r.copy()
+        r["scenario"] = "llama8b-high"
+        return r
+
+    _later_matrix(res / "tradeoff", res / "tradeoff-more" / "tradeoff", "carbon-gym experiment tradeoff --scenarios llama8b-high", other)
+    text, pngs = tradeoff_section(str(res))
+    own = (res / "tradeoff" / "tradeoff.md").read_text()
+    row = next(line for line in own.splitlines() if line.startswith("| llama8b-moderate | milp | max_prefill_share=0.3 |"))
+    assert row in text and row.replace("llama8b-moderate", "llama8b-high") in text
+    assert "--scenarios llama8b-high" in text and "2 matrices (tradeoff, tradeoff-more/tradeoff)" in text
+    assert sorted(Path(p).name for p in pngs) == ["tradeoff_llama8b-high.png", "tradeoff_llama8b-moderate.png"]
