@@ -71,14 +71,14 @@ from eval.tables import (
 
 MODELS = ("llama8b", "qwen7b", "mixtral8x7b")
 LOADS = ("low", "moderate", "high")
-#: The study's comparison (experiment a's default policy list).
-#: (greedy and ilp are the load-blind strawmen; greedy-cap and ilp-cap the same with the capacity cap
-#: earlier carbon-aware schedulers had)
 #: The per-request ILPs experiment b sets against the facility MILP: load-blind, load-blind with the
 #: static capacity cap earlier carbon-aware schedulers had, and state-aware.
 ILP_POLICIES = ("ilp", "ilp-cap", "ilp-state")
 #: Experiments that take ``heldout_seeds`` (``--heldout-seeds``): each scenario its own fresh held-out starts.
 HELDOUT_EXPERIMENTS = ("headline", "milp-vs-ilp", "tradeoff")
+#: The study's comparison (experiment a's default policy list).
+#: (greedy and ilp are the load-blind strawmen; greedy-cap and ilp-cap the same with the capacity cap
+#: earlier carbon-aware schedulers had)
 STUDY_POLICIES = ("rr", "greedy", "greedy-cap", "least-loaded", "planner", "ilp", "ilp-cap", "ilp-state", "milp")
 
 

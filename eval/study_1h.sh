@@ -50,7 +50,7 @@
 # other models and loads.
 #
 # usage: bash eval/study_1h.sh [OUT] [STAGES]   (OUT defaults to results, STAGES to "a e h i";
-#        "a b e h i c d f g j k" for everything RESULTS.md shows; each stage's sections of RESULTS.md
+#        "a b e e2 h i c d d2 f g j k" for everything RESULTS.md shows; each stage's sections of RESULTS.md
 #        are rewritten in place, carbon-gym report OUT --section <experiment>, the rest kept; without
 #        a RESULTS.md the whole file is written from OUT)
 set -euo pipefail
@@ -64,8 +64,13 @@ for stage in $STAGES; do
          --heldout-seeds --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
     e) carbon-gym experiment tradeoff --preset full --scenarios llama8b-moderate --policies planner,milp \
          --knob planner=0.6,0.7,0.8 --knob milp=0.3,0.4 --seed-list "$SEEDS" --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
+    e2) carbon-gym experiment tradeoff --preset full --scenarios mixtral8x7b-moderate --policies planner,milp,greedy-cap \
+         --knob planner=0.6,0.7,0.8 --knob milp=0.3,0.4 --knob greedy-cap=0.6,0.7,0.8 --heldout-seeds \
+         --out "$OUT/tradeoff-more" --workers 2 --no-tensorboard --no-progress ;;
     d) carbon-gym experiment polling --preset full --scenarios llama8b-moderate --policies milp --periods 0.5,1,2,4 \
          --seed-list "$SEEDS" --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
+    d2) carbon-gym experiment polling --preset full --scenarios llama8b-moderate --policies milp --periods 0.1,0.25,0.5 \
+         --seed-list "$SEEDS" --out "$OUT/polling-short" --workers 2 --no-tensorboard --no-progress ;;
     h) carbon-gym experiment capacity --preset full --out "$OUT" --workers 2 --no-plots --no-tensorboard --no-progress ;;
     i) carbon-gym experiment sessions --preset full --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
     g) carbon-gym experiment diurnal --preset full --no-carbon-start --policies rr,planner+reactive,milp --out "$OUT" \
@@ -75,10 +80,10 @@ for stage in $STAGES; do
          --seed-list "$SEEDS" --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
     f) carbon-gym experiment bound --preset full --scenarios llama8b-moderate --policies rr \
          --seed-list "$SEEDS" --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
-    b) carbon-gym experiment milp-vs-ilp --preset full --scenarios mixtral8x7b-moderate,llama8b-moderate \
-         --seed-list "$SEEDS" --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
+    b) carbon-gym experiment milp-vs-ilp --preset full --models llama8b,qwen7b,mixtral8x7b --loads low,moderate \
+         --heldout-seeds --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
     k) carbon-gym experiment learned-capacity --preset full --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
-    *) echo "unknown stage $stage (a, b, c, d, e, f, g, h, i, j, k)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage (a, b, c, d, d2, e, e2, f, g, h, i, j, k)" >&2; exit 2 ;;
   esac
 done
 if [ ! -f RESULTS.md ]; then
@@ -87,7 +92,7 @@ else                                                    # each stage's section, 
   for stage in $STAGES; do
     case $stage in
       b) carbon-gym report "$OUT" --section milp-vs-ilp ;;  c) carbon-gym report "$OUT" --section predictor ;;
-      d) carbon-gym report "$OUT" --section polling ;;      e) carbon-gym report "$OUT" --section tradeoff ;;
+      d|d2) carbon-gym report "$OUT" --section polling ;;   e|e2) carbon-gym report "$OUT" --section tradeoff ;;
       f) carbon-gym report "$OUT" --section bound ;;        g) carbon-gym report "$OUT" --section diurnal ;;
       h) carbon-gym report "$OUT" --section capacity ;;     i) carbon-gym report "$OUT" --section sessions ;;
       j) carbon-gym report "$OUT" --section generalise ;;    a) carbon-gym report "$OUT" --section headline ;;
