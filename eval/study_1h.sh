@@ -17,6 +17,9 @@
 #                0.4 and 0.5 (default; its violation penalty hardly moves it), rr the reference: 4 and 3
 #                points per frontier, compared at equal violation by interpolation (eval/frontiers.py
 #                KNOBS has 6 values each); ~75 CPU-minutes
+#   e2 tradeoff  mixtral8x7b-moderate, its headline starts (--heldout-seeds): the planner, the MILP and
+#                greedy-cap (capacity_cap 0.6, 0.7, 0.8, 0.9) frontiers, into OUT/tradeoff-more (merged
+#                into the trade-off section); 96 runs, 31 CPU-minutes
 #   i  sessions  multi-turn sessions with prefix caching (issue 23): 4 scenarios, 2 starts
 #                (their load levels come from the sessions' own capacity file, so they did not move
 #                with the cluster basis)
@@ -32,22 +35,25 @@
 #                starts and window (rr at each); 32 runs, ~40 CPU-minutes
 #   d  polling   llama8b-moderate, the same 8 starts and window: rr and the MILP at polling periods
 #                0.5, 1, 2 and 4 s (rr at each period the reference); 64 runs, ~90 CPU-minutes. At
-#                0.1 s one MILP run of 900 s takes ~30 CPU-minutes (9,000 solves; measured on 2 starts
-#                before that run was cut), 8 starts ~4 CPU-hours: a cluster's (README, "On a Ray cluster")
+#                0.1 s one MILP run with the whole branch-and-bound budget took ~30 CPU-minutes; the
+#                budget is now a 1 s poll's share (FacilityConfig.bb_work_poll_s)
+#   d2 polling   the short periods, 0.1, 0.25 and 0.5 s, same starts and window, into OUT/polling-short
+#                (merged into the polling section); 48 runs, D2_COST
 #   f  bound     the clairvoyant heuristic (true lengths, all arrivals and carbon known, SLOs ignored)
 #                against the lower bound on the headline's 8 starts and window (rr the reference; the
 #                other policies' shares of the bound come from the headline's runs); 16 runs
-#   b  milp-vs-ilp the facility MILP vs the per-request ILPs (load-blind ilp, state-aware ilp-state)
-#                on mixtral8x7b-moderate (the study's case) and llama8b-moderate, the same 8 starts and
-#                window; 64 runs, ~14 CPU-minutes
+#   b  milp-vs-ilp the facility MILP vs the per-request ILPs (load-blind ilp, ilp-cap with the static
+#                capacity cap, state-aware ilp-state) on the 3 models x low and moderate load, each
+#                scenario its headline starts (--heldout-seeds), the same window; 240 runs, 94 CPU-minutes
+#                (at high load ilp-state costs ~100 CPU-s per run and more: not in this run)
 #   k  learned-capacity the capacity-aware agent (train/checkpoints/llama8b_capacity_set.npz) vs
 #                the MILP deciding capacity, milp-mpc, rr+reactive and rr always on: llama8b-moderate,
 #                20 fresh held-out days, 600 s windows; 100 runs, ~110 CPU-minutes
 #
 # Not in this run (too costly for 2 cores; the full matrix on a cluster is in README "On a Ray
-# cluster"): the full trade-off frontiers (6 values per knob, the learned agent's and the capped
-# heuristics'), ilp-state in the 9 headline scenarios, the MILP-vs-ILP and predictor comparisons at the
-# other models and loads.
+# cluster"): the full trade-off frontiers (6 values per knob, the learned agent's and ilp-cap's, any
+# at high load), the per-request ILPs at high load, the predictor comparison at the other models and
+# loads.
 #
 # usage: bash eval/study_1h.sh [OUT] [STAGES]   (OUT defaults to results, STAGES to "a e h i";
 #        "a b e e2 h i c d d2 f g j k" for everything RESULTS.md shows; each stage's sections of RESULTS.md
