@@ -38,7 +38,7 @@
 #                0.1 s one MILP run with the whole branch-and-bound budget took ~30 CPU-minutes; the
 #                budget is now a 1 s poll's share (FacilityConfig.bb_work_poll_s)
 #   d2 polling   the short periods, 0.1, 0.25 and 0.5 s, same starts and window, into OUT/polling-short
-#                (merged into the polling section); 48 runs, D2_COST
+#                (merged into the polling section); 48 runs, 100 CPU-minutes
 #   f  bound     the clairvoyant heuristic (true lengths, all arrivals and carbon known, SLOs ignored)
 #                against the lower bound on the headline's 8 starts and window (rr the reference; the
 #                other policies' shares of the bound come from the headline's runs); 16 runs
