@@ -43,6 +43,7 @@ from carbon_gym.registry import available_policies
 
 from eval import backends, generalise_experiment, learned_capacity_experiment, sessions_experiment, writers
 from eval.figures import standard_figures
+from eval.polling import variant_base, variant_of
 from eval.runner import (
     OVERRIDE_DURATION,
     OVERRIDE_POLLING,
@@ -507,14 +508,6 @@ def _variant_specs(
     return specs
 
 
-def _base(label: str) -> str:
-    return label.split("[", 1)[0]
-
-
-def _variant(label: str) -> str:
-    return label.split("[", 1)[1].rstrip("]") if "[" in label else ""
-
-
 def exp_headline(ctx: Ctx) -> str:
     scens = ctx.scenario_list(LOADS)
     pols = ctx.policies or [p for p in STUDY_POLICIES if p in available_policies()]
@@ -586,8 +579,8 @@ def exp_predictor(ctx: Ctx) -> str:
     specs = _variant_specs(scens, pols, ctx.seeds, variants, ctx.overrides, ctx.policy_kwargs)
     ex = ctx.execute(specs)
     runs = ex.runs.copy()
-    runs["base"] = runs["scenario"].map(_base)
-    runs["variant"] = runs["scenario"].map(_variant)
+    runs["base"] = runs["scenario"].map(variant_base)
+    runs["variant"] = runs["scenario"].map(variant_of)
     rows = []
     for scen in dict.fromkeys(runs["base"]):
         for p in pols:

@@ -356,14 +356,12 @@ def tradeoff_tables(runs, summary, out: str) -> tuple[Any, Any, str]:
     return points, singles, md
 
 
-def tradeoff_section(results_dir: str) -> tuple[str, list[str]] | None:
+def tradeoff_section(results_dir: str, fig_dir: str) -> tuple[str, list[str]] | None:
     """The trade-off section merged over every matrix of experiment e under ``results_dir``
     (``tradeoff/`` and ``tradeoff-NAME/tradeoff/``; a later matrix's run of the same scenario,
     policy label and seed replaces an earlier one's): each matrix's command, the tables and a
-    figure per scenario (PNG paths, drawn in a temporary directory); None when there is at most
-    one matrix (its own ``tradeoff.md`` and figures are the section)."""
-    import tempfile
-
+    figure per scenario (PNG paths, drawn under ``fig_dir``; its tables are written there too);
+    None when there is at most one matrix (its own ``tradeoff.md`` and figures are the section)."""
     from eval.capacity_report import merged_runs
     from eval.tables import summarise
     from eval.writers import matrix_dirs, merged_head
@@ -372,9 +370,8 @@ def tradeoff_section(results_dir: str) -> tuple[str, list[str]] | None:
     if len(dirs) < 2:
         return None
     runs = merged_runs(dirs).drop(columns=["source"])
-    tmp = tempfile.mkdtemp(prefix="carbon-gym-tradeoff-")
-    points, singles, md = tradeoff_tables(runs, summarise(runs), tmp)
-    return merged_head(results_dir, dirs) + "\n\n" + md, _frontier_figures(points, singles, tmp)
+    points, singles, md = tradeoff_tables(runs, summarise(runs), fig_dir)
+    return merged_head(results_dir, dirs) + "\n\n" + md, _frontier_figures(points, singles, fig_dir)
 
 
 def _frontier_figures(points: Any, singles: Any, fig_dir: str) -> list[str]:

@@ -10,30 +10,35 @@ run at 0.1 s costs minutes): :func:`polling_section` merges them, a later matrix
 from __future__ import annotations
 
 import os
-import tempfile
 from typing import Any
 
 from eval.tables import METRICS_NOTE, fmt_ci, frame_markdown, p99_verdict
 from eval.writers import matrix_dirs, merged_head
 
-__all__ = ["polling_rows", "polling_markdown", "write_polling_tables", "polling_dirs", "merged_polling", "polling_section",
+__all__ = ["variant_base", "variant_of", "polling_rows", "polling_markdown", "write_polling_tables", "polling_dirs", "merged_polling", "polling_section",
            "polling_figures"]
 
 
-def _base(label: str) -> str:
+def variant_base(label: str) -> str:
+    """The scenario of a variant label ``<scenario>[<variant>]`` (the label itself without one)."""
     return str(label).split("[", 1)[0]
+
+
+def variant_of(label: str) -> str:
+    """The variant of a label ``<scenario>[<variant>]`` ("" without one)."""
+    return str(label).split("[", 1)[1].rstrip("]") if "[" in str(label) else ""
 
 
 def _period_s(label: str) -> float:
     """The polling period of a ``<scenario>[poll=<s>s]`` label, seconds."""
-    return float(str(label).split("[", 1)[1].rstrip("]").split("=")[1].rstrip("s"))
+    return float(variant_of(label).split("=")[1].rstrip("s"))
 
 
 def polling_rows(summary: Any) -> Any:
     """The summary rows (:func:`eval.tables.summarise`) with ``base`` (the scenario) and
     ``polling_s`` columns, ordered by scenario, policy and period."""
     s = summary.copy()
-    s["base"] = s["scenario"].map(_base)
+    s["base"] = s["scenario"].map(variant_base)
     s["polling_s"] = s["scenario"].map(_period_s)
     return s.sort_values(["base", "policy", "polling_s"], kind="stable").reset_index(drop=True)
 
@@ -100,15 +105,15 @@ def polling_figures(rows: Any, stem_dir: str) -> list[str]:
     return out
 
 
-def polling_section(results_dir: str) -> tuple[str, list[str]] | None:
+def polling_section(results_dir: str, fig_dir: str) -> tuple[str, list[str]] | None:
     """The merged sweep's text (each matrix's command, then the table) and its figures (PNG paths,
-    drawn in a temporary directory), or None when there is at most one matrix (its own
-    ``polling.md`` and figures are the section)."""
+    drawn under ``fig_dir``), or None when there is at most one matrix (its own ``polling.md`` and
+    figures are the section)."""
     dirs = polling_dirs(results_dir)
     if len(dirs) < 2:
         return None
     rows = merged_polling(results_dir)
     assert rows is not None
     text = merged_head(results_dir, dirs) + " " + polling_markdown(rows)
-    pngs = polling_figures(rows, tempfile.mkdtemp(prefix="carbon-gym-polling-"))
+    pngs = polling_figures(rows, fig_dir)
     return text, pngs

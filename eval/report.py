@@ -170,6 +170,16 @@ class Figures:
         self.results_dir, self.figures_dir = results_dir, figures_dir
         self.rel = os.path.relpath(figures_dir, os.path.dirname(os.path.abspath(out)) or ".")
         self.copies: list[tuple[str, str]] = []  # (source, destination)
+        self._scratch: str | None = None  # where the report draws figures of its own (removed by copy())
+
+    def scratch(self) -> str:
+        """A temporary directory for the figures the report draws itself (:meth:`drawn`); removed
+        by :meth:`copy` once they are copied."""
+        if self._scratch is None:
+            import tempfile
+
+            self._scratch = tempfile.mkdtemp(prefix="carbon-gym-report-")
+        return self._scratch
 
     def link(self, exp: str, stem: str) -> str | None:
         """The Markdown path of figure ``stem`` of ``exp`` (None when it was not drawn)."""
@@ -190,11 +200,15 @@ class Figures:
         os.makedirs(self.figures_dir, exist_ok=True)
         for src, dst in self.copies:
             shutil.copyfile(src, dst)
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
 
 
 #: Sections merged over an experiment's matrices (``<exp>/`` and ``<exp>-NAME/<exp>/``) when there are
-#: several: the text and the figures the report draws (None: one matrix, whose own files are the section).
-MERGED_SECTIONS: dict[str, Callable[[str], tuple[str, list[str]] | None]] = {"polling": polling_section, "tradeoff": tradeoff_section}
+#: several: called with the results directory and a directory to draw into, they give the text and the
+#: figures drawn (None: one matrix, whose own files are the section).
+MERGED_SECTIONS: dict[str, Callable[[str, str], tuple[str, list[str]] | None]] = {"polling": polling_section, "tradeoff": tradeoff_section}
 
 
 def table_section(results_dir: str, exp: str, figs: Figures) -> str | None:
@@ -205,7 +219,7 @@ def table_section(results_dir: str, exp: str, figs: Figures) -> str | None:
         return None
     parts = [f"## {TABLE_SECTIONS[exp]}\n"]
     merged = generalise_section(results_dir) if exp == "generalise" else None
-    drawn = MERGED_SECTIONS[exp](results_dir) if exp in MERGED_SECTIONS else None
+    drawn = MERGED_SECTIONS[exp](results_dir, figs.scratch()) if exp in MERGED_SECTIONS else None
     econf = os.path.join(results_dir, exp, "config.json")
     if drawn is not None:  # (merged over its matrices, with the merged figures)
         parts.append(drawn[0])

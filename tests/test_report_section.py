@@ -207,7 +207,7 @@ def test_polling_section_merges_its_matrices(tmp_path):
     assert after.loc[("milp", 0.5), "reduction_vs_rr_pct_ci95"] == pytest.approx(0.0)
     for key in [("milp", 1.0), ("milp", 4.0), ("rr", 0.5)]:
         assert after.loc[key, "slo_violation_pct"] == pytest.approx(before.loc[key, "slo_violation_pct"]), key
-    text, pngs = polling_section(str(res))
+    text, pngs = polling_section(str(res), str(tmp_path / "drawn"))
     assert "--periods 0.5,1,2,4" in text and "carbon-gym experiment polling --periods 0.5\n" in text
     assert "2 matrices (polling, polling-short/polling)" in text and "| llama8b-moderate | milp | 0.5 | 50.0 ± 0.0 |" in text
     assert [Path(p).name for p in pngs] == ["polling_llama8b-moderate.png"] and all(Path(p).is_file() for p in pngs)
@@ -222,7 +222,7 @@ def test_tradeoff_section_merges_its_matrices(tmp_path):
 
     res = tmp_path / "res"
     shutil.copytree(ROOT / "results" / "tradeoff", res / "tradeoff")
-    assert tradeoff_section(str(res)) is None  # (one matrix: its own tradeoff.md is the section)
+    assert tradeoff_section(str(res), str(tmp_path / "drawn")) is None  # (one matrix: its own tradeoff.md is the section)
 
     def other(r):
         r = r.copy()
@@ -230,7 +230,7 @@ def test_tradeoff_section_merges_its_matrices(tmp_path):
         return r
 
     _later_matrix(res / "tradeoff", res / "tradeoff-more" / "tradeoff", "carbon-gym experiment tradeoff --scenarios llama8b-high", other)
-    text, pngs = tradeoff_section(str(res))
+    text, pngs = tradeoff_section(str(res), str(tmp_path / "drawn"))
     own = (res / "tradeoff" / "tradeoff.md").read_text()
     row = next(line for line in own.splitlines() if line.startswith("| llama8b-moderate | milp | max_prefill_share=0.3 |"))
     assert row in text and row.replace("llama8b-moderate", "llama8b-high") in text
