@@ -37,12 +37,12 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
-import numpy as np
 
 from carbon_gym.registry import available_policies
 
 from eval import backends, generalise_experiment, learned_capacity_experiment, sessions_experiment, writers
 from eval.figures import standard_figures
+from eval.milp_vs_ilp import ILP_POLICIES, milp_vs_ilp_figure, milp_vs_ilp_tables, p99_shares, prefixed_verdict
 from eval.polling import variant_base, variant_of
 from eval.runner import (
     OVERRIDE_DURATION,
@@ -56,10 +56,9 @@ from eval.runner import (
     make_specs,
     window_overrides,
 )
-from eval.stats import mean_ci95, paired_difference
+from eval.stats import mean_ci95
 from eval.tables import (
     METRICS_NOTE,
-    MLPERF_COLUMNS,
     P99_FAIL_MARK,
     REFERENCE_POLICY,
     fmt_ci,
@@ -72,9 +71,6 @@ from eval.tables import (
 
 MODELS = ("llama8b", "qwen7b", "mixtral8x7b")
 LOADS = ("low", "moderate", "high")
-#: The per-request ILPs experiment b sets against the facility MILP: load-blind, load-blind with the
-#: static capacity cap earlier carbon-aware schedulers had, and state-aware.
-ILP_POLICIES = ("ilp", "ilp-cap", "ilp-state")
 #: Experiments that take ``heldout_seeds`` (``--heldout-seeds``): each scenario its own fresh held-out starts.
 HELDOUT_EXPERIMENTS = ("headline", "milp-vs-ilp", "tradeoff")
 #: The study's comparison (experiment a's default policy list).
@@ -394,89 +390,6 @@ def headline_table(summary, bounds=None) -> str:
             + "\n\n" + "\n".join(lines) + "\n")
 
 
-def milp_vs_ilp_table(runs, *, milp: str = "milp", ilps: Sequence[str] | None = None):
-    """Per scenario: MILP reduction, each ILP's (``ilps``, default those of :data:`ILP_POLICIES`
-    that ran), and the paired gap (pp) MILP - ILP, with CIs.
-    A policy with an invalid run in the scenario (work left unfinished, ``run_valid`` false) gets
-    no reduction and no gap (NaN; ``<policy>_invalid`` true): its unspent energy would flatter it."""
-    import pandas as pd
-
-    if ilps is None:
-        ilps = [p for p in ILP_POLICIES if p in set(runs["policy"])]
-    rows = []
-    for scen in dict.fromkeys(runs["scenario"]):
-        sub = runs[runs["scenario"] == scen]
-        if milp not in set(sub["policy"]):
-            continue
-
-        def bad(pol: str, sub: Any = sub) -> bool:
-            r = sub[sub["policy"] == pol]
-            return "run_valid" in r and not bool(r["run_valid"].astype(bool).all())
-
-        row: dict[str, Any] = {"scenario": scen, "milp_invalid": bad(milp)}
-        m, ci = mean_ci95(sub[sub["policy"] == milp]["reduction_vs_rr_pct"])
-        if row["milp_invalid"]:
-            m, ci = float("nan"), float("nan")
-        row["milp_reduction_pct"], row["milp_reduction_pct_ci95"] = m, ci
-        m, ci = mean_ci95(sub[sub["policy"] == milp]["slo_violation_pct"])
-        row["milp_violation_pct"], row["milp_violation_pct_ci95"] = m, ci
-        row.update(_p99_shares(sub[sub["policy"] == milp], "milp_"))
-        for ilp in ilps:
-            if ilp not in set(sub["policy"]):
-                continue
-            row[f"{ilp}_invalid"] = bad(ilp)
-            m, ci = mean_ci95(sub[sub["policy"] == ilp]["reduction_vs_rr_pct"])
-            if row[f"{ilp}_invalid"]:
-                m, ci = float("nan"), float("nan")
-            row[f"{ilp}_reduction_pct"], row[f"{ilp}_reduction_pct_ci95"] = m, ci
-            m, ci = mean_ci95(sub[sub["policy"] == ilp]["slo_violation_pct"])
-            row[f"{ilp}_violation_pct"] = m
-            row.update(_p99_shares(sub[sub["policy"] == ilp], f"{ilp}_"))
-            g, gci, n = paired_difference(sub, "scenario", milp, ilp, "reduction_vs_rr_pct")
-            if row[f"{ilp}_invalid"] or row["milp_invalid"]:
-                g, gci = float("nan"), float("nan")
-            row[f"gap_vs_{ilp}_pp"], row[f"gap_vs_{ilp}_pp_ci95"] = g, gci
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def _p99_shares(runs, prefix: str = "") -> dict[str, float]:
-    """``{prefix}seeds`` and the shares of runs passing the MLPerf p99 criteria
-    (``{prefix}mlperf_p99_pass_share``, ... for :data:`eval.tables.MLPERF_COLUMNS`)."""
-    out: dict[str, float] = {f"{prefix}seeds": float(len(runs))}
-    for c in MLPERF_COLUMNS:
-        out[f"{prefix}{c}_share"] = float(np.mean(runs[c].astype(float))) if c in runs and len(runs) else float("nan")
-    return out
-
-
-def _prefixed_verdict(r: Any, prefix: str) -> str:
-    """:func:`eval.tables.p99_verdict` of the columns ``{prefix}mlperf_*_share`` of a row."""
-    cols = {c + "_share": r.get(f"{prefix}{c}_share", float("nan")) for c in MLPERF_COLUMNS}
-    n = r.get(f"{prefix}seeds", float("nan"))
-    return p99_verdict(cols, int(n) if np.isfinite(float(n)) else 0)
-
-
-def milp_vs_ilp_markdown(table, ilps: Sequence[str] | None = None) -> str:
-    """Per scenario: each policy's reduction vs rr (per-request violation %; MLPerf p99 verdict)
-    and the paired gaps (``ilps``, default those of :data:`ILP_POLICIES` in ``table``)."""
-    if ilps is None:
-        ilps = [p for p in ILP_POLICIES if f"{p}_reduction_pct" in table]
-    # (invalid = work left unfinished in some seed: no reduction, no gap)
-    head = ["scenario", "milp: vs rr % (viol. %; p99)"] + [f"{i}: vs rr % (viol. %; p99)" for i in ilps] + [f"MILP - {i} (pp)" for i in ilps]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    for _, r in table.iterrows():
-        def red(p: str, r: Any = r) -> str:
-            return "invalid" if bool(r.get(f"{p}_invalid", False)) else _fmt(r.get(f"{p}_reduction_pct"), r.get(f"{p}_reduction_pct_ci95"))
-
-        cells = [r["scenario"], f"{red('milp')} ({r['milp_violation_pct']:.1f}; {_prefixed_verdict(r, 'milp_')})"]
-        for i in ilps:
-            cells.append(f"{red(i)} ({_fmt(r.get(f'{i}_violation_pct'))}; {_prefixed_verdict(r, f'{i}_')})" if f"{i}_reduction_pct" in r else "–")
-        for i in ilps:
-            cells.append(_fmt(r.get(f"gap_vs_{i}_pp", float("nan")), r.get(f"gap_vs_{i}_pp_ci95", float("nan"))))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
 # ----------------------------------------------------------------------------------------------
 # experiment definitions
 
@@ -494,17 +407,18 @@ def _variant_specs(
     policy_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[RunSpec]:
     """Specs for scenario variants (label suffix, extra overrides), rr included in every variant;
-    variants of one scenario share episode starts (``start_key``)."""
+    variants of one scenario share episode starts (``start_key``). Policies as for
+    :func:`eval.runner.make_specs` (``NAME=POLICY`` and ``learned:<path>`` labels, their keyword arguments)."""
+    from dataclasses import replace
+
     pols = [REFERENCE_POLICY] + [p for p in policies if p != REFERENCE_POLICY]
-    pk = policy_kwargs or {}
     specs = []
     for scen in base_scenarios:
         for suffix, extra in variants:
             ov = dict(overrides)
             ov.update(extra)
-            for p in pols:
-                for k in seeds:
-                    specs.append(RunSpec(scenario=scen, policy=p, seed=int(k), overrides=freeze(ov), policy_kwargs=freeze(pk.get(p)), scenario_label=f"{scen}[{suffix}]" if suffix else "", start_key=scen))
+            specs.extend(replace(s, scenario_label=f"{scen}[{suffix}]" if suffix else "", start_key=scen)
+                         for s in make_specs([scen], pols, seeds, overrides=ov, policy_kwargs=policy_kwargs))
     return specs
 
 
@@ -536,37 +450,14 @@ def exp_headline(ctx: Ctx) -> str:
     return table
 
 
-def milp_vs_ilp_tables(runs, out: str) -> tuple[Any, str]:
-    """Experiment b's tables from its runs (as run, or read back from ``runs.csv``): writes
-    ``milp-vs-ilp.csv`` and ``milp-vs-ilp.md`` into ``out``; returns the table and the Markdown."""
-    ilps = [p for p in ILP_POLICIES if p in set(runs["policy"])]
-    table = milp_vs_ilp_table(runs, ilps=ilps)
-    os.makedirs(out, exist_ok=True)
-    table.to_csv(os.path.join(out, "milp-vs-ilp.csv"), index=False)
-    md = ("Facility MILP vs per-request ILPs: reduction vs rr, % (SLO violation %; MLPerf p99 verdict), and the paired gap "
-          "in percentage points; invalid = more than 1% of the work left unfinished in some start (no reduction, no gap: "
-          f"its unspent energy would flatter it). {METRICS_NOTE}\n\n" + milp_vs_ilp_markdown(table, ilps))
-    with open(os.path.join(out, "milp-vs-ilp.md"), "w", encoding="utf-8") as f:
-        f.write(md)
-    return table, md
-
-
 def exp_milp_vs_ilp(ctx: Ctx) -> str:
     scens = ctx.scenario_list(("moderate", "high"))
     pols = ctx.policies or [REFERENCE_POLICY, *ILP_POLICIES, "milp"]
     ex = ctx.execute(ctx.specs(scens, pols))
     table, md = milp_vs_ilp_tables(ex.runs, ctx.out)
-    ilps = [p for p in ILP_POLICIES if p in pols]
     if ctx.plots and not table.empty:
         say(f"{ctx.name}: writing figures to {ctx.fig_dir} (PNG + PDF; --no-plots skips them)")
-        from eval import plots
-        import pandas as pd
-
-        long = []
-        for _, r in table.iterrows():
-            for i in ilps:
-                long.append({"scenario": r["scenario"], "ilp": i, "gap": r.get(f"gap_vs_{i}_pp"), "ci": r.get(f"gap_vs_{i}_pp_ci95")})
-        plots.bars(pd.DataFrame(long), x="scenario", hue="ilp", y="gap", yerr="ci", stem=ctx.fig("milp_vs_ilp_gap"), ylabel="MILP reduction - ILP reduction (pp)", title="Facility MILP advantage over per-request ILPs (paired by seed)")
+        milp_vs_ilp_figure(table, ctx.fig("milp_vs_ilp_gap"))
     return md
 
 
@@ -594,8 +485,8 @@ def exp_predictor(ctx: Ctx) -> str:
                 mo, co = mean_ci95(orc.loc[common, metric])
                 md_, cd = mean_ci95((pr.loc[common, metric] - orc.loc[common, metric]).to_numpy(float))
                 row.update({f"{short}_predicted": mp, f"{short}_predicted_ci95": cp, f"{short}_oracle": mo, f"{short}_oracle_ci95": co, f"{short}_diff_pp": md_, f"{short}_diff_pp_ci95": cd})
-            row.update(_p99_shares(pr.loc[common], "predicted_"))
-            row.update(_p99_shares(orc.loc[common], "oracle_"))
+            row.update(p99_shares(pr.loc[common], "predicted_"))
+            row.update(p99_shares(orc.loc[common], "oracle_"))
             rows.append(row)
     table = pd.DataFrame(rows)
     table.to_csv(os.path.join(ctx.out, "predictor.csv"), index=False)
@@ -607,8 +498,8 @@ def exp_predictor(ctx: Ctx) -> str:
         "viol. %, predicted": [_fmt(a, b, 2) for a, b in zip(table["violation_predicted"], table["violation_predicted_ci95"])],
         "viol. %, oracle": [_fmt(a, b, 2) for a, b in zip(table["violation_oracle"], table["violation_oracle_ci95"])],
         "violation gap (pp)": [_fmt(a, b, 2) for a, b in zip(table["violation_diff_pp"], table["violation_diff_pp_ci95"])],
-        "MLPerf p99, predicted": [_prefixed_verdict(r, "predicted_") for _, r in table.iterrows()],
-        "MLPerf p99, oracle": [_prefixed_verdict(r, "oracle_") for _, r in table.iterrows()],
+        "MLPerf p99, predicted": [prefixed_verdict(r, "predicted_") for _, r in table.iterrows()],
+        "MLPerf p99, oracle": [prefixed_verdict(r, "oracle_") for _, r in table.iterrows()],
     }) if not table.empty else table
     md = f"Output-length predictor vs oracle lengths (paired by seed; gap = predicted - oracle). {METRICS_NOTE}\n\n" + (_md(disp) if not table.empty else "(no runs)\n")
     ctx.write_text("predictor.md", md)

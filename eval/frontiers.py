@@ -2,9 +2,11 @@
 
 A knob-driven policy trades carbon for SLO violations through one setting (:data:`KNOBS`: the
 planner's utilisation, the facility MILP's utilisation cap (``max_prefill_share``; its violation
-penalty hardly moves its violations), the learned agent's safety knob,
-the capacity caps of ``greedy-cap`` / ``ilp-cap``; the capacity-control issue's autoscaler
-thresholds join with :func:`register_knob`). Reporting it at its default alone compares one
+penalty hardly moves its violations), the learned agent's safety knob (any ``learned:<checkpoint>``),
+the capacity caps of ``greedy-cap`` / ``ilp-cap``, the reactive autoscaler's target utilisation
+(any ``POLICY+reactive``, a scenario setting: ``capacity.params.target_util``) and the carbon-aware one's
+cap in dirty hours (``POLICY+carbon-aware``: ``capacity.params.dirty_cap_frac``); more join with
+:func:`register_knob`). Reporting it at its default alone compares one
 point of its trade-off with one point of another's: a policy can look better only because it
 violates more. So each is run at every value of its knob (:func:`frontier_specs`), and
 
@@ -31,7 +33,7 @@ import numpy as np
 from eval.runner import RunSpec, freeze, make_specs
 from eval.stats import mean_ci95
 
-__all__ = ["Knob", "KNOBS", "register_knob", "knob_values_from_cli", "set_knob_values", "knob_label", "frontier_specs", "frontier_points", "envelope_at",
+__all__ = ["Knob", "KNOBS", "register_knob", "knob_for", "knob_policies", "knob_values_from_cli", "set_knob_values", "knob_label", "frontier_specs", "frontier_points", "envelope_at",
            "equal_violation", "parse_knob_label", "tradeoff_tables", "tradeoff_section"]
 
 
@@ -40,11 +42,15 @@ class Knob:
     """The setting a policy's trade-off runs along.
 
     Attributes:
-        policy: registry name of the policy.
-        kwarg: its keyword argument swept.
+        policy: whom it drives: a registry name (``planner``), a prefix (``learned``: every
+            ``learned:<checkpoint>``) or ``+AUTOSCALER`` (``+reactive``: every ``POLICY+reactive``);
+            :func:`knob_for`.
+        kwarg: its name in tables and labels; the policy's keyword argument swept, unless ``override``.
         values: the values run (the default among them).
         default: the policy's default value (its run is the policy's own row).
         doc: what the knob does, one line.
+        override: when set, the knob is this scenario setting (a dotted override key, e.g.
+            ``capacity.params.target_util``) rather than a keyword argument of the policy.
     """
 
     policy: str
@@ -52,6 +58,7 @@ class Knob:
     values: tuple[float, ...]
     default: float
     doc: str = ""
+    override: str | None = None
 
 
 KNOBS: dict[str, Knob] = {}
@@ -76,26 +83,65 @@ for _k in (
          "safety knob: logit per TTFT SLO of headroom shortfall (the shipped checkpoint records 20)"),
     Knob("greedy-cap", "capacity_cap", (0.5, 0.6, 0.7, 0.8, 0.9, 1.0), 0.9, "share of the measured capacity per step"),
     Knob("ilp-cap", "capacity_cap", (0.5, 0.6, 0.7, 0.8, 0.9, 1.0), 0.9, "share of the measured capacity per step"),
+    # (carbon_gym.autoscalers.ReactiveSettings: down_util 0.35 < target_util < up_util 0.8)
+    Knob("+reactive", "target_util", (0.4, 0.5, 0.6, 0.7, 0.75), 0.6,
+         "the reactive autoscaler's target utilisation of the engines it keeps awake", override="capacity.params.target_util"),
+    Knob("+carbon-aware", "dirty_cap_frac", (0.1, 0.25, 0.5, 0.75, 1.0), 0.25,
+         "share of its engines a datacenter in a dirty hour may keep awake (1 = the reactive targets)",
+         override="capacity.params.dirty_cap_frac"),
 ):
     register_knob(_k)
 
 
+def knob_for(policy: str) -> Knob | None:
+    """The knob driving ``policy`` (a policy name or table label): its own entry of :data:`KNOBS`,
+    else its autoscaler's (``rr+reactive`` -> ``+reactive``), else its prefix's
+    (``learned:llama8b_set`` -> ``learned``); None for a policy without a knob."""
+    p = str(policy)
+    if p in KNOBS:
+        return KNOBS[p]
+    head, sep, tail = p.rpartition("+")
+    if sep and head and f"+{tail}" in KNOBS:
+        return KNOBS[f"+{tail}"]
+    pre, sep, rest = p.partition(":")
+    if sep and rest and pre in KNOBS:
+        return KNOBS[pre]
+    return None
+
+
+def knob_policies(runs: Any) -> dict[str, Knob]:
+    """The knob-driven policies among ``runs``' labels (a frontier point's label counts for its
+    policy), each with its knob, in the order of :data:`KNOBS` (then of appearance)."""
+    out: dict[str, Knob] = {}
+    for p in dict.fromkeys(map(str, runs["policy"])):
+        parsed = parse_knob_label(p)
+        base = parsed[0] if parsed is not None else p
+        knob = knob_for(base)
+        if knob is not None and (parsed is None or parsed[1] == knob.kwarg):
+            out.setdefault(base, knob)
+    rank = {k: i for i, k in enumerate(KNOBS)}
+    return dict(sorted(out.items(), key=lambda kv: rank.get(kv[1].policy, len(rank))))
+
+
 def knob_values_from_cli(items: Sequence[str] | None) -> dict[str, tuple[float, ...]]:
     """Parse ``--knob POLICY=V1,V2,...`` items into ``{policy: values}`` (:func:`set_knob_values`
-    adds each policy's default: its run is the policy's own row). A ConfigError names ``--knob`` and the
+    adds each policy's default: its run is the policy's own row; the keys are :data:`KNOBS`' keys, so
+    ``rr+reactive=...`` sizes the ``+reactive`` knob). A ConfigError names ``--knob`` and the
     knob-driven policies for an unknown policy, a malformed item or a value that is not a number."""
     from carbon_gym.errors import ConfigError
 
     out: dict[str, tuple[float, ...]] = {}
     for item in items or ():
         pol, sep, vals = item.partition("=")
-        if not sep or pol not in KNOBS:
-            raise ConfigError("--knob", f"expected POLICY=V1,V2,... with a knob-driven policy, got {item!r}", allowed=sorted(KNOBS))
+        knob = knob_for(pol) if sep else None
+        if knob is None:
+            raise ConfigError("--knob", f"expected POLICY=V1,V2,... with a knob-driven policy, got {item!r}",
+                              allowed=sorted(f"POLICY{k}" if k.startswith("+") else k for k in KNOBS))
         try:
             values = {float(v) for v in vals.split(",") if v.strip()}
         except ValueError:
-            raise ConfigError("--knob", f"{item!r}: the values must be numbers ({KNOBS[pol].kwarg})") from None
-        out[pol] = tuple(sorted(values))
+            raise ConfigError("--knob", f"{item!r}: the values must be numbers ({knob.kwarg})") from None
+        out[knob.policy] = tuple(sorted(values))
     return out
 
 
@@ -106,7 +152,9 @@ def set_knob_values(values: Mapping[str, Sequence[float]]) -> None:
     from dataclasses import replace
 
     for pol, vals in values.items():
-        knob = KNOBS[pol]
+        knob = knob_for(pol)
+        if knob is None:
+            raise KeyError(f"{pol!r} has no knob (eval.frontiers.KNOBS: {', '.join(sorted(KNOBS))})")
         register_knob(replace(knob, values=tuple(sorted(set(map(float, vals)) | {knob.default}))))
 
 
@@ -132,29 +180,40 @@ def parse_knob_label(label: str) -> tuple[str, str, float] | None:
 def frontier_specs(scenarios: Sequence[str], policies: Sequence[str], seeds: Sequence[int], *,
                    overrides: Mapping[str, Any] | None = None,
                    policy_kwargs: Mapping[str, Mapping[str, Any]] | None = None) -> list[RunSpec]:
-    """Every policy at its defaults (labelled by its name) and every knob-driven one also at each
-    other value of its knob (labelled :func:`knob_label`), same seeds and starts."""
-    specs = make_specs(scenarios, policies, seeds, overrides=overrides, policy_kwargs=policy_kwargs)
-    pk = {k: dict(v) for k, v in (policy_kwargs or {}).items()}
-    for scen in scenarios:
-        for pol in policies:
-            knob = KNOBS.get(pol)
-            if knob is None:
+    """Every policy at its defaults (labelled by its name) and every knob-driven one
+    (:func:`knob_for` of its table name) also at each other value of its knob (labelled
+    :func:`knob_label`: a keyword argument of the policy, or the scenario setting of
+    ``Knob.override``), same seeds and starts."""
+    from dataclasses import replace
+
+    base = make_specs(scenarios, policies, seeds, overrides=overrides, policy_kwargs=policy_kwargs)
+    groups: dict[tuple[str, str], list[RunSpec]] = {}  # (scenario, table name) -> its runs, one per seed
+    for spec in base:
+        groups.setdefault((spec.scenario_label or spec.scenario, spec.label or spec.policy), []).append(spec)
+    specs = list(base)
+    for (_, name), runs in groups.items():
+        knob = knob_for(name)
+        if knob is None:
+            continue
+        for v in knob.values:
+            if v == knob.default:
                 continue
-            for v in knob.values:
-                if v == knob.default:
-                    continue
-                kw = dict(pk.get(pol, {}))
-                kw[knob.kwarg] = float(v)
-                for k in seeds:
-                    specs.append(RunSpec(scenario=scen, policy=pol, seed=int(k), overrides=freeze(overrides),
-                                         policy_kwargs=freeze(kw), label=knob_label(pol, knob.kwarg, v)))
+            for spec in runs:
+                if knob.override is not None:
+                    ov = dict(spec.overrides)
+                    ov[knob.override] = float(v)
+                    specs.append(replace(spec, overrides=freeze(ov), label=knob_label(name, knob.kwarg, v)))
+                else:
+                    kw = dict(spec.policy_kwargs)
+                    kw[knob.kwarg] = float(v)
+                    specs.append(replace(spec, policy_kwargs=freeze(kw), label=knob_label(name, knob.kwarg, v)))
     return specs
 
 
 def _points_of(runs, scenario: str, policy: str) -> Any:
     """The runs of ``policy``'s frontier on ``scenario`` with their knob value (``knob_value``)."""
-    knob = KNOBS[policy]
+    knob = knob_for(policy)
+    assert knob is not None, policy
     sub = runs[runs["scenario"] == scenario]
     own = sub["policy"] == policy
     lab = sub["policy"].map(lambda p: parse_knob_label(str(p)))
@@ -171,8 +230,9 @@ def frontier_points(runs) -> Any:
     import pandas as pd
 
     rows = []
+    knobs = knob_policies(runs)
     for scen in dict.fromkeys(runs["scenario"]):
-        for pol, knob in KNOBS.items():
+        for pol, knob in knobs.items():
             pts = _points_of(runs, scen, pol)
             if pts.empty:
                 continue
@@ -248,13 +308,13 @@ def equal_violation(runs, *, reference: str = "rr", anchor: str = "milp", levels
         sub = runs[runs["scenario"] == scen]
         ref = sub[sub["policy"] == reference].set_index("seed")["slo_violation_pct"]
         anc = sub[sub["policy"] == anchor].set_index("seed")["slo_violation_pct"]
-        for pol in KNOBS:
+        for pol, knob in knob_policies(runs).items():
             pts = _points_of(runs, scen, pol)
             if pts.empty:
                 continue
             if "run_valid" in pts:
                 pts = pts[pts["run_valid"].astype(bool)]
-            row: dict[str, Any] = {"scenario": scen, "policy": pol, "knob": KNOBS[pol].kwarg}
+            row: dict[str, Any] = {"scenario": scen, "policy": pol, "knob": knob.kwarg}
             d = pts[pts["policy"] == pol]
             row["default_reduction_pct"], row["default_reduction_pct_ci95"] = mean_ci95(d["reduction_vs_rr_pct"])
             row["default_violation_pct"] = mean_ci95(d["slo_violation_pct"])[0]
@@ -337,14 +397,19 @@ def tradeoff_tables(runs, summary, out: str) -> tuple[Any, Any, str]:
     os.makedirs(out, exist_ok=True)
     points.to_csv(os.path.join(out, "tradeoff.csv"), index=False)
     eq.to_csv(os.path.join(out, "equal_violation.csv"), index=False)
-    singles = summary[~summary["policy"].isin(list(KNOBS)) & ~summary["policy"].map(lambda p: parse_knob_label(str(p)) is not None)]
-    ran = {str(p) for p in runs["policy"]}
-    values = {pol: sorted(set(points[points["policy"] == pol]["value"])) for pol in KNOBS} if not points.empty else {}
-    knobs = "; ".join(f"{k.policy}: `{k.kwarg}` in {', '.join(f'{v:g}' for v in values.get(k.policy) or k.values)} (default {k.default:g}; {k.doc})"
-                      for k in KNOBS.values() if k.policy in ran)
+    driven = knob_policies(runs)
+    singles = summary[~summary["policy"].map(lambda p: str(p) in driven or parse_knob_label(str(p)) is not None)]
+    values = {pol: sorted(set(points[points["policy"] == pol]["value"])) for pol in driven} if not points.empty else {}
+    knobs = "; ".join(f"{pol}: `{k.override or k.kwarg}` in {', '.join(f'{v:g}' for v in values.get(pol) or k.values)} "
+                      f"(default {k.default:g}; {k.doc})" for pol, k in driven.items())
     levels = " and ".join(f"{lv:g}%" for lv in LEVELS_PCT)
+    from carbon_gym.registry import split_autoscaler
+
+    scaled = [p for p in driven if split_autoscaler(p) is not None]
+    control = (f"{', '.join(scaled)}: capacity.control = agent (the autoscaler puts engines to sleep and powers servers "
+               "off); every other row keeps every engine awake; all reductions are vs round-robin always on. ") if scaled else ""
     md = ("Carbon vs SLO frontiers of the knob-driven policies, each run at every value of its knob (" + knobs + "). "
-          "◆ = on the policy's frontier (Pareto-efficient), * = its default. " + METRICS_NOTE + "\n\n"
+          + control + "◆ = on the policy's frontier (Pareto-efficient), * = its default. " + METRICS_NOTE + "\n\n"
           + frontier_markdown(points)
           + "\nAt equal violation: each frontier read per seed at round-robin's violation in that seed, at the facility "
           f"MILP's default's and at {levels} (straight lines between the Pareto points; not reached = the knob cannot get that "
@@ -387,9 +452,22 @@ def _frontier_figures(points: Any, singles: Any, fig_dir: str) -> list[str]:
     return out
 
 
+def _control_groups(policies: Sequence[str], overrides: Mapping[str, Any]) -> list[tuple[list[str], dict[str, Any]]]:
+    """``policies`` split by the overrides they run under: ``POLICY+AUTOSCALER`` with
+    ``capacity.control = "agent"`` (its autoscaler decides capacity; unless ``overrides`` set
+    ``capacity.control``), every other policy with ``overrides`` as given (the reference always on)."""
+    from carbon_gym.registry import split_autoscaler
+
+    plain = [p for p in policies if split_autoscaler(p) is None]
+    composed = [p for p in policies if split_autoscaler(p) is not None]
+    agent = dict(overrides)
+    agent.setdefault("capacity.control", "agent")
+    return [(pp, ov) for pp, ov in ((plain, dict(overrides)), (composed, agent)) if pp]
+
+
 def tradeoff_experiment(ctx: Any, policies: Sequence[str]) -> str:
     """Run ``policies`` (every knob-driven one at each value of its knob, the others at their
-    defaults) on ``ctx``'s matrix (an :class:`eval.experiments.Ctx`) and write ``tradeoff.md`` /
+    defaults; ``POLICY+AUTOSCALER`` with ``capacity.control = "agent"``, :func:`_control_groups`) on ``ctx``'s matrix (an :class:`eval.experiments.Ctx`) and write ``tradeoff.md`` /
     ``tradeoff.csv`` (the frontier points), ``equal_violation.csv`` and a figure per scenario."""
     import sys
 
@@ -397,8 +475,8 @@ def tradeoff_experiment(ctx: Any, policies: Sequence[str]) -> str:
 
     scens = ctx.scenario_list(("moderate",), ("llama8b",))
     pols = list(dict.fromkeys([REFERENCE_POLICY] + list(policies)))
-    specs = [s for sc in scens for s in frontier_specs([sc], pols, ctx.seeds_for(sc), overrides=ctx.overrides,
-                                                         policy_kwargs=ctx.policy_kwargs)]
+    specs = [s for sc in scens for pp, ov in _control_groups(pols, ctx.overrides)
+             for s in frontier_specs([sc], pp, ctx.seeds_for(sc), overrides=ov, policy_kwargs=ctx.policy_kwargs)]
     ex = ctx.execute(specs)
     points, singles, md = tradeoff_tables(ex.runs, ex.summary, ctx.out)
     if ctx.plots and not points.empty:

@@ -14,7 +14,8 @@ import shutil
 from typing import Any, Callable, Mapping, Sequence
 
 from eval.capacity_report import SECTION_BEGIN as CAPACITY_BEGIN
-from eval.experiments import ILP_POLICIES, PRESETS, headline_table, milp_vs_ilp_markdown, milp_vs_ilp_table
+from eval.experiments import PRESETS, headline_table
+from eval.milp_vs_ilp import ILP_POLICIES, milp_vs_ilp_markdown, milp_vs_ilp_runs, milp_vs_ilp_section, milp_vs_ilp_table
 from eval.frontiers import tradeoff_section
 from eval.generalise_experiment import generalise_section
 from eval.learned_capacity_experiment import learned_capacity_dirs, learned_capacity_section
@@ -67,7 +68,7 @@ def _claims(results_dir: str) -> dict[str, str]:
             out["violation"] = (f"{ok['slo_violation_pct'].mean():.2f}% on average over {len(ok)} scenarios (range "
                                 f"{ok['slo_violation_pct'].min():.2f}–{ok['slo_violation_pct'].max():.2f}%){note}"
                                 + (f"; {m['slo_violation_pct'].mean():.2f}% over all {len(m)}" if bad else ""))
-    gap_src = _read_csv(os.path.join(results_dir, "milp-vs-ilp", "runs.csv"))
+    gap_src = milp_vs_ilp_runs(results_dir)
     src = gap_src if gap_src is not None else h_runs
     if src is not None and "milp" in set(src["policy"]):
         ilps = [p for p in ILP_POLICIES if p in set(src["policy"])]
@@ -208,7 +209,8 @@ class Figures:
 #: Sections merged over an experiment's matrices (``<exp>/`` and ``<exp>-NAME/<exp>/``) when there are
 #: several: called with the results directory and a directory to draw into, they give the text and the
 #: figures drawn (None: one matrix, whose own files are the section).
-MERGED_SECTIONS: dict[str, Callable[[str, str], tuple[str, list[str]] | None]] = {"polling": polling_section, "tradeoff": tradeoff_section}
+MERGED_SECTIONS: dict[str, Callable[[str, str], tuple[str, list[str]] | None]] = {"polling": polling_section, "tradeoff": tradeoff_section,
+                                                                                   "milp-vs-ilp": milp_vs_ilp_section}
 
 
 def table_section(results_dir: str, exp: str, figs: Figures) -> str | None:
@@ -476,7 +478,7 @@ def _results_md(results_dir: str, *, out: str, figures_dir: str, command: str | 
         p = fig("headline", stem)
         if p:
             add(f"![{caption}]({p})\n\n*{caption}*\n")
-    mvi_runs = _own_runs(results_dir, "milp-vs-ilp")
+    mvi_runs = milp_vs_ilp_runs(results_dir) if _own_runs(results_dir, "milp-vs-ilp") is not None else None
     mvi_covers = mvi_runs is not None and runs is not None and set(runs["scenario"]) <= set(mvi_runs["scenario"])
     if not mvi_covers and runs is not None and "milp" in set(runs["policy"]):  # (kept unless experiment b covers its scenarios)
         ilps = [p for p in ILP_POLICIES if p in set(runs["policy"])]

@@ -41,7 +41,7 @@ def retable(directory: str) -> list[str]:
         tradeoff_tables(runs, pd.read_csv(summary_csv), directory)
         return [os.path.join(directory, n) for n in ("tradeoff.md", "tradeoff.csv", "equal_violation.csv")]
     if exp == "milp-vs-ilp":
-        from eval.experiments import milp_vs_ilp_tables
+        from eval.milp_vs_ilp import milp_vs_ilp_tables
 
         milp_vs_ilp_tables(runs, directory)
         return [os.path.join(directory, n) for n in ("milp-vs-ilp.md", "milp-vs-ilp.csv")]

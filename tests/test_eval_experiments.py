@@ -8,7 +8,7 @@ import json
 import pandas as pd
 import pytest
 
-from eval import cli, experiments, report, stats
+from eval import cli, experiments, milp_vs_ilp, report, stats
 
 COMMON = ["--scenarios", "dev", "--duration-s", "8", "--seeds", "2", "--workers", "2", "--no-progress", "--no-tensorboard"]
 
@@ -146,12 +146,12 @@ def test_an_invalid_ilp_gets_no_reduction_and_no_gap():
     runs = pd.DataFrame({"scenario": ["s"] * 6, "policy": ["milp", "milp", "ilp", "ilp", "ilp-state", "ilp-state"],
                          "seed": [0, 1] * 3, "reduction_vs_rr_pct": [30.0, 32.0, 45.0, 44.0, 20.0, 24.0],
                          "slo_violation_pct": [1.0, 1.2, 99.0, 98.0, 2.0, 2.2], "run_valid": [True, True, True, False, True, True]})
-    t = experiments.milp_vs_ilp_table(runs)
+    t = milp_vs_ilp.milp_vs_ilp_table(runs)
     r = t.iloc[0]
     assert bool(r["ilp_invalid"]) and not bool(r["ilp-state_invalid"]) and not bool(r["milp_invalid"])
     assert r["ilp_reduction_pct"] != r["ilp_reduction_pct"] and r["gap_vs_ilp_pp"] != r["gap_vs_ilp_pp"]  # NaN
     assert r["gap_vs_ilp-state_pp"] == pytest.approx(9.0) and r["milp_reduction_pct"] == pytest.approx(31.0)
-    md = experiments.milp_vs_ilp_markdown(t)
+    md = milp_vs_ilp.milp_vs_ilp_markdown(t)
     assert "| invalid (98.5;" in md and "9.0" in md and md.splitlines()[0].endswith("| MILP - ilp (pp) | MILP - ilp-state (pp) |")
 
 

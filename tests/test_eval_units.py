@@ -251,3 +251,56 @@ def test_knob_values_from_the_command_line(monkeypatch):
         with pytest.raises(ConfigError) as e:
             frontiers.knob_values_from_cli([bad])
         assert e.value.field == "--knob"
+
+
+def test_knobs_of_learned_and_autoscaled_policies(monkeypatch):
+    """The learned agent's safety knob reaches every ``learned:<checkpoint>`` (a policy keyword),
+    an autoscaler's threshold every ``POLICY+AUTOSCALER`` (a scenario setting, run with
+    ``capacity.control = agent``; the reference stays always on), and ``--knob rr+reactive=...``
+    sizes the ``+reactive`` knob."""
+    from eval import frontiers
+
+    monkeypatch.setattr(frontiers, "KNOBS", dict(frontiers.KNOBS))
+    assert frontiers.knob_for("learned:llama8b_set").kwarg == "headroom_penalty"
+    assert frontiers.knob_for("rr+reactive").override == "capacity.params.target_util"
+    assert frontiers.knob_for("planner+carbon-aware").override == "capacity.params.dirty_cap_frac"
+    assert frontiers.knob_for("planner").kwarg == "utilisation"
+    assert frontiers.knob_for("rr") is None and frontiers.knob_for("mine") is None
+    vals = frontiers.knob_values_from_cli(["rr+reactive=0.4", "learned=5"])
+    assert vals == {"+reactive": (0.4,), "learned": (5.0,)}
+    frontiers.set_knob_values(vals)
+    groups = frontiers._control_groups(["rr", "learned:train/checkpoints/llama8b_set.npz", "rr+reactive"], {"duration_s": 60.0})
+    assert [(pp, ov) for pp, ov in groups] == [(["rr", "learned:train/checkpoints/llama8b_set.npz"], {"duration_s": 60.0}),
+                                               (["rr+reactive"], {"duration_s": 60.0, "capacity.control": "agent"})]
+    specs = [s for pp, ov in groups for s in frontiers.frontier_specs(["dev"], pp, [0], overrides=ov)]
+    got = {s.label or s.policy: (dict(s.overrides), dict(s.policy_kwargs)) for s in specs}
+    assert got == {
+        "rr": ({"duration_s": 60.0}, {}),
+        "learned:llama8b_set": ({"duration_s": 60.0}, {}),
+        "learned:llama8b_set[headroom_penalty=5]": ({"duration_s": 60.0}, {"headroom_penalty": 5.0}),
+        "rr+reactive": ({"duration_s": 60.0, "capacity.control": "agent"}, {}),
+        "rr+reactive[target_util=0.4]": ({"duration_s": 60.0, "capacity.control": "agent", "capacity.params.target_util": 0.4}, {}),
+    }
+    # the tables find both frontiers from the labels
+    import pandas as pd
+
+    runs = pd.DataFrame({"scenario": "dev", "seed": 0, "policy": list(got), "run_valid": True, "mlperf_p99_pass": True,
+                         "reduction_vs_rr_pct": [0.0, 30.0, 32.0, 20.0, 10.0], "slo_violation_pct": [0.2, 5.0, 7.0, 1.0, 0.5]})
+    pts = frontiers.frontier_points(runs)
+    assert list(zip(pts["policy"], pts["value"], pts["default"])) == [
+        ("learned:llama8b_set", 5.0, False), ("learned:llama8b_set", 20.0, True),
+        ("rr+reactive", 0.4, False), ("rr+reactive", 0.6, True)]
+
+
+def test_autoscaler_knob_reaches_the_autoscaler():
+    """A lower target utilisation keeps more engines awake (and emits more) on the same episode:
+    the override reaches the composed autoscaler."""
+    from eval import frontiers
+    from eval.runner import run_one
+
+    (pp, ov), = frontiers._control_groups(["rr+reactive"], {"duration_s": 240.0, "workload.rate_per_s": 20.0})
+    specs = {s.label or s.policy: s for s in frontiers.frontier_specs(["dev"], pp, [0], overrides=ov)}
+    low = run_one(specs["rr+reactive[target_util=0.4]"], keep_requests=False).metrics
+    default = run_one(specs["rr+reactive"], keep_requests=False).metrics
+    assert low["mean_awake_engines"] == 11.5 and default["mean_awake_engines"] == 10.0
+    assert low["carbon_g"] > default["carbon_g"]

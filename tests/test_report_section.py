@@ -236,3 +236,32 @@ def test_tradeoff_section_merges_its_matrices(tmp_path):
     assert row in text and row.replace("llama8b-moderate", "llama8b-high") in text
     assert "--scenarios llama8b-high" in text and "2 matrices (tradeoff, tradeoff-more/tradeoff)" in text
     assert sorted(Path(p).name for p in pngs) == ["tradeoff_llama8b-high.png", "tradeoff_llama8b-moderate.png"]
+
+
+def test_milp_vs_ilp_section_merges_its_matrices(tmp_path):
+    """A second milp-vs-ilp matrix on another scenario (the ILPs at high load): the merged
+    section holds every scenario's row with the gaps of the one matrix's table, and the gap figure."""
+    import shutil
+
+    from eval.milp_vs_ilp import milp_vs_ilp_runs, milp_vs_ilp_section
+
+    res = tmp_path / "res"
+    shutil.copytree(ROOT / "results" / "milp-vs-ilp", res / "milp-vs-ilp")
+    assert milp_vs_ilp_section(str(res), str(tmp_path / "drawn")) is None  # (one matrix: its own table is the section)
+
+    def high(r):
+        r = r[r["scenario"] == "llama8b-moderate"].copy()
+        r["scenario"] = "llama8b-high"
+        r.loc[r["policy"] == "ilp-state", "reduction_vs_rr_pct"] -= 10.0
+        return r
+
+    _later_matrix(res / "milp-vs-ilp", res / "milp-vs-ilp-high" / "milp-vs-ilp", "carbon-gym experiment milp-vs-ilp --loads high", high)
+    assert len(milp_vs_ilp_runs(str(res))) == 240 + 40
+    text, pngs = milp_vs_ilp_section(str(res), str(tmp_path / "drawn"))
+    own = (res / "milp-vs-ilp" / "milp-vs-ilp.md").read_text()
+    row = next(line for line in own.splitlines() if line.startswith("| llama8b-moderate |"))
+    assert row in text and "2 matrices (milp-vs-ilp, milp-vs-ilp-high/milp-vs-ilp)" in text and "--loads high" in text
+    hi = next(line for line in text.splitlines() if line.startswith("| llama8b-high |")).split(" | ")
+    # the moderate row's gap to ilp-state (0.8 ± 2.8 pp) moved by the 10 pp taken off ilp-state
+    assert row.split(" | ")[-1] == "0.8 ± 2.8 |" and hi[-1] == "10.8 ± 2.8 |"
+    assert [Path(p).name for p in pngs] == ["milp-vs-ilp_milp_vs_ilp_gap.png"] and Path(pngs[0]).is_file()
