@@ -369,16 +369,18 @@ def capacity_section(results_dir: str) -> str:
         f"{w / 30.0:.0f} capacity periods (30 s) long: enough for boots caused in it to be paid in it, "
         + ("but too short for a result; " if w < 2 * BOOT_S else "but ")
         + "short against the carbon day and the traffic's daily cycle: scale-up through boots when load rises is barely "
-        "exercised (the load is stationary within the window), and the carbon-aware cap meets one or two carbon hours; "
-        "a long `llama8b-diurnal` run with capacity control is not done yet.")
+        "exercised (the load is stationary within the window), and the carbon-aware cap meets one or two carbon hours "
+        "(the 6 h `llama8b-diurnal` run of `carbon-gym experiment diurnal` has capacity control through a daily cycle, "
+        "one start).")
     ctl = table[~table["policy"].isin([ALWAYS_ON_LABEL, "rr"])]
     if len(ctl):
         add(f"- The reductions come at very different violation levels ({ctl['slo_violation_pct'].min():.2f}-"
             f"{ctl['slo_violation_pct'].max():.2f}% per request against {table[table['policy'] == ALWAYS_ON_LABEL]['slo_violation_pct'].min():.2f}-"
             f"{table[table['policy'] == ALWAYS_ON_LABEL]['slo_violation_pct'].max():.2f}% always on) and most fail MLPerf p99: "
-            "they are not comparable as they stand; a comparison at equal violation (frontiers over the autoscaler "
-            "thresholds, eval/frontiers.py register_knob) is not done, nor a check of these runs against the carbon lower "
-            "bound (eval/bound.py has the sleep_w hook).")
+            "they are not comparable as they stand. Frontiers over the autoscaler thresholds, compared at equal "
+            "violation, come from `carbon-gym experiment tradeoff --policies rr+reactive,rr+carbon-aware` (eval/frontiers.py "
+            "knobs `+reactive`, `+carbon-aware`), not from these runs; none of these runs is checked against the carbon "
+            "lower bound (eval/bound.py has the sleep_w hook).")
     slow = table[table["decision_p95_s"] > 0.25]
     if len(slow):
         add("- Decision time p95 above the MILP's 0.25 s real-time budget: " + ", ".join(
@@ -401,8 +403,8 @@ def capacity_section(results_dir: str) -> str:
         add(f"- Not run (machine time): {', '.join(missing)}; `carbon-gym experiment capacity --preset full --scenarios "
             f"{','.join(missing)} --out {results_dir}/capacity-more` adds them to this section.")
     add("- The autoscalers run at their defaults (carbon_gym/autoscalers.py ReactiveSettings: target_util 0.6, "
-        "up 0.8, down 0.35, cool-down 60 s, dirty cap 25%), not tuned on these cases, and no frontier over their "
-        "thresholds is reported (issue 21 item 2).")
+        "up 0.8, down 0.35, cool-down 60 s, dirty cap 25%), not tuned on these cases (their frontiers over target_util "
+        "and the dirty cap: experiment tradeoff, above).")
     add("- Parameters marked *chosen* in capacity_states.md (boot 300 s + cold start, host standby = host idle, off "
         "40 W, power while booting) have no primary measurement; a deeper host standby would change the "
         "standby-vs-off trade-off.")
