@@ -133,7 +133,8 @@ def _windows(offset_s: float, t_floor_s: float, t_max_s: float) -> list[tuple[fl
 _POWERLESS_FAULTS = ("datacenter_outage", "region_outage", "engine_drain")  # a datacenter or its engines draw 0 W
 
 
-def carbon_lower_bound(scenario: Any, seed: int, *, sleep_w: float | None = None, backlog_end: int = 0) -> CarbonBound:  # noqa: C901
+def carbon_lower_bound(scenario: Any, seed: int, *, sleep_w: float | None = None, backlog_end: int = 0,  # noqa: C901
+                       capacity: bool | None = None) -> CarbonBound:
     """The lower bound of the episode of ``scenario`` (with its episode start already in
     ``carbon.start_utc``) under world seed ``seed``: see the module docstring.
 
@@ -143,6 +144,9 @@ def carbon_lower_bound(scenario: Any, seed: int, *, sleep_w: float | None = None
         backlog_end: with a measurement window (``env.measure = "window"``), the most requests
             the runs compared with it leave in flight or pending at the window's end: of the
             requests arriving in the window, all but that many were done entirely in it.
+        capacity: bound runs that may power servers off (capacity control, :func:`_window_bound`);
+            None: when the scenario's ``capacity.control`` is not ``always_on``. Measurement
+            windows only (a ConfigError otherwise).
     """
     import highspy
 
@@ -179,8 +183,18 @@ def carbon_lower_bound(scenario: Any, seed: int, *, sleep_w: float | None = None
     floor_gpu_w = idle_w if sleep_w is None else np.minimum(float(sleep_w), idle_w)
     powerless = any(isinstance(f, dict) and f.get("kind") in _POWERLESS_FAULTS for f in (getattr(scenario, "faults", None) or ()))
     floor_w = np.zeros(n_d) if powerless else pue * (gpus * floor_gpu_w + nodes * host_w)
+    if capacity is None:
+        capacity = str(getattr(getattr(scenario, "capacity", None), "control", "always_on")) != "always_on"
     if getattr(scenario.env, "measure", "episode") == "window":
-        return _window_bound(scenario, parts, floor_w, zones, prompt, output, arrival, t_floor, int(backlog_end))
+        if capacity and not powerless:  # every server at its least power state; the rest per engine-second
+            floor_w = pue * nodes * np.array([_least_node_w(models[g]) for g in gpu_of])
+        return _window_bound(scenario, parts, floor_w, zones, prompt, output, arrival, t_floor, int(backlog_end),
+                             capacity=bool(capacity))
+    if capacity:
+        from carbon_gym.errors import ConfigError
+
+        raise ConfigError("env.measure", "the lower bound of runs that power servers off (capacity.control other than "
+                          "always_on) is built for measurement windows only", allowed=["window"])
     floor_g = float(sum(floor_w[d] * trace.integral(int(zones[d]), off, off + t_floor) for d in range(n_d)) / 3.6e6)
     wins = _windows(off, t_floor, t_max)
     n_w = len(wins)
@@ -317,8 +331,15 @@ def _engine_seconds(lat: Any, eng: Any, prompt: np.ndarray, output: np.ndarray, 
     return per_token * (prompt + decode) + _own_seconds(lat, prompt, output), per_token
 
 
+def _least_node_w(m: Any) -> float:
+    """The least power of a server in any capacity state (W): off (host at ``host_off_w``, GPUs at
+    0 W), standby, booting or on (their host powers; GPUs draw >= 0 in each)."""
+    st = m.states
+    return float(min(st.host_off_w, st.host_standby_w, st.boot_host_w, m.power.host_w))
+
+
 def _window_bound(scenario: Any, parts: Any, floor_w: np.ndarray, zones: np.ndarray, prompt: np.ndarray, output: np.ndarray,
-                  arrival: np.ndarray, t_end: float, backlog_end: int) -> CarbonBound:
+                  arrival: np.ndarray, t_end: float, backlog_end: int, *, capacity: bool = False) -> CarbonBound:
     """The bound of a measurement window ``[W, t_end]`` (``env.measure = "window"``): the floor
     over the window (exact), plus the least active energy of the requests the window must have
     done entirely: of those arriving in it, all but ``backlog_end`` (the smallest ones, by their
@@ -326,7 +347,13 @@ def _window_bound(scenario: Any, parts: Any, floor_w: np.ndarray, zones: np.ndar
     hour of the window (no capacity limit: weaker, valid whatever the burn-in left in flight).
     With several GPU types, each request costs the least over the types of its engine-seconds
     there times the type's lowest grams per engine-second (its datacenters' lowest PUE and
-    intensity)."""
+    intensity).
+
+    With ``capacity`` (servers may be powered off), ``floor_w`` is every server at its least
+    power (:func:`_least_node_w`), and an engine-second of work costs ``tp P_lo`` (its GPUs
+    active) plus its share of a powered server's host power above that least power,
+    ``(host_w - least) / engines_per_node`` (the node must be on while any of its engines works,
+    and at most all of them share it): valid for any capacity schedule, boots and waits only add."""
     eng, trace, off = parts.engine, parts.carbon, parts.carbon_offset_s
     dcs = list(parts.topology.datacenters)
     gpu_of = [parts.topology.datacenter_gpu(d) for d in range(len(dcs))]
@@ -349,9 +376,17 @@ def _window_bound(scenario: Any, parts: Any, floor_w: np.ndarray, zones: np.ndar
                     for a, b in wins)
         pue_lo = min(float(dcs[d].pue) for d in ds)
         p_lo = min(float(m.power.decode_min_w), float(m.power.prefill_w))
-        costs.append((pue_lo * tp * (p_lo - float(m.power.idle_w)) * ci_lo, sec))
+        if capacity:
+            epn = max(1.0, min(float(dcs[d].gpus_per_node) for d in ds) / tp)
+            watts = tp * p_lo + (float(m.power.host_w) - _least_node_w(m)) / epn
+        else:
+            watts = tp * (p_lo - float(m.power.idle_w))
+        costs.append((pue_lo * watts * ci_lo, sec))
         per_tokens.append(per_token)
-    if len(costs) == 1:
+    if capacity and len(costs) == 1:  # engine-seconds go to the cheapest datacenters first, each at most its engines x window
+        sec = costs[0][1]
+        active = _fill_cheapest(parts, models, gpu_of, zones, wins, float(np.sort(sec)[:keep].sum()), t_end - w0) / 3.6e6 * (1.0 - 1e-9)
+    elif len(costs) == 1:
         grams_per_engine_s, sec = costs[0]
         active = grams_per_engine_s * float(np.sort(sec)[:keep].sum()) / 3.6e6 * (1.0 - 1e-9)
     else:
@@ -361,9 +396,37 @@ def _window_bound(scenario: Any, parts: Any, floor_w: np.ndarray, zones: np.ndar
                        int(inside.sum()), min(per_tokens))
 
 
+def _fill_cheapest(parts: Any, models: Any, gpu_of: list[str], zones: np.ndarray, wins: list[tuple[float, float]],
+                   engine_s: float, window_s: float) -> float:
+    """Least grams x 3.6e6 (W x g/kWh x s) of ``engine_s`` engine-seconds of work under capacity
+    control (one GPU type): each datacenter's engine-second at its own PUE and lowest intensity
+    over the window's hours, at most engines x ``window_s`` of them per datacenter (an engine is
+    active at most the whole window); the cheapest first (the fluid optimum)."""
+    trace, off, tp = parts.carbon, parts.carbon_offset_s, int(parts.engine.tp)
+    dcs = list(parts.topology.datacenters)
+    m = models[gpu_of[0]]
+    p_lo = min(float(m.power.decode_min_w), float(m.power.prefill_w))
+    price, room = [], []
+    for d, dc in enumerate(dcs):
+        z = int(zones[d])
+        ci = min(min(float(trace.intensity_all(off + a)[z]), float(trace.intensity_all(off + b - 1e-9)[z])) for a, b in wins)
+        epn = max(1.0, float(dc.gpus_per_node) / tp)
+        price.append(float(dc.pue) * (tp * p_lo + (float(m.power.host_w) - _least_node_w(m)) / epn) * ci)
+        room.append(float(dc.gpus) / tp * window_s)
+    left, total = float(engine_s), 0.0
+    for d in np.argsort(price, kind="stable"):
+        take = min(left, room[d])
+        total += take * price[d]
+        left -= take
+        if left <= 0.0:
+            break
+    return total + max(left, 0.0) * max(price)  # (more work than engine-seconds: none of it is free)
+
+
 def bound_for_spec(spec: Any, *, sleep_w: float | None = None, backlog_end: int = 0) -> CarbonBound:
     """:func:`carbon_lower_bound` of a run's episode (its scenario with the overrides and the
-    episode start :func:`eval.runner.resolve_run_scenario` gives it, world seed = its seed)."""
+    episode start :func:`eval.runner.resolve_run_scenario` gives it, world seed = its seed; the
+    capacity-control bound when its ``capacity.control`` is not ``always_on``)."""
     import warnings
 
     from eval.runner import resolve_run_scenario
@@ -557,3 +620,81 @@ def parse_bound_check(text: str) -> list[dict[str, Any]]:
             rows.append({"scenario": cells[0], "seed": int(cells[1]), "bound_g": float(cells[2]), "floor_g": float(cells[3]),
                          "lowest_g": float(cells[4]) if cells[4] != "–" else float("nan"), "policy": cells[5], "ok": cells[6]})
     return rows
+
+
+def check_matrix(matrix_dir: str) -> Any:
+    """Every run of a finished matrix (``config.json`` and ``runs.csv`` in ``matrix_dir``)
+    against the lower bound of its episode: the capacity-control bound for runs whose
+    ``capacity.control`` is not ``always_on``, the always-on one otherwise, with the largest
+    backlog that (scenario, seed)'s always-on runs left (for the capacity-control bound each run's
+    own backlog, so that a run leaving much work undone does not weaken the others'). One row per run: ``scenario``,
+    ``policy``, ``seed``, ``capacity`` (bool), ``carbon_g``, ``bound_carbon_g``,
+    ``bound_floor_g``, ``below`` (carbon below what the bound allows: the bound, or the floor for
+    a run that left work unfinished outside a window)."""
+    import dataclasses
+    import json
+    import os
+
+    import pandas as pd
+
+    from eval.runner import RunSpec, freeze
+
+    with open(os.path.join(matrix_dir, "config.json"), encoding="utf-8") as f:
+        metas = json.load(f)["runs"]
+    runs = pd.read_csv(os.path.join(matrix_dir, "runs.csv"))
+    names = {f.name for f in dataclasses.fields(RunSpec)}
+    specs: dict[str, Any] = {}
+    for m in metas:
+        kw = {k: v for k, v in m.items() if k in names}
+        kw["overrides"], kw["policy_kwargs"] = freeze(kw.get("overrides")), freeze(kw.get("policy_kwargs"))
+        specs[m["run_id"]] = RunSpec(**kw)
+    label = {rid: (sp.scenario_label or sp.scenario_name, sp.label or sp.policy, int(sp.seed)) for rid, sp in specs.items()}
+    by_key = {v: rid for rid, v in label.items()}
+    rows, bounds = [], {}
+    for r in runs.itertuples(index=False):
+        rid = by_key.get((str(r.scenario), str(r.policy), int(r.seed)))
+        if rid is None:
+            raise KeyError(f"{matrix_dir}: run {r.scenario} / {r.policy} / seed {r.seed} is not in config.json")
+        sp = specs[rid]
+        cap = str(dict(sp.overrides).get("capacity.control", "always_on")) != "always_on"
+        group = runs[(runs["scenario"] == r.scenario) & (runs["seed"] == r.seed)]
+        if cap:
+            group = group[group["policy"] == r.policy]
+        backlog = int(np.nanmax(group["backlog_end"].to_numpy(float))) if "backlog_end" in group and group["backlog_end"].notna().any() else 0
+        key = (str(r.scenario), int(r.seed), cap, backlog)
+        if key not in bounds:
+            bounds[key] = bound_for_spec(sp, backlog_end=backlog)
+        b = bounds[key]
+        in_window = "window_s" in runs and pd.notna(getattr(r, "window_s", float("nan")))
+        complete = in_window or float(getattr(r, "unfinished_pct", 0.0) or 0.0) <= 0.0
+        limit = b.carbon_g if complete else b.floor_g
+        rows.append({"scenario": r.scenario, "policy": r.policy, "seed": int(r.seed), "capacity": cap, "carbon_g": float(r.carbon_g),
+                     "bound_carbon_g": b.carbon_g, "bound_floor_g": b.floor_g, "below": bool(float(r.carbon_g) < limit - 1e-9)})
+    return pd.DataFrame(rows)
+
+
+def main(argv: Any = None) -> int:
+    """``python -m eval.bound MATRIX_DIR ...``: check every run of each finished matrix against its
+    bound (:func:`check_matrix`); writes ``bound_check.csv`` there, prints a summary per policy;
+    exit status 1 if any run is below its bound."""
+    import argparse
+    import os
+
+    ap = argparse.ArgumentParser(prog="python -m eval.bound", description=main.__doc__)
+    ap.add_argument("matrices", nargs="+", help="matrix directories (config.json + runs.csv), e.g. results/tradeoff-capacity/tradeoff")
+    args = ap.parse_args(argv)
+    bad = 0
+    for d in args.matrices:
+        t = check_matrix(d)
+        t.to_csv(os.path.join(d, "bound_check.csv"), index=False)
+        g = t.assign(share=100.0 * (1.0 - t["bound_carbon_g"] / t["carbon_g"])).groupby(["scenario", "policy", "capacity"], sort=False)
+        print(f"{d}: {len(t)} runs, {int(t['below'].sum())} below their bound")
+        for (scen, pol, cap), x in g:
+            print(f"  {scen} {pol}{' (capacity bound)' if cap else ''}: bound {x['bound_carbon_g'].mean():.1f} g, "
+                  f"run {x['carbon_g'].mean():.1f} g, {int(x['below'].sum())} below")
+        bad += int(t["below"].sum())
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

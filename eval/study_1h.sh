@@ -20,6 +20,12 @@
 #   e2 tradeoff  mixtral8x7b-moderate, its headline starts (--heldout-seeds): the planner, the MILP and
 #                greedy-cap (capacity_cap 0.6, 0.7, 0.8, 0.9) frontiers, into OUT/tradeoff-more (merged
 #                into the trade-off section); 96 runs, 31 CPU-minutes
+#   e3 tradeoff  llama8b-moderate, the same 8 starts: the learned agent's safety knob (headroom_penalty 0-40)
+#                and round-robin with each autoscaler (rr+reactive target_util 0.4-0.75, rr+carbon-aware
+#                dirty_cap_frac 0.1-1; capacity.control = agent), into OUT/tradeoff-capacity; 128 runs, 31 CPU-minutes
+#   e4 tradeoff  llama8b-high, its headline starts: the planner, MILP and greedy-cap frontiers, into
+#                OUT/tradeoff-high; 96 runs, 58 CPU-minutes
+#   e5 tradeoff  qwen7b-moderate, its headline starts: the planner and MILP frontiers, into OUT/tradeoff-qwen
 #   i  sessions  multi-turn sessions with prefix caching (issue 23): 4 scenarios, 2 starts
 #                (their load levels come from the sessions' own capacity file, so they did not move
 #                with the cluster basis)
@@ -37,6 +43,8 @@
 #                0.5, 1, 2 and 4 s (rr at each period the reference); 64 runs, ~90 CPU-minutes. At
 #                0.1 s one MILP run with the whole branch-and-bound budget took ~30 CPU-minutes; the
 #                budget is now a 1 s poll's share (FacilityConfig.bb_work_poll_s)
+#   d3 polling   the MILP at 0.1 s with the whole 1 s branch-and-bound budget (bb_work_poll_s = 0.1: its
+#                share is all of it), labelled milp-fullbb, on 2 of the 8 starts, into OUT/polling-fullbb
 #   d2 polling   the short periods, 0.1, 0.25 and 0.5 s, same starts and window, into OUT/polling-short
 #                (merged into the polling section); 48 runs, 100 CPU-minutes
 #   f  bound     the clairvoyant heuristic (true lengths, all arrivals and carbon known, SLOs ignored)
@@ -45,18 +53,19 @@
 #   b  milp-vs-ilp the facility MILP vs the per-request ILPs (load-blind ilp, ilp-cap with the static
 #                capacity cap, state-aware ilp-state) on the 3 models x low and moderate load, each
 #                scenario its headline starts (--heldout-seeds), the same window; 240 runs, 94 CPU-minutes
-#                (at high load ilp-state costs ~100 CPU-s per run and more: not in this run)
+#   b2 milp-vs-ilp the same at llama8b-high (its headline starts), into OUT/milp-vs-ilp-high (merged into
+#                the section); 40 runs
 #   k  learned-capacity the capacity-aware agent (train/checkpoints/llama8b_capacity_set.npz) vs
 #                the MILP deciding capacity, milp-mpc, rr+reactive and rr always on: llama8b-moderate,
 #                20 fresh held-out days, 600 s windows; 100 runs, ~110 CPU-minutes
 #
 # Not in this run (too costly for 2 cores; the full matrix on a cluster is in README "On a Ray
-# cluster"): the full trade-off frontiers (6 values per knob, the learned agent's and ilp-cap's, any
-# at high load), the per-request ILPs at high load, the predictor comparison at the other models and
-# loads.
+# cluster"): the full trade-off frontiers (6 values per knob, ilp-cap's, the other models at high
+# load), the per-request ILPs at high load on Qwen and Mixtral, the predictor comparison at the other
+# models and loads.
 #
 # usage: bash eval/study_1h.sh [OUT] [STAGES]   (OUT defaults to results, STAGES to "a e h i";
-#        "a b e e2 h i c d d2 f g j k" for everything RESULTS.md shows; each stage's sections of RESULTS.md
+#        "a b b2 e e2 e3 e4 e5 h i c d d2 d3 f g j k" for everything RESULTS.md shows; each stage's sections of RESULTS.md
 #        are rewritten in place, carbon-gym report OUT --section <experiment>, the rest kept; without
 #        a RESULTS.md the whole file is written from OUT)
 set -euo pipefail
@@ -73,6 +82,19 @@ for stage in $STAGES; do
     e2) carbon-gym experiment tradeoff --preset full --scenarios mixtral8x7b-moderate --policies planner,milp,greedy-cap \
          --knob planner=0.6,0.7,0.8 --knob milp=0.3,0.4 --knob greedy-cap=0.6,0.7,0.8 --heldout-seeds \
          --out "$OUT/tradeoff-more" --workers 2 --no-tensorboard --no-progress ;;
+    e3) carbon-gym experiment tradeoff --preset full --scenarios llama8b-moderate --policies learned:train/checkpoints/llama8b_set.npz,rr+reactive,rr+carbon-aware \
+         --knob learned=0,5,10,40 --knob rr+reactive=0.4,0.5,0.7,0.75 --knob rr+carbon-aware=0.1,0.5,0.75,1 --seed-list "$SEEDS" \
+         --out "$OUT/tradeoff-capacity" --workers 2 --no-tensorboard --no-progress ;;
+    e4) carbon-gym experiment tradeoff --preset full --scenarios llama8b-high --policies planner,milp,greedy-cap \
+         --knob planner=0.6,0.7,0.8 --knob milp=0.3,0.4 --knob greedy-cap=0.6,0.7,0.8 --heldout-seeds \
+         --out "$OUT/tradeoff-high" --workers 2 --no-tensorboard --no-progress ;;
+    e5) carbon-gym experiment tradeoff --preset full --scenarios qwen7b-moderate --policies planner,milp \
+         --knob planner=0.6,0.7,0.8 --knob milp=0.3,0.4 --heldout-seeds --out "$OUT/tradeoff-qwen" --workers 2 --no-tensorboard --no-progress ;;
+    b2) carbon-gym experiment milp-vs-ilp --preset full --models llama8b --loads high --heldout-seeds \
+         --out "$OUT/milp-vs-ilp-high" --workers 2 --no-tensorboard --no-progress ;;
+    d3) carbon-gym experiment polling --preset full --scenarios llama8b-moderate --policies milp-fullbb=milp \
+         --policy-arg milp-fullbb.bb_work_poll_s=0.1 --periods 0.1 --seed-list 23,46 --out "$OUT/polling-fullbb" \
+         --workers 2 --no-tensorboard --no-progress ;;
     d) carbon-gym experiment polling --preset full --scenarios llama8b-moderate --policies milp --periods 0.5,1,2,4 \
          --seed-list "$SEEDS" --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
     d2) carbon-gym experiment polling --preset full --scenarios llama8b-moderate --policies milp --periods 0.1,0.25,0.5 \
@@ -89,7 +111,7 @@ for stage in $STAGES; do
     b) carbon-gym experiment milp-vs-ilp --preset full --models llama8b,qwen7b,mixtral8x7b --loads low,moderate \
          --heldout-seeds --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
     k) carbon-gym experiment learned-capacity --preset full --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
-    *) echo "unknown stage $stage (a, b, c, d, d2, e, e2, f, g, h, i, j, k)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage (a, b, b2, c, d, d2, d3, e, e2, e3, e4, e5, f, g, h, i, j, k)" >&2; exit 2 ;;
   esac
 done
 if [ ! -f RESULTS.md ]; then
@@ -97,8 +119,8 @@ if [ ! -f RESULTS.md ]; then
 else                                                    # each stage's section, in place (the others kept)
   for stage in $STAGES; do
     case $stage in
-      b) carbon-gym report "$OUT" --section milp-vs-ilp ;;  c) carbon-gym report "$OUT" --section predictor ;;
-      d|d2) carbon-gym report "$OUT" --section polling ;;   e|e2) carbon-gym report "$OUT" --section tradeoff ;;
+      b|b2) carbon-gym report "$OUT" --section milp-vs-ilp ;;  c) carbon-gym report "$OUT" --section predictor ;;
+      d|d2|d3) carbon-gym report "$OUT" --section polling ;;   e|e2|e3|e4|e5) carbon-gym report "$OUT" --section tradeoff ;;
       f) carbon-gym report "$OUT" --section bound ;;        g) carbon-gym report "$OUT" --section diurnal ;;
       h) carbon-gym report "$OUT" --section capacity ;;     i) carbon-gym report "$OUT" --section sessions ;;
       j) carbon-gym report "$OUT" --section generalise ;;    a) carbon-gym report "$OUT" --section headline ;;

@@ -99,3 +99,49 @@ def test_no_pinned_run_is_below_the_bound():
                     ratios.append(carbon / b.carbon_g)
     assert checked == len(golden.all_cells())
     assert min(ratios) > 1.0  # (the closest run, for the record, in the assertion message if it ever fails)
+
+
+def test_capacity_bound_every_server_off_but_the_work():
+    """Capacity control (servers may power off): without work the bound is every server at its
+    off power over the window, by hand; with work it is below the always-on bound and below every
+    autoscaled run of the same episode; episodes without a window are refused, naming the field."""
+    from carbon_gym.errors import ConfigError
+    from carbon_gym.world import build_parts
+
+    ov = (("duration_s", 240.0), ("env.measure", "window"), ("env.warmup_s", 60.0), ("workload.rate_per_s", 20.0))
+    idle = RunSpec("dev", "rr", 0, overrides=tuple(sorted(ov[:3] + (("workload.rate_per_s", 1e-9), ("capacity.control", "agent")))))
+    sc, _ = resolve_run_scenario(idle)
+    parts = build_parts(sc)
+    tr, off = parts.carbon, parts.carbon_offset_s
+    want = sum(d.pue * d.nodes * parts.datacenter_gpus()[0].states.host_off_w * tr.integral(tr.zone_index(d.zone), off + 60.0, off + 240.0)
+               for d in parts.topology.datacenters) / 3.6e6
+    b0 = bound_for_spec(idle)
+    assert b0.active_g == 0.0 and b0.floor_g == pytest.approx(want, rel=1e-12)
+    on = RunSpec("dev", "rr", 0, overrides=ov)
+    scaled = RunSpec("dev", "rr+reactive", 0, overrides=tuple(sorted(ov + (("capacity.control", "agent"),))))
+    b_on, b_cap = bound_for_spec(on), bound_for_spec(scaled)
+    assert 0.0 < b_cap.active_g and b_cap.carbon_g < b_on.carbon_g and b_cap.floor_g < b_on.floor_g
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = run_one(scaled, keep_requests=False).metrics
+    assert m["mean_awake_engines"] < 16.0 and m["carbon_g"] > b_cap.carbon_g
+    with pytest.raises(ConfigError) as e:
+        carbon_lower_bound(resolve_run_scenario(RunSpec("dev", "rr", 0, overrides=(("duration_s", 20.0),)))[0], 0, capacity=True)
+    assert e.value.field == "env.measure"
+
+
+def test_the_tracked_capacity_frontiers_are_above_their_bounds():
+    """Golden: every run of the tracked trade-off matrix with the autoscalers (results/tradeoff-capacity)
+    emits at least its episode's bound: the capacity-control bound for the autoscaled runs, the
+    always-on bound for the others (eval.bound.check_matrix, recomputed here)."""
+    from pathlib import Path
+
+    from eval.bound import check_matrix
+
+    d = Path(__file__).resolve().parent.parent / "results" / "tradeoff-capacity" / "tradeoff"
+    t = check_matrix(str(d))
+    assert len(t) == 128 and not t["below"].any()
+    assert set(t[t["capacity"]]["policy"].str.split("[").str[0]) == {"rr+reactive", "rr+carbon-aware"}
+    on = t[~t["capacity"]].groupby("seed")["bound_carbon_g"].max()
+    cap = t[t["capacity"]].groupby("seed")["bound_carbon_g"].max()
+    assert (cap < on).all()
