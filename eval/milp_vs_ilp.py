@@ -142,11 +142,25 @@ def milp_vs_ilp_runs(results_dir: str) -> Any:
     """The runs of every finished matrix of experiment b under ``results_dir`` (``milp-vs-ilp/``,
     then ``milp-vs-ilp-NAME/milp-vs-ilp/``), merged: a later matrix's run of the same scenario,
     policy and seed replaces an earlier one's; None when there is none."""
+    import pandas as pd
+
     from eval.capacity_report import merged_runs
     from eval.writers import matrix_dirs
 
     dirs = matrix_dirs(results_dir, "milp-vs-ilp")
-    return merged_runs(dirs).drop(columns=["source"]) if dirs else None
+    if not dirs:
+        return None
+    runs = merged_runs(dirs).drop(columns=["source"])
+    first = {sc: i for i, sc in enumerate(dict.fromkeys(pd.concat([pd.read_csv(os.path.join(d, "runs.csv"), usecols=["scenario"])
+                                                                  for d in dirs])["scenario"]))}
+    models, loads = ("llama8b", "qwen7b", "mixtral8x7b"), ("low", "moderate", "high")
+
+    def rank(sc: str) -> tuple[int, int, int]:  # model, then load (the headline's order); other scenarios after, as they came
+        m, _, ld = str(sc).rpartition("-")
+        return (models.index(m), loads.index(ld), 0) if m in models and ld in loads else (len(models), 0, first[sc])
+
+    order = sorted(range(len(runs)), key=lambda i: rank(runs["scenario"].iloc[i]))  # (stable: the policies' order kept)
+    return runs.iloc[order].reset_index(drop=True)
 
 
 def milp_vs_ilp_section(results_dir: str, fig_dir: str) -> tuple[str, list[str]] | None:
