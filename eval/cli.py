@@ -45,7 +45,8 @@ EXPERIMENT_ALIASES = {
 EXPERIMENTS = tuple(EXPERIMENT_ALIASES.values())
 #: ``report --section`` choices: headline, capacity, then eval.report.TABLE_SECTIONS (kept here so --help needs no heavy import; a test
 #: holds them equal)
-SECTIONS = ("headline", "capacity", "milp-vs-ilp", "predictor", "polling", "tradeoff", "bound", "diurnal", "sessions", "generalise")
+SECTIONS = ("headline", "capacity", "milp-vs-ilp", "predictor", "polling", "tradeoff", "bound", "diurnal", "sessions", "generalise",
+            "learned-capacity")
 # `carbon-gym bench NAME ...` -> the module whose main(argv) runs it
 BENCHES = {
     "env": "eval.bench_env",

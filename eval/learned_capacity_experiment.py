@@ -142,6 +142,11 @@ def _run_ids(dirs: Sequence[str], cfgs: Sequence[Mapping[str, Any]]) -> dict[tup
             for d, c in zip(dirs, cfgs) for r in c.get("runs", [])}
 
 
+def _has_steps(stem: str | None) -> bool:
+    """Whether a run's steps file (stem, parquet or CSV) is on disk."""
+    return stem is not None and (os.path.isfile(stem + ".parquet") or os.path.isfile(stem + ".csv"))
+
+
 def decisions_figure(dirs: Sequence[str], seed: int, policies: Sequence[str], stem: str, *, title: str = "",
                      warmup_s: float = 0.0, smooth_s: float = 30.0,
                      cfgs: Sequence[Mapping[str, Any]] | None = None) -> list[str]:
@@ -155,13 +160,15 @@ def decisions_figure(dirs: Sequence[str], seed: int, policies: Sequence[str], st
     from eval.writers import read_table
 
     ids = _run_ids(dirs, read_configs(dirs) if cfgs is None else cfgs)
+    if not any(_has_steps(ids.get((p, int(seed)))) for p in policies):
+        return []  # (the steps files are not tracked: a clean checkout has the tables, not the episodes)
     plt = _plt()
     fig, axes = plt.subplots(3, 1, figsize=(8.0, 7.5), sharex=True)
     colors = _colors(list(policies))
     band_done = False
     for p in policies:
         stem_p = ids.get((p, int(seed)))
-        if stem_p is None:
+        if stem_p is None or not _has_steps(stem_p):
             continue
         s = read_table(stem_p)
         t = np.asarray(s["time_s"], dtype=np.float64)

@@ -158,9 +158,12 @@ TABLE_SECTIONS: dict[str, str] = {
     "diurnal": "A long run: llama8b-diurnal",
     "sessions": "Multi-turn sessions and prefix caching",
     "generalise": "The learned agent on unseen data (held-out days, another year, loads, topology, faults)",
+    "learned-capacity": "A learned agent deciding capacity (20 held-out starts)",
 }
 #: The study claim (:data:`STUDY_CLAIMS` key) each table section's experiment answers.
-SECTION_CLAIMS = {"milp-vs-ilp": "milp_ilp", "predictor": "predictor", "polling": "polling"}
+SECTION_CLAIMS = {"milp-vs-ilp": "milp_ilp", "predictor": "predictor", "polling": "polling", "learned-capacity": "capacity"}
+#: The captions of experiment learned-capacity's figures (stem: which start it shows).
+LEARNED_CAPACITY_FIGURES = (("capacity_decisions", "gains most on"), ("capacity_decisions_worst", "loses most against"))
 
 
 class Figures:
@@ -191,9 +194,10 @@ class Figures:
         self.copies.append((src, os.path.join(self.figures_dir, dst_name)))
         return f"{self.rel}/{dst_name}".replace(os.sep, "/")
 
-    def drawn(self, src: str) -> str:
-        """The Markdown path of a figure the report drew itself (PNG ``src``, copied under its name)."""
-        name = os.path.basename(src)
+    def drawn(self, src: str, name: str | None = None) -> str:
+        """The Markdown path of a figure the report drew itself (PNG ``src``, copied under ``name``,
+        default its own)."""
+        name = name or os.path.basename(src)
         self.copies.append((src, os.path.join(self.figures_dir, name)))
         return f"{self.rel}/{name}".replace(os.sep, "/")
 
@@ -220,6 +224,16 @@ def table_section(results_dir: str, exp: str, figs: Figures) -> str | None:
     if not os.path.isfile(md_path):
         return None
     parts = [f"## {TABLE_SECTIONS[exp]}\n"]
+    if exp == "learned-capacity":  # (merged over its matrices; its figures redrawn where the steps files are on disk)
+        lc_md, pngs = learned_capacity_section(results_dir, figs.scratch())
+        parts.append(lc_md)
+        drawn_at = {os.path.basename(p)[:-4]: p for p in pngs if p.endswith(".png")}
+        for stem, what in LEARNED_CAPACITY_FIGURES:
+            if stem in drawn_at:
+                parts.append(f"![learned-capacity: {stem}]({figs.drawn(drawn_at[stem], f'learned-capacity_{stem}.png')})\n\n*The capacity "
+                             f"decisions on the start where the agent {what} the MILP: the load, the servers each policy keeps powered, "
+                             "and the grid intensity those servers see.*\n")
+        return "\n".join(parts)
     merged = generalise_section(results_dir) if exp == "generalise" else None
     drawn = MERGED_SECTIONS[exp](results_dir, figs.scratch()) if exp in MERGED_SECTIONS else None
     econf = os.path.join(results_dir, exp, "config.json")
@@ -500,16 +514,6 @@ def _results_md(results_dir: str, *, out: str, figures_dir: str, command: str | 
         section = table_section(results_dir, exp, figs)
         if section is not None:
             add(section)
-    if learned_capacity_dirs(results_dir):
-        add("## A learned agent deciding capacity (20 held-out starts)\n")
-        lc_md, _ = learned_capacity_section(results_dir)
-        add(lc_md)
-        for stem, what in (("capacity_decisions", "gains most on"), ("capacity_decisions_worst", "loses most against")):
-            p = fig("learned-capacity", stem)
-            if p:
-                add(f"![learned-capacity: {stem}]({p})\n\n*The capacity decisions on the start where the agent {what} "
-                    "the MILP: the load, the servers each policy keeps powered, and the grid intensity those servers "
-                    "see.*\n")
     if os.path.isfile(os.path.join(results_dir, "capacity", "runs.csv")):
         from eval.capacity_report import capacity_section
 

@@ -81,4 +81,23 @@ def test_quick_run_records_capacity_decisions_and_merges_matrices(tmp_path):
     assert "- measurement window: 20 s" in md and "- starts: 1" in md
     assert "\n| milp" in md and "\n| milp-mpc" not in md  # the agent against the MILP (milp-mpc did not run)
     assert len(figs) == 4 and all(os.path.isfile(p) for p in figs)  # the best and the worst start, PNG and PDF
+    # `carbon-gym report --section learned-capacity`: the section written in place, its figures copied, the claim set
+    from eval.report import STUDY_CLAIMS, TABLE_SECTIONS, Figures, table_section, write_section
+
+    label = next(c for k, c, _ in STUDY_CLAIMS if k == "capacity")
+    out = tmp_path / "RESULTS.md"
+    out.write_text(f"# R\n\n## Comparison with the study\n\n| claim | study | this run |\n|---|---|---|\n| {label} | up to 60% | not run |\n",
+                   encoding="utf-8")
+    write_section(str(tmp_path), "learned-capacity", out=str(out), figures_dir=str(tmp_path / "docs"))
+    text = out.read_text(encoding="utf-8")
+    title = f"## {TABLE_SECTIONS['learned-capacity']}\n"
+    assert text.index(title) < text.index("## Comparison with the study") and md in text
+    assert "![learned-capacity: capacity_decisions](docs/learned-capacity_capacity_decisions.png)" in text
+    assert (tmp_path / "docs" / "learned-capacity_capacity_decisions_worst.png").is_file()
+    assert f"| {label} | up to 60% | " in text and "% vs always-on rr" in text and "not run" not in text
+    # without the steps files (a clean checkout tracks the tables only) the same section, without its figures
+    for d in dirs:
+        shutil.rmtree(os.path.join(d, "steps"))
+    bare = table_section(str(tmp_path), "learned-capacity", Figures(str(tmp_path), str(tmp_path / "docs2"), str(out)))
+    assert bare is not None and "![" not in bare and bare == title + "\n" + md
     shutil.rmtree(tmp_path)
