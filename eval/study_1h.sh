@@ -33,10 +33,12 @@
 # More stages, not in the default set (each near or over the hour on its own):
 #   g  diurnal   llama8b-diurnal, one 6 h window after a 10 min burn-in, its own carbon start
 #                (2023-06-15 00:00 UTC): rr always on, planner+reactive and the MILP deciding
-#                capacity (capacity.control = agent); the MILP run alone is > 1 h of one core
+#                capacity (capacity.control = agent); 3 runs, 38 CPU-minutes (41 min of wall time on 2 cores
+#                beside stage k: the MILP run is most of it)
 #   j  generalise the learned agent vs the MILP (and rr) on data it never saw: 20 fresh held-out
 #                days, the 2022 carbon year, llama8b-low / -high, 8 and 18 datacenters, two unseen
-#                zones, three regions, a region outage (2 starts each); 108 runs, ~90 CPU-minutes
+#                zones, three regions, a region outage (2 starts each), in three matrices (OUT/generalise,
+#                OUT/generalise-regions, OUT/generalise-topologies); 108 runs, ~80 CPU-minutes
 #   c  predictor the MILP with the output-length predictor vs oracle lengths on the headline's 8
 #                starts and window (rr at each); 32 runs, ~40 CPU-minutes
 #   d  polling   llama8b-moderate, the same 8 starts and window: rr and the MILP at polling periods
@@ -57,7 +59,8 @@
 #                the section); 40 runs
 #   k  learned-capacity the capacity-aware agent (train/checkpoints/llama8b_capacity_set.npz) vs
 #                the MILP deciding capacity, milp-mpc, rr+reactive and rr always on: llama8b-moderate,
-#                20 fresh held-out days, 600 s windows; 100 runs, ~110 CPU-minutes
+#                20 fresh held-out days, 600 s windows; 100 runs, 42 CPU-minutes (40 min of wall time
+#                beside stage g)
 #
 # Not in this run (too costly for 2 cores; the full matrix on a cluster is in README "On a Ray
 # cluster"): the full trade-off frontiers (6 values per knob, ilp-cap's, the other models at high
@@ -103,7 +106,11 @@ for stage in $STAGES; do
     i) carbon-gym experiment sessions --preset full --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
     g) carbon-gym experiment diurnal --preset full --no-carbon-start --policies rr,planner+reactive,milp --out "$OUT" \
          --workers 2 --no-requests --no-plots --no-tensorboard --no-progress ;;
-    j) carbon-gym experiment generalise --preset full --out "$OUT" --workers 2 --no-tensorboard --no-plots --no-progress ;;
+    j) carbon-gym experiment generalise --preset full --out "$OUT" --workers 2 --no-tensorboard --no-plots --no-progress
+       carbon-gym experiment generalise --preset full --scenarios llama8b-moderate-3regions --out "$OUT/generalise-regions" \
+         --workers 2 --no-plots --no-tensorboard --no-progress
+       carbon-gym experiment generalise --preset full --scenarios llama8b-moderate-18dc,llama8b-moderate-otherzones \
+         --out "$OUT/generalise-topologies" --workers 2 --no-plots --no-tensorboard --no-progress ;;
     c) carbon-gym experiment predictor --preset full --scenarios llama8b-moderate --policies milp \
          --seed-list "$SEEDS" --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
     f) carbon-gym experiment bound --preset full --scenarios llama8b-moderate --policies rr \
@@ -124,6 +131,7 @@ else                                                    # each stage's section, 
       f) carbon-gym report "$OUT" --section bound ;;        g) carbon-gym report "$OUT" --section diurnal ;;
       h) carbon-gym report "$OUT" --section capacity ;;     i) carbon-gym report "$OUT" --section sessions ;;
       j) carbon-gym report "$OUT" --section generalise ;;    a) carbon-gym report "$OUT" --section headline ;;
+      k) carbon-gym report "$OUT" --section learned-capacity ;;
       *) echo "stage $stage: its section is not rewritten on its own: carbon-gym report $OUT --force" >&2 ;;
     esac
   done
