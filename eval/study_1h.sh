@@ -37,8 +37,8 @@
 #                beside stage k: the MILP run is most of it)
 #   j  generalise the learned agent vs the MILP (and rr) on data it never saw: 20 fresh held-out
 #                days, the 2022 carbon year, llama8b-low / -high, 8 and 18 datacenters, two unseen
-#                zones, three regions, a region outage (2 starts each), in three matrices (OUT/generalise,
-#                OUT/generalise-regions, OUT/generalise-topologies); 108 runs, ~80 CPU-minutes
+#                zones, three regions, a region outage (2 starts each), in one matrix (the earlier
+#                generalise-regions and generalise-topologies matrices are its tests now); 108 runs
 #   c  predictor the MILP with the output-length predictor vs oracle lengths on the headline's 8
 #                starts and window (rr at each); 32 runs, ~40 CPU-minutes
 #   d  polling   llama8b-moderate, the same 8 starts and window: rr and the MILP at polling periods
@@ -106,11 +106,7 @@ for stage in $STAGES; do
     i) carbon-gym experiment sessions --preset full --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
     g) carbon-gym experiment diurnal --preset full --no-carbon-start --policies rr,planner+reactive,milp --out "$OUT" \
          --workers 2 --no-requests --no-plots --no-tensorboard --no-progress ;;
-    j) carbon-gym experiment generalise --preset full --out "$OUT" --workers 2 --no-tensorboard --no-plots --no-progress
-       carbon-gym experiment generalise --preset full --scenarios llama8b-moderate-3regions --out "$OUT/generalise-regions" \
-         --workers 2 --no-plots --no-tensorboard --no-progress
-       carbon-gym experiment generalise --preset full --scenarios llama8b-moderate-18dc,llama8b-moderate-otherzones \
-         --out "$OUT/generalise-topologies" --workers 2 --no-plots --no-tensorboard --no-progress ;;
+    j) carbon-gym experiment generalise --preset full --out "$OUT" --workers 2 --no-tensorboard --no-plots --no-progress ;;
     c) carbon-gym experiment predictor --preset full --scenarios llama8b-moderate --policies milp \
          --seed-list "$SEEDS" --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
     f) carbon-gym experiment bound --preset full --scenarios llama8b-moderate --policies rr \
