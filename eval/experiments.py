@@ -72,7 +72,7 @@ from eval.tables import (
 MODELS = ("llama8b", "qwen7b", "mixtral8x7b")
 LOADS = ("low", "moderate", "high")
 #: Experiments that take ``heldout_seeds`` (``--heldout-seeds``): each scenario its own fresh held-out starts.
-HELDOUT_EXPERIMENTS = ("headline", "milp-vs-ilp", "tradeoff")
+HELDOUT_EXPERIMENTS = ("headline", "milp-vs-ilp", "tradeoff", "predictor")
 #: The study's comparison (experiment a's default policy list).
 #: (greedy and ilp are the load-blind strawmen; greedy-cap and ilp-cap the same with the capacity cap
 #: earlier carbon-aware schedulers had)
@@ -467,7 +467,7 @@ def exp_predictor(ctx: Ctx) -> str:
     scens = ctx.scenario_list(("moderate",))
     pols = [p for p in (ctx.policies or ["milp", "ilp-state"]) if p != REFERENCE_POLICY]
     variants = [("predicted", {}), (ORACLE, {OVERRIDE_PREDICTOR: ORACLE})]
-    specs = _variant_specs(scens, pols, ctx.seeds, variants, ctx.overrides, ctx.policy_kwargs)
+    specs = [s for scen in scens for s in _variant_specs([scen], pols, ctx.seeds_for(scen), variants, ctx.overrides, ctx.policy_kwargs)]
     ex = ctx.execute(specs)
     runs = ex.runs.copy()
     runs["base"] = runs["scenario"].map(variant_base)

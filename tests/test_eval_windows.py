@@ -58,8 +58,8 @@ def test_windowed_headline_bound_and_results_md(tmp_path):
 def test_heldout_seeds_argument_errors(capsys, tmp_path):
     assert cli.main(["experiment", "polling", "--heldout-seeds", "--out", str(tmp_path / "a"), "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert "--heldout-seeds: gives each scenario of experiments headline, milp-vs-ilp, tradeoff its own held-out starts" in err
-    assert "allowed: headline, milp-vs-ilp, tradeoff" in err
+    assert "--heldout-seeds: gives each scenario of experiments headline, milp-vs-ilp, tradeoff, predictor its own held-out starts" in err
+    assert "allowed: headline, milp-vs-ilp, tradeoff, predictor" in err
     assert cli.main(["experiment", "headline", "--heldout-seeds", "--seed-list", "1,2", "--out", str(tmp_path / "b"), "--no-progress"]) == 2
     assert "--heldout-seeds: chooses the seeds itself" in capsys.readouterr().err
 
@@ -114,3 +114,26 @@ def test_heldout_seeds_per_scenario_in_experiments_b_and_e(tmp_path, exp, extra,
         table = pd.read_csv(out / exp / "milp-vs-ilp.csv")
         assert list(table["scenario"]) == scens and "gap_vs_ilp-cap_pp" in table
         assert "ilp-cap: vs rr % (viol. %; p99)" in (out / exp / "milp-vs-ilp.md").read_text()
+
+
+@pytest.mark.slow
+def test_heldout_seeds_per_scenario_in_experiment_c(tmp_path):
+    """Experiment c (predictor vs oracle) takes --heldout-seeds: both variants of a scenario run that
+    scenario's own fresh held-out starts, paired by seed in its table."""
+    from eval.heldout_seeds import fresh_heldout_seeds
+
+    out = tmp_path / "res"
+    scens = ["llama8b-low", "mixtral8x7b-low"]
+    argv = ["experiment", "predictor", "--scenarios", ",".join(scens), "--policies", "greedy-cap", "--preset", "full", "--window-s", "4",
+            "--warmup-s", "2", "--seeds", "2", "--heldout-seeds", "--workers", "1", "--no-progress", "--no-tensorboard", "--no-plots",
+            "--out", str(out)]
+    assert cli.main(argv) == 0
+    runs = pd.read_csv(out / "predictor" / "runs.csv")
+    want = {sc: fresh_heldout_seeds(sc, 2) for sc in scens}
+    assert want["llama8b-low"] != want["mixtral8x7b-low"]
+    labels = {f"{sc}[{v}]": sc for sc in scens for v in ("predicted", "oracle")}
+    assert set(runs["scenario"]) == set(labels) and set(runs["policy"]) == {"rr", "greedy-cap"}
+    for (label, pol), g in runs.groupby(["scenario", "policy"]):
+        assert sorted(g["seed"]) == want[labels[label]], (label, pol)
+    table = pd.read_csv(out / "predictor" / "predictor.csv")
+    assert list(table["scenario"]) == scens and list(table["seeds"]) == [2, 2]
