@@ -26,6 +26,10 @@
 #   e4 tradeoff  llama8b-high, its headline starts: the planner, MILP and greedy-cap frontiers, into
 #                OUT/tradeoff-high; 96 runs, 58 CPU-minutes
 #   e5 tradeoff  qwen7b-moderate, its headline starts: the planner and MILP frontiers, into OUT/tradeoff-qwen
+#   e6 tradeoff  the same on qwen7b-high, into OUT/tradeoff-qwen-high; 64 runs, 62 CPU-minutes
+#   e7 tradeoff  llama8b-moderate, the same 8 starts: the rest of the 6 values per knob (planner 0.5, 1;
+#                MILP 0.35, 0.45, 0.6) and the greedy-cap and ilp-cap frontiers (capacity_cap 0.5-1), into
+#                OUT/tradeoff-full; 160 runs, 58 CPU-minutes
 #   i  sessions  multi-turn sessions with prefix caching (issue 23): 4 scenarios, 2 starts
 #                (their load levels come from the sessions' own capacity file, so they did not move
 #                with the cluster basis)
@@ -39,8 +43,9 @@
 #                days, the 2022 carbon year, llama8b-low / -high, 8 and 18 datacenters, two unseen
 #                zones, three regions, a region outage (2 starts each), in one matrix (the earlier
 #                generalise-regions and generalise-topologies matrices are its tests now); 108 runs
-#   c  predictor the MILP with the output-length predictor vs oracle lengths on the headline's 8
-#                starts and window (rr at each); 32 runs, ~40 CPU-minutes
+#   c  predictor the MILP with the output-length predictor vs oracle lengths on llama8b-moderate,
+#                llama8b-high, qwen7b-moderate and mixtral8x7b-moderate, each its headline starts
+#                (--heldout-seeds) and window (rr at each); 128 runs, 60 CPU-minutes
 #   d  polling   llama8b-moderate, the same 8 starts and window: rr and the MILP at polling periods
 #                0.5, 1, 2 and 4 s (rr at each period the reference); 64 runs, ~90 CPU-minutes. At
 #                0.1 s one MILP run with the whole branch-and-bound budget took ~30 CPU-minutes; the
@@ -57,18 +62,19 @@
 #                scenario its headline starts (--heldout-seeds), the same window; 240 runs, 94 CPU-minutes
 #   b2 milp-vs-ilp the same at llama8b-high (its headline starts), into OUT/milp-vs-ilp-high (merged into
 #                the section); 40 runs
+#   b3 milp-vs-ilp the same at qwen7b-high and mixtral8x7b-high, into OUT/milp-vs-ilp-high-more; 80 runs,
+#                51 CPU-minutes
 #   k  learned-capacity the capacity-aware agent (train/checkpoints/llama8b_capacity_set.npz) vs
 #                the MILP deciding capacity, milp-mpc, rr+reactive and rr always on: llama8b-moderate,
 #                20 fresh held-out days, 600 s windows; 100 runs, 42 CPU-minutes (40 min of wall time
 #                beside stage g)
 #
 # Not in this run (too costly for 2 cores; the full matrix on a cluster is in README "On a Ray
-# cluster"): the full trade-off frontiers (6 values per knob, ilp-cap's, the other models at high
-# load), the per-request ILPs at high load on Qwen and Mixtral, the predictor comparison at the other
-# models and loads.
+# cluster"): 6-value frontiers beyond llama8b-moderate, the predictor comparison with the ILPs and
+# at low load, the MILP's capacity cap (capacity_util_cap) as a frontier.
 #
 # usage: bash eval/study_1h.sh [OUT] [STAGES]   (OUT defaults to results, STAGES to "a e h i";
-#        "a b b2 e e2 e3 e4 e5 h i c d d2 d3 f g j k" for everything RESULTS.md shows; each stage's sections of RESULTS.md
+#        "a b b2 b3 e e2 e3 e4 e5 e6 e7 h i c d d2 d3 f g j k" for everything RESULTS.md shows; each stage's sections of RESULTS.md
 #        are rewritten in place, carbon-gym report OUT --section <experiment>, the rest kept; without
 #        a RESULTS.md the whole file is written from OUT)
 set -euo pipefail
@@ -93,6 +99,13 @@ for stage in $STAGES; do
          --out "$OUT/tradeoff-high" --workers 2 --no-tensorboard --no-progress ;;
     e5) carbon-gym experiment tradeoff --preset full --scenarios qwen7b-moderate --policies planner,milp \
          --knob planner=0.6,0.7,0.8 --knob milp=0.3,0.4 --heldout-seeds --out "$OUT/tradeoff-qwen" --workers 2 --no-tensorboard --no-progress ;;
+    e6) carbon-gym experiment tradeoff --preset full --scenarios qwen7b-high --policies planner,milp \
+         --knob planner=0.6,0.7,0.8 --knob milp=0.3,0.4 --heldout-seeds --out "$OUT/tradeoff-qwen-high" --workers 2 --no-tensorboard --no-progress ;;
+    e7) carbon-gym experiment tradeoff --preset full --scenarios llama8b-moderate --policies planner,milp,greedy-cap,ilp-cap \
+         --knob planner=0.5,1.0 --knob milp=0.35,0.45,0.6 --knob greedy-cap=0.5,0.6,0.7,0.8,1.0 --knob ilp-cap=0.5,0.6,0.7,0.8,1.0 \
+         --seed-list "$SEEDS" --out "$OUT/tradeoff-full" --workers 2 --no-tensorboard --no-progress ;;
+    b3) carbon-gym experiment milp-vs-ilp --preset full --models qwen7b,mixtral8x7b --loads high --heldout-seeds \
+         --out "$OUT/milp-vs-ilp-high-more" --workers 2 --no-tensorboard --no-progress ;;
     b2) carbon-gym experiment milp-vs-ilp --preset full --models llama8b --loads high --heldout-seeds \
          --out "$OUT/milp-vs-ilp-high" --workers 2 --no-tensorboard --no-progress ;;
     d3) carbon-gym experiment polling --preset full --scenarios llama8b-moderate --policies milp-fullbb=milp \
@@ -107,14 +120,14 @@ for stage in $STAGES; do
     g) carbon-gym experiment diurnal --preset full --no-carbon-start --policies rr,planner+reactive,milp --out "$OUT" \
          --workers 2 --no-requests --no-plots --no-tensorboard --no-progress ;;
     j) carbon-gym experiment generalise --preset full --out "$OUT" --workers 2 --no-tensorboard --no-plots --no-progress ;;
-    c) carbon-gym experiment predictor --preset full --scenarios llama8b-moderate --policies milp \
-         --seed-list "$SEEDS" --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
+    c) carbon-gym experiment predictor --preset full --scenarios llama8b-moderate,llama8b-high,qwen7b-moderate,mixtral8x7b-moderate \
+         --policies milp --heldout-seeds --out "$OUT" --overwrite --workers 2 --no-tensorboard --no-progress ;;
     f) carbon-gym experiment bound --preset full --scenarios llama8b-moderate --policies rr \
          --seed-list "$SEEDS" --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
     b) carbon-gym experiment milp-vs-ilp --preset full --models llama8b,qwen7b,mixtral8x7b --loads low,moderate \
          --heldout-seeds --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
     k) carbon-gym experiment learned-capacity --preset full --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
-    *) echo "unknown stage $stage (a, b, b2, c, d, d2, d3, e, e2, e3, e4, e5, f, g, h, i, j, k)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage (a, b, b2, b3, c, d, d2, d3, e, e2, e3, e4, e5, e6, e7, f, g, h, i, j, k)" >&2; exit 2 ;;
   esac
 done
 if [ ! -f RESULTS.md ]; then
@@ -122,8 +135,8 @@ if [ ! -f RESULTS.md ]; then
 else                                                    # each stage's section, in place (the others kept)
   for stage in $STAGES; do
     case $stage in
-      b|b2) carbon-gym report "$OUT" --section milp-vs-ilp ;;  c) carbon-gym report "$OUT" --section predictor ;;
-      d|d2|d3) carbon-gym report "$OUT" --section polling ;;   e|e2|e3|e4|e5) carbon-gym report "$OUT" --section tradeoff ;;
+      b|b2|b3) carbon-gym report "$OUT" --section milp-vs-ilp ;;  c) carbon-gym report "$OUT" --section predictor ;;
+      d|d2|d3) carbon-gym report "$OUT" --section polling ;;   e|e2|e3|e4|e5|e6|e7) carbon-gym report "$OUT" --section tradeoff ;;
       f) carbon-gym report "$OUT" --section bound ;;        g) carbon-gym report "$OUT" --section diurnal ;;
       h) carbon-gym report "$OUT" --section capacity ;;     i) carbon-gym report "$OUT" --section sessions ;;
       j) carbon-gym report "$OUT" --section generalise ;;    a) carbon-gym report "$OUT" --section headline ;;
