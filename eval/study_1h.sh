@@ -72,8 +72,8 @@
 #                beside stage g)
 #
 # Not in this run (too costly for 2 cores; the full matrix on a cluster is in README "On a Ray
-# cluster"): 6-value frontiers beyond llama8b-moderate, frontiers at low load, the predictor comparison with the ILPs and
-# at low load, the MILP's capacity cap (capacity_util_cap) as a frontier.
+# cluster"): 6-value frontiers beyond llama8b-moderate, frontiers at low load, the predictor
+# comparison with the ILPs and at low load, the MILP's capacity cap (capacity_util_cap) as a frontier.
 #
 # usage: bash eval/study_1h.sh [OUT] [STAGES]   (OUT defaults to results, STAGES to "a e h i";
 #        "a b b2 b3 e e2 e3 e4 e5 e6 e7 e8 h i c d d2 d3 f g j k" for everything RESULTS.md shows; each stage's sections of RESULTS.md
