@@ -32,6 +32,8 @@
 #                OUT/tradeoff-full; 160 runs, 58 CPU-minutes
 #   e8 tradeoff  mixtral8x7b-high, its headline starts: the planner, MILP and greedy-cap frontiers, into
 #                OUT/tradeoff-mixtral-high; 96 runs, 41 CPU-minutes
+#   e9 tradeoff  llama8b-low, its headline starts: the planner and MILP frontiers, into OUT/tradeoff-low;
+#                64 runs, 16 CPU-minutes
 #   i  sessions  multi-turn sessions with prefix caching (issue 23): 4 scenarios, 2 starts
 #                (their load levels come from the sessions' own capacity file, so they did not move
 #                with the cluster basis)
@@ -72,11 +74,12 @@
 #                beside stage g)
 #
 # Not in this run (too costly for 2 cores; the full matrix on a cluster is in README "On a Ray
-# cluster"): 6-value frontiers beyond llama8b-moderate, frontiers at low load, the predictor
-# comparison with the ILPs and at low load, the MILP's capacity cap (capacity_util_cap) as a frontier.
+# cluster"): 6-value frontiers beyond llama8b-moderate, frontiers at low load beyond llama8b-low,
+# the predictor comparison with the ILPs and at low load, the MILP's capacity cap (capacity_util_cap)
+# as a frontier.
 #
 # usage: bash eval/study_1h.sh [OUT] [STAGES]   (OUT defaults to results, STAGES to "a e h i";
-#        "a b b2 b3 e e2 e3 e4 e5 e6 e7 e8 h i c d d2 d3 f g j k" for everything RESULTS.md shows; each stage's sections of RESULTS.md
+#        "a b b2 b3 e e2 e3 e4 e5 e6 e7 e8 e9 h i c d d2 d3 f g j k" for everything RESULTS.md shows; each stage's sections of RESULTS.md
 #        are rewritten in place, carbon-gym report OUT --section <experiment>, the rest kept; without
 #        a RESULTS.md the whole file is written from OUT)
 set -euo pipefail
@@ -109,6 +112,8 @@ for stage in $STAGES; do
     e8) carbon-gym experiment tradeoff --preset full --scenarios mixtral8x7b-high --policies planner,milp,greedy-cap \
          --knob planner=0.6,0.7,0.8 --knob milp=0.3,0.4 --knob greedy-cap=0.6,0.7,0.8 --heldout-seeds \
          --out "$OUT/tradeoff-mixtral-high" --workers 2 --no-tensorboard --no-progress ;;
+    e9) carbon-gym experiment tradeoff --preset full --scenarios llama8b-low --policies planner,milp \
+         --knob planner=0.6,0.7,0.8 --knob milp=0.3,0.4 --heldout-seeds --out "$OUT/tradeoff-low" --workers 2 --no-tensorboard --no-progress ;;
     b3) carbon-gym experiment milp-vs-ilp --preset full --models qwen7b,mixtral8x7b --loads high --heldout-seeds \
          --out "$OUT/milp-vs-ilp-high-more" --workers 2 --no-tensorboard --no-progress ;;
     b2) carbon-gym experiment milp-vs-ilp --preset full --models llama8b --loads high --heldout-seeds \
@@ -132,7 +137,7 @@ for stage in $STAGES; do
     b) carbon-gym experiment milp-vs-ilp --preset full --models llama8b,qwen7b,mixtral8x7b --loads low,moderate \
          --heldout-seeds --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
     k) carbon-gym experiment learned-capacity --preset full --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
-    *) echo "unknown stage $stage (a, b, b2, b3, c, d, d2, d3, e, e2, e3, e4, e5, e6, e7, e8, f, g, h, i, j, k)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage (a, b, b2, b3, c, d, d2, d3, e, e2, e3, e4, e5, e6, e7, e8, e9, f, g, h, i, j, k)" >&2; exit 2 ;;
   esac
 done
 if [ ! -f RESULTS.md ]; then
@@ -141,7 +146,7 @@ else                                                    # each stage's section, 
   for stage in $STAGES; do
     case $stage in
       b|b2|b3) carbon-gym report "$OUT" --section milp-vs-ilp ;;  c) carbon-gym report "$OUT" --section predictor ;;
-      d|d2|d3) carbon-gym report "$OUT" --section polling ;;   e|e2|e3|e4|e5|e6|e7|e8) carbon-gym report "$OUT" --section tradeoff ;;
+      d|d2|d3) carbon-gym report "$OUT" --section polling ;;   e|e2|e3|e4|e5|e6|e7|e8|e9) carbon-gym report "$OUT" --section tradeoff ;;
       f) carbon-gym report "$OUT" --section bound ;;        g) carbon-gym report "$OUT" --section diurnal ;;
       h) carbon-gym report "$OUT" --section capacity ;;     i) carbon-gym report "$OUT" --section sessions ;;
       j) carbon-gym report "$OUT" --section generalise ;;    a) carbon-gym report "$OUT" --section headline ;;
