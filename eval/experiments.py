@@ -467,7 +467,7 @@ def exp_predictor(ctx: Ctx) -> str:
     scens = ctx.scenario_list(("moderate",))
     pols = [p for p in (ctx.policies or ["milp", "ilp-state"]) if p != REFERENCE_POLICY]
     variants = [("predicted", {}), (ORACLE, {OVERRIDE_PREDICTOR: ORACLE})]
-    specs = [s for scen in scens for s in _variant_specs([scen], pols, ctx.seeds_for(scen), variants, ctx.overrides, ctx.policy_kwargs)]
+    specs = ctx.variant_specs(scens, pols, variants)
     ex = ctx.execute(specs)
     runs = ex.runs.copy()
     runs["base"] = runs["scenario"].map(variant_base)
@@ -523,7 +523,7 @@ def exp_polling(ctx: Ctx) -> str:
     pols = [p for p in (ctx.policies or ["milp", "greedy", "least-loaded"]) if p != REFERENCE_POLICY]
     periods = ctx.preset.polling_s
     variants = [(f"poll={p:g}s", {OVERRIDE_POLLING: float(p)}) for p in periods]
-    specs = _variant_specs(scens, pols, ctx.seeds, variants, ctx.overrides, ctx.policy_kwargs)
+    specs = ctx.variant_specs(scens, pols, variants)
     ex = ctx.execute(specs)
     rows, md = write_polling_tables(ex.summary, ctx.out)
     if ctx.plots:
@@ -671,6 +671,11 @@ class Ctx:
         experiment's overrides and policy arguments."""
         return [s for sc in scenarios for s in make_specs([sc], policies, self.seeds_for(sc), overrides=self.overrides,
                                                           policy_kwargs=self.policy_kwargs)]
+
+    def variant_specs(self, scenarios: Sequence[str], policies: Sequence[str], variants: Sequence[tuple[str, Mapping[str, Any]]]) -> list[RunSpec]:
+        """:meth:`specs` for scenario variants (:func:`_variant_specs`: rr in every variant), each
+        scenario at its own seeds (:meth:`seeds_for`)."""
+        return [s for sc in scenarios for s in _variant_specs([sc], policies, self.seeds_for(sc), variants, self.overrides, self.policy_kwargs)]
 
     def scenario_list(self, default_loads: Sequence[str], default_models: Sequence[str] = MODELS) -> list[str]:
         """Explicit ``--scenarios``, else models x loads (the experiment's defaults where not given)."""
