@@ -37,6 +37,13 @@ class FacilityConfig:
             (0 in the binary form).
         max_prefill_share: cap on the share of iteration time prefill may take at a datacenter
             (rho in Q_d), a utilisation cap that leaves room for the randomness of arrivals.
+        prefill_horizon_s: ``None`` (default): ``Q0_d`` holds one polling period of prefill at
+            share rho. A number H: ``Q0_d`` holds ``max(poll_s, H)`` seconds of it, so the backlog a
+            datacenter may hold (queued and in transit, subtracted from ``Q0_d``) is the same in
+            seconds at every period up to H. At a period near the network delay the prompts still
+            in transit take much of one period's ``Q0_d`` (llama8b-moderate at 0.1 s: half of it at
+            the cleanest datacenters; ``python -m eval.polling_probe``), so the default caps a
+            clean datacenter's usable prefill rate lower the shorter the period.
         overload_spread: when the fleet's prompt-token budget cannot hold the backlog plus the
             pending prompts, every datacenter's budget is raised to its share of that demand in
             proportion to its capacity ``Q0_d`` (x ``1 + overload_slack``): overload is spread like
@@ -118,6 +125,7 @@ class FacilityConfig:
     capacity_load_margin: float = 0.1
     capacity_lookahead_s: float = 0.0
     affinity_g_per_ktok: float = 0.0
+    prefill_horizon_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.engine_model not in ("spread", "pack"):
@@ -134,6 +142,8 @@ class FacilityConfig:
             raise ConfigError("facility.class_budget_margin", "must be in [0, 1)")
         if not 0.0 < self.max_prefill_share <= 1.0:
             raise ConfigError("facility.max_prefill_share", "must be in (0, 1]")
+        if self.prefill_horizon_s is not None and not (math.isfinite(self.prefill_horizon_s) and self.prefill_horizon_s > 0):
+            raise ConfigError("facility.prefill_horizon_s", f"must be > 0 seconds or None (one polling period), got {self.prefill_horizon_s!r}")
         if not 0.0 <= self.overload_slack <= 1.0:
             raise ConfigError("facility.overload_slack", "must be in [0, 1]")
         if not 0.0 <= self.ttft_budget_quantile <= 1.0:
@@ -375,6 +385,8 @@ def compile_facility(problem: PlacementProblem, cfg: FacilityConfig = FacilityCo
     kvbar = float(np.mean(p.prompt_tokens + p.output_tokens)) if p.n_requests else 1.0
     lam = float(cfg.violation_penalty_g)
     q_raw = p.prefill_rate_cap_tokens(cfg.max_prefill_share)
+    if cfg.prefill_horizon_s is not None and p.poll_s < cfg.prefill_horizon_s:  # Q0_d over the horizon
+        q_raw = q_raw * (cfg.prefill_horizon_s / p.poll_s)
     backlog = p.backlog_prompt_tokens
     prefill_cap = np.maximum(q_raw - backlog, 0.0)
     floor_tok = np.zeros(d_n)
