@@ -42,8 +42,7 @@ from carbon_gym.registry import available_policies
 
 from eval import backends, generalise_experiment, learned_capacity_experiment, sessions_experiment, writers
 from eval.figures import standard_figures
-from eval.milp_vs_ilp import ILP_POLICIES, milp_vs_ilp_figure, milp_vs_ilp_tables, p99_shares, prefixed_verdict
-from eval.polling import variant_base, variant_of
+from eval.milp_vs_ilp import ILP_POLICIES, milp_vs_ilp_figure, milp_vs_ilp_tables
 from eval.runner import (
     OVERRIDE_DURATION,
     OVERRIDE_POLLING,
@@ -56,9 +55,7 @@ from eval.runner import (
     make_specs,
     window_overrides,
 )
-from eval.stats import mean_ci95
 from eval.tables import (
-    METRICS_NOTE,
     P99_FAIL_MARK,
     REFERENCE_POLICY,
     fmt_ci,
@@ -462,56 +459,21 @@ def exp_milp_vs_ilp(ctx: Ctx) -> str:
 
 
 def exp_predictor(ctx: Ctx) -> str:
-    import pandas as pd
+    """Experiment c: the policies with the scenario's predictor and with oracle lengths
+    (:mod:`eval.predictor`)."""
+    from eval.predictor import PREDICTED, predictor_figure, predictor_markdown, predictor_table
 
     scens = ctx.scenario_list(("moderate",))
     pols = [p for p in (ctx.policies or ["milp", "ilp-state"]) if p != REFERENCE_POLICY]
-    variants = [("predicted", {}), (ORACLE, {OVERRIDE_PREDICTOR: ORACLE})]
-    specs = ctx.variant_specs(scens, pols, variants)
-    ex = ctx.execute(specs)
-    runs = ex.runs.copy()
-    runs["base"] = runs["scenario"].map(variant_base)
-    runs["variant"] = runs["scenario"].map(variant_of)
-    rows = []
-    for scen in dict.fromkeys(runs["base"]):
-        for p in pols:
-            a = runs[(runs["base"] == scen) & (runs["policy"] == p)]
-            pr = a[a["variant"] == "predicted"].set_index("seed")
-            orc = a[a["variant"] == ORACLE].set_index("seed")
-            common = pr.index.intersection(orc.index)
-            row = {"scenario": scen, "policy": p, "seeds": len(common)}
-            for metric, short in (("reduction_vs_rr_pct", "reduction"), ("slo_violation_pct", "violation")):
-                mp, cp = mean_ci95(pr.loc[common, metric])
-                mo, co = mean_ci95(orc.loc[common, metric])
-                md_, cd = mean_ci95((pr.loc[common, metric] - orc.loc[common, metric]).to_numpy(float))
-                row.update({f"{short}_predicted": mp, f"{short}_predicted_ci95": cp, f"{short}_oracle": mo, f"{short}_oracle_ci95": co, f"{short}_diff_pp": md_, f"{short}_diff_pp_ci95": cd})
-            row.update(p99_shares(pr.loc[common], "predicted_"))
-            row.update(p99_shares(orc.loc[common], "oracle_"))
-            rows.append(row)
-    table = pd.DataFrame(rows)
+    variants = [(PREDICTED, {}), (ORACLE, {OVERRIDE_PREDICTOR: ORACLE})]  # (the variant label is the override's value)
+    ex = ctx.execute(ctx.variant_specs(scens, pols, variants))
+    table = predictor_table(ex.runs)
     table.to_csv(os.path.join(ctx.out, "predictor.csv"), index=False)
-    disp = pd.DataFrame({
-        "scenario": table["scenario"], "policy": table["policy"], "seeds": table["seeds"],
-        "vs rr %, predicted": [_fmt(a, b) for a, b in zip(table["reduction_predicted"], table["reduction_predicted_ci95"])],
-        "vs rr %, oracle": [_fmt(a, b) for a, b in zip(table["reduction_oracle"], table["reduction_oracle_ci95"])],
-        "carbon gap (pp, pred - oracle)": [_fmt(a, b) for a, b in zip(table["reduction_diff_pp"], table["reduction_diff_pp_ci95"])],
-        "viol. %, predicted": [_fmt(a, b, 2) for a, b in zip(table["violation_predicted"], table["violation_predicted_ci95"])],
-        "viol. %, oracle": [_fmt(a, b, 2) for a, b in zip(table["violation_oracle"], table["violation_oracle_ci95"])],
-        "violation gap (pp)": [_fmt(a, b, 2) for a, b in zip(table["violation_diff_pp"], table["violation_diff_pp_ci95"])],
-        "MLPerf p99, predicted": [prefixed_verdict(r, "predicted_") for _, r in table.iterrows()],
-        "MLPerf p99, oracle": [prefixed_verdict(r, "oracle_") for _, r in table.iterrows()],
-    }) if not table.empty else table
-    md = f"Output-length predictor vs oracle lengths (paired by seed; gap = predicted - oracle). {METRICS_NOTE}\n\n" + (_md(disp) if not table.empty else "(no runs)\n")
+    md = predictor_markdown(table)
     ctx.write_text("predictor.md", md)
     if ctx.plots and not table.empty:
         say(f"{ctx.name}: writing figures to {ctx.fig_dir} (PNG + PDF; --no-plots skips them)")
-        from eval import plots
-
-        long = []
-        for _, r in table.iterrows():
-            for v in ("predicted", ORACLE):
-                long.append({"case": f"{r['scenario']}\n{r['policy']}", "lengths": v, "reduction": r[f"reduction_{v}"], "ci": r[f"reduction_{v}_ci95"]})
-        plots.bars(pd.DataFrame(long), x="case", hue="lengths", y="reduction", yerr="ci", stem=ctx.fig("predictor_vs_oracle"), ylabel="carbon reduction vs rr (%)", title="Predicted vs true output lengths")
+        predictor_figure(table, ctx.fig("predictor_vs_oracle"))
     return md
 
 

@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from eval.capacity_report import SECTION_BEGIN as CAPACITY_BEGIN
 from eval.experiments import PRESETS, headline_table
+from eval.predictor import predictor_section
 from eval.milp_vs_ilp import ILP_POLICIES, milp_vs_ilp_markdown, milp_vs_ilp_runs, milp_vs_ilp_section, milp_vs_ilp_table
 from eval.frontiers import tradeoff_section
 from eval.generalise_experiment import generalise_section
@@ -214,7 +215,8 @@ class Figures:
 #: several: called with the results directory and a directory to draw into, they give the text and the
 #: figures drawn (None: one matrix, whose own files are the section).
 MERGED_SECTIONS: dict[str, Callable[[str, str], tuple[str, list[str]] | None]] = {"polling": polling_section, "tradeoff": tradeoff_section,
-                                                                                   "milp-vs-ilp": milp_vs_ilp_section}
+                                                                                   "milp-vs-ilp": milp_vs_ilp_section,
+                                                                                   "predictor": predictor_section}
 
 
 def table_section(results_dir: str, exp: str, figs: Figures) -> str | None:

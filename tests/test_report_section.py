@@ -265,3 +265,36 @@ def test_milp_vs_ilp_section_merges_its_matrices(tmp_path):
     # the moderate row's gap to ilp-state (0.8 ± 2.8 pp) moved by the 10 pp taken off ilp-state
     assert row.split(" | ")[-1] == "0.8 ± 2.8 |" and hi[-1] == "10.8 ± 2.8 |"
     assert [Path(p).name for p in pngs] == ["milp-vs-ilp_milp_vs_ilp_gap.png"] and Path(pngs[0]).is_file()
+
+
+def test_predictor_section_merges_its_matrices(tmp_path):
+    """A second predictor matrix on another scenario (low load run apart): the merged section holds
+    every scenario's row, in the headline's order (low before moderate), the one matrix's rows as
+    they were, and the figure."""
+    import shutil
+
+    from eval.predictor import predictor_runs, predictor_section
+
+    res = tmp_path / "res"
+    shutil.copytree(ROOT / "results" / "predictor", res / "predictor")
+    assert predictor_section(str(res), str(tmp_path / "drawn")) is None  # (one matrix: its own table is the section)
+
+    def low(r):
+        r = r[r["scenario"].str.startswith("llama8b-moderate[")].copy()
+        r["scenario"] = r["scenario"].str.replace("llama8b-moderate", "llama8b-low")
+        r.loc[(r["policy"] == "milp") & r["scenario"].str.endswith("[oracle]"), "reduction_vs_rr_pct"] -= 2.0
+        return r
+
+    _later_matrix(res / "predictor", res / "predictor-low" / "predictor", "carbon-gym experiment predictor --scenarios llama8b-low", low)
+    runs = predictor_runs(str(res))
+    assert len(runs) == 128 + 32 and str(runs["scenario"].iloc[0]).startswith("llama8b-low[")
+    text, pngs = predictor_section(str(res), str(tmp_path / "drawn"))
+    own = (res / "predictor" / "predictor.md").read_text()
+    rows = [line for line in own.splitlines() if line.startswith("| ") and "| milp |" in line]
+    assert len(rows) == 4 and all(row in text for row in rows)
+    assert "2 matrices (predictor, predictor-low/predictor)" in text and "--scenarios llama8b-low" in text
+    lo = next(line for line in text.splitlines() if line.startswith("| llama8b-low |")).split(" | ")
+    mod = next(line for line in text.splitlines() if line.startswith("| llama8b-moderate |")).split(" | ")
+    assert text.index("| llama8b-low |") < text.index("| llama8b-moderate |")
+    assert mod[5] == "0.8 ± 0.3" and lo[5] == "2.8 ± 0.3"  # the carbon gap moved by the 2 pp taken off the oracle runs
+    assert [Path(p).name for p in pngs] == ["predictor_vs_oracle.png"] and Path(pngs[0]).is_file()
