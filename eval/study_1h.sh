@@ -50,6 +50,9 @@
 #   c  predictor the MILP with the output-length predictor vs oracle lengths on llama8b-moderate,
 #                llama8b-high, qwen7b-moderate and mixtral8x7b-moderate, each its headline starts
 #                (--heldout-seeds) and window (rr at each); 128 runs, 60 CPU-minutes
+#   c2 predictor the MILP and ilp-state at low load (llama8b-, qwen7b-, mixtral8x7b-low), into
+#                OUT/predictor-low (merged into the predictor section); RUNS_C2
+#   c3 predictor ilp-state at moderate load on the 3 models, into OUT/predictor-ilp; RUNS_C3
 #   d  polling   llama8b-moderate, the same 8 starts and window: rr and the MILP at polling periods
 #                0.5, 1, 2 and 4 s (rr at each period the reference); 64 runs, ~90 CPU-minutes. At
 #                0.1 s one MILP run with the whole branch-and-bound budget took ~30 CPU-minutes; the
@@ -58,6 +61,12 @@
 #                share is all of it), labelled milp-fullbb, on 2 of the 8 starts, into OUT/polling-fullbb
 #   d2 polling   the short periods, 0.1, 0.25 and 0.5 s, same starts and window, into OUT/polling-short
 #                (merged into the polling section); 48 runs, 100 CPU-minutes
+#   d4 polling   the MILP with prefill_horizon_s = 1 (its per-poll prefill cap over 1 s, not one period),
+#                labelled milp-h1, at 0.1 and 0.5 s, into OUT/polling-horizon; 32 runs, 25 CPU-minutes
+#   d5 polling   the MILP's added-wait budget from the 25% and 50% quantile of the TTFT headroom (default
+#                2%), milp-q25 / milp-q50, at 2 s, into OUT/polling-theta; 24 runs, 13 CPU-minutes
+#   d6 polling   prefill_horizon_s = 0.2, 0.3, 0.5 at 0.1 s (milp-h02 / -h03 / -h05), into
+#                OUT/polling-horizon-sweep; 32 runs, 81 CPU-minutes
 #   f  bound     the clairvoyant heuristic (true lengths, all arrivals and carbon known, SLOs ignored)
 #                against the lower bound on the headline's 8 starts and window (rr the reference; the
 #                other policies' shares of the bound come from the headline's runs); 16 runs
@@ -75,11 +84,10 @@
 #
 # Not in this run (too costly for 2 cores; the full matrix on a cluster is in README "On a Ray
 # cluster"): 6-value frontiers beyond llama8b-moderate, frontiers at low load beyond llama8b-low,
-# the predictor comparison with the ILPs and at low load, the MILP's capacity cap (capacity_util_cap)
-# as a frontier.
+# the MILP's capacity cap (capacity_util_cap) as a frontier.
 #
 # usage: bash eval/study_1h.sh [OUT] [STAGES]   (OUT defaults to results, STAGES to "a e h i";
-#        "a b b2 b3 e e2 e3 e4 e5 e6 e7 e8 e9 h i c d d2 d3 f g j k" for everything RESULTS.md shows; each stage's sections of RESULTS.md
+#        "a b b2 b3 e e2 e3 e4 e5 e6 e7 e8 e9 h i c c2 c3 d d2 d3 d4 d5 d6 f g j k" for everything RESULTS.md shows; each stage's sections of RESULTS.md
 #        are rewritten in place, carbon-gym report OUT --section <experiment>, the rest kept; without
 #        a RESULTS.md the whole file is written from OUT)
 set -euo pipefail
@@ -125,6 +133,20 @@ for stage in $STAGES; do
          --seed-list "$SEEDS" --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
     d2) carbon-gym experiment polling --preset full --scenarios llama8b-moderate --policies milp --periods 0.1,0.25,0.5 \
          --seed-list "$SEEDS" --out "$OUT/polling-short" --workers 2 --no-tensorboard --no-progress ;;
+    d4) carbon-gym experiment polling --preset full --scenarios llama8b-moderate --policies milp-h1=milp \
+         --policy-arg milp-h1.prefill_horizon_s=1 --periods 0.1,0.5 --seed-list "$SEEDS" --out "$OUT/polling-horizon" \
+         --workers 2 --no-tensorboard --no-progress ;;
+    d5) carbon-gym experiment polling --preset full --scenarios llama8b-moderate --policies milp-q25=milp,milp-q50=milp \
+         --policy-arg milp-q25.ttft_budget_quantile=0.25 --policy-arg milp-q50.ttft_budget_quantile=0.5 --periods 2 \
+         --seed-list "$SEEDS" --out "$OUT/polling-theta" --workers 2 --no-tensorboard --no-progress ;;
+    d6) carbon-gym experiment polling --preset full --scenarios llama8b-moderate --policies milp-h02=milp,milp-h03=milp,milp-h05=milp \
+         --policy-arg milp-h02.prefill_horizon_s=0.2 --policy-arg milp-h03.prefill_horizon_s=0.3 \
+         --policy-arg milp-h05.prefill_horizon_s=0.5 --periods 0.1 --seed-list "$SEEDS" --out "$OUT/polling-horizon-sweep" \
+         --workers 2 --no-tensorboard --no-progress ;;
+    c2) carbon-gym experiment predictor --preset full --scenarios llama8b-low,qwen7b-low,mixtral8x7b-low --policies milp,ilp-state \
+         --heldout-seeds --out "$OUT/predictor-low" --workers 2 --no-tensorboard --no-progress ;;
+    c3) carbon-gym experiment predictor --preset full --scenarios llama8b-moderate,qwen7b-moderate,mixtral8x7b-moderate \
+         --policies ilp-state --heldout-seeds --out "$OUT/predictor-ilp" --workers 2 --no-tensorboard --no-progress ;;
     h) carbon-gym experiment capacity --preset full --out "$OUT" --workers 2 --no-plots --no-tensorboard --no-progress ;;
     i) carbon-gym experiment sessions --preset full --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
     g) carbon-gym experiment diurnal --preset full --no-carbon-start --policies rr,planner+reactive,milp --out "$OUT" \
@@ -137,7 +159,7 @@ for stage in $STAGES; do
     b) carbon-gym experiment milp-vs-ilp --preset full --models llama8b,qwen7b,mixtral8x7b --loads low,moderate \
          --heldout-seeds --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
     k) carbon-gym experiment learned-capacity --preset full --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
-    *) echo "unknown stage $stage (a, b, b2, b3, c, d, d2, d3, e, e2, e3, e4, e5, e6, e7, e8, e9, f, g, h, i, j, k)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage (a, b, b2, b3, c, c2, c3, d, d2, d3, d4, d5, d6, e, e2, e3, e4, e5, e6, e7, e8, e9, f, g, h, i, j, k)" >&2; exit 2 ;;
   esac
 done
 if [ ! -f RESULTS.md ]; then
@@ -145,8 +167,8 @@ if [ ! -f RESULTS.md ]; then
 else                                                    # each stage's section, in place (the others kept)
   for stage in $STAGES; do
     case $stage in
-      b|b2|b3) carbon-gym report "$OUT" --section milp-vs-ilp ;;  c) carbon-gym report "$OUT" --section predictor ;;
-      d|d2|d3) carbon-gym report "$OUT" --section polling ;;   e|e2|e3|e4|e5|e6|e7|e8|e9) carbon-gym report "$OUT" --section tradeoff ;;
+      b|b2|b3) carbon-gym report "$OUT" --section milp-vs-ilp ;;  c|c2|c3) carbon-gym report "$OUT" --section predictor ;;
+      d|d2|d3|d4|d5|d6) carbon-gym report "$OUT" --section polling ;;   e|e2|e3|e4|e5|e6|e7|e8|e9) carbon-gym report "$OUT" --section tradeoff ;;
       f) carbon-gym report "$OUT" --section bound ;;        g) carbon-gym report "$OUT" --section diurnal ;;
       h) carbon-gym report "$OUT" --section capacity ;;     i) carbon-gym report "$OUT" --section sessions ;;
       j) carbon-gym report "$OUT" --section generalise ;;    a) carbon-gym report "$OUT" --section headline ;;
