@@ -51,8 +51,8 @@
 #                llama8b-high, qwen7b-moderate and mixtral8x7b-moderate, each its headline starts
 #                (--heldout-seeds) and window (rr at each); 128 runs, 60 CPU-minutes
 #   c2 predictor the MILP and ilp-state at low load (llama8b-, qwen7b-, mixtral8x7b-low), into
-#                OUT/predictor-low (merged into the predictor section); RUNS_C2
-#   c3 predictor ilp-state at moderate load on the 3 models, into OUT/predictor-ilp; RUNS_C3
+#                OUT/predictor-low (merged into the predictor section); 144 runs, 46 CPU-minutes
+#   c3 predictor ilp-state at moderate load on the 3 models, into OUT/predictor-ilp; 96 runs, 50 CPU-minutes
 #   d  polling   llama8b-moderate, the same 8 starts and window: rr and the MILP at polling periods
 #                0.5, 1, 2 and 4 s (rr at each period the reference); 64 runs, ~90 CPU-minutes. At
 #                0.1 s one MILP run with the whole branch-and-bound budget took ~30 CPU-minutes; the
