@@ -18,7 +18,7 @@ from eval.stats import mean_ci95, paired_difference
 from eval.tables import METRICS_NOTE, MLPERF_COLUMNS, fmt_ci, p99_verdict
 
 __all__ = ["ILP_POLICIES", "milp_vs_ilp_table", "milp_vs_ilp_markdown", "milp_vs_ilp_tables", "milp_vs_ilp_figure",
-           "milp_vs_ilp_runs", "milp_vs_ilp_section", "p99_shares", "prefixed_verdict"]
+           "merged_experiment_runs", "milp_vs_ilp_runs", "milp_vs_ilp_section", "p99_shares", "prefixed_verdict"]
 
 #: The per-request ILPs experiment b sets against the facility MILP: load-blind, load-blind with the
 #: static capacity cap earlier carbon-aware schedulers had, and state-aware.
@@ -138,29 +138,36 @@ def milp_vs_ilp_figure(table: Any, stem: str) -> str:
     return stem + ".png"
 
 
-def milp_vs_ilp_runs(results_dir: str) -> Any:
-    """The runs of every finished matrix of experiment b under ``results_dir`` (``milp-vs-ilp/``,
-    then ``milp-vs-ilp-NAME/milp-vs-ilp/``), merged: a later matrix's run of the same scenario,
-    policy and seed replaces an earlier one's; None when there is none."""
-    import pandas as pd
-
+def merged_experiment_runs(results_dir: str, exp: str) -> Any:
+    """The runs of every finished matrix of experiment ``exp`` under ``results_dir`` (``<exp>/``,
+    then ``<exp>-NAME/<exp>/``), merged (:func:`eval.capacity_report.merged_runs`: a later matrix's
+    run of the same scenario label, policy and seed replaces an earlier one's), ordered by model,
+    then load (the headline's order; a variant label ``<scenario>[...]`` by its scenario), other
+    scenarios after in the order they came, policies and variants kept; None when there is none."""
     from eval.capacity_report import merged_runs
+    from eval.polling import variant_base
     from eval.writers import matrix_dirs
 
-    dirs = matrix_dirs(results_dir, "milp-vs-ilp")
+    dirs = matrix_dirs(results_dir, exp)
     if not dirs:
         return None
     runs = merged_runs(dirs).drop(columns=["source"])
-    first = {sc: i for i, sc in enumerate(dict.fromkeys(pd.concat([pd.read_csv(os.path.join(d, "runs.csv"), usecols=["scenario"])
-                                                                  for d in dirs])["scenario"]))}
+    base = runs["scenario"].map(variant_base)
+    first = {sc: i for i, sc in enumerate(dict.fromkeys(base))}
     models, loads = ("llama8b", "qwen7b", "mixtral8x7b"), ("low", "moderate", "high")
 
-    def rank(sc: str) -> tuple[int, int, int]:  # model, then load (the headline's order); other scenarios after, as they came
+    def rank(sc: str) -> tuple[int, int, int]:
         m, _, ld = str(sc).rpartition("-")
         return (models.index(m), loads.index(ld), 0) if m in models and ld in loads else (len(models), 0, first[sc])
 
-    order = sorted(range(len(runs)), key=lambda i: rank(runs["scenario"].iloc[i]))  # (stable: the policies' order kept)
+    order = sorted(range(len(runs)), key=lambda i: rank(base.iloc[i]))  # (stable)
     return runs.iloc[order].reset_index(drop=True)
+
+
+def milp_vs_ilp_runs(results_dir: str) -> Any:
+    """The runs of every finished matrix of experiment b under ``results_dir``, merged and ordered
+    (:func:`merged_experiment_runs`); None when there is none."""
+    return merged_experiment_runs(results_dir, "milp-vs-ilp")
 
 
 def milp_vs_ilp_section(results_dir: str, fig_dir: str) -> tuple[str, list[str]] | None:

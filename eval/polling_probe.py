@@ -90,13 +90,15 @@ def probe_run(spec: RunSpec) -> dict[str, Any]:
     q = res.requests
     keep = q["arrival_s"] >= start_s
     e_j = float(q["energy_j"][keep].sum())
+
+    def over_steps(key: str, stat: Any) -> float:  # % of the window's steps (NaN: no step had requests)
+        return 100.0 * float(stat(probe.rows[key])) if probe.rows[key] else float("nan")
+
     return {
         "period_s": float(dict(spec.overrides)[OVERRIDE_POLLING]), "policy": spec.policy, "seed": spec.seed,
         "carbon_g": float(res.metrics["carbon_g"]), "viol_pct": float(res.metrics["slo_violation_pct"]),
-        "floor_pct": 100.0 * float(np.mean(probe.rows["floor"])) if probe.rows["floor"] else float("nan"),
-        "theta_binds_pct": 100.0 * float(np.mean(probe.rows["theta_binds"])) if probe.rows["floor"] else float("nan"),
-        "clean_left_pct": 100.0 * float(np.median(probe.rows["clean_left"])) if probe.rows["floor"] else float("nan"),
-        "clean_backlog_pct": 100.0 * float(np.median(probe.rows["clean_backlog"])) if probe.rows["floor"] else float("nan"),
+        "floor_pct": over_steps("floor", np.mean), "theta_binds_pct": over_steps("theta_binds", np.mean),
+        "clean_left_pct": over_steps("clean_left", np.median), "clean_backlog_pct": over_steps("clean_backlog", np.median),
         "uplink_ms": 1e3 * float(np.mean((q["dc_arrival_s"] - q["sent_s"])[keep])),
         "queue_ms": 1e3 * float(np.mean((q["first_scheduled_s"] - q["dc_arrival_s"])[keep])),
         "active_g_per_kwh": float(q["carbon_g"][keep].sum()) / (e_j / 3.6e6) if e_j > 0 else float("nan"),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from eval.milp_vs_ilp import p99_shares, prefixed_verdict
+from eval.milp_vs_ilp import merged_experiment_runs, p99_shares, prefixed_verdict
 from eval.polling import variant_base, variant_of
 from eval.stats import mean_ci95
 from eval.tables import METRICS_NOTE, REFERENCE_POLICY, fmt_ci, frame_markdown
@@ -21,7 +21,6 @@ __all__ = ["ORACLE", "PREDICTED", "predictor_table", "predictor_markdown", "pred
 
 ORACLE = "oracle"
 PREDICTED = "predicted"
-_MODELS, _LOADS = ("llama8b", "qwen7b", "mixtral8x7b"), ("low", "moderate", "high")
 
 
 def predictor_table(runs: Any) -> Any:
@@ -91,24 +90,9 @@ def predictor_figure(table: Any, stem: str) -> str:
 
 def predictor_runs(results_dir: str) -> Any:
     """The runs of every finished matrix of experiment c under ``results_dir``, merged (a later
-    matrix's run of the same variant, policy and seed replaces an earlier one's), ordered by model
-    and load (the headline's order, other scenarios after); None when there is none."""
-    from eval.capacity_report import merged_runs
-    from eval.writers import matrix_dirs
-
-    dirs = matrix_dirs(results_dir, "predictor")
-    if not dirs:
-        return None
-    runs = merged_runs(dirs).drop(columns=["source"])
-    first = {sc: i for i, sc in enumerate(dict.fromkeys(runs["scenario"].map(variant_base)))}
-
-    def rank(label: str) -> tuple[int, int, int]:
-        sc = variant_base(label)
-        m, _, ld = sc.rpartition("-")
-        return (_MODELS.index(m), _LOADS.index(ld), 0) if m in _MODELS and ld in _LOADS else (len(_MODELS), 0, first[sc])
-
-    order = sorted(range(len(runs)), key=lambda i: rank(runs["scenario"].iloc[i]))  # (stable: policies and variants kept)
-    return runs.iloc[order].reset_index(drop=True)
+    matrix's run of the same variant, policy and seed replaces an earlier one's) and ordered by
+    model and load (:func:`eval.milp_vs_ilp.merged_experiment_runs`); None when there is none."""
+    return merged_experiment_runs(results_dir, "predictor")
 
 
 def predictor_section(results_dir: str, fig_dir: str) -> tuple[str, list[str]] | None:
