@@ -25,7 +25,7 @@ import numpy as np
 
 from eval.runner import VALID_UNFINISHED_PCT, RunSpec, freeze, window_of
 from eval.stats import mean_ci95
-from eval.writers import matrix_dirs, read_configs
+from eval.writers import matrix_dirs, read_configs, starts_line
 
 __all__ = ["CAPACITY_SCENARIOS", "CAPACITY_POLICIES", "ALWAYS_ON_LABEL", "MILP_ALWAYS_ON_LABEL", "REACTIVE_REFERENCE", "CAPACITY_WINDOW_S",
            "CAPACITY_WARMUP_S", "ENERGY_GROUPS", "capacity_specs", "capacity_table", "capacity_markdown",
@@ -198,22 +198,32 @@ def capacity_markdown(table) -> str:
             "asleep + waking; boot = GPUs and host while a server boots).\n\n" + frame_markdown(pd.DataFrame(energy)))
 
 
-def capacity_experiment(ctx: Any, scenarios: Sequence[str], policies: Sequence[str], seeds: Sequence[int],
-                        overrides: Mapping[str, Any]) -> str:
+def capacity_experiment(ctx: Any, scenarios: Sequence[str], policies: Sequence[str],
+                        seeds: Sequence[int] | Mapping[str, Sequence[int]], overrides: Mapping[str, Any]) -> str:
     """Run the capacity matrix with ``ctx`` (:class:`eval.experiments.Ctx`), write
-    ``capacity.csv`` / ``capacity.md`` under ``ctx.out`` and return the Markdown."""
-    specs = capacity_specs(scenarios, policies, seeds, overrides, ctx.policy_kwargs)
+    ``capacity.csv`` / ``capacity.md`` under ``ctx.out`` and return the Markdown. ``seeds``: the
+    same for every scenario, or each scenario's own (``--heldout-seeds``)."""
+    per = {sc: list(seeds[sc]) if isinstance(seeds, Mapping) else list(seeds) for sc in scenarios}
+    specs = [s for sc in scenarios for s in capacity_specs([sc], policies, per[sc], overrides, ctx.policy_kwargs)]
     ex = ctx.execute(specs)
     table = capacity_table(ex.runs)
     table.to_csv(os.path.join(ctx.out, "capacity.csv"), index=False)
     warm, window = window_of(overrides)
     head = (f"{', '.join(scenarios)}: {warm:g} s burn-in, then {window:g} s measured (steady-state window, no drain); "
-            f"seeds {', '.join(map(str, seeds))}. `{ALWAYS_ON_LABEL}`, `{MILP_ALWAYS_ON_LABEL}`: capacity.control = "
+            f"seeds {_seed_text(per)}. `{ALWAYS_ON_LABEL}`, `{MILP_ALWAYS_ON_LABEL}`: capacity.control = "
             "always_on; every other row: "
             "capacity.control = agent.\n\n")
     md = head + capacity_markdown(table)
     ctx.write_text("capacity.md", md)
     return md
+
+
+def _seed_text(per: Mapping[str, Sequence[int]]) -> str:
+    """``0, 1`` when every scenario ran the same seeds, else ``a: 1, 4; b: 23, 46`` (each its own)."""
+    lists = {tuple(v) for v in per.values()}
+    if len(lists) <= 1:
+        return ", ".join(map(str, next(iter(lists), ())))
+    return "; ".join(f"{sc}: {', '.join(map(str, v))}" for sc, v in per.items())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -321,8 +331,10 @@ def capacity_section(results_dir: str) -> str:
     meta = [r for c in cfgs for r in c.get("runs", [])]
     windows = sorted({float(w) for w in runs["window_s"].dropna()}) if "window_s" in runs else []
     warm = sorted({float(r.get("overrides", {}).get("env.warmup_s", 0.0)) for r in meta})
-    seeds = sorted({int(s) for s in runs["seed"]})
-    starts = sorted({str(r.get("start_utc"))[:13] for r in meta if r.get("start_utc")})
+    per_scenario = runs.groupby("scenario", sort=False)["seed"].nunique()
+    kept = set(zip(runs["scenario"], runs["policy"], runs["seed"]))  # the runs shown (a later matrix's replace an earlier's)
+    shown = [r for r in meta if (r.get("scenario_label") or r.get("scenario"), r.get("label") or r.get("policy"), r.get("seed")) in kept]
+    starts_meta = shown or [{"scenario": sc, "seed": int(k)} for sc, _, k in sorted(kept, key=str)]  # (a config without its runs' seeds)
     v = cfg.get("versions", {})
     milp = runs[runs["policy"] == "milp"]
     milp_cap = "engine_sleeps" in milp and bool((milp["engine_sleeps"].fillna(0) > 0).any())  # it put engines to sleep
@@ -342,7 +354,7 @@ def capacity_section(results_dir: str) -> str:
             "earlier one.)\n")
     add(f"- measurement window: {', '.join(f'{w:g}' for w in windows) or '?'} s after a {', '.join(f'{w:g}' for w in warm)} s "
         "burn-in (simulated, not counted; no drain)")
-    add(f"- starts: {len(seeds)} (seeds {', '.join(map(str, seeds))}; episode start {', '.join(starts)} UTC)")
+    add(starts_line(starts_meta))
     for d, c in zip(dirs, cfgs):
         if "elapsed_s" in c:
             add(f"- wall time ({os.path.relpath(d, results_dir)}): {c['elapsed_s'] / 60:.1f} min for {len(c.get('runs', []))} runs "
@@ -364,7 +376,7 @@ def capacity_section(results_dir: str) -> str:
     if bound:
         add(bound + "\n")
     add("**What a reviewer would object to.**\n")
-    if len(seeds) < 2:
+    if int(per_scenario.min()) < 2:
         add("- One start (seed) per cell: no confidence intervals, one day and hour of the carbon year (which "
             "datacenters are dirty, and by how much, is that hour's).")
     w = min(windows) if windows else float("nan")

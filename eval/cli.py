@@ -391,7 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--policies", default=None, help="override the experiment's policy list (comma list)")
     ex.add_argument("--scenarios", default=None, help="run on these scenarios instead of models x loads (comma list of names or TOML paths)")
     ex.add_argument("--all-requests", action="store_true", help="write per-request records of every run (default: only where a figure needs them)")
-    ex.add_argument("--heldout-seeds", action="store_true", help="experiments headline, milp-vs-ilp, tradeoff, predictor: each scenario runs its own first N fresh held-out starts "
+    ex.add_argument("--heldout-seeds", action="store_true", help="experiments headline, milp-vs-ilp, tradeoff, predictor, capacity: each scenario runs its own first N fresh held-out starts "
                     "(python -m eval.heldout_seeds: days the shipped learned agent never saw), N = --seeds or the preset's; "
                     "instead of one --seed-list for every scenario")
     ex.add_argument("--periods", default=None, metavar="S1,S2", help="experiment polling: the polling periods to sweep, s (comma list, each > 0; default the preset's 0.1,0.25,0.5,1,2,4,8)")

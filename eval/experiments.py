@@ -69,7 +69,7 @@ from eval.tables import (
 MODELS = ("llama8b", "qwen7b", "mixtral8x7b")
 LOADS = ("low", "moderate", "high")
 #: Experiments that take ``heldout_seeds`` (``--heldout-seeds``): each scenario its own fresh held-out starts.
-HELDOUT_EXPERIMENTS = ("headline", "milp-vs-ilp", "tradeoff", "predictor")
+HELDOUT_EXPERIMENTS = ("headline", "milp-vs-ilp", "tradeoff", "predictor", "capacity")
 #: The study's comparison (experiment a's default policy list).
 #: (greedy and ilp are the load-blind strawmen; greedy-cap and ilp-cap the same with the capacity cap
 #: earlier carbon-aware schedulers had)
@@ -569,7 +569,8 @@ def exp_capacity(ctx: Ctx) -> str:
     with ``capacity.control = agent``, rr, the autoscalers composed with routing policies and the
     MILP, on a steady-state window of :data:`~eval.capacity_report.CAPACITY_WINDOW_S` after
     :data:`~eval.capacity_report.CAPACITY_WARMUP_S` (a 60 s smoke window under ``quick``) unless
-    ``--window-s`` / ``--warmup-s`` say otherwise; one start (``--seeds`` for more)."""
+    ``--window-s`` / ``--warmup-s`` say otherwise; one start (``--seeds`` for more; with
+    ``--heldout-seeds`` each scenario its own first N fresh held-out starts, as in the headline)."""
     from eval import capacity_report as cr
 
     scens = list(ctx.scenarios or cr.CAPACITY_SCENARIOS)
@@ -577,7 +578,10 @@ def exp_capacity(ctx: Ctx) -> str:
     ov = dict(ctx.overrides)
     if not ctx.explicit_window:
         ov.update(window_overrides(60.0, 60.0) if ctx.preset_name == "quick" else window_overrides(cr.CAPACITY_WINDOW_S, cr.CAPACITY_WARMUP_S))
-    seeds = ctx.seeds if ctx.explicit_seeds else [0]
+    if ctx.heldout_seeds:
+        seeds: dict[str, list[int]] = {sc: ctx.seeds_for(sc) for sc in scens}
+    else:
+        seeds = {sc: list(ctx.seeds) if ctx.explicit_seeds else [0] for sc in scens}
     return cr.capacity_experiment(ctx, scens, pols, seeds, ov)
 
 

@@ -33,7 +33,7 @@ import numpy as np
 from eval.runner import RunSpec, freeze, make_specs
 from eval.stats import mean_ci95
 
-__all__ = ["Knob", "KNOBS", "register_knob", "knob_for", "knob_policies", "knob_values_from_cli", "set_knob_values", "knob_label", "frontier_specs", "frontier_points", "envelope_at",
+__all__ = ["Knob", "KNOBS", "CAPACITY_SUFFIX", "register_knob", "knob_for", "knob_policies", "knob_values_from_cli", "set_knob_values", "knob_label", "frontier_specs", "frontier_points", "envelope_at",
            "equal_violation", "parse_knob_label", "tradeoff_tables", "tradeoff_section"]
 
 
@@ -62,6 +62,12 @@ class Knob:
 
 
 KNOBS: dict[str, Knob] = {}
+
+#: Table-name suffix of a policy run with ``capacity.control = "agent"`` by a trade-off matrix given
+#: ``--set capacity.control=agent`` (:func:`_control_groups`): it decides the engines awake and
+#: servers powered itself (the facility MILP's capacity stage), e.g. ``milp (capacity)``; it is
+#: driven by its policy's knob (:func:`knob_for`) and kept apart from the always-on rows.
+CAPACITY_SUFFIX = " (capacity)"
 
 
 def register_knob(knob: Knob) -> None:
@@ -96,8 +102,11 @@ for _k in (
 def knob_for(policy: str) -> Knob | None:
     """The knob driving ``policy`` (a policy name or table label): its own entry of :data:`KNOBS`,
     else its autoscaler's (``rr+reactive`` -> ``+reactive``), else its prefix's
-    (``learned:llama8b_set`` -> ``learned``); None for a policy without a knob."""
+    (``learned:llama8b_set`` -> ``learned``); None for a policy without a knob. A policy deciding
+    capacity itself (``milp (capacity)``, :data:`CAPACITY_SUFFIX`) has its policy's knob."""
     p = str(policy)
+    if p.endswith(CAPACITY_SUFFIX):
+        p = p[: -len(CAPACITY_SUFFIX)]
     if p in KNOBS:
         return KNOBS[p]
     head, sep, tail = p.rpartition("+")
@@ -179,14 +188,16 @@ def parse_knob_label(label: str) -> tuple[str, str, float] | None:
 
 def frontier_specs(scenarios: Sequence[str], policies: Sequence[str], seeds: Sequence[int], *,
                    overrides: Mapping[str, Any] | None = None,
-                   policy_kwargs: Mapping[str, Mapping[str, Any]] | None = None) -> list[RunSpec]:
-    """Every policy at its defaults (labelled by its name) and every knob-driven one
-    (:func:`knob_for` of its table name) also at each other value of its knob (labelled
-    :func:`knob_label`: a keyword argument of the policy, or the scenario setting of
+                   policy_kwargs: Mapping[str, Mapping[str, Any]] | None = None, label_suffix: str = "") -> list[RunSpec]:
+    """Every policy at its defaults (labelled by its name, plus ``label_suffix``) and every
+    knob-driven one (:func:`knob_for` of its table name) also at each other value of its knob
+    (labelled :func:`knob_label`: a keyword argument of the policy, or the scenario setting of
     ``Knob.override``), same seeds and starts."""
     from dataclasses import replace
 
     base = make_specs(scenarios, policies, seeds, overrides=overrides, policy_kwargs=policy_kwargs)
+    if label_suffix:
+        base = [replace(s, label=(s.label or s.policy) + label_suffix) for s in base]
     groups: dict[tuple[str, str], list[RunSpec]] = {}  # (scenario, table name) -> its runs, one per seed
     for spec in base:
         groups.setdefault((spec.scenario_label or spec.scenario, spec.label or spec.policy), []).append(spec)
@@ -406,8 +417,12 @@ def tradeoff_tables(runs, summary, out: str) -> tuple[Any, Any, str]:
     from carbon_gym.registry import split_autoscaler
 
     scaled = [p for p in driven if split_autoscaler(p) is not None]
-    control = (f"{', '.join(scaled)}: capacity.control = agent (the autoscaler puts engines to sleep and powers servers "
-               "off); every other row keeps every engine awake; all reductions are vs round-robin always on. ") if scaled else ""
+    own = [p for p in driven if p.endswith(CAPACITY_SUFFIX)]
+    control = ((f"{', '.join(scaled)}: capacity.control = agent (the autoscaler puts engines to sleep and powers servers "
+                "off); " if scaled else "")
+               + (f"{', '.join(own)}: capacity.control = agent (the policy itself decides the engines awake and the servers "
+                  "powered per datacenter); " if own else "")
+               + "every other row keeps every engine awake; all reductions are vs round-robin always on. ") if scaled or own else ""
     md = ("Carbon vs SLO frontiers of the knob-driven policies, each run at every value of its knob (" + knobs + "). "
           + control + "◆ = on the policy's frontier (Pareto-efficient), * = its default. " + METRICS_NOTE + "\n\n"
           + frontier_markdown(points)
@@ -452,17 +467,28 @@ def _frontier_figures(points: Any, singles: Any, fig_dir: str) -> list[str]:
     return out
 
 
-def _control_groups(policies: Sequence[str], overrides: Mapping[str, Any]) -> list[tuple[list[str], dict[str, Any]]]:
-    """``policies`` split by the overrides they run under: ``POLICY+AUTOSCALER`` with
-    ``capacity.control = "agent"`` (its autoscaler decides capacity; unless ``overrides`` set
-    ``capacity.control``), every other policy with ``overrides`` as given (the reference always on)."""
+def _control_groups(policies: Sequence[str], overrides: Mapping[str, Any],
+                    reference: str = "rr") -> list[tuple[list[str], dict[str, Any], str]]:
+    """``policies`` split by the overrides they run under, each group with its table-name suffix:
+    ``POLICY+AUTOSCALER`` with ``capacity.control = "agent"`` (its autoscaler decides capacity;
+    unless ``overrides`` set ``capacity.control``), every other policy with ``overrides`` as given.
+    When ``overrides`` set ``capacity.control = "agent"`` the plain policies decide capacity
+    themselves and are labelled ``POLICY (capacity)`` (:data:`CAPACITY_SUFFIX`), while the
+    ``reference`` stays round-robin always on (every reduction is against it)."""
     from carbon_gym.registry import split_autoscaler
 
     plain = [p for p in policies if split_autoscaler(p) is None]
     composed = [p for p in policies if split_autoscaler(p) is not None]
     agent = dict(overrides)
     agent.setdefault("capacity.control", "agent")
-    return [(pp, ov) for pp, ov in ((plain, dict(overrides)), (composed, agent)) if pp]
+    if str(overrides.get("capacity.control", "always_on")) != "agent":
+        groups = [(plain, dict(overrides), ""), (composed, agent, "")]
+    else:
+        on = dict(overrides)
+        on["capacity.control"] = "always_on"
+        deciding = [p for p in plain if p != reference]
+        groups = [([p for p in plain if p == reference], on, ""), (deciding, agent, CAPACITY_SUFFIX), (composed, agent, "")]
+    return [g for g in groups if g[0]]
 
 
 def tradeoff_experiment(ctx: Any, policies: Sequence[str]) -> str:
@@ -475,8 +501,8 @@ def tradeoff_experiment(ctx: Any, policies: Sequence[str]) -> str:
 
     scens = ctx.scenario_list(("moderate",), ("llama8b",))
     pols = list(dict.fromkeys([REFERENCE_POLICY] + list(policies)))
-    specs = [s for sc in scens for pp, ov in _control_groups(pols, ctx.overrides)
-             for s in frontier_specs([sc], pp, ctx.seeds_for(sc), overrides=ov, policy_kwargs=ctx.policy_kwargs)]
+    specs = [s for sc in scens for pp, ov, suffix in _control_groups(pols, ctx.overrides, REFERENCE_POLICY)
+             for s in frontier_specs([sc], pp, ctx.seeds_for(sc), overrides=ov, policy_kwargs=ctx.policy_kwargs, label_suffix=suffix)]
     ex = ctx.execute(specs)
     points, singles, md = tradeoff_tables(ex.runs, ex.summary, ctx.out)
     if ctx.plots and not points.empty:

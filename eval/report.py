@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable
 
 from eval.capacity_report import SECTION_BEGIN as CAPACITY_BEGIN
 from eval.experiments import PRESETS, headline_table
@@ -22,6 +22,7 @@ from eval.generalise_experiment import generalise_section
 from eval.learned_capacity_experiment import learned_capacity_dirs, learned_capacity_section
 from eval.polling import merged_polling, polling_section
 from eval.tables import METRICS_NOTE, summary_markdown
+from eval.writers import starts_line
 
 __all__ = ["write_results_md", "write_section", "write_headline_section", "table_section", "TABLE_SECTIONS", "STUDY_CLAIMS", "NOTES_BEGIN", "NOTES_END"]
 
@@ -258,28 +259,6 @@ def table_section(results_dir: str, exp: str, figs: Figures) -> str | None:
             if p:
                 parts.append(f"![{exp}: {name[:-4]}]({p})\n")
     return "\n".join(parts)
-
-
-def starts_line(runs_meta: Sequence[Mapping[str, Any]]) -> str:
-    """The ``- starts: <K>`` line of "How it was produced" from a matrix's config ``runs``: one seed
-    list for every scenario, or (``--heldout-seeds``) each scenario's own, with its starts (day x hour)."""
-    def _starts(rs: Sequence[Mapping[str, Any]]) -> str:
-        st = sorted({str(r["start_utc"])[:13] for r in rs if r.get("start_utc")})
-        return ", ".join(st[:12]) + (" ..." if len(st) > 12 else "")
-
-    per: dict[str, list[Mapping[str, Any]]] = {}
-    for r in runs_meta:
-        per.setdefault(str(r.get("scenario_label") or r.get("scenario")), []).append(r)
-    seed_sets = {sc: sorted({int(r["seed"]) for r in rs}) for sc, rs in per.items()}
-    if len({tuple(v) for v in seed_sets.values()}) <= 1:
-        seeds = next(iter(seed_sets.values()), [])
-        return (f"- starts: {len(seeds)} (seeds {', '.join(map(str, seeds))}; episode starts spread over the 2023 carbon year, "
-                f"day x hour: {_starts(runs_meta)})")
-    counts = sorted({len(v) for v in seed_sets.values()})
-    lines = [f"- starts: {'/'.join(map(str, counts))} per scenario (each scenario its own fresh held-out seeds, `--heldout-seeds`: "
-             "days the shipped learned agent never saw; spread over the 2023 carbon year, day x hour):"]
-    lines += [f"  - {sc}: seeds {', '.join(map(str, v))} ({_starts(per[sc])})" for sc, v in seed_sets.items()]
-    return "\n".join(lines)
 
 
 def _split_sections(text: str) -> tuple[str, list[str]]:

@@ -48,7 +48,7 @@ from eval.tables import fault_markdown, fault_pairs, fault_summary, runs_table, 
 
 __all__ = [
     "OutputWriter", "write_outputs", "write_fault_report", "write_table", "read_table", "write_tensorboard",
-    "report_warnings", "versions", "matrix_dirs", "merged_head", "read_configs",
+    "report_warnings", "versions", "matrix_dirs", "merged_head", "read_configs", "starts_line",
 ]
 
 
@@ -277,3 +277,25 @@ def _jsonable(v: Any) -> bool:
         return True
     except (TypeError, ValueError):
         return False
+
+
+def starts_line(runs_meta: Sequence[Mapping[str, Any]]) -> str:
+    """The ``- starts: <K>`` line of "How it was produced" from a matrix's config ``runs``: one seed
+    list for every scenario, or (``--heldout-seeds``) each scenario's own, with its starts (day x hour)."""
+    def _starts(rs: Sequence[Mapping[str, Any]]) -> str:
+        st = sorted({str(r["start_utc"])[:13] for r in rs if r.get("start_utc")})
+        return ", ".join(st[:12]) + (" ..." if len(st) > 12 else "")
+
+    per: dict[str, list[Mapping[str, Any]]] = {}
+    for r in runs_meta:
+        per.setdefault(str(r.get("scenario_label") or r.get("scenario")), []).append(r)
+    seed_sets = {sc: sorted({int(r["seed"]) for r in rs}) for sc, rs in per.items()}
+    if len({tuple(v) for v in seed_sets.values()}) <= 1:
+        seeds = next(iter(seed_sets.values()), [])
+        return (f"- starts: {len(seeds)} (seeds {', '.join(map(str, seeds))}; episode starts spread over the 2023 carbon year, "
+                f"day x hour: {_starts(runs_meta)})")
+    counts = sorted({len(v) for v in seed_sets.values()})
+    lines = [f"- starts: {'/'.join(map(str, counts))} per scenario (each scenario its own fresh held-out seeds, `--heldout-seeds`: "
+             "days the shipped learned agent never saw; spread over the 2023 carbon year, day x hour):"]
+    lines += [f"  - {sc}: seeds {', '.join(map(str, v))} ({_starts(per[sc])})" for sc, v in seed_sets.items()]
+    return "\n".join(lines)

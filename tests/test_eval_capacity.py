@@ -167,6 +167,7 @@ def test_section_written_in_place_between_markers(tmp_path):
     assert ("rr+reactive saves 1.7 kWh of 10.0: host power 2.3 kWh, GPU idle/asleep floor 0.1 kWh, GPU active 0.0 kWh, "
             "boots cost 0.7 kWh") in text
     assert "rr under control = agent (routing only) is +0.00% vs always-on" in text
+    assert "- starts: 2 (seeds 0, 1;" in text and "One start (seed) per cell" not in text
     assert "largest reduction: x+reactive 55.0% at 1.50% violation" in text
     # a second write replaces the section only
     (tmp_path / "capacity" / "capacity.md").write_text("new head\n\n(table)\n", encoding="utf-8")

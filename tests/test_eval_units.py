@@ -270,9 +270,9 @@ def test_knobs_of_learned_and_autoscaled_policies(monkeypatch):
     assert vals == {"+reactive": (0.4,), "learned": (5.0,)}
     frontiers.set_knob_values(vals)
     groups = frontiers._control_groups(["rr", "learned:train/checkpoints/llama8b_set.npz", "rr+reactive"], {"duration_s": 60.0})
-    assert [(pp, ov) for pp, ov in groups] == [(["rr", "learned:train/checkpoints/llama8b_set.npz"], {"duration_s": 60.0}),
-                                               (["rr+reactive"], {"duration_s": 60.0, "capacity.control": "agent"})]
-    specs = [s for pp, ov in groups for s in frontiers.frontier_specs(["dev"], pp, [0], overrides=ov)]
+    assert groups == [(["rr", "learned:train/checkpoints/llama8b_set.npz"], {"duration_s": 60.0}, ""),
+                      (["rr+reactive"], {"duration_s": 60.0, "capacity.control": "agent"}, "")]
+    specs = [s for pp, ov, suffix in groups for s in frontiers.frontier_specs(["dev"], pp, [0], overrides=ov, label_suffix=suffix)]
     got = {s.label or s.policy: (dict(s.overrides), dict(s.policy_kwargs)) for s in specs}
     assert got == {
         "rr": ({"duration_s": 60.0}, {}),
@@ -292,13 +292,47 @@ def test_knobs_of_learned_and_autoscaled_policies(monkeypatch):
         ("rr+reactive", 0.4, False), ("rr+reactive", 0.6, True)]
 
 
+def test_policies_deciding_capacity_get_their_own_frontier(monkeypatch):
+    """``--set capacity.control=agent`` on a trade-off matrix: the reference stays round-robin
+    always on, every other plain policy decides capacity itself under its own table name
+    (``milp (capacity)``, its knob points ``milp (capacity)[max_prefill_share=0.4]``), so its
+    frontier is never merged with the always-on MILP's; autoscaled policies are as before."""
+    import pandas as pd
+
+    from eval import frontiers
+
+    monkeypatch.setattr(frontiers, "KNOBS", dict(frontiers.KNOBS))
+    frontiers.set_knob_values({"milp": (0.4,), "+reactive": (0.4,)})
+    ov = {"duration_s": 60.0, "capacity.control": "agent"}
+    groups = frontiers._control_groups(["rr", "milp", "rr+reactive"], ov)
+    assert groups == [(["rr"], {"duration_s": 60.0, "capacity.control": "always_on"}, ""),
+                      (["milp"], ov, " (capacity)"), (["rr+reactive"], ov, "")]
+    specs = [s for pp, o, suffix in groups for s in frontiers.frontier_specs(["dev"], pp, [0], overrides=o, label_suffix=suffix)]
+    got = {s.label or s.policy: (s.policy, dict(s.overrides)["capacity.control"], dict(s.policy_kwargs)) for s in specs}
+    assert got == {"rr": ("rr", "always_on", {}), "milp (capacity)": ("milp", "agent", {}),
+                   "milp (capacity)[max_prefill_share=0.4]": ("milp", "agent", {"max_prefill_share": 0.4}),
+                   "rr+reactive": ("rr+reactive", "agent", {}),
+                   "rr+reactive[target_util=0.4]": ("rr+reactive", "agent", {})}
+    assert frontiers.knob_for("milp (capacity)") is frontiers.KNOBS["milp"]
+    # its frontier sits beside the always-on MILP's (same scenario), neither absorbing the other
+    runs = pd.DataFrame({"scenario": "dev", "seed": 0, "run_valid": True, "mlperf_p99_pass": False,
+                         "policy": ["rr", "milp", "milp[max_prefill_share=0.4]", "milp (capacity)", "milp (capacity)[max_prefill_share=0.4]"],
+                         "reduction_vs_rr_pct": [0.0, 33.0, 30.0, 76.0, 70.0], "slo_violation_pct": [0.2, 5.0, 2.6, 5.3, 2.5]})
+    pts = frontiers.frontier_points(runs)
+    assert list(zip(pts["policy"], pts["value"], pts["reduction_vs_rr_pct"])) == [
+        ("milp", 0.4, 30.0), ("milp", 0.5, 33.0), ("milp (capacity)", 0.4, 70.0), ("milp (capacity)", 0.5, 76.0)]
+    eq = frontiers.equal_violation(runs).set_index("policy")
+    assert eq.loc["milp (capacity)", "at_3pct_reduction_pct"] == pytest.approx(70.0 + 6.0 * 0.5 / 2.8)
+    assert eq.loc["milp", "at_3pct_reduction_pct"] == pytest.approx(30.0 + 3.0 * 0.4 / 2.4)
+
+
 def test_autoscaler_knob_reaches_the_autoscaler():
     """A lower target utilisation keeps more engines awake (and emits more) on the same episode:
     the override reaches the composed autoscaler."""
     from eval import frontiers
     from eval.runner import run_one
 
-    (pp, ov), = frontiers._control_groups(["rr+reactive"], {"duration_s": 240.0, "workload.rate_per_s": 20.0})
+    (pp, ov, _), = frontiers._control_groups(["rr+reactive"], {"duration_s": 240.0, "workload.rate_per_s": 20.0})
     specs = {s.label or s.policy: s for s in frontiers.frontier_specs(["dev"], pp, [0], overrides=ov)}
     low = run_one(specs["rr+reactive[target_util=0.4]"], keep_requests=False).metrics
     default = run_one(specs["rr+reactive"], keep_requests=False).metrics

@@ -58,7 +58,7 @@ def test_windowed_headline_bound_and_results_md(tmp_path):
 def test_heldout_seeds_argument_errors(capsys, tmp_path):
     assert cli.main(["experiment", "polling", "--heldout-seeds", "--out", str(tmp_path / "a"), "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert "--heldout-seeds: gives each scenario of experiments headline, milp-vs-ilp, tradeoff, predictor its own held-out starts" in err
+    assert "--heldout-seeds: gives each scenario of experiments headline, milp-vs-ilp, tradeoff, predictor, capacity its own held-out starts" in err
     assert "allowed: headline, milp-vs-ilp, tradeoff, predictor" in err
     assert cli.main(["experiment", "headline", "--heldout-seeds", "--seed-list", "1,2", "--out", str(tmp_path / "b"), "--no-progress"]) == 2
     assert "--heldout-seeds: chooses the seeds itself" in capsys.readouterr().err
@@ -137,3 +137,30 @@ def test_heldout_seeds_per_scenario_in_experiment_c(tmp_path):
         assert sorted(g["seed"]) == want[labels[label]], (label, pol)
     table = pd.read_csv(out / "predictor" / "predictor.csv")
     assert list(table["scenario"]) == scens and list(table["seeds"]) == [2, 2]
+
+
+@pytest.mark.slow
+def test_heldout_seeds_per_scenario_in_experiment_h(tmp_path):
+    """Experiment h (capacity control) takes --heldout-seeds: the always-on reference and every
+    policy deciding capacity run the scenario's own fresh held-out starts, and the section lists
+    them per scenario (no 'one start' objection)."""
+    from eval import capacity_report as cr
+    from eval.heldout_seeds import fresh_heldout_seeds
+
+    out = tmp_path / "res"
+    scens = ["llama8b-low", "mixtral8x7b-low"]
+    argv = ["experiment", "capacity", "--scenarios", ",".join(scens), "--policies", "rr,rr+reactive", "--preset", "full",
+            "--window-s", "4", "--warmup-s", "2", "--seeds", "2", "--heldout-seeds", "--workers", "1", "--no-progress",
+            "--no-tensorboard", "--no-plots", "--out", str(out)]
+    assert cli.main(argv) == 0
+    runs = pd.read_csv(out / "capacity" / "runs.csv")
+    want = {sc: fresh_heldout_seeds(sc, 2) for sc in scens}
+    assert want["llama8b-low"] != want["mixtral8x7b-low"]
+    assert set(runs["policy"]) == {cr.ALWAYS_ON_LABEL, "rr", "rr+reactive"}
+    for (sc, pol), g in runs.groupby(["scenario", "policy"]):
+        assert sorted(g["seed"]) == want[sc], (sc, pol)
+    assert f"seeds llama8b-low: {', '.join(map(str, want['llama8b-low']))}; mixtral8x7b-low: " in (out / "capacity" / "capacity.md").read_text()
+    text = cr.capacity_section(str(out))
+    assert "- starts: 2 per scenario (each scenario its own fresh held-out seeds" in text and "One start (seed)" not in text
+    for sc in scens:
+        assert f"  - {sc}: seeds {', '.join(map(str, want[sc]))} (2023-" in text
