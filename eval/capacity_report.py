@@ -394,7 +394,8 @@ def capacity_section(results_dir: str) -> str:
             f"{table[table['policy'] == ALWAYS_ON_LABEL]['slo_violation_pct'].max():.2f}% always on) and most fail MLPerf p99: "
             "they are not comparable as they stand. Frontiers over the autoscaler thresholds, compared at equal "
             "violation, come from `carbon-gym experiment tradeoff --policies rr+reactive,rr+carbon-aware` (eval/frontiers.py "
-            "knobs `+reactive`, `+carbon-aware`), not from these runs"
+            "knobs `+reactive`, `+carbon-aware`), and the MILP deciding capacity has its own frontier there (`--set "
+            "capacity.control=agent`: `milp (capacity)` over its `max_prefill_share`), not from these runs"
             + ("; the capacity-control bound above is loose (the work at the most efficient batch in the cleanest "
                "datacenters, every other server off, no SLO, no boots): it bounds these runs, it does not say how far "
                "from the best schedule they are." if bound else "; none of these runs is checked against the carbon lower "
@@ -415,7 +416,9 @@ def capacity_section(results_dir: str) -> str:
         if worse:
             add("- Deciding capacity costs the MILP violations against its routing-only run in " + ", ".join(worse)
                 + " (per request): its capacity stage keeps awake what the arrival rate needs at a 0.7 utilisation cap "
-                "(solvers FacilityConfig.capacity_util_cap), not tuned on these cases; a frontier over that cap is not done.")
+                "(solvers FacilityConfig.capacity_util_cap), not tuned on these cases (lower caps with `max_prefill_share` 0.3, "
+                "`--policy-arg milp.capacity_util_cap=U`, trade carbon for violations: the `milp-s0.3-u*` points of "
+                "\"Carbon vs SLO trade-off\" where run).")
     missing = [sc for sc in CAPACITY_SCENARIOS if sc not in set(runs["scenario"])]
     if missing:
         add(f"- Not run (machine time): {', '.join(missing)}; `carbon-gym experiment capacity --preset full --scenarios "

@@ -733,9 +733,9 @@ def cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
         if not os.path.isfile(os.path.join(args.results_dir, "capacity", "runs.csv")):
             raise UsageError("results_dir", f"{os.path.join(args.results_dir, 'capacity', 'runs.csv')!r} not found; run "
                              f"`carbon-gym experiment capacity --out {args.results_dir}` first")
-        from eval.capacity_report import write_capacity_section
+        from eval.report import write_capacity_costs
 
-        print(f"wrote the capacity section of {write_capacity_section(args.results_dir, out=args.out)}")
+        print(f"wrote the capacity section of {write_capacity_costs(args.results_dir, out=args.out)} (and its rows of the cost table)")
         return 0
     if args.section is not None:
         from eval.report import write_headline_section, write_section

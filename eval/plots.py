@@ -35,9 +35,11 @@ def save(fig: Any, stem: str) -> list[str]:
 
 
 def _colors(names: Sequence[str]) -> dict[str, Any]:
+    """A colour per name: tab10, or tab20 when there are more than 10 (so no two share one)."""
     plt = _plt()
-    cmap = plt.get_cmap("tab10")
-    return {n: cmap(i % 10) for i, n in enumerate(names)}
+    k = 10 if len(names) <= 10 else 20
+    cmap = plt.get_cmap(f"tab{k}")
+    return {n: cmap(i % k) for i, n in enumerate(names)}
 
 
 def _grid(n: int) -> tuple[int, int]:
@@ -373,7 +375,11 @@ def frontiers(points: Any, singles: Any, stem: str, *, title: str = "") -> list[
     ax.set_xlabel("SLO violations (% of requests)")
     ax.set_ylabel("carbon reduction vs rr (%)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, frameon=False)
+    if len(colors) > 8:  # many policies: the legend beside the axes, not over the points
+        fig.set_size_inches(8.5, 4.2)
+        ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:
+        ax.legend(fontsize=7, frameon=False)
     if title:
         ax.set_title(title + " (ringed: defaults)", fontsize=10)
     fig.tight_layout()

@@ -24,7 +24,7 @@ from eval.polling import merged_polling, polling_section
 from eval.tables import METRICS_NOTE, summary_markdown
 from eval.writers import starts_line
 
-__all__ = ["write_results_md", "write_section", "write_headline_section", "table_section", "TABLE_SECTIONS", "STUDY_CLAIMS", "NOTES_BEGIN", "NOTES_END"]
+__all__ = ["write_results_md", "write_section", "write_capacity_costs", "write_headline_section", "table_section", "TABLE_SECTIONS", "STUDY_CLAIMS", "NOTES_BEGIN", "NOTES_END"]
 
 NOTES_BEGIN = "<!-- notes:begin (kept when RESULTS.md is regenerated) -->"
 NOTES_END = "<!-- notes:end -->"
@@ -312,6 +312,32 @@ def _with_claim(text: str, key: str, claim: str) -> str:
     return text.replace(line, f"| {label} | {study} | {claim} |", 1)
 
 
+def _with_costs_of(text: str, results_dir: str, exp: str) -> str:
+    """``text`` with experiment ``exp``'s rows of the cost table (``<exp>``, and ``<exp>-NAME/<exp>``
+    merged into its section) replaced or added from ``results_dir``, then the totals."""
+    def mine(rel: str) -> bool:
+        top = rel.split("/")[0]
+        return top == exp or top.startswith(exp + "-")
+
+    old_rows = _costs_rows(text)
+    rows = [r for r in old_rows if not mine(_cost_dir(r))]
+    new_rows = [_cost_row(r) for r in run_costs(results_dir) if mine(r["dir"])]
+    return _with_cost_rows(text, old_rows, rows + new_rows) if rows or new_rows else text
+
+
+def write_capacity_costs(results_dir: str, *, out: str = "RESULTS.md") -> str:
+    """Rewrite the "Capacity control" section of ``out`` in place
+    (:func:`eval.capacity_report.write_capacity_section`) and the capacity matrices' rows of the
+    cost table with the whole run's totals; the rest is kept."""
+    from eval.capacity_report import write_capacity_section
+
+    write_capacity_section(results_dir, out=out)
+    text = open(out, encoding="utf-8").read()
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(_with_costs_of(text, results_dir, "capacity"))
+    return out
+
+
 def write_section(results_dir: str, exp: str, *, out: str = "RESULTS.md", figures_dir: str = "docs/figures") -> str:
     """Rewrite experiment ``exp``'s section of an existing ``out`` in place (a :data:`TABLE_SECTIONS`
     key) from ``<results_dir>/<exp>``, with its row of the cost table, the whole run's totals and
@@ -341,18 +367,7 @@ def write_section(results_dir: str, exp: str, *, out: str = "RESULTS.md", figure
         later |= {"## A learned agent deciding capacity", CAPACITY_BEGIN, "## Comparison with the study"}
         at = next((i for i, sec in enumerate(sections) if any(sec.startswith(t) for t in later)), len(sections))
         sections.insert(at, block)
-    text = head + "".join("\n" + sec for sec in sections)
-    # the cost table: this experiment's rows (``<exp>``, and ``<exp>-NAME/<exp>`` merged into its section) replaced
-    # or added, then the totals
-    def mine(rel: str) -> bool:
-        top = rel.split("/")[0]
-        return top == exp or top.startswith(exp + "-")
-
-    old_rows = _costs_rows(text)
-    rows = [r for r in old_rows if not mine(_cost_dir(r))]
-    new_rows = [_cost_row(r) for r in run_costs(results_dir) if mine(r["dir"])]
-    if rows or new_rows:
-        text = _with_cost_rows(text, old_rows, rows + new_rows)
+    text = _with_costs_of(head + "".join("\n" + sec for sec in sections), results_dir, exp)
     key = SECTION_CLAIMS.get(exp)
     claim = _claims(results_dir).get(key) if key else None
     if key is not None and claim is not None:

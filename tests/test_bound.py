@@ -130,18 +130,26 @@ def test_capacity_bound_every_server_off_but_the_work():
     assert e.value.field == "env.measure"
 
 
-def test_the_tracked_capacity_frontiers_are_above_their_bounds():
-    """Golden: every run of the tracked trade-off matrix with the autoscalers (results/tradeoff-capacity)
-    emits at least its episode's bound: the capacity-control bound for the autoscaled runs, the
-    always-on bound for the others (eval.bound.check_matrix, recomputed here)."""
+@pytest.mark.parametrize("matrix, n, deciding", [
+    ("tradeoff-capacity/tradeoff", 128, {"rr+reactive", "rr+carbon-aware"}),
+    ("capacity", 192, {"rr", "rr+reactive", "planner+reactive", "ilp-state+reactive", "rr+carbon-aware", "milp"}),
+    ("tradeoff-milp-capacity/tradeoff", 32, {"milp (capacity)"}),
+    ("tradeoff-milp-capacity-cap/tradeoff", 32, {f"milp-s0.3-u{u} (capacity)" for u in ("0.4", "0.5", "0.6")}),
+])
+def test_the_tracked_capacity_matrices_are_above_their_bounds(matrix, n, deciding):
+    """Golden: every run of the tracked matrices with capacity control (the autoscalers' frontiers,
+    the capacity matrix on 8 held-out starts per scenario, the capacity-deciding MILP's frontier)
+    emits at least its episode's bound: the capacity-control bound for the runs deciding capacity,
+    the always-on bound for the others (eval.bound.check_matrix, recomputed here)."""
     from pathlib import Path
 
     from eval.bound import check_matrix
 
-    d = Path(__file__).resolve().parent.parent / "results" / "tradeoff-capacity" / "tradeoff"
+    d = Path(__file__).resolve().parent.parent / "results" / matrix
     t = check_matrix(str(d))
-    assert len(t) == 128 and not t["below"].any()
-    assert set(t[t["capacity"]]["policy"].str.split("[").str[0]) == {"rr+reactive", "rr+carbon-aware"}
-    on = t[~t["capacity"]].groupby("seed")["bound_carbon_g"].max()
-    cap = t[t["capacity"]].groupby("seed")["bound_carbon_g"].max()
-    assert (cap < on).all()
+    assert len(t) == n and not t["below"].any()
+    assert set(t[t["capacity"]]["policy"].str.split("[").str[0]) == deciding
+    for _, g in t.groupby("scenario"):
+        on = g[~g["capacity"]].groupby("seed")["bound_carbon_g"].max()
+        cap = g[g["capacity"]].groupby("seed")["bound_carbon_g"].max()
+        assert (cap < on).all()

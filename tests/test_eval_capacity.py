@@ -192,6 +192,28 @@ def test_cli_report_section_capacity(tmp_path, capsys):
     assert out.read_text(encoding="utf-8") == text
 
 
+def test_cli_report_section_capacity_updates_its_cost_rows(tmp_path):
+    """``report --section capacity`` also replaces the capacity matrix's row of the cost table (the
+    old one-start row would otherwise stay beside the new section) and sums the totals again;
+    the other rows are kept."""
+    from eval import cli
+
+    write_dir(tmp_path / "capacity", synthetic_runs().assign(cpu_s=30.0), "carbon-gym experiment capacity --seeds 2")
+    out = tmp_path / "R.md"
+    head = "| results | runs | workers | wall (min) | CPU of the runs (min) | command |\n|---|---|---|---|---|---|\n"
+    out.write_text("# R\n\nEvery matrix in this file, its command and cost:\n\n" + head
+                   + "| capacity | 24 | 2 | 10.5 | 19.6 | `old` |\n| headline | 360 | 2 | 40.0 | 70.4 | `h` |\n\n"
+                   "Whole run: 384 runs, 50.5 min of wall time summed over the commands (some ran at the same time), "
+                   "90.0 CPU-minutes (45.0 min on 2 dedicated cores).\n", encoding="utf-8")
+    assert cli.main(["report", str(tmp_path), "--section", "capacity", "--out", str(out)]) == 0
+    text = out.read_text(encoding="utf-8")
+    cpu_min = 30.0 * len(synthetic_runs()) / 60
+    assert "`old`" not in text and "| headline | 360 | 2 | 40.0 | 70.4 | `h` |" in text
+    assert f"| capacity | 1 | 1 | 2.0 | {cpu_min:.1f} | `carbon-gym experiment capacity --seeds 2` |" in text
+    assert f"Whole run: 361 runs, 42.0 min of wall time summed over the commands (some ran at the same time), {70.4 + cpu_min:.1f} CPU-minutes" in text
+    assert cr.SECTION_TITLE in text
+
+
 def test_states_table_durations_from_the_power_file():
     from carbon_gym.physics.power import load_power_states
     from carbon_gym.scenario import load_scenario
