@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The study run committed in RESULTS.md (issue 21, item 7), sized to about an hour of wall time on a
-# 2-core machine: steady-state windows (>= 600 s after a burn-in that is not counted), the
+# The study run committed in RESULTS.md (issue 21, item 7). Its default stages (a e h i) take about
+# 1.5 h of wall time on a 2-core machine (178 CPU-minutes measured: a 70, e 35, h 68, i 5; about an
+# hour before stage h grew from one start to eight); the other stages below are what else RESULTS.md
+# shows, each with its cost. Steady-state windows (>= 600 s after a burn-in that is not counted), the
 # recalibrated physics, load levels as fractions of the cluster-level capacity (issue 20, item 4).
 #
 #   a  headline  3 models x low/moderate/high load, 600 s window after 300 s, 8 starts: rr, greedy-cap,
@@ -9,9 +11,10 @@
 #                lower bound per start comes from these runs; 360 runs, 70 CPU-minutes (40 min of wall time)
 #                (ilp-state is compared with the MILP in stage b)
 #   h  capacity  capacity control (engines sleep, servers power off): llama8b-low, llama8b-moderate,
-#                mixtral8x7b-low, 900 s window after 300 s, one start: rr always on vs rr / planner /
-#                ilp-state with the reactive autoscaler, rr with the carbon-aware one, the MILP deciding
-#                capacity (and its own always-on run)
+#                mixtral8x7b-low, 900 s window after 300 s, each scenario its headline's 8 starts
+#                (--heldout-seeds): rr always on vs rr / planner / ilp-state with the reactive autoscaler,
+#                rr with the carbon-aware one, the MILP deciding capacity (and its own always-on run);
+#                192 runs, 68 CPU-minutes (35 min of wall time)
 #   e  tradeoff  llama8b-moderate, the same 8 starts and window: the planner at utilisation 0.6, 0.7,
 #                0.8 and 0.9 (default), the facility MILP at its utilisation cap max_prefill_share 0.3,
 #                0.4 and 0.5 (default; its violation penalty hardly moves it), rr the reference: 4 and 3
@@ -34,6 +37,11 @@
 #                OUT/tradeoff-mixtral-high; 96 runs, 41 CPU-minutes
 #   e9 tradeoff  llama8b-low, its headline starts: the planner and MILP frontiers, into OUT/tradeoff-low;
 #                64 runs, 16 CPU-minutes
+#   e10 tradeoff llama8b-moderate, the same 8 starts: the MILP deciding capacity (--set capacity.control=agent:
+#                `milp (capacity)`, rr always on) over max_prefill_share 0.3, 0.4, 0.5, into
+#                OUT/tradeoff-milp-capacity; 32 runs, 13 CPU-minutes
+#   e11 tradeoff the same with max_prefill_share 0.3 and its capacity cap capacity_util_cap 0.4, 0.5, 0.6
+#                (--policy-arg points milp-s0.3-uU), into OUT/tradeoff-milp-capacity-cap; 32 runs, 12 CPU-minutes
 #   i  sessions  multi-turn sessions with prefix caching (issue 23): 4 scenarios, 2 starts
 #                (their load levels come from the sessions' own capacity file, so they did not move
 #                with the cluster basis)
@@ -84,10 +92,10 @@
 #
 # Not in this run (too costly for 2 cores; the full matrix on a cluster is in README "On a Ray
 # cluster"): 6-value frontiers beyond llama8b-moderate, frontiers at low load beyond llama8b-low,
-# the MILP's capacity cap (capacity_util_cap) as a frontier.
+# the capacity-deciding MILP's frontiers beyond llama8b-moderate.
 #
 # usage: bash eval/study_1h.sh [OUT] [STAGES]   (OUT defaults to results, STAGES to "a e h i";
-#        "a b b2 b3 e e2 e3 e4 e5 e6 e7 e8 e9 h i c c2 c3 d d2 d3 d4 d5 d6 f g j k" for everything RESULTS.md shows; each stage's sections of RESULTS.md
+#        "a b b2 b3 e e2 e3 e4 e5 e6 e7 e8 e9 e10 e11 h i c c2 c3 d d2 d3 d4 d5 d6 f g j k" for everything RESULTS.md shows; each stage's sections of RESULTS.md
 #        are rewritten in place, carbon-gym report OUT --section <experiment>, the rest kept; without
 #        a RESULTS.md the whole file is written from OUT)
 set -euo pipefail
@@ -147,7 +155,18 @@ for stage in $STAGES; do
          --heldout-seeds --out "$OUT/predictor-low" --workers 2 --no-tensorboard --no-progress ;;
     c3) carbon-gym experiment predictor --preset full --scenarios llama8b-moderate,qwen7b-moderate,mixtral8x7b-moderate \
          --policies ilp-state --heldout-seeds --out "$OUT/predictor-ilp" --workers 2 --no-tensorboard --no-progress ;;
-    h) carbon-gym experiment capacity --preset full --out "$OUT" --workers 2 --no-plots --no-tensorboard --no-progress ;;
+    h) carbon-gym experiment capacity --preset full --seeds 8 --heldout-seeds --out "$OUT" --overwrite --workers 2 --no-plots \
+         --no-tensorboard --no-progress ;;
+    e10) carbon-gym experiment tradeoff --preset full --scenarios llama8b-moderate --policies milp --knob milp=0.3,0.4 \
+         --set capacity.control=agent --seed-list "$SEEDS" --out "$OUT/tradeoff-milp-capacity" --workers 2 --no-tensorboard --no-progress ;;
+    e11) P=""; A=""
+         for u in 0.4 0.5 0.6; do
+           P="$P,milp-s0.3-u$u=milp"
+           A="$A --policy-arg milp-s0.3-u$u.max_prefill_share=0.3 --policy-arg milp-s0.3-u$u.capacity_util_cap=$u"
+         done
+         # shellcheck disable=SC2086
+         carbon-gym experiment tradeoff --preset full --scenarios llama8b-moderate --policies "${P#,}" $A \
+           --set capacity.control=agent --seed-list "$SEEDS" --out "$OUT/tradeoff-milp-capacity-cap" --workers 2 --no-tensorboard --no-progress ;;
     i) carbon-gym experiment sessions --preset full --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
     g) carbon-gym experiment diurnal --preset full --no-carbon-start --policies rr,planner+reactive,milp --out "$OUT" \
          --workers 2 --no-requests --no-plots --no-tensorboard --no-progress ;;
@@ -159,7 +178,7 @@ for stage in $STAGES; do
     b) carbon-gym experiment milp-vs-ilp --preset full --models llama8b,qwen7b,mixtral8x7b --loads low,moderate \
          --heldout-seeds --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
     k) carbon-gym experiment learned-capacity --preset full --out "$OUT" --workers 2 --no-tensorboard --no-progress ;;
-    *) echo "unknown stage $stage (a, b, b2, b3, c, c2, c3, d, d2, d3, d4, d5, d6, e, e2, e3, e4, e5, e6, e7, e8, e9, f, g, h, i, j, k)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage (a, b, b2, b3, c, c2, c3, d, d2, d3, d4, d5, d6, e, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, f, g, h, i, j, k)" >&2; exit 2 ;;
   esac
 done
 if [ ! -f RESULTS.md ]; then
@@ -168,7 +187,7 @@ else                                                    # each stage's section, 
   for stage in $STAGES; do
     case $stage in
       b|b2|b3) carbon-gym report "$OUT" --section milp-vs-ilp ;;  c|c2|c3) carbon-gym report "$OUT" --section predictor ;;
-      d|d2|d3|d4|d5|d6) carbon-gym report "$OUT" --section polling ;;   e|e2|e3|e4|e5|e6|e7|e8|e9) carbon-gym report "$OUT" --section tradeoff ;;
+      d|d2|d3|d4|d5|d6) carbon-gym report "$OUT" --section polling ;;   e|e2|e3|e4|e5|e6|e7|e8|e9|e10|e11) carbon-gym report "$OUT" --section tradeoff ;;
       f) carbon-gym report "$OUT" --section bound ;;        g) carbon-gym report "$OUT" --section diurnal ;;
       h) carbon-gym report "$OUT" --section capacity ;;     i) carbon-gym report "$OUT" --section sessions ;;
       j) carbon-gym report "$OUT" --section generalise ;;    a) carbon-gym report "$OUT" --section headline ;;
