@@ -29,7 +29,7 @@ from eval.writers import matrix_dirs, read_configs, starts_line
 
 __all__ = ["CAPACITY_SCENARIOS", "CAPACITY_POLICIES", "ALWAYS_ON_LABEL", "MILP_ALWAYS_ON_LABEL", "REACTIVE_REFERENCE", "CAPACITY_WINDOW_S",
            "CAPACITY_WARMUP_S", "ENERGY_GROUPS", "capacity_specs", "capacity_table", "capacity_markdown",
-           "capacity_experiment", "capacity_section", "write_capacity_section", "SECTION_BEGIN", "SECTION_END"]
+           "capacity_experiment", "capacity_section", "with_capacity_section", "write_capacity_section", "SECTION_BEGIN", "SECTION_END"]
 
 CAPACITY_SCENARIOS = ("llama8b-low", "llama8b-moderate", "mixtral8x7b-low")
 #: Policies run with ``capacity.control = "agent"`` (the always-on rr reference is added).
@@ -199,18 +199,17 @@ def capacity_markdown(table) -> str:
 
 
 def capacity_experiment(ctx: Any, scenarios: Sequence[str], policies: Sequence[str],
-                        seeds: Sequence[int] | Mapping[str, Sequence[int]], overrides: Mapping[str, Any]) -> str:
+                        seeds: Mapping[str, Sequence[int]], overrides: Mapping[str, Any]) -> str:
     """Run the capacity matrix with ``ctx`` (:class:`eval.experiments.Ctx`), write
-    ``capacity.csv`` / ``capacity.md`` under ``ctx.out`` and return the Markdown. ``seeds``: the
-    same for every scenario, or each scenario's own (``--heldout-seeds``)."""
-    per = {sc: list(seeds[sc]) if isinstance(seeds, Mapping) else list(seeds) for sc in scenarios}
-    specs = [s for sc in scenarios for s in capacity_specs([sc], policies, per[sc], overrides, ctx.policy_kwargs)]
+    ``capacity.csv`` / ``capacity.md`` under ``ctx.out`` and return the Markdown. ``seeds``: each
+    scenario's (the same list for all, or with ``--heldout-seeds`` each its own)."""
+    specs = [s for sc in scenarios for s in capacity_specs([sc], policies, seeds[sc], overrides, ctx.policy_kwargs)]
     ex = ctx.execute(specs)
     table = capacity_table(ex.runs)
     table.to_csv(os.path.join(ctx.out, "capacity.csv"), index=False)
     warm, window = window_of(overrides)
     head = (f"{', '.join(scenarios)}: {warm:g} s burn-in, then {window:g} s measured (steady-state window, no drain); "
-            f"seeds {_seed_text(per)}. `{ALWAYS_ON_LABEL}`, `{MILP_ALWAYS_ON_LABEL}`: capacity.control = "
+            f"seeds {_seed_text(seeds)}. `{ALWAYS_ON_LABEL}`, `{MILP_ALWAYS_ON_LABEL}`: capacity.control = "
             "always_on; every other row: "
             "capacity.control = agent.\n\n")
     md = head + capacity_markdown(table)
@@ -467,11 +466,10 @@ def _bound_reading(results_dir: str, dirs: Sequence[str]) -> str:
             + "; ".join(parts) + ".")
 
 
-def write_capacity_section(results_dir: str = "results", *, out: str = "RESULTS.md") -> str:
-    """Write :func:`capacity_section` into ``out`` in place: between the markers when they are
-    there, else before "## Comparison with the study" (or at the end); the rest is unchanged."""
+def with_capacity_section(old: str, results_dir: str) -> str:
+    """``old`` (a RESULTS.md's text, or "") with :func:`capacity_section` in place: between the
+    markers when they are there, else before "## Comparison with the study" (or at the end)."""
     text = capacity_section(results_dir)
-    old = open(out, encoding="utf-8").read() if os.path.isfile(out) else ""
     if SECTION_BEGIN in old and SECTION_END in old.split(SECTION_BEGIN, 1)[1]:
         head, rest = old.split(SECTION_BEGIN, 1)
         new = head + text.rstrip("\n") + rest.split(SECTION_END, 1)[1]
@@ -480,8 +478,15 @@ def write_capacity_section(results_dir: str = "results", *, out: str = "RESULTS.
         new = head.rstrip("\n") + "\n\n" + text + "\n## Comparison with the study" + rest
     else:
         new = (old.rstrip("\n") + "\n\n" if old else "") + text
+    return new
+
+
+def write_capacity_section(results_dir: str = "results", *, out: str = "RESULTS.md") -> str:
+    """Write :func:`capacity_section` into ``out`` in place (:func:`with_capacity_section`); the
+    rest is unchanged."""
+    old = open(out, encoding="utf-8").read() if os.path.isfile(out) else ""
     with open(out, "w", encoding="utf-8") as fh:
-        fh.write(new)
+        fh.write(with_capacity_section(old, results_dir))
     return out
 
 

@@ -327,14 +327,14 @@ def _with_costs_of(text: str, results_dir: str, exp: str) -> str:
 
 def write_capacity_costs(results_dir: str, *, out: str = "RESULTS.md") -> str:
     """Rewrite the "Capacity control" section of ``out`` in place
-    (:func:`eval.capacity_report.write_capacity_section`) and the capacity matrices' rows of the
+    (:func:`eval.capacity_report.with_capacity_section`) and the capacity matrices' rows of the
     cost table with the whole run's totals; the rest is kept."""
-    from eval.capacity_report import write_capacity_section
+    from eval.capacity_report import with_capacity_section
 
-    write_capacity_section(results_dir, out=out)
-    text = open(out, encoding="utf-8").read()
+    old = open(out, encoding="utf-8").read() if os.path.isfile(out) else ""
+    text = _with_costs_of(with_capacity_section(old, results_dir), results_dir, "capacity")
     with open(out, "w", encoding="utf-8") as f:
-        f.write(_with_costs_of(text, results_dir, "capacity"))
+        f.write(text)
     return out
 
 

@@ -64,23 +64,34 @@ def test_heldout_seeds_argument_errors(capsys, tmp_path):
     assert "--heldout-seeds: chooses the seeds itself" in capsys.readouterr().err
 
 
+def _heldout_run(tmp_path, exp: str, scens: list[str], extra: list[str]):
+    """Run experiment ``exp`` on ``scens`` with ``--heldout-seeds`` (2 starts, a 4 s window after 2 s):
+    its output directory, its runs and each scenario's fresh held-out seeds (checked to differ
+    between the first two scenarios: the tests mean something only if they do)."""
+    from eval.heldout_seeds import fresh_heldout_seeds
+
+    out = tmp_path / "res"
+    argv = ["experiment", exp, "--scenarios", ",".join(scens), *extra, "--preset", "full", "--window-s", "4", "--warmup-s", "2",
+            "--seeds", "2", "--heldout-seeds", "--workers", "1", "--no-progress", "--no-tensorboard", "--no-plots", "--out", str(out)]
+    assert cli.main(argv) == 0
+    want = {sc: fresh_heldout_seeds(sc, 2) for sc in scens}
+    assert want[scens[0]] != want[scens[1]]
+    return out, pd.read_csv(out / exp / "runs.csv"), want
+
+
+def _assert_own_seeds(runs, want: dict) -> None:
+    """Every (scenario, policy) of ``runs`` ran exactly its scenario's seeds of ``want``."""
+    for (sc, pol), g in runs.groupby(["scenario", "policy"]):
+        assert sorted(g["seed"]) == want[sc], (sc, pol)
+
+
 @pytest.mark.slow
 def test_headline_heldout_seeds_per_scenario(tmp_path):
     """--heldout-seeds: each scenario runs its own fresh held-out starts (a learned agent's unseen days),
     every policy of a scenario the same ones, and RESULTS.md lists them per scenario."""
-    from eval.heldout_seeds import fresh_heldout_seeds
-
-    out = tmp_path / "res"
     scens = ["llama8b-low", "qwen7b-low"]
-    argv = ["experiment", "headline", "--scenarios", ",".join(scens), "--policies", "rr,greedy-cap", "--preset", "full",
-            "--window-s", "4", "--warmup-s", "2", "--seeds", "2", "--heldout-seeds", "--workers", "1", "--no-progress",
-            "--no-tensorboard", "--no-plots", "--out", str(out)]
-    assert cli.main(argv) == 0
-    runs = pd.read_csv(out / "headline" / "runs.csv")
-    want = {sc: fresh_heldout_seeds(sc, 2) for sc in scens}
-    assert want["llama8b-low"] != want["qwen7b-low"]  # the test means something only if they differ
-    for (sc, pol), g in runs.groupby(["scenario", "policy"]):
-        assert sorted(g["seed"]) == want[sc], (sc, pol)
+    out, runs, want = _heldout_run(tmp_path, "headline", scens, ["--policies", "rr,greedy-cap"])
+    _assert_own_seeds(runs, want)
     md = tmp_path / "R.md"
     assert cli.main(["report", str(out), "--out", str(md), "--figures", str(tmp_path / "figs")]) == 0
     text = md.read_text()
@@ -97,19 +108,10 @@ def test_headline_heldout_seeds_per_scenario(tmp_path):
 def test_heldout_seeds_per_scenario_in_experiments_b_and_e(tmp_path, exp, extra, policies):
     """Experiments b and e take --heldout-seeds too: every policy (and knob value) of a scenario runs
     that scenario's own fresh held-out starts."""
-    from eval.heldout_seeds import fresh_heldout_seeds
-
-    out = tmp_path / "res"
     scens = ["llama8b-low", "mixtral8x7b-low"]
-    argv = ["experiment", exp, "--scenarios", ",".join(scens), *extra, "--preset", "full", "--window-s", "4", "--warmup-s", "2",
-            "--seeds", "2", "--heldout-seeds", "--workers", "1", "--no-progress", "--no-tensorboard", "--no-plots", "--out", str(out)]
-    assert cli.main(argv) == 0
-    runs = pd.read_csv(out / exp / "runs.csv")
-    want = {sc: fresh_heldout_seeds(sc, 2) for sc in scens}
-    assert want["llama8b-low"] != want["mixtral8x7b-low"]
+    out, runs, want = _heldout_run(tmp_path, exp, scens, extra)
     assert set(runs["policy"]) == policies
-    for (sc, pol), g in runs.groupby(["scenario", "policy"]):
-        assert sorted(g["seed"]) == want[sc], (sc, pol)
+    _assert_own_seeds(runs, want)
     if exp == "milp-vs-ilp":  # the capped ILP has its own columns: reduction, violation and the paired gap
         table = pd.read_csv(out / exp / "milp-vs-ilp.csv")
         assert list(table["scenario"]) == scens and "gap_vs_ilp-cap_pp" in table
@@ -120,17 +122,8 @@ def test_heldout_seeds_per_scenario_in_experiments_b_and_e(tmp_path, exp, extra,
 def test_heldout_seeds_per_scenario_in_experiment_c(tmp_path):
     """Experiment c (predictor vs oracle) takes --heldout-seeds: both variants of a scenario run that
     scenario's own fresh held-out starts, paired by seed in its table."""
-    from eval.heldout_seeds import fresh_heldout_seeds
-
-    out = tmp_path / "res"
     scens = ["llama8b-low", "mixtral8x7b-low"]
-    argv = ["experiment", "predictor", "--scenarios", ",".join(scens), "--policies", "greedy-cap", "--preset", "full", "--window-s", "4",
-            "--warmup-s", "2", "--seeds", "2", "--heldout-seeds", "--workers", "1", "--no-progress", "--no-tensorboard", "--no-plots",
-            "--out", str(out)]
-    assert cli.main(argv) == 0
-    runs = pd.read_csv(out / "predictor" / "runs.csv")
-    want = {sc: fresh_heldout_seeds(sc, 2) for sc in scens}
-    assert want["llama8b-low"] != want["mixtral8x7b-low"]
+    out, runs, want = _heldout_run(tmp_path, "predictor", scens, ["--policies", "greedy-cap"])
     labels = {f"{sc}[{v}]": sc for sc in scens for v in ("predicted", "oracle")}
     assert set(runs["scenario"]) == set(labels) and set(runs["policy"]) == {"rr", "greedy-cap"}
     for (label, pol), g in runs.groupby(["scenario", "policy"]):
@@ -145,20 +138,11 @@ def test_heldout_seeds_per_scenario_in_experiment_h(tmp_path):
     policy deciding capacity run the scenario's own fresh held-out starts, and the section lists
     them per scenario (no 'one start' objection)."""
     from eval import capacity_report as cr
-    from eval.heldout_seeds import fresh_heldout_seeds
 
-    out = tmp_path / "res"
     scens = ["llama8b-low", "mixtral8x7b-low"]
-    argv = ["experiment", "capacity", "--scenarios", ",".join(scens), "--policies", "rr,rr+reactive", "--preset", "full",
-            "--window-s", "4", "--warmup-s", "2", "--seeds", "2", "--heldout-seeds", "--workers", "1", "--no-progress",
-            "--no-tensorboard", "--no-plots", "--out", str(out)]
-    assert cli.main(argv) == 0
-    runs = pd.read_csv(out / "capacity" / "runs.csv")
-    want = {sc: fresh_heldout_seeds(sc, 2) for sc in scens}
-    assert want["llama8b-low"] != want["mixtral8x7b-low"]
+    out, runs, want = _heldout_run(tmp_path, "capacity", scens, ["--policies", "rr,rr+reactive"])
     assert set(runs["policy"]) == {cr.ALWAYS_ON_LABEL, "rr", "rr+reactive"}
-    for (sc, pol), g in runs.groupby(["scenario", "policy"]):
-        assert sorted(g["seed"]) == want[sc], (sc, pol)
+    _assert_own_seeds(runs, want)
     assert f"seeds llama8b-low: {', '.join(map(str, want['llama8b-low']))}; mixtral8x7b-low: " in (out / "capacity" / "capacity.md").read_text()
     text = cr.capacity_section(str(out))
     assert "- starts: 2 per scenario (each scenario its own fresh held-out seeds" in text and "One start (seed)" not in text
