@@ -50,6 +50,7 @@ import numpy as np
 
 from ._toml import data_path, load_toml
 from .errors import ConfigError, DataError, check_finite_nonneg
+from .numeric import exact_dot
 from .schema import integer, num, spec, string
 from .workload import fit_context
 
@@ -111,7 +112,7 @@ class SessionParams:
     @property
     def mean_turns(self) -> float:
         """E[turns per session] of the pmf."""
-        return float(np.dot(np.arange(1, self.turns_pmf.size + 1), self.turns_pmf))
+        return exact_dot(np.arange(1, self.turns_pmf.size + 1), self.turns_pmf)
 
 
 def _params_path(name_or_path: str) -> Path:

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from carbon_gym.numeric import exact_dot
+
 from ._highs import new_highs
 from ._highs import run as run_highs
 from .facility_model import FacilityConfig, FacilityData, class_greedy, engine_terms
@@ -279,9 +281,9 @@ def solve_highspy(  # noqa: C901 - one pass through the solve's stages, each a f
         xf = np.floor(col[:lay.n_x] + 1e-6)
         df = np.floor(col[lay.defer0:lay.y0] + 1e-6)
         xr, dr = class_greedy(data, xf, df)
-        candidates.append((float(cost @ _complete_solution(data, lay, xr, dr)), xr, dr, "lp-rounding"))
+        candidates.append((exact_dot(cost, _complete_solution(data, lay, xr, dr)), xr, dr, "lp-rounding"))
     if warm is not None:
-        candidates.append((float(cost @ _complete_solution(data, lay, warm[0], warm[1])), warm[0], warm[1], "greedy"))
+        candidates.append((exact_dot(cost, _complete_solution(data, lay, warm[0], warm[1])), warm[0], warm[1], "greedy"))
     best = min(candidates, key=lambda t: t[0]) if candidates else None
 
     def gap_of(obj: float) -> float:
