@@ -22,6 +22,7 @@ from .control import EnvCapacity
 from .episode import EpisodeTally
 from .errors import ConfigError, RecordWriteError, check_choice
 from .faults import has_carbon_feed_gap
+from .numeric import episode_steps
 from .observation import (CARBON_SCALE_G_PER_KWH, ENV_VERSION, ESTIMATE_CAP, OBS_HIGH, PREFILL_REF_TOKENS,  # noqa: F401
                           QUEUE_PER_ENGINE_SCALE, TOKENS_SCALE, TPOT_SLOPE_REF_SEQS, DatacenterEncoder, ObservationLayout,
                           check_env_compatible, decode_observation, env_fingerprint, features_markdown,
@@ -34,6 +35,8 @@ from .sim.results import SNAPSHOT_ARRAY_ROWS, snapshot_from_array
 from .state import DatacenterState, EnvState, PendingRequests
 
 if TYPE_CHECKING:  # pragma: no cover
+    from gymnasium.envs.registration import EnvSpec
+
     from .scenario import Scenario
     from .sim import Simulator
     from .sim.records import AbortedRequests, RequestRecords
@@ -255,6 +258,7 @@ class GeoServeEnv(gym.Env):
     """
 
     metadata = {"render_modes": []}
+    _spec: EnvSpec | None = None
 
     def __init__(
         self,
@@ -277,7 +281,7 @@ class GeoServeEnv(gym.Env):
         sc = self._scenario
         self._P = float(sc.polling_period_s)
         self._duration = float(sc.duration_s)
-        self._n_steps = max(1, int(math.ceil(self._duration / self._P - 1e-9)))
+        self._n_steps = episode_steps(self._duration, self._P)
         self._ttft_target = float(sc.ttft_s)
         self._tpot_target = float(sc.tpot_s)
         self._carbon_weight = float(sc.env.carbon_weight)
@@ -444,6 +448,25 @@ class GeoServeEnv(gym.Env):
     def max_episode_steps(self) -> int:
         """Steps in an episode: ceil(duration_s / polling_period_s)."""
         return self._n_steps
+
+    @property
+    def spec(self) -> EnvSpec | None:
+        """Gymnasium's ``EnvSpec`` of this env (set by ``gymnasium.make``), its
+        ``max_episode_steps`` always this env's own :attr:`max_episode_steps`."""
+        return self._spec
+
+    @spec.setter
+    def spec(self, value: EnvSpec | None) -> None:
+        if value is not None and value.max_episode_steps != self._n_steps:
+            registered = gym.registry.get(value.id)
+            limit = registered.max_episode_steps if registered is not None else None
+            if limit is not None and limit < self._n_steps:
+                warnings.warn(f"{value.id} is registered with max_episode_steps={limit} (its scenario as shipped), but these "
+                              f"arguments give {self._n_steps} steps: gymnasium.make's TimeLimit would end the episode before "
+                              f"its last step and drain; pass max_episode_steps={self._n_steps} to gymnasium.make "
+                              "(nothing to do if you did)", stacklevel=3)
+            value = dataclasses.replace(value, max_episode_steps=self._n_steps)
+        self._spec = value
 
     @property
     def last_completed(self) -> RequestRecords | None:

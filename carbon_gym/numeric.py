@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-__all__ = ["exact_dot"]
+__all__ = ["episode_steps", "exact_dot"]
 
 
 def exact_dot(a: np.ndarray, b: np.ndarray) -> float:
@@ -28,3 +28,10 @@ def exact_dot(a: np.ndarray, b: np.ndarray) -> float:
     if x.ndim != 1 or x.shape != y.shape:
         raise ValueError(f"exact_dot: needs two 1-D arrays of one length, got shapes {x.shape} and {y.shape}")
     return math.fsum((x * y).tolist())
+
+
+def episode_steps(duration_s: float, polling_period_s: float) -> int:
+    """Decisions in an episode of ``duration_s`` seconds polled every ``polling_period_s``
+    seconds: ceil(duration / period) (at least 1; a duration within 1e-9 periods of a multiple
+    counts as that multiple). The env's length and its Gymnasium ``max_episode_steps``."""
+    return max(1, int(math.ceil(float(duration_s) / float(polling_period_s) - 1e-9)))

@@ -377,7 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     ev = sub.add_parser("eval", help="run a policy x scenario x seed matrix and write tables", description="Run every policy on every scenario and seed (common random numbers) and write summary.csv/.md, per-run, per-step and per-request records and TensorBoard scalars.")
-    add_run_args(ev, out_default=os.path.join("results", "eval"))
+    add_run_args(ev, out_default=os.path.join("runs", "eval"))
     ev.add_argument("--policies", default="all", help="comma list of policy names (see `carbon-gym policies`; also learned:<checkpoint.zip> and package.module:Class), or 'all' (default); rr is always added as the reference")
     ev.add_argument("--scenarios", default="dev", help="comma list of shipped scenario names or TOML paths (default: dev)")
     ev.add_argument("--no-fault-baseline", action="store_true", help="do not also run scenarios with [[faults]] without them (no fault report)")
@@ -438,7 +438,9 @@ def add_run_args(p: argparse.ArgumentParser, *, out_default: str) -> None:
     p.set_defaults(out_default=out_default)
     r.add_argument("--workers", type=_positive_int, default=None, help="local worker processes (default: all cores)")
     r.add_argument("--ray-address", default=None, help="run on Ray: 'local' for a local instance, 'auto' or ray://host:port for a cluster")
-    r.add_argument("--tensorboard", default=None, metavar="DIR", help="TensorBoard log dir (default: runs/eval/<name of --out>, beside training's runs/train: `tensorboard --logdir runs/` shows both)")
+    r.add_argument("--tensorboard", default=None, metavar="DIR", help="TensorBoard log dir (default: <--out>/tensorboard, or <--out>/<experiment>/tensorboard, so it is "
+                   "numbered or refused with --out; eval's default runs/eval/tensorboard sits beside training's runs/train: `tensorboard --logdir runs/` shows both); "
+                   "a DIR already holding event files is refused unless --overwrite")
     r.add_argument("--no-tensorboard", action="store_true", help="do not write TensorBoard scalars")
     r.add_argument("--format", choices=("parquet", "csv"), default="parquet", help="record files format (default parquet; csv if pyarrow is missing)")
     r.add_argument("--no-requests", action="store_true", help="do not write per-request records")
@@ -499,16 +501,30 @@ def _check_out_dir(out: str) -> None:
         raise UsageError("--out", f"directory {out!r} is not writable")
 
 
-def tensorboard_dir(args: argparse.Namespace, out: str) -> str | None:
-    """TensorBoard root of a run: ``--tensorboard``, else ``runs/eval/<name of out>`` (where
-    ``tensorboard --logdir runs/`` shows it beside training's ``runs/train/<run>``); None with
-    ``--no-tensorboard``."""
+def tensorboard_dir(args: argparse.Namespace, out: str, experiment: str | None = None) -> str | None:
+    """TensorBoard root of a run (or of ``experiment`` in ``out``): under ``--tensorboard``
+    (``<DIR>/<experiment>``), else ``<out>[/<experiment>]/tensorboard``, so that two ``--out``
+    directories never share a TensorBoard run (``--out`` itself is numbered or refused when it
+    holds results); None with ``--no-tensorboard``. A ``--tensorboard`` directory already
+    holding event files is refused unless ``--overwrite`` (then each run's own folder is
+    replaced, :func:`eval.writers.write_tensorboard`)."""
     if args.no_tensorboard:
         return None
-    if args.tensorboard:
-        return args.tensorboard
-    name = os.path.basename(os.path.normpath(os.path.abspath(out))) or "eval"
-    return os.path.join("runs", "eval", name)
+    if not args.tensorboard:
+        return os.path.join(out, *([experiment] if experiment else []), "tensorboard")
+    root = os.path.join(args.tensorboard, experiment) if experiment else args.tensorboard
+    if not args.overwrite and _holds_events(root):
+        raise UsageError("--tensorboard", f"{root!r} already holds TensorBoard event files (an earlier run's); "
+                         "choose another --tensorboard, leave it out (then <--out>/tensorboard), or --overwrite")
+    return root
+
+
+def _holds_events(root: str) -> bool:
+    """Whether any TensorBoard event file lies under ``root``."""
+    for _dir, _sub, files in os.walk(root):
+        if any(f.startswith("events.out.tfevents") for f in files):
+            return True
+    return False
 
 
 def _check_run_args(args: argparse.Namespace) -> None:
@@ -581,7 +597,7 @@ def cmd_eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from eval.tables import fault_markdown, summary_markdown
 
     print(summary_markdown(res.summary), end="")
-    print(f"wrote {os.path.join(out, 'summary.md')}" + (f"; TensorBoard: tensorboard --logdir {os.path.dirname(tb) or tb}" if tb else ""))
+    print(f"wrote {os.path.join(out, 'summary.md')}" + (f"; TensorBoard: tensorboard --logdir {tb}" if tb else ""))
     if res.fault_report is not None:
         pairs = ", ".join(f"{k} vs {v}" for k, v in res.twins.items())
         print(f"\nfault report ({pairs}: the same policies, seeds and episode starts without the faults; "
@@ -692,6 +708,7 @@ def cmd_experiment(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
         set_knob_values(knob_values_from_cli(args.knobs))
     out = resolve_out(args, names)
+    tensorboards = {n: tensorboard_dir(args, out, n) for n in names}  # (refused before any experiment runs)
     for n in names:
         table = experiments.run_experiment(
             n,
@@ -707,8 +724,7 @@ def cmd_experiment(args: argparse.Namespace, argv: Sequence[str]) -> int:
             policy_kwargs=_with_trust(parse_policy_args(args.policy_args), policies or [], args.trust_checkpoint),
             workers=args.workers,
             ray_address=args.ray_address,
-            tensorboard=None if args.no_tensorboard else (os.path.join(args.tensorboard, n) if args.tensorboard else
-                                                          os.path.join("runs", "eval", f"{os.path.basename(os.path.normpath(os.path.abspath(out)))}-{n}")),
+            tensorboard=tensorboards[n],
             fmt=args.format,
             requests=False if args.no_requests else ("all" if args.all_requests else True),
             plots=not args.no_plots,

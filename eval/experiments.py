@@ -229,7 +229,7 @@ def eval_matrix(
     duration_s: float | None = None,
     overrides: Mapping[str, Any] | None = None,
     policy_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
-    out: str = "results/eval",
+    out: str = "runs/eval",
     workers: int | None = None,
     ray_address: str | None = None,
     tensorboard: str | None = None,

@@ -146,10 +146,16 @@ def read_table(path_stem_or_path: str):
 
 
 def write_tensorboard(result: RunResult, root: str, reduction_pct: float | None = None) -> str:
-    """Write one run's per-step scalars (and the final reduction) under ``root``; returns its dir."""
+    """Write one run's per-step scalars (and the final reduction) under ``root``; returns its dir.
+    Event files an earlier run left in that dir are removed first, so a rerun replaces the run
+    rather than merging into it."""
     from eval.tb import TAGS, ScalarWriter, run_dir
 
     d = run_dir(root, result.spec.scenario_name, result.spec.policy_name, result.spec.seed)
+    if os.path.isdir(d):
+        for f in os.listdir(d):
+            if f.startswith("events.out.tfevents"):
+                os.remove(os.path.join(d, f))
     steps = result.steps
     cols = {
         TAGS.carbon_step_g: "carbon_g",

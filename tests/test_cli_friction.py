@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -80,21 +82,63 @@ def test_eval_keeps_the_scenarios_carbon_start_and_says_so(tmp_path, capsys):
 def test_results_are_versioned_or_refused_never_overwritten(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     base = ["--policies", "rr", "--scenarios", "dev", "--seeds", "1", "--duration-s", "2", *QUIET]
-    assert _eval(base) == 0 and (tmp_path / "results" / "eval" / "config.json").is_file()
-    first = (tmp_path / "results" / "eval" / "config.json").read_text()
+    assert _eval(base) == 0 and (tmp_path / "runs" / "eval" / "config.json").is_file()
+    first = (tmp_path / "runs" / "eval" / "config.json").read_text()
     assert _eval(base) == 0  # the default --out holds results: the next version, said
-    assert "writing to 'results/eval-2'" in capsys.readouterr().err
-    assert (tmp_path / "results" / "eval-2" / "config.json").is_file()
-    assert (tmp_path / "results" / "eval" / "config.json").read_text() == first
+    assert "writing to 'runs/eval-2'" in capsys.readouterr().err
+    assert (tmp_path / "runs" / "eval-2" / "config.json").is_file()
+    assert (tmp_path / "runs" / "eval" / "config.json").read_text() == first
     # an explicit --out holding results: refused, unless --overwrite
-    assert _eval(base + ["--out", "results/eval"]) == 2
-    assert "--out: 'results/eval' already holds results" in capsys.readouterr().err
-    assert _eval(base + ["--out", "results/eval", "--overwrite"]) == 0
+    assert _eval(base + ["--out", "runs/eval"]) == 2
+    assert "--out: 'runs/eval' already holds results" in capsys.readouterr().err
+    assert _eval(base + ["--out", "runs/eval", "--overwrite"]) == 0
     # experiments: the same, per experiment directory
     assert cli.main(["experiment", "headline", "--scenarios", "dev", "--policies", "rr", "--seeds", "1", "--duration-s", "2",
-                     *QUIET, "--out", "results/eval"]) == 0  # (results/eval/headline is free)
+                     *QUIET, "--out", "runs/eval"]) == 0  # (runs/eval/headline is free)
     assert cli.main(["experiment", "headline", "--scenarios", "dev", "--policies", "rr", "--seeds", "1", "--duration-s", "2",
-                     *QUIET, "--out", "results/eval"]) == 2
+                     *QUIET, "--out", "runs/eval"]) == 2
+
+
+def test_default_outputs_are_ignored_by_git(tmp_path, monkeypatch):
+    """The quick-start's default --out (runs/eval, with its records and TensorBoard files) is
+    where the repository's .gitignore ignores everything: ``git add -A`` commits no scratch."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    repo = Path(__file__).resolve().parents[1]
+    shutil.copy(repo / ".gitignore", tmp_path / ".gitignore")
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    monkeypatch.chdir(tmp_path)
+    assert _eval(["--policies", "rr", "--scenarios", "dev", "--seeds", "1", "--duration-s", "2", "--no-progress", "--no-plots",
+                  "--workers", "1"]) == 0
+    written = [p for p in (tmp_path / "runs" / "eval").rglob("*") if p.is_file()]
+    assert any(p.name.startswith("events.out.tfevents") for p in written) and any(p.name == "summary.csv" for p in written)
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=tmp_path, check=True,
+                            capture_output=True, text=True).stdout.split("\n")
+    assert [line for line in status if line] == ["?? .gitignore"]
+
+
+def test_tensorboard_runs_follow_out_and_never_merge(tmp_path, monkeypatch, capsys):
+    """Two --out directories with the same name get two TensorBoard roots (under each --out);
+    a --tensorboard DIR holding an earlier run's events is refused, and --overwrite replaces the
+    run's event file instead of adding a second one beside it."""
+    monkeypatch.chdir(tmp_path)
+    base = ["--policies", "rr", "--scenarios", "dev", "--seeds", "1", "--duration-s", "2", "--no-progress", "--no-plots",
+            "--no-requests", "--workers", "1"]
+
+    def events(root: Path) -> list[Path]:
+        return sorted(root.rglob("events.out.tfevents*"))
+
+    assert _eval(base + ["--out", "a/same"]) == 0 and _eval(base + ["--out", "b/same"]) == 0
+    assert len(events(tmp_path / "a" / "same" / "tensorboard")) == 1
+    assert len(events(tmp_path / "b" / "same" / "tensorboard")) == 1
+    assert not (tmp_path / "runs").exists()
+    capsys.readouterr()
+    assert _eval(base + ["--out", "c", "--tensorboard", "tb"]) == 0 and len(events(tmp_path / "tb")) == 1
+    assert _eval(base + ["--out", "d", "--tensorboard", "tb"]) == 2
+    assert "--tensorboard: 'tb' already holds TensorBoard event files" in capsys.readouterr().err
+    assert not (tmp_path / "d" / "config.json").exists()  # refused before anything ran
+    assert _eval(base + ["--out", "d", "--tensorboard", "tb", "--overwrite"]) == 0
+    assert len(events(tmp_path / "tb")) == 1
 
 
 def test_report_refuses_to_replace_results_md_and_figures(tmp_path, capsys):
@@ -121,14 +165,19 @@ def test_report_refuses_to_replace_results_md_and_figures(tmp_path, capsys):
 # ------------------------------------------------------------------ TensorBoard beside training
 
 
-def test_eval_tensorboard_goes_under_runs_beside_training(tmp_path, monkeypatch):
+def test_eval_tensorboard_goes_under_out_and_the_default_beside_training(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert _eval(["--policies", "rr", "--scenarios", "dev", "--seeds", "1", "--duration-s", "2", "--no-progress", "--no-plots",
-                  "--no-requests", "--workers", "1", "--out", "results/mine"]) == 0
-    # `tensorboard --logdir runs/` (the README's line) reads runs/train/<run>/tb and this alike
-    run = tmp_path / "runs" / "eval" / "mine" / "dev" / "rr" / "seed_0"
+    quiet = ["--policies", "rr", "--scenarios", "dev", "--seeds", "1", "--duration-s", "2", "--no-progress", "--no-plots",
+             "--no-requests", "--workers", "1"]
+    assert _eval([*quiet, "--out", "results/mine"]) == 0
+    run = tmp_path / "results" / "mine" / "tensorboard" / "dev" / "rr" / "seed_0"
     assert run.is_dir() and any(p.name.startswith("events.out.tfevents") for p in run.iterdir())
-    assert not (tmp_path / "results" / "mine" / "tensorboard").exists()
+    assert not (tmp_path / "runs").exists()
+    # the default --out is runs/eval: `tensorboard --logdir runs/` (the README's line) reads
+    # runs/train/<run>/tb and runs/eval/tensorboard alike
+    assert _eval(quiet) == 0
+    run = tmp_path / "runs" / "eval" / "tensorboard" / "dev" / "rr" / "seed_0"
+    assert run.is_dir() and any(p.name.startswith("events.out.tfevents") for p in run.iterdir())
 
 
 # ------------------------------------------------------------------ progress in steps, notes

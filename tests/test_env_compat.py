@@ -106,3 +106,44 @@ def test_maskable_ppo_learns_a_few_steps() -> None:
     assert action.shape == (1, 64)
     allowed = masks.reshape(1, 64, 3)
     assert allowed[0, np.arange(64), action[0]].all()
+
+
+def test_max_episode_steps_is_the_episode_length_for_every_id() -> None:
+    """Issue 39 item 10: Gymnasium tools read ``spec.max_episode_steps``. Each shipped scenario's
+    id registers its length (read fast from the TOML; here checked against the full loader),
+    the any-scenario id none, and a made env's spec states its own length."""
+    from carbon_gym import env_id_for_scenario, registered_env_ids
+    from carbon_gym.numeric import episode_steps
+    from carbon_gym.scenario import load_scenario
+
+    assert gym.spec("carbon_gym/GeoServe-v0").max_episode_steps is None
+    ids = registered_env_ids()[1:]
+    assert len(ids) == 16
+    for env_id in ids:
+        name = gym.spec(env_id).kwargs["scenario"]
+        assert env_id == env_id_for_scenario(name)
+        sc = load_scenario(name)
+        assert gym.spec(env_id).max_episode_steps == episode_steps(sc.duration_s, sc.polling_period_s)
+    assert gym.spec(DEV).max_episode_steps == 60
+    assert gym.spec("carbon_gym/GeoServe-llama8b-diurnal-v0").max_episode_steps == 86400
+    assert gym.make("carbon_gym/GeoServe-v0", scenario="llama8b-moderate").spec.max_episode_steps == 600
+    assert episode_steps(60.0, 0.25) == 240 and episode_steps(1.0, 0.3) == 4 and episode_steps(0.6000000001, 0.2) == 3
+
+
+def test_made_env_ends_by_itself_at_its_max_episode_steps() -> None:
+    """The env truncates at its own last step (after its drain: the ledger is in that step's
+    info), which is where ``TimeLimit`` stands; a lengthened episode warns about the limit."""
+    env = make_short(5.0)
+    assert env.unwrapped.spec.max_episode_steps == 5 == env.unwrapped.max_episode_steps
+    _obs, info = env.reset(seed=0)
+    pol, steps = RoundRobinPolicy(), 0
+    while True:
+        _obs, _r, term, trunc, info = env.step(pol.act(None, info))
+        steps += 1
+        if term or trunc:
+            break
+    m = info["episode_metrics"]
+    assert steps == 5 and trunc and not term and m["ledger"]["ok"] and m["ledger"]["completed"] == m["ledger"]["arrived"] > 0
+    with pytest.warns(UserWarning, match="pass max_episode_steps=100 to gymnasium.make"):
+        env = gym.make(DEV, overrides={"duration_s": 100.0})
+    assert env.unwrapped.spec.max_episode_steps == 100 and env.spec.max_episode_steps == 60
