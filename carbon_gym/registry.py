@@ -13,7 +13,7 @@ Three forms of name are accepted by :func:`make_policy`:
 * a registered name or one of its aliases (``rr`` = ``round-robin``, ``milp`` =
   ``facility-milp``, ...). The registered name is the short one used in result tables
   (:func:`canonical_policy_name` maps an alias to it);
-* ``PREFIX:ARGUMENT`` for a registered prefix, e.g. ``learned:runs/ppo/best.zip`` (a trained
+* ``PREFIX:ARGUMENT`` for a registered prefix, e.g. ``learned:runs/ppo/best.npz`` (a trained
   checkpoint; :func:`register_policy_prefix`);
 * ``package.module:Class`` for a policy class of the user's own on the Python path: the class
   (or a factory function) is imported and built as ``Class(env, **kwargs)`` when its
@@ -152,7 +152,7 @@ def register_policy_prefix(
     replace: bool = False,
 ) -> PolicyInfo:
     """Register ``factory(argument, env, **kwargs)`` for names ``PREFIX:ARGUMENT``
-    (``register_policy_prefix("learned", f)`` serves ``learned:runs/x.zip``). A prefix never
+    (``register_policy_prefix("learned", f)`` serves ``learned:runs/x.npz``). A prefix never
     contains a dot, so ``package.module:Class`` stays the user-class form."""
     if not callable(factory):
         raise ConfigError("policy", f"factory of prefix {prefix!r} is not callable: {factory!r}")

@@ -106,7 +106,9 @@ def parse_assignments(items: Sequence[str] | None, argument: str) -> dict[str, A
 
 
 def parse_policy_args(items: Sequence[str] | None) -> dict[str, dict[str, Any]]:
-    """``["milp.slo_weight=10"]`` -> ``{"milp": {"slo_weight": 10}}`` (policy names as in tables)."""
+    """``["milp.slo_weight=10"]`` -> ``{"milp": {"slo_weight": 10}}`` (policy names as in tables).
+    ``POLICY.trust=...`` is refused (:class:`UsageError`): ``--trust-checkpoint`` is the one way
+    to admit a pickled checkpoint, so a policy argument cannot bypass its check."""
     from carbon_gym.registry import canonical_policy_name
 
     out: dict[str, dict[str, Any]] = {}
@@ -114,6 +116,9 @@ def parse_policy_args(items: Sequence[str] | None) -> dict[str, dict[str, Any]]:
         pol, dot, kw = key.rpartition(".") if key.count(".") > 1 else key.partition(".")
         if not dot or not kw or not pol:
             raise UsageError("--policy-arg", f"expected POLICY.KEY=VALUE, got {key!r}")
+        if kw == "trust":  # (trusting a pickled checkpoint is the command line's own flag, not a policy argument)
+            raise UsageError("--policy-arg", f"{key!r}: trust is not a policy argument; pass --trust-checkpoint "
+                             "to admit a pickled checkpoint you trust", ["--trust-checkpoint"])
         out.setdefault(canonical_policy_name(pol), {})[kw] = value
     return out
 
@@ -177,7 +182,7 @@ def split_list(text: str | None) -> list[str]:
 def resolve_policies(text: str, trust: bool = False) -> list[str]:
     """Comma list (or ``all``) -> validated policy names as in tables, ``rr`` first (the
     reference). Names are checked by the policy registry (:func:`carbon_gym.registry.check_policy_name`:
-    registered names and aliases, ``learned:<checkpoint.zip>`` with an existing file,
+    registered names and aliases, ``learned:<checkpoint.npz>`` with an existing file,
     importable ``package.module:Class``) before any run starts; a learned checkpoint must be
     pickle-free unless ``trust`` (``--trust-checkpoint``)."""
     from carbon_gym import registry
@@ -378,7 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser("eval", help="run a policy x scenario x seed matrix and write tables", description="Run every policy on every scenario and seed (common random numbers) and write summary.csv/.md, per-run, per-step and per-request records and TensorBoard scalars.")
     add_run_args(ev, out_default=os.path.join("runs", "eval"))
-    ev.add_argument("--policies", default="all", help="comma list of policy names (see `carbon-gym policies`; also learned:<checkpoint.zip> and package.module:Class), or 'all' (default); rr is always added as the reference")
+    ev.add_argument("--policies", default="all", help="comma list of policy names (see `carbon-gym policies`; also learned:<checkpoint.npz> and package.module:Class), or 'all' (default); rr is always added as the reference")
     ev.add_argument("--scenarios", default="dev", help="comma list of shipped scenario names or TOML paths (default: dev)")
     ev.add_argument("--no-fault-baseline", action="store_true", help="do not also run scenarios with [[faults]] without them (no fault report)")
     ev.add_argument("--spread-starts", action="store_true", help="start each seed at its own point of the carbon year (day x hour, a low-discrepancy sequence) instead of the scenario's carbon.start_utc, which eval keeps by default")
@@ -815,7 +820,7 @@ def cmd_policies(args: argparse.Namespace, argv: Sequence[str]) -> int:
         rows.append((name, alias, info.doc + ("" if info.in_all else "   (not in 'all')")))
     for prefix in registry.available_prefixes():
         info = registry.policy_info(prefix + ":x")
-        rows.append((f"{prefix}:<checkpoint.zip>", "", info.doc))
+        rows.append((f"{prefix}:<checkpoint.npz>", "", info.doc))
     rows.append(("package.module:Class", "", "a policy class of your own on the Python path (built as Class(env, **kw) or Class(**kw))"))
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)

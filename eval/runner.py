@@ -187,7 +187,7 @@ def split_label(text: str) -> tuple[str | None, str]:
 
 def policy_label(name: str) -> str:
     """Table name of a policy: its registered (short) name (``facility-milp`` -> ``milp``); a
-    prefix form's is ``<prefix>:<file stem>`` (``learned:runs/x/best.zip`` -> ``learned:best``);
+    prefix form's is ``<prefix>:<file stem>`` (``learned:runs/x/best.npz`` -> ``learned:best``);
     a ``module:Class`` form is its own label; ``NAME=POLICY`` is ``NAME``. (Two checkpoints with
     the same file name get labels by path: :func:`policy_labels`.)"""
     given, name = split_label(name)

@@ -114,7 +114,7 @@ def test_ppo_fine_tunes_a_capacity_checkpoint_on_dev(tmp_path):
     init = MaskablePPO.load(tmp_path / "run" / "checkpoints" / "step_000000000.zip", device="cpu").policy.net
     for k, v in start.state_dict().items():
         assert th.equal(init.state_dict()[k], v), k
-    model = MaskablePPO.load(out["final"], device="cpu")
+    model = MaskablePPO.load(out["final_zip"], device="cpu")
     net = model.policy.net
     assert net.capacity_head and model.policy.action_space.nvec.tolist()[-4:] == [9, 9, 2, 2]
     # ... and PPO moved the capacity head (its log-probability carries a gradient at the decisions)
@@ -158,7 +158,7 @@ def test_critic_warmup_moves_only_the_critic_then_ppo_moves_the_actor(tmp_path):
     changed = {k for k, v in warm.items() if not th.equal(v, s0[k])}
     assert changed and all(k.startswith("value_head") for k in changed), changed
     out = train(config_from_dict({**raw, "total_timesteps": 256}), tmp_path / "b", log=lambda _: None)
-    net = MaskablePPO.load(out["final"], device="cpu").policy.net.state_dict()
+    net = MaskablePPO.load(out["final_zip"], device="cpu").policy.net.state_dict()
     assert float((net["cap_head.0.weight"] - s0["cap_head.0.weight"]).abs().max()) > 1e-3
     # a checkpoint after the warm-up holds the full optimizer (every parameter), so it resumes
     b192 = MaskablePPO.load(tmp_path / "b" / "checkpoints" / "step_000000192.zip", device="cpu")

@@ -143,11 +143,15 @@ def save_checkpoint(run_dir: Path, model: Any, *, phase: str, keep: int = 2, ext
     if isinstance(env, VecNormalize):
         vn = ck / f"step_{t:09d}.vecnormalize.pkl"
         env.save(str(vn))
+    from .resume_state import save_resume_state, state_path_for
+
+    safe = save_resume_state(state_path_for(path), model, env if isinstance(env, VecNormalize) else None)
     state = {
         "num_timesteps": t,
         "phase": phase,
         "checkpoint": path.name,
         "vecnormalize": vn.name if vn else None,
+        "resume_state": safe.name,
         "saved_at": time.time(),
     }
     state.update(extra or {})
@@ -158,18 +162,35 @@ def save_checkpoint(run_dir: Path, model: Any, *, phase: str, keep: int = 2, ext
     for old in zips[: max(0, len(zips) - keep)]:
         old.unlink(missing_ok=True)
         Path(str(old).replace(".zip", ".vecnormalize.pkl")).unlink(missing_ok=True)
+        state_path_for(old).unlink(missing_ok=True)
     return path
 
 
 def latest_checkpoint(run_dir: Path) -> dict[str, Any] | None:
-    """``state.json`` of a run directory (with absolute paths), or None when there is none."""
+    """``state.json`` of a run directory (with absolute paths), or None when there is none.
+
+    The files it names must be plain names inside ``checkpoints/`` (:class:`ConfigError`, field
+    ``state.json``, otherwise); ``resume_state_path`` is the pickle-free resumption state
+    (:mod:`train.resume_state`), None in runs written before it existed."""
+    from carbon_gym.errors import ConfigError
+
     p = Path(run_dir) / "state.json"
     if not p.exists():
         return None
-    state = json.loads(p.read_text())
+    try:
+        state = json.loads(p.read_text())
+    except (ValueError, OSError) as exc:
+        raise ConfigError("state.json", f"{str(p)!r} is not readable JSON: {exc}") from None
+    if not isinstance(state, dict) or not isinstance(state.get("checkpoint"), str) or not isinstance(state.get("num_timesteps"), int):
+        raise ConfigError("state.json", f"{str(p)!r} needs 'checkpoint' (a file name) and 'num_timesteps' (an integer)")
     ck = Path(run_dir) / "checkpoints"
+    for key in ("checkpoint", "vecnormalize", "resume_state"):
+        name = state.get(key)
+        if name is not None and (not isinstance(name, str) or Path(name).name != name or name in ("", ".", "..")):
+            raise ConfigError("state.json", f"{str(p)!r}: {key} = {name!r} is not a file name inside {str(ck)!r}")
     state["checkpoint_path"] = str(ck / state["checkpoint"])
     state["vecnormalize_path"] = str(ck / state["vecnormalize"]) if state.get("vecnormalize") else None
+    state["resume_state_path"] = str(ck / state["resume_state"]) if state.get("resume_state") else None
     return state
 
 

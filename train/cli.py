@@ -7,12 +7,14 @@ Usage::
     carbon-gym train --config dev_maskable --resume          # continue an interrupted run
     carbon-gym train evaluate --checkpoint PATH --scenarios llama8b-moderate [--days 3] [--policies rr,greedy,milp]
     carbon-gym train export --checkpoint runs/train/llama8b_dagger_h8/best.npz --out train/checkpoints/llama8b_set.npz
-    carbon-gym train export --trust-checkpoint --checkpoint runs/train/llama8b/final.zip --out agent.npz
+    carbon-gym train export --checkpoint runs/train/llama8b/final.npz --out agent.npz --mode argmax
     carbon-gym train decision-time --scenario llama8b-moderate [--checkpoint PATH] [--steps 30]
     carbon-gym train imitate --config llama8b_dagger [--run-dir runs/train/llama8b_dagger] [--export PATH]
 
-Checkpoints are read in the pickle-free set-policy format (``.npz``, :mod:`train.checkpoint`);
-a stable-baselines3 ``.zip`` (training output) only with ``--trust-checkpoint``.
+A run writes its set policy in the pickle-free format (``<run-dir>/final.npz``, :mod:`train.checkpoint`)
+and resumes from pickle-free state (:mod:`train.resume_state`); checkpoints are read in that format, a
+stable-baselines3 ``.zip`` (also written, e.g. ``final.zip``, and a routing-weights PPO's only result)
+only with ``--trust-checkpoint``.
 
 TensorBoard: ``tensorboard --logdir runs/train``.
 """
@@ -47,7 +49,11 @@ def _train_parser() -> argparse.ArgumentParser:
                                 usage=f"{PROG} [-h] --config CONFIG [options]  |  {PROG} {{{','.join(SUBCOMMANDS)}}} ...")
     p.add_argument("--config", required=True, help="config file, or the name of one in train/configs/ (e.g. llama8b)")
     p.add_argument("--run-dir", default=None, help="run directory (default: runs/train/<config name>)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its latest checkpoint")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --run-dir from its latest pickle-free state (checkpoints/step_<t>.state.npz)")
+    p.add_argument("--trust-checkpoint", action="store_true",
+                   help="with --resume: admit a run folder that holds only pickled SB3 / VecNormalize files (one written "
+                        "before the pickle-free state existed); loading them can run their author's code")
     p.add_argument("--total-timesteps", type=int, default=None, help="override total_timesteps of the config")
     p.add_argument("--export", default=None, help="also export the final model to this path (a set policy in the pickle-free format, e.g. agent.npz)")
     p.add_argument("--verbose", action="store_true", help="print SB3's log tables")
@@ -56,7 +62,8 @@ def _train_parser() -> argparse.ArgumentParser:
 
 def _eval_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"{PROG} evaluate", description="Evaluate a checkpoint against the schedulers on held-out days.")
-    p.add_argument("--checkpoint", default=None, help="checkpoint .zip (default: the shipped one)")
+    p.add_argument("--checkpoint", default=None,
+                   help="checkpoint .npz, e.g. runs/train/<run>/final.npz (default: the shipped one; an SB3 .zip needs --trust-checkpoint)")
     p.add_argument("--scenarios", default="llama8b-low,llama8b-moderate,llama8b-high")
     p.add_argument("--policies", default="rr,greedy,ilp,milp", help="baselines to compare with (policy registry names, short or long)")
     p.add_argument("--days", type=int, default=3, help="held-out episode starts per scenario")
@@ -82,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if argv and argv[0] == "export":
             ap = argparse.ArgumentParser(prog=f"{PROG} export", description="Write a checkpoint for evaluation and sharing: a set policy in the pickle-free format.")
-            ap.add_argument("--checkpoint", required=True, help="e.g. runs/train/<run>/best.npz, or (with --trust-checkpoint) .../final.zip")
+            ap.add_argument("--checkpoint", required=True, help="e.g. runs/train/<run>/final.npz or best.npz, or (with --trust-checkpoint) an SB3 .zip")
             ap.add_argument("--out", required=True, help="e.g. train/checkpoints/llama8b_set.npz")
             ap.add_argument("--trust-checkpoint", action="store_true",
                             help="admit a stable-baselines3 .zip (loading one unpickles objects, which can run its author's code)")
@@ -102,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if argv and argv[0] == "decision-time":
             ap = argparse.ArgumentParser(prog=f"{PROG} decision-time", description="Paired decision-time benchmark: learned vs a scheduler on the same observations.")
-            ap.add_argument("--checkpoint", default=None)
+            ap.add_argument("--checkpoint", default=None, help="checkpoint .npz (default: the shipped one; an SB3 .zip needs --trust-checkpoint)")
             ap.add_argument("--scenario", default="llama8b-moderate")
             ap.add_argument("--other", default="facility-milp")
             ap.add_argument("--steps", type=int, default=30)
@@ -154,11 +161,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         over = {"total_timesteps": args.total_timesteps} if args.total_timesteps is not None else None
         cfg = load_config(args.config, over)
         run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / "train" / cfg.name
-        summary = train(cfg, run_dir, resume=args.resume, verbose=args.verbose)
+        summary = train(cfg, run_dir, resume=args.resume, verbose=args.verbose, trust=args.trust_checkpoint)
+        print(f"final policy: {summary['final']}")
         if args.export:
             from .policy import export_checkpoint
 
-            dst = export_checkpoint(summary["final"], args.export, trust=True)  # (the model this run just saved)
+            # (the model this run itself just saved, not a file handed over)
+            dst = export_checkpoint(summary["final_zip"], args.export, trust=True)
             print(f"exported {dst} ({dst.stat().st_size / 1024:.0f} KiB)")
         ev = summary.get("last_eval") or {}
         if ev:

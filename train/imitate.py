@@ -443,7 +443,7 @@ def run_dagger(cfg: Any, run_dir: str | Path, *, log: Callable[[str], None] = pr
             + f", score {score:.2f} ({time.perf_counter() - t0:.0f} s)")
         (run / "dagger.json").write_text(json.dumps({"refs": refs, "val_start_utc": val_start, "val_starts_utc": starts, "rounds": rounds,
                                                       "best_round": best[1], "wall_s": time.perf_counter() - t_all}, indent=1, default=float))
-    net.load_state_dict(th.load(run / f"round_{best[1]}.pt"))
+    net.load_state_dict(th.load(run / f"round_{best[1]}.pt", weights_only=True))  # (tensors only: nothing unpickled runs code)
     training = {"method": "class-level DAgger (carbon-gym train imitate)", "config": cfg.to_dict(),
                 "data_days": {"heldout_every_days": cfg.heldout_every_days,
                               "training_days": f"days of the year d with d % {cfg.heldout_every_days} != 0",

@@ -4,7 +4,7 @@ Usage::
 
     python -m train.rank_candidates [--incumbent NAME] [--rule targets|margin] RESULTS.json [...]
 
-Each file is the ``--json`` output of ``carbon-gym train evaluate --checkpoint CANDIDATE.zip``
+Each file is the ``--json`` output of ``carbon-gym train evaluate --checkpoint CANDIDATE.npz``
 on the selection days. The candidate's name is the file's stem minus a ``sel_`` prefix (or
 ``selN_`` / ``selN-M_``, N and M digits, for runs over further days); files of the same name are
 merged (their episodes united and summarised again; an episode in two files is an error).

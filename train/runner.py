@@ -8,7 +8,10 @@ Run directory layout (``runs/train/<name>`` by default)::
     tb/                    the TensorBoard run (SB3 losses, domain scalars, bc/*); a resumed run
                            appends to it, continuing the timestep axis
     tb/progress.csv        the same scalars as CSV (rows from before a resume: progress.before_<t>_<k>.csv)
-    final.zip              the final model (what LearnedPolicy.load reads)
+    checkpoints/           step_<t>.state.npz: the pickle-free resumption state --resume reads
+    final.npz              the final set policy, pickle-free (learned:<run>/final.npz loads it
+                           without --trust-checkpoint); none for a routing-weights PPO
+    final.zip              the final SB3 model (pickled: loading it needs --trust-checkpoint)
     eval_history.json      the held-out evaluation episodes (timesteps, reduction vs rr, ...)
     bc.json                behaviour-cloning statistics (when a warm start ran)
     curves.png             learning curves (train.curves.plot_run)
@@ -94,9 +97,13 @@ def train(  # noqa: C901
     verbose: bool = False,
     log: Callable[[str], None] = print,
     stop_after_timesteps: int | None = None,
+    trust: bool = False,
 ) -> dict[str, Any]:
     """Run (or resume) training. Returns a summary dict (timesteps, wall time, paths, last evaluation).
 
+    A resume reads the run's pickle-free state (``checkpoints/step_<t>.state.npz``,
+    :mod:`train.resume_state`); a run folder with only pickled SB3 / VecNormalize files resumes
+    only with ``trust`` (``--trust-checkpoint``), :class:`ConfigError` otherwise.
     ``stop_after_timesteps`` ends this invocation early (as an interruption would) after the
     given number of timesteps, leaving a checkpoint to resume from (used by tests).
     """
@@ -117,6 +124,13 @@ def train(  # noqa: C901
         old = json.loads(cfg_path.read_text())
         if old.get("digest") != cfg.digest():
             raise ConfigError("config", f"--resume: {run} was trained with another config (digest {old.get('digest')} != {cfg.digest()})")
+    if state is not None and not state.get("resume_state_path") and not trust:
+        # A run folder without a pickle-free state (written before it existed, or by hand): its
+        # SB3 .zip and VecNormalize .pkl unpickle objects, which can run their author's code.
+        pickled = ", ".join(str(state[k]) for k in ("checkpoint", "vecnormalize") if state.get(k))
+        raise ConfigError("--trust-checkpoint", f"--resume: {str(run / 'state.json')!r} names only pickled files "
+                          f"({pickled}) and no pickle-free resume_state; loading them can run their author's code: "
+                          "refused without trust", allowed=["--trust-checkpoint (only for a run folder you made)"])
     if not resume and (run / "state.json").exists():
         raise ConfigError("run_dir", f"{run} already holds a run: pass --resume to continue it, or another --run-dir")
     if resume and state is None:
@@ -140,7 +154,19 @@ def train(  # noqa: C901
     # configure() writes progress.csv inside tb/; TensorBoard ignores it.
     algo = _algo_class(cfg)
     bc_stats = None
-    if state is not None:
+    if state is not None and state.get("resume_state_path"):
+        # The pickle-free state (train.resume_state): the model is built from the config, its
+        # tensors and counters copied in; nothing in the run folder is unpickled.
+        from .resume_state import load_resume_state
+
+        if use_vn:
+            venv = VecNormalize(venv, norm_obs=False, norm_reward=True, gamma=gamma,
+                                clip_reward=float(cfg.vec_normalize.get("clip_reward", 10.0)))
+        model = build_model(cfg, venv, verbose=0)
+        load_resume_state(state["resume_state_path"], model, venv if use_vn else None)
+        model.set_logger(logger)
+        log(f"resume: {state['resume_state']} at {model.num_timesteps} timesteps (phase {state['phase']})")
+    elif state is not None:
         if use_vn:
             if not state.get("vecnormalize_path"):
                 raise ConfigError("vec_normalize", "checkpoint has no VecNormalize statistics but the config uses them")
@@ -193,6 +219,7 @@ def train(  # noqa: C901
     save_checkpoint(run, model, phase="done" if model.num_timesteps >= cfg.total_timesteps else "ppo", keep=cfg.keep_checkpoints)
     model.save(run / "final.zip")
     write_checkpoint_env(run / "final.zip")
+    final_npz = _export_final(model, run)
     hist_path.write_text(json.dumps(domain.history, indent=2))
     venv.close()
     last = domain.history[-1] if domain.history else {}
@@ -200,7 +227,8 @@ def train(  # noqa: C901
         "num_timesteps": int(model.num_timesteps),
         "wall_s": time.perf_counter() - t_start,
         "run_dir": str(run),
-        "final": str(run / "final.zip"),
+        "final": str(final_npz or run / "final.zip"),
+        "final_zip": str(run / "final.zip"),
         "last_eval": last,
         "bc": None if bc_stats is None else {k: v for k, v in bc_stats.items() if k != "history"},
     }
@@ -212,6 +240,20 @@ def train(  # noqa: C901
         pass
     log(f"trained {summary['num_timesteps']} timesteps in {summary['wall_s']:.0f} s -> {summary['final']}")
     return summary
+
+
+def _export_final(model: Any, run: Path) -> Path | None:
+    """``run/final.npz``: the trained set policy in the pickle-free format (what ``learned:<path>``
+    loads without ``--trust-checkpoint``), written from the model in memory; None for a
+    routing-weights PPO (no pickle-free format: its ``final.zip`` is the result)."""
+    from .checkpoint import save_set_checkpoint
+    from .policy import LearnedPolicy, _training_record
+
+    pol = LearnedPolicy(model)
+    if pol.kind != "set":
+        return None
+    return save_set_checkpoint(run / "final.npz", pol.net, policy={"mode": pol.mode, **pol.safety},
+                               training=_training_record(run / "final.zip"), fingerprint=pol.fingerprint)
 
 
 def init_from_checkpoint(model: Any, path: str | Path, log: Callable[[str], None] = print) -> None:
