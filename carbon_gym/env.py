@@ -20,7 +20,7 @@ from . import pending as P
 from .actions import parse_route_action
 from .control import EnvCapacity
 from .episode import EpisodeTally
-from .errors import ConfigError, RecordWriteError, check_choice
+from .errors import ConfigError, RecordWriteError, check_choice, check_seed
 from .faults import has_carbon_feed_gap
 from .numeric import episode_steps
 from .observation import (CARBON_SCALE_G_PER_KWH, ENV_VERSION, ESTIMATE_CAP, OBS_HIGH, PREFILL_REF_TOKENS,  # noqa: F401
@@ -475,11 +475,14 @@ class GeoServeEnv(gym.Env):
 
     # ------------------------------------------------------------------ reset
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
-        """Start a new episode (see the class docstring, Starting State)."""
+        """Start a new episode (see the class docstring, Starting State). ``seed``: None or an
+        integer >= 0, a Python ``int`` or any numpy integer; anything else is a
+        :class:`~carbon_gym.errors.ConfigError` naming ``seed``."""
         if options is not None and not isinstance(options, dict):
             raise ConfigError("options", f"expected a dict or None, got {type(options).__name__}", allowed=[None, {}])
         if options:
             raise ConfigError("options", f"no reset options are supported, got {sorted(options)}", allowed=[])
+        seed = check_seed(seed)  # (numpy integers accepted; the rest named, not Gymnasium's bare Error)
         if seed is None and self._np_random is None:
             seed = int(self._scenario.seed)
         super().reset(seed=seed)

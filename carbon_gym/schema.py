@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
+
 from .errors import ConfigError
 
 __all__ = ["Ctx", "Check", "num", "integer", "string", "boolean", "list_of", "table_of", "tables_of", "raw_tables",
@@ -75,7 +77,7 @@ def integer(lo: int | None = None, hi: int | None = None) -> Check:
     """An integer in ``[lo, hi]``."""
 
     def check(v: Any, path: str, ctx: Ctx) -> int:
-        if isinstance(v, bool) or not isinstance(v, int):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):  # (numpy integers too)
             raise ctx.err(path, f"expected an integer, got {v!r}")
         if (lo is not None and v < lo) or (hi is not None and v > hi):
             raise ctx.err(path, f"{v} is out of range", allowed=f"[{lo}, {hi if hi is not None else 'inf'}]")

@@ -126,3 +126,83 @@ def test_record_dir_unwritable(tmp_path) -> None:
             GeoServeEnv("dev", record_dir=d)
     finally:
         d.chmod(0o700)
+
+
+# ------------------------------------------------------------------ issue 42, item 1: a real full filesystem
+import json  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Runs the dev env with records under argv[1] until a write fails, in a Gymnasium AsyncVectorEnv
+#: (argv[2] == "vector": the worker's error re-raised as ``type(err)(str(err))``) or plainly;
+#: argv[3] (optional): RLIMIT_FSIZE in bytes (SIGXFSZ ignored, so writes past it fail with EFBIG).
+_RUN_TO_FULL = r'''
+import json, resource, signal, sys, warnings
+import numpy as np
+import gymnasium as gym
+from carbon_gym.env import GeoServeEnv
+warnings.simplefilter("ignore")
+
+def make():
+    return GeoServeEnv("dev", overrides={"duration_s": 60.0}, record_dir=sys.argv[1], record_chunk_rows=8)
+
+if len(sys.argv) > 3:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[3]), resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+env = gym.vector.AsyncVectorEnv([make], context="fork", shared_memory=False) if sys.argv[2] == "vector" else make()
+env.reset(seed=0)
+n = env.single_action_space.shape[0] if sys.argv[2] == "vector" else env.action_space.shape[0]
+out = {"type": None}
+try:
+    for k in range(500):
+        a = np.arange(n) % 3
+        env.step(a[None] if sys.argv[2] == "vector" else a)
+except Exception as e:
+    out = {"type": type(e).__name__, "msg": str(e), "directory": getattr(e, "directory", None)}
+print(json.dumps(out))
+'''
+
+
+def _run_to_full(cmd_prefix: list[str], record_dir: str, mode: str, *extra: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
+    res = subprocess.run([*cmd_prefix, sys.executable, "-c", _RUN_TO_FULL, record_dir, mode, *extra], env=env,
+                         capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def _tmpfs_prefix(mount: str, size: str) -> list[str]:
+    """``unshare -rm`` + a tmpfs of ``size`` at ``mount`` (a private mount namespace, no root
+    needed where user namespaces are allowed), or a skip saying why not."""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1): cannot mount a small tmpfs without root")
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size={size} tmpfs {mount}"],
+                           capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+        pytest.skip(f"unprivileged tmpfs mount not allowed here: {probe.stderr.strip()[:200]}")
+    return ["unshare", "-rm", "sh", "-c", f'mount -t tmpfs -o size={size} tmpfs {mount} && exec "$@"', "sh"]
+
+
+@pytest.mark.parametrize("mode", ["plain", "vector"])
+def test_full_tmpfs_gives_record_write_error(tmp_path, mode: str) -> None:
+    """A real 12 KiB filesystem fills up: the env (and Gymnasium's AsyncVectorEnv re-raising the
+    worker's error, formerly a TypeError) raises RecordWriteError naming the directory and ENOSPC."""
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    out = _run_to_full(_tmpfs_prefix(str(mount), "12k"), str(mount / "rec"), mode)
+    assert out["type"] == "RecordWriteError", out
+    assert out["msg"].startswith(f"record_dir {mount}/rec/episode-00000: cannot write part-000")
+    assert "No space left on device" in out["msg"] and "unwritten records are kept in memory" in out["msg"]
+    assert out["directory"] == f"{mount}/rec/episode-00000"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_FSIZE / SIGXFSZ behaviour checked on Linux only")
+@pytest.mark.parametrize("mode", ["plain", "vector"])
+def test_file_size_limit_gives_record_write_error(tmp_path, mode: str) -> None:
+    """RLIMIT_FSIZE of 6000 bytes (SIGXFSZ ignored): the chunk file that passes it fails with EFBIG."""
+    out = _run_to_full([], str(tmp_path / "rec"), mode, "6000")
+    assert out["type"] == "RecordWriteError", out
+    assert "File too large" in out["msg"] and out["directory"] == str(tmp_path / "rec" / "episode-00000")

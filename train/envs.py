@@ -18,7 +18,7 @@ import gymnasium as gym
 import numpy as np
 
 from carbon_gym.env import GeoServeEnv
-from carbon_gym.errors import ConfigError
+from carbon_gym.errors import ConfigError, check_seed
 
 __all__ = [
     "CARBON_YEAR",
@@ -157,7 +157,7 @@ class ScenarioMixEnv(gym.Env):
         return env
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
-        super().reset(seed=seed)
+        super().reset(seed=check_seed(seed))
         rng = self.np_random
         scenario = self._scenarios[int(rng.integers(len(self._scenarios)))]
         start = training_start(rng, self._every)
