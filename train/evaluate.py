@@ -158,12 +158,15 @@ def run_evaluation(*, checkpoint: str | None, scenarios: Sequence[str], baseline
     The episodes are the held-out starts ``skip_days .. skip_days + days - 1`` of
     :func:`train.envs.heldout_starts` (world seed ``1000 + index``): ``skip_days`` leaves out
     starts already used, so that a later check runs on days nobody has looked at. ``trust``
-    admits an SB3 ``checkpoint`` (checked before any episode runs)."""
+    admits an SB3 ``checkpoint`` (checked before any episode runs, as is a set-policy one:
+    :func:`train.checkpoint.read_set_checkpoint`)."""
     warnings.simplefilter("ignore", UserWarning)
     if learned and checkpoint:
-        from .checkpoint import require_trust
+        from .checkpoint import checkpoint_format, network_from_checkpoint, read_set_checkpoint, require_trust
 
         require_trust(checkpoint, trust)
+        if checkpoint_format(checkpoint) == "set":  # a malformed one is refused before any episode runs
+            network_from_checkpoint(read_set_checkpoint(checkpoint))
     base = [policy_key(b) for b in baselines]
     if REFERENCE not in base:
         base.insert(0, REFERENCE)

@@ -23,6 +23,10 @@ Decisions of a class network run in numpy (``backend="auto"`` -> ``"numpy"``,
 :class:`train.fast.NumpySetScorer`: the network's weights as numpy arrays, no torch call per
 step, each request class scored once); a per-request network runs in torch (scoring n x D pairs
 is faster there). ``backend="torch"`` runs the torch network (the reference; same logits).
+Every step's logits are checked before a choice is made: NaN, inf or values at or below -5e7
+(where an allowed choice could lose to a masked one; the weights' size did it, as they are
+checked finite on load) raise a :class:`ConfigError` (field ``checkpoint``; see
+:mod:`train.checkpoint`, "Large finite weights").
 
 Names in the policy registry (:func:`train.register_policies`, factory
 :func:`make_learned_policy`): ``"learned"`` (the shipped checkpoint,
@@ -49,6 +53,10 @@ __all__ = ["LearnedPolicy", "make_learned_policy", "export_checkpoint", "write_p
            "checkpoint_env_meta", "write_checkpoint_env", "check_checkpoint_env"]
 
 SHIPPED_CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "llama8b_set.npz"
+#: :data:`train.slot_dist.MASKED_LOGIT` (not imported: that module imports torch) and the lowest
+#: logit a decision admits, half of it: below it an allowed choice could lose to a masked one.
+_MASKED_LOGIT = -1e8
+_LOGIT_FLOOR = _MASKED_LOGIT / 2
 BACKENDS = ("auto", "numpy", "torch")
 
 
@@ -227,7 +235,20 @@ class LearnedPolicy:
                 obs_t = {k: th.from_numpy(np.asarray(observation[k], dtype=np.float32))[None]
                          for k in ("datacenters", "slots", "globals")}
                 logits = net.observation_capacity_scores(obs_t)[0].double().numpy()
+        if not (np.isfinite(logits).all() and logits.max(axis=1).min() > _LOGIT_FLOOR):  # (masked entries: MASKED_LOGIT)
+            raise self._bad_logits(logits, "capacity", "float64" if self.backend == "numpy" else "float32")
         return logits.argmax(axis=1).astype(np.int64)
+
+    def _bad_logits(self, logits: np.ndarray, what: str, dtype: str) -> ConfigError:
+        """The error for ``logits`` (of the ``what`` head, computed in ``dtype``) that hold NaN,
+        inf or values at or below :data:`_LOGIT_FLOOR` (where an allowed choice could lose to a
+        masked one): the weights are finite (checked on load), so their size did it."""
+        n_nan, n_inf = int(np.isnan(logits).sum()), int(np.isinf(logits).sum())
+        n_low = int(((logits <= _LOGIT_FLOOR) & (logits != _MASKED_LOGIT)).sum())
+        return ConfigError("checkpoint", f"{self.source}: the network's {what} logits on this observation are unusable "
+                           f"({n_nan} NaN, {n_inf} inf, {n_low} at or below {_LOGIT_FLOOR:g}, of {logits.size}; computed "
+                           f"in {dtype}): its weights (finite, checked on load) or the safety knobs are too large; "
+                           "nothing was decided")
 
     def _act_route(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
         if self.kind == "set" and self.backend == "numpy":
@@ -289,6 +310,8 @@ class LearnedPolicy:
         flat = m.reshape(-1)
         one_mask = self.mode == "systematic" and bool((flat[D + 1:] == flat[:-(D + 1)]).all())
         logits, inv, _, counts = sc.class_logits(observation["datacenters"], rows, observation["globals"], inverse=not one_mask)
+        if not (logits.min() > _LOGIT_FLOOR and logits.max() < np.inf):  # (~2 us; NaN fails both; module docstring)
+            raise self._bad_logits(logits, "routing", "float64")
         if one_mask:
             # per-class counts, written in class-sorted order (same choices as choose())
             pick = action[idx] if isinstance(idx, slice) else np.empty(n, dtype=np.int64)  # (a view of action, or not)
@@ -322,6 +345,9 @@ class LearnedPolicy:
                 "globals": th.from_numpy(np.asarray(observation["globals"], dtype=np.float32)).reshape(1, -1),
             }
             logits = net.scores(obs_t)[0]
+            lo, hi = th.aminmax(logits)
+            if not (float(lo) > _LOGIT_FLOOR and float(hi) < np.inf):
+                raise self._bad_logits(logits.numpy(), "routing", "float32")
             m = th.from_numpy(mask[:n] if contiguous else mask[idx])
             logits = logits.masked_fill(~m, -1e8)
             if self.mode == "argmax":
