@@ -603,6 +603,7 @@ def cmd_eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     print(summary_markdown(res.summary), end="")
     print(f"wrote {os.path.join(out, 'summary.md')}" + (f"; TensorBoard: tensorboard --logdir {tb}" if tb else ""))
+    _print_estimate_errors(res.executed.runs, out)
     if res.fault_report is not None:
         pairs = ", ".join(f"{k} vs {v}" for k, v in res.twins.items())
         print(f"\nfault report ({pairs}: the same policies, seeds and episode starts without the faults; "
@@ -610,6 +611,24 @@ def cmd_eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print(fault_markdown(res.fault_report), end="")
         print(f"wrote {os.path.join(out, 'fault_report.md')}")
     return 0
+
+
+def _print_estimate_errors(runs: Any, out: str) -> None:
+    """The schedulers' TTFT / TPOT estimate errors (eval.estimate_error), printed and written to
+    ``estimate_error.md``; nothing when no policy logged estimates."""
+    from eval.estimate_error import error_lines, error_markdown, error_table
+
+    table = error_table(runs)
+    if table is None:
+        return
+    print("\nestimate error (predicted - realised, ms; quantiles over each run's measured requests, mean over seeds; "
+          "negative = optimistic):")
+    for line in error_lines(table):
+        print(line)
+    path = os.path.join(out, "estimate_error.md")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("# Estimate error: predicted - realised (ms)\n\n" + error_markdown(table))
+    print(f"wrote {path}")
 
 
 def _experiment_scenarios(names: Sequence[str], args: argparse.Namespace) -> tuple[list[str] | None, list[str] | None]:

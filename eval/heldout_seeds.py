@@ -43,12 +43,27 @@ def fresh_heldout_seeds(scenario: str, n: int, *, every: int = 4, used: int = US
     raise ValueError(f"only {len(out)} fresh held-out seeds below {max_seed} for {scenario!r}")
 
 
+def training_seeds(scenario: str, n: int, *, every: int = 4, max_seed: int = 100_000) -> list[int]:
+    """The first ``n`` seeds >= 0 whose start for ``scenario`` is on a training day (not a held-out
+    day): where a scheduler's knobs (margins, budgets) are chosen, never on the reported starts."""
+    out = [seed for seed in range(max_seed)
+           if not is_heldout_day(int(episode_start_offset_s(scenario, seed) // SECONDS_PER_DAY) + 1, every)][:n]
+    if len(out) < n:
+        raise ValueError(f"only {len(out)} training seeds below {max_seed} for {scenario!r}")
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m eval.heldout_seeds", description=__doc__.split("\n\n")[0])
     ap.add_argument("--scenario", default="llama8b-moderate")
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--used", type=int, default=USED_HELDOUT_STARTS, help="held-out starts already spent")
+    ap.add_argument("--training", action="store_true",
+                    help="list training-day seeds instead (where knobs are chosen), not held-out ones")
     a = ap.parse_args(argv)
+    if a.training:
+        print(",".join(map(str, training_seeds(a.scenario, a.n))))
+        return 0
     print(",".join(map(str, fresh_heldout_seeds(a.scenario, a.n, used=a.used))))
     return 0
 

@@ -30,6 +30,7 @@ from carbon_gym.policy import EpisodeObserver, run_episode
 from carbon_gym.registry import canonical_policy_name, make_policy, split_prefix
 from carbon_gym.sessions_state import SESSION_METRICS
 
+from eval.estimate_error import error_metrics, estimate_errors
 from eval.stats import percentile
 
 __all__ = [
@@ -384,8 +385,11 @@ class EpisodeRecorder(EpisodeObserver):
     the simulator's ``RequestRecords`` of every completion (when ``keep_requests``).
     """
 
-    def __init__(self, keep_requests: bool = True) -> None:
+    def __init__(self, keep_requests: bool = True, keep_latency: bool = False) -> None:
         self.keep_requests = bool(keep_requests)
+        # (without the full records) the columns the estimate check joins on
+        self.keep_latency = bool(keep_latency) and not self.keep_requests
+        self._lat_parts: list[dict[str, np.ndarray]] = []
         self.cols: dict[str, list] = {k: [] for k in STEP_COLUMNS}
         self._dc_carbon_rows: list[np.ndarray] = []
         self._intensity_rows: list[np.ndarray] = []
@@ -434,6 +438,9 @@ class EpisodeRecorder(EpisodeObserver):
             ttft, tpot = recs.ttft_s, recs.tpot_s
             if self.keep_requests:
                 self._req_parts.append(recs.to_dict())
+            elif self.keep_latency:
+                self._lat_parts.append({"arrival_s": np.asarray(recs.arrival_s), "origin": np.asarray(recs.origin),
+                                        "ttft_s": np.asarray(ttft), "tpot_s": np.asarray(tpot)})
         else:
             ttft = tpot = np.zeros(0)
         done, vt = self._completed_total, self._violations_total
@@ -476,6 +483,15 @@ class EpisodeRecorder(EpisodeObserver):
         from carbon_gym.sim.records import RequestRecords
 
         return RequestRecords.empty().to_dict()
+
+    def latency(self) -> dict[str, np.ndarray]:
+        """Arrival time, origin, TTFT and TPOT of every completion (from the full records when
+        kept, else from the light copy kept with ``keep_latency``)."""
+        parts = self._req_parts or self._lat_parts
+        keys = ("arrival_s", "origin", "ttft_s", "tpot_s")
+        if not parts:
+            return {k: np.zeros(0) for k in keys}
+        return {k: np.concatenate([p[k] for p in parts]) for k in keys}
 
 
 #: Episode metrics of capacity control copied into the run's row (with the energy_kwh_<state> ones).
@@ -543,15 +559,21 @@ def run_one(spec: RunSpec, *, keep_requests: bool = True, observers: Sequence[Ep
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         env = make_env(scenario)
-    rec = EpisodeRecorder(keep_requests)
     try:
         policy = make_policy(spec.policy, env, **dict(spec.policy_kwargs))
+        logs_estimates = callable(getattr(policy, "episode_estimates", None))
+        rec = EpisodeRecorder(keep_requests, keep_latency=logs_estimates)
         max_steps = int(getattr(env.unwrapped, "max_episode_steps", 10**9))
         ep = run_episode(env, policy, seed=int(spec.seed), max_steps=max_steps + 1, observers=[rec, *observers])
         if not ep.ended:
             raise RuntimeError(f"episode did not end after {ep.steps} steps (max_episode_steps={max_steps})")
         em = dict(ep.info["episode_metrics"])
         policy_stats = _policy_stats(policy)
+        if logs_estimates:
+            # the scheduler's TTFT / TPOT estimates against the simulator's (eval.estimate_error)
+            errors = estimate_errors(policy.episode_estimates(), rec.latency(),
+                                     float(em["window_start_s"]) if em.get("measure") == "window" else -np.inf)
+            policy_stats.update(error_metrics(errors))
     finally:
         env.close()
 

@@ -235,6 +235,9 @@ class FacilityMILP(Scheduler):
             "mip_gap_p95": float(np.percentile(gaps, 95)) if gaps.size else float("nan"),
             "bb_nodes": float(sum(st["bb_nodes"])),
             "wall_solve_s": float(sum(st["place_s"])),
+            # (ttft_margin="auto" only: the measured TTFT margin, s, over the decisions)
+            **({"ttft_margin_mean_s": float(np.mean(st["ttft_margin_s"])), "ttft_margin_max_s": float(np.max(st["ttft_margin_s"]))}
+               if st.get("ttft_margin_s") else {}),
             # (capacity control only: the capacity stage's decisions and fallbacks to its greedy)
             **({"capacity_solves": float(len(st["capacity_s"])), "capacity_fallbacks": float(st["capacity_fallbacks"])}
                if st["capacity_s"] else {}),
@@ -266,6 +269,7 @@ class FacilityMILP(Scheduler):
         assert self._facts is not None  # (set by problem_of())
         route = action_from_assignment(view, assignment, self._facts.layout.max_pending)
         self.stats["decision_s"].append(time.perf_counter() - t0)
+        self.log_estimates(state, view, assignment)
         if decision is None:
             return route
         return {"route": route, "capacity": decision.awake, "servers": decision.servers}
