@@ -135,8 +135,8 @@ class GeoServeEnv(gym.Env):
     estimates are the simulator's ``ClusterSnapshot`` estimates for the engine the datacenter's
     dispatcher would pick (a prompt of p tokens is estimated to take ceil(p / chunk) x
     ``est_iteration`` + p x ``est_prefill`` / 1024 of prefill, chunk = max_num_batched_tokens -
-    running sequences of that engine); they are capped at 100 (= ``ESTIMATE_CAP`` x the target)
-    and are 100 for a datacenter that is down (where the simulator reports infinity).
+    running sequences of that engine); they are clipped to [0, 100] (= ``ESTIMATE_CAP`` x the
+    target; 0 floors a TPOT slope below 0) and are 100 for a datacenter that is down (sim: inf).
 
     {FEATURE_TABLES}
 

@@ -114,6 +114,32 @@ class RecordWriteError(CarbonGymError):
         super().__init__(f"record_dir {directory}: {message}")
 
 
+class OutputWriteError(CarbonGymError):
+    """An output file (an evaluation's tables, records, figures, TensorBoard run) could not be
+    written (disk full, file size limit, directory removed, ...). Nothing half-written is left
+    under the file's name: it is written under a temporary name and renamed when complete.
+
+    Args:
+        path: the file (or TensorBoard run directory) that was not written.
+        message: the operating system's reason.
+
+    ``OutputWriteError(text)`` (one argument) keeps ``text`` as the whole message (a re-raised
+    error); ``path`` is then read back from ``cannot write <path>: ...`` where the text has it.
+    """
+
+    def __init__(self, path: str, message: str | None = None):
+        if message is None:
+            text = str(path)
+            head, sep, reason = text.removeprefix("cannot write ").partition(": ")
+            known = sep and text.startswith("cannot write ")
+            self.path, self.reason = (head, reason) if known else ("", text)
+            super().__init__(path)
+            return
+        self.path = path
+        self.reason = message
+        super().__init__(f"cannot write {path}: {message}")
+
+
 class LedgerError(CarbonGymError):
     """The end-of-episode accounting check failed: a request or a joule is unaccounted for."""
 

@@ -50,15 +50,21 @@ def gpu_files_table(v: Any, path: str, ctx: Ctx) -> tuple[tuple[str, GpuFilesCon
 def gpu_spec_of(gpu: str, gpu_files: tuple[tuple[str, GpuFilesConfig], ...], field_name: str = "gpu",
                 source: str | None = None) -> Any:
     """:class:`~carbon_gym.specs.GpuSpec` of ``gpu``: from its ``[gpu_files]`` spec file if the
-    scenario names one (resolved paths), else from the packaged ``gpus.toml``."""
-    from .specs import load_gpu_spec
+    scenario names one (resolved paths), else from the packaged ``gpus.toml``.
+
+    Raises:
+        ConfigError: ``field_name`` (``source``: the scenario) if the file has no ``[gpu]`` table;
+            ``<gpu>.<field>`` (``source``: the spec file) if that table is malformed (the ranges
+            are :class:`~carbon_gym.specs.GpuSpec`'s).
+    """
+    from .specs import available_gpus, load_gpu_spec
 
     path = dict(gpu_files).get(gpu, GpuFilesConfig()).spec
-    try:
-        return load_gpu_spec(gpu, path)
-    except ConfigError as e:
+    names = available_gpus(path)
+    if gpu not in names:
         where = f" in {path} ([gpu_files.{gpu}] spec)" if path else " (give its files in [gpu_files.<name>])"
-        raise ConfigError(field_name, f"unknown GPU {gpu!r}{where}", allowed=e.allowed, source=source) from None
+        raise ConfigError(field_name, f"unknown GPU {gpu!r}{where}", allowed=names, source=source)
+    return load_gpu_spec(gpu, path)
 
 
 def resolve_gpu_files(files: tuple[tuple[str, GpuFilesConfig], ...], base_dir: Path | None,

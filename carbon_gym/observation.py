@@ -50,8 +50,8 @@ QUEUE_PER_ENGINE_SCALE = 16.0
 PREFILL_REF_TOKENS = 1024.0
 #: The TPOT-slope feature is the TPOT added by this many more running sequences (/ TPOT target).
 TPOT_SLOPE_REF_SEQS = 64.0
-#: Latency-estimate features are capped at this value (in units of the SLO target); estimates are
-#: infinite for a datacenter that is down.
+#: Latency-estimate features are capped at this value (in units of the SLO target; and floored at
+#: 0, the observation space's bound); estimates are infinite for a datacenter that is down.
 ESTIMATE_CAP = 100.0
 #: Finite upper bound of the unbounded features in the observation space (Gymnasium's checker
 #: rejects infinite bounds); time waited and the global counters are clipped to it.
@@ -317,8 +317,11 @@ class DatacenterEncoder:
     layout: the scale factors, caps, source rows and destination columns).
 
     ``encode(snap, forecast_scaled, carbon_view)`` returns the (D, F_D) float32 block: each
-    snapshot-sourced feature is ``min(value x factor, cap)``, computed in float64 and rounded once
-    to float32; ``forecast_scaled`` is the (D, H) forecast already multiplied by the carbon
+    snapshot-sourced feature is ``value x factor`` clipped to ``[0, cap]`` (the observation
+    space's floor is 0; the simulator's TPOT-slope estimate, a difference of two points of the
+    piecewise-linear latency table, is negative where that table dips, e.g. between 40 and 48
+    batched tokens on the A100 set, so its feature is 0 there while the typed state keeps the
+    estimate), computed in float64 and rounded once to float32; ``forecast_scaled`` is the (D, H) forecast already multiplied by the carbon
     factor (the env caches it per hour); ``carbon_view`` (optional) is a carbon-feed-gap view
     ``(now_g_per_kwh, forecast_g_per_kwh, stale, missing)`` that replaces the carbon columns of
     the datacenters whose feed is stale or missing (missing: 0) and sets the flag columns.
@@ -359,7 +362,7 @@ class DatacenterEncoder:
         forecast: the float32 template holding it is rebuilt only when the key changes."""
         raw = snap[self.src_rows]
         raw *= self.factor
-        np.minimum(raw, self.cap, out=raw)
+        np.clip(raw, 0.0, self.cap, out=raw)  # (the space's floor: the TPOT slope can dip below 0)
         if forecast_scaled is not None and forecast_scaled.shape[1]:
             if hour_key != self._template_key or hour_key is None:
                 self._template = np.zeros_like(self._template)
@@ -528,7 +531,7 @@ def features_markdown() -> str:
         out.append("| column | feature | state field | unit | scaling |")
         out.append("|---|---|---|---|---|")
         for f in table:
-            cap = f", capped at {f.cap:g}" if f.cap is not None else ""
+            cap = f", clipped to [0, {f.cap:g}]" if f.cap is not None else ""
             when = f" (only with {f.when})" if f.when else ""
             out.append(f"| `{f.name}`{_width_text(f)} | {f.doc}{when} | `{f.source}` | {f.unit} | "
                        f"{SCALES[f.scale].text}{cap} |")

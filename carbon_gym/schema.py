@@ -24,7 +24,8 @@ __all__ = ["Ctx", "Check", "num", "integer", "string", "boolean", "list_of", "ta
            "spec", "parse_table", "suggest_field", "unit_of"]
 
 _UNIT_WORDS = {"_s": "seconds", "_h": "hours", "_ms": "milliseconds", "_tokens": "tokens", "_per_s": "per second",
-               "_frac": "a fraction", "_g_per_kwh": "gCO2eq/kWh"}
+               "_frac": "a fraction", "_g_per_kwh": "gCO2eq/kWh", "_w": "watts", "_bytes": "bytes",
+               "_bytes_per_s": "bytes per second", "_flops": "FLOP/s"}
 
 
 def unit_of(name: str) -> str:
@@ -63,14 +64,19 @@ def num(lo: float | None = None, hi: float | None = None, *, lo_open: bool = Fal
         bad_lo = lo is not None and (x <= lo if lo_open else x < lo)
         bad_hi = hi is not None and (x >= hi if hi_open else x > hi)
         if bad_lo or bad_hi:
-            rng = f"{'(' if lo_open else '['}{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}{')' if hi_open else ']'}"
+            rng = f"{'(' if lo_open else '['}{_bound(lo, '-inf')}, {_bound(hi, 'inf')}{')' if hi_open else ']'}"
             hint = ""
-            if bad_hi and path.endswith("_s") and hi is not None and x / 1000 <= hi:
+            if bad_hi and path.endswith("_s") and not path.endswith("_per_s") and hi is not None and x / 1000 <= hi:
                 hint = " (is it in milliseconds? this field is in seconds)"
             raise ctx.err(path, f"{x} is out of range{hint}", allowed=f"{rng}{' ' + unit if unit else ''}")
         return x
 
     return check
+
+
+def _bound(b: float | None, none: str) -> str:
+    """A range bound as written in errors (``1e+14``, not fifteen digits)."""
+    return none if b is None else str(b) if abs(b) < 1e9 else f"{b:g}"
 
 
 def integer(lo: int | None = None, hi: int | None = None) -> Check:
@@ -165,7 +171,9 @@ def spec(check: Check, doc: str = "", default: Any = dataclasses.MISSING) -> Any
     return field(default=default, metadata={"check": check, "doc": doc})
 
 
-def parse_table(cls: type, raw: Any, path: str, ctx: Ctx) -> Any:
+def parse_table(cls: type, raw: Any, path: str, ctx: Ctx, fixed: Mapping[str, Any] | None = None) -> Any:
+    """``raw`` checked against dataclass ``cls`` (its :func:`spec` fields; ``fixed``: values of its
+    other fields, e.g. a table's name) and built; a :class:`ConfigError` naming the dotted field."""
     where = path or "scenario"
     if not isinstance(raw, Mapping):
         raise ctx.err(where, f"expected a table, got {raw!r}")
@@ -175,7 +183,7 @@ def parse_table(cls: type, raw: Any, path: str, ctx: Ctx) -> Any:
             dotted = f"{path}.{key}" if path else key
             hint = suggest_field(key, list(fields))
             raise ctx.err(dotted, f"unknown field{hint}", allowed=sorted(fields))
-    kwargs = {}
+    kwargs = dict(fixed or {})
     for name, f in fields.items():
         dotted = f"{path}.{name}" if path else name
         if name in raw:

@@ -1,13 +1,12 @@
 """Figures of the evaluation (matplotlib, Agg backend, PNG + PDF).
 
 Every function takes plain tables (pandas DataFrames or column dicts) produced by
-:mod:`eval.tables` / :mod:`eval.runner` and writes ``<stem>.png`` and ``<stem>.pdf``, returning the two paths.
+:mod:`eval.tables` / :mod:`eval.runner` and writes ``<stem>.png`` and ``<stem>.pdf`` (each all or nothing, :func:`eval.writers.atomic_path`), returning the two paths.
 matplotlib is imported lazily (``import eval.plots`` is cheap).
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -26,11 +25,16 @@ def _plt():
 
 def save(fig: Any, stem: str) -> list[str]:
     """Write ``stem.png`` (150 dpi) and ``stem.pdf``; close the figure; return the paths."""
-    os.makedirs(os.path.dirname(stem) or ".", exist_ok=True)
+    from eval.writers import atomic_path
+
     paths = [stem + ".png", stem + ".pdf"]
-    fig.savefig(paths[0], dpi=150, bbox_inches="tight")
-    fig.savefig(paths[1], bbox_inches="tight", metadata={"CreationDate": None})
-    _plt().close(fig)
+    try:
+        with atomic_path(paths[0]) as tmp:  # (all or nothing: a full disk leaves no half figure)
+            fig.savefig(tmp, dpi=150, bbox_inches="tight", format="png")
+        with atomic_path(paths[1]) as tmp:
+            fig.savefig(tmp, bbox_inches="tight", format="pdf", metadata={"CreationDate": None})
+    finally:
+        _plt().close(fig)
     return paths
 
 

@@ -8,15 +8,17 @@ Import :data:`TAGS` rather than spelling tags by hand::
     with ScalarWriter("runs/eval/llama8b-moderate/milp/seed_0") as w:
         w.scalar(TAGS.carbon_step_g, 12.5, step=0)
 
-The writer uses TensorBoard's own event-file writer (imported lazily: ``import eval.tb`` does not
-import tensorboard or torch), which is much lighter than ``torch.utils.tensorboard``.
+The writer uses TensorBoard's own record format and protos (imported lazily: ``import eval.tb``
+does not import tensorboard or torch), which is much lighter than ``torch.utils.tensorboard``.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import re
+import socket
 import time
 from dataclasses import astuple, dataclass, fields
 from typing import Any, Iterator, Mapping
@@ -63,19 +65,27 @@ def run_dir(root: str | os.PathLike, scenario: str, policy: str, seed: int) -> s
     return os.path.join(os.fspath(root), scen, pol, f"seed_{int(seed)}")
 
 
+_FILE_IDS = itertools.count()
+
+
 class ScalarWriter:
     """Append scalar summaries to a TensorBoard event file in ``logdir``.
 
     Non-finite values (NaN, inf) and ``None`` are skipped, never written, so that a step with
     no completed request simply has no latency point. ``wall_time`` defaults to the current
     time (TensorBoard's "relative" axis); ``step`` orders the points.
+
+    Records go through an ordinary buffered file in the calling thread (TensorBoard's record
+    format and protos, not its background-thread writer), so a failed write (a full disk, a
+    file size limit) raises its ``OSError`` here, from :meth:`scalar`, :meth:`flush` or
+    :meth:`close`, rather than in a thread that prints a traceback and drops it.
     """
 
     def __init__(self, logdir: str | os.PathLike, *, filename_suffix: str = ""):
         try:
             from tensorboard.compat.proto.event_pb2 import Event
             from tensorboard.compat.proto.summary_pb2 import Summary
-            from tensorboard.summary.writer.event_file_writer import EventFileWriter
+            from tensorboard.summary.writer.record_writer import RecordWriter
         except ImportError as exc:  # pragma: no cover - tensorboard is in the [train] extra
             raise ImportError(
                 "TensorBoard logging needs the 'tensorboard' package: pip install 'carbon-gym[train]'"
@@ -84,7 +94,26 @@ class ScalarWriter:
         self._Summary = Summary
         os.makedirs(logdir, exist_ok=True)
         self.logdir = os.fspath(logdir)
-        self._writer = EventFileWriter(self.logdir, filename_suffix=filename_suffix)
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(_FILE_IDS)}"
+        self.path = os.path.join(self.logdir, name + filename_suffix)
+        self._file = open(self.path, "wb")
+        self._writer = RecordWriter(self._file)
+        self._write(Event(wall_time=time.time(), file_version="brain.Event:2"))
+        self.flush()
+
+    def _write(self, event: Any) -> None:
+        try:
+            self._writer.write(event.SerializeToString())
+        except BaseException:
+            self._abandon()
+            raise
+
+    def _abandon(self) -> None:
+        """Close the file after a failed write without flushing it again (its error is raised)."""
+        try:
+            self._file.close()
+        except OSError:
+            pass
 
     def scalar(self, tag: str, value: Any, step: int, wall_time: float | None = None) -> bool:
         """Write one scalar; returns False (and writes nothing) for None/NaN/inf."""
@@ -94,8 +123,7 @@ class ScalarWriter:
         if not math.isfinite(v):
             return False
         summary = self._Summary(value=[self._Summary.Value(tag=tag, simple_value=v)])
-        event = self._Event(wall_time=time.time() if wall_time is None else wall_time, step=int(step), summary=summary)
-        self._writer.add_event(event)
+        self._write(self._Event(wall_time=time.time() if wall_time is None else wall_time, step=int(step), summary=summary))
         return True
 
     def scalars(self, values: Mapping[str, Any], step: int) -> int:
@@ -103,16 +131,24 @@ class ScalarWriter:
         return sum(self.scalar(tag, v, step) for tag, v in values.items())
 
     def flush(self) -> None:
-        self._writer.flush()
+        try:
+            self._file.flush()
+        except BaseException:
+            self._abandon()
+            raise
 
     def close(self) -> None:
-        self._writer.close()
+        if not self._file.closed:
+            self._file.close()
 
     def __enter__(self) -> ScalarWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        if exc[0] is not None:  # (already failing: do not flush again, keep that error)
+            self._abandon()
+        else:
+            self.close()
 
 
 def read_scalars(logdir: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:

@@ -27,6 +27,11 @@
 ``tensorboard/<scenario>/<policy>/seed_<k>/`` (:func:`write_tensorboard`)
     per-step scalars under the tags shared with training (:data:`eval.tb.TAGS`).
 
+Every file is written under a temporary name in its directory and renamed to its own name once
+complete (:func:`atomic_path`), so a full disk or a file size limit leaves no half-written file
+presented as a result: the write raises :class:`~carbon_gym.errors.OutputWriteError` naming the
+file (``carbon-gym`` prints it as one line and exits with status 1).
+
 Everything except the decision (wall-clock) times is a deterministic function of the specs, so
 re-running reproduces ``summary.csv`` bit for bit in every column not starting with
 ``decision_`` (:data:`eval.tables.NONDETERMINISTIC_PREFIXES`).
@@ -37,19 +42,78 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import sys
+from contextlib import contextmanager
 from dataclasses import asdict
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
+
+from carbon_gym.errors import OutputWriteError
 
 from eval.runner import RunResult, RunSpec
 from eval.tables import fault_markdown, fault_pairs, fault_summary, runs_table, summarise, summary_markdown
 
 __all__ = [
     "OutputWriter", "write_outputs", "write_fault_report", "write_table", "read_table", "write_tensorboard",
-    "report_warnings", "versions", "matrix_dirs", "merged_head", "read_configs", "starts_line",
+    "report_warnings", "versions", "matrix_dirs", "merged_head", "read_configs", "starts_line", "atomic_path",
+    "write_text", "write_csv",
 ]
+
+
+# ----------------------------------------------------------------------------------------------
+# all-or-nothing files
+
+
+def _reason(e: OSError) -> str:
+    """The operating system's words for ``e`` (pyarrow's OSErrors carry an errno but long text)."""
+    return os.strerror(e.errno) if e.errno else (e.strerror or str(e))
+
+
+def _remove(path: str) -> None:
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.remove(path)
+    except OSError:
+        pass
+
+
+@contextmanager
+def atomic_path(path: str) -> Iterator[str]:
+    """A temporary name next to ``path`` (same directory, hidden, same extension) to write to;
+    renamed onto ``path`` (``os.replace``) when the block ends without error. On any error the
+    temporary file is removed and ``path`` is left as it was (absent, or an earlier complete
+    file); an :class:`OSError` (disk full, file size limit) becomes an
+    :class:`~carbon_gym.errors.OutputWriteError` naming ``path``."""
+    d, base = os.path.split(path)
+    tmp = os.path.join(d, f".tmp-{os.getpid()}-{base}")
+    try:
+        os.makedirs(d or ".", exist_ok=True)
+        yield tmp
+        os.replace(tmp, path)
+    except OSError as e:
+        _remove(tmp)
+        raise OutputWriteError(path, _reason(e)) from None
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def write_text(path: str, text: str) -> str:
+    """Write ``text`` (UTF-8) to ``path`` all or nothing (:func:`atomic_path`); returns ``path``."""
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    return path
+
+
+def write_csv(df: Any, path: str) -> str:
+    """Write DataFrame ``df`` as CSV (no index) to ``path`` all or nothing; returns ``path``."""
+    with atomic_path(path) as tmp:
+        df.to_csv(tmp, index=False)
+    return path
 
 
 # ----------------------------------------------------------------------------------------------
@@ -96,11 +160,9 @@ def write_fault_report(results: Sequence[RunResult], out: str):
     if pairs.empty:
         return None
     table = fault_summary(pairs)
-    os.makedirs(out, exist_ok=True)
-    pairs.to_csv(os.path.join(out, "fault_runs.csv"), index=False)
-    table.to_csv(os.path.join(out, "fault_report.csv"), index=False)
-    with open(os.path.join(out, "fault_report.md"), "w", encoding="utf-8") as f:
-        f.write(fault_markdown(table))
+    write_csv(pairs, os.path.join(out, "fault_runs.csv"))
+    write_csv(table, os.path.join(out, "fault_report.csv"))
+    write_text(os.path.join(out, "fault_report.md"), fault_markdown(table))
     return table
 
 
@@ -116,19 +178,17 @@ def write_table(columns: Mapping[str, np.ndarray] | Any, path_stem: str, fmt: st
     import pandas as pd
 
     df = columns if hasattr(columns, "to_parquet") else pd.DataFrame({k: np.asarray(v) for k, v in columns.items()})
-    os.makedirs(os.path.dirname(path_stem) or ".", exist_ok=True)
     if fmt == "parquet":
         try:
             import pyarrow  # noqa: F401
 
             path = path_stem + ".parquet"
-            df.to_parquet(path, index=False)
+            with atomic_path(path) as tmp:
+                df.to_parquet(tmp, index=False)
             return path
         except ImportError:
             pass
-    path = path_stem + ".csv"
-    df.to_csv(path, index=False)
-    return path
+    return write_csv(df, path_stem + ".csv")
 
 
 def read_table(path_stem_or_path: str):
@@ -147,16 +207,39 @@ def read_table(path_stem_or_path: str):
 
 def write_tensorboard(result: RunResult, root: str, reduction_pct: float | None = None) -> str:
     """Write one run's per-step scalars (and the final reduction) under ``root``; returns its dir.
-    Event files an earlier run left in that dir are removed first, so a rerun replaces the run
-    rather than merging into it."""
-    from eval.tb import TAGS, ScalarWriter, run_dir
+    The event file is written in a hidden temporary folder next to the run's and moved in once
+    complete; only then are the event files an earlier run left there removed, so a rerun
+    replaces the run rather than merging into it, and a failed write (an
+    :class:`~carbon_gym.errors.OutputWriteError` naming the run's folder) leaves the earlier run,
+    or nothing, rather than half a run."""
+    from eval.tb import ScalarWriter, run_dir
 
     d = run_dir(root, result.spec.scenario_name, result.spec.policy_name, result.spec.seed)
-    if os.path.isdir(d):
+    parent, leaf = os.path.split(d)
+    tmp = os.path.join(parent, f".tmp-{os.getpid()}-{leaf}")
+    try:
+        _remove(tmp)
+        with ScalarWriter(tmp) as w:
+            _tensorboard_scalars(w, result.steps, reduction_pct)
+        os.makedirs(d, exist_ok=True)
         for f in os.listdir(d):
             if f.startswith("events.out.tfevents"):
                 os.remove(os.path.join(d, f))
-    steps = result.steps
+        for f in os.listdir(tmp):
+            os.replace(os.path.join(tmp, f), os.path.join(d, f))
+        os.rmdir(tmp)
+    except OSError as e:
+        _remove(tmp)
+        raise OutputWriteError(d, _reason(e)) from None
+    except BaseException:
+        _remove(tmp)
+        raise
+    return d
+
+
+def _tensorboard_scalars(w: Any, steps: Mapping[str, Any], reduction_pct: float | None) -> None:
+    from eval.tb import TAGS
+
     cols = {
         TAGS.carbon_step_g: "carbon_g",
         TAGS.carbon_cumulative_g: "cumulative_carbon_g",
@@ -170,15 +253,13 @@ def write_tensorboard(result: RunResult, root: str, reduction_pct: float | None 
         TAGS.decision_time_s: "decision_s",
     }
     n = len(steps.get("step", ()))
-    with ScalarWriter(d) as w:
-        arrays = {tag: np.asarray(steps[c], dtype=np.float64) for tag, c in cols.items() if c in steps}
-        for i in range(n):
-            step = int(steps["step"][i])
-            for tag, a in arrays.items():
-                w.scalar(tag, a[i], step)
-        if reduction_pct is not None:
-            w.scalar(TAGS.reduction_vs_rr_pct, reduction_pct, max(n - 1, 0))
-    return d
+    arrays = {tag: np.asarray(steps[c], dtype=np.float64) for tag, c in cols.items() if c in steps}
+    for i in range(n):
+        step = int(steps["step"][i])
+        for tag, a in arrays.items():
+            w.scalar(tag, a[i], step)
+    if reduction_pct is not None:
+        w.scalar(TAGS.reduction_vs_rr_pct, reduction_pct, max(n - 1, 0))
 
 
 def report_warnings(results: Sequence[RunResult], stream: Any = None) -> list[str]:
@@ -198,9 +279,14 @@ def versions() -> dict[str, str]:
         import subprocess
 
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        rev = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5)
+        # (read only: no index refresh, whose index.lock a killed git - a timeout, a file size
+        # limit's SIGXFSZ - would leave behind, blocking the user's next git command)
+        env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
+        rev = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+                             env=env)
         if rev.returncode == 0:
-            dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=5)
+            dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                   text=True, timeout=5, env=env)
             out["git"] = rev.stdout.strip() + ("+modified" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         pass
@@ -246,10 +332,9 @@ def write_outputs(
     os.makedirs(out, exist_ok=True)
     runs = runs_table(results)
     summary = summarise(runs)
-    runs.to_csv(os.path.join(out, "runs.csv"), index=False)
-    summary.to_csv(os.path.join(out, "summary.csv"), index=False)
-    with open(os.path.join(out, "summary.md"), "w", encoding="utf-8") as f:
-        f.write(summary_markdown(summary))
+    write_csv(runs, os.path.join(out, "runs.csv"))
+    write_csv(summary, os.path.join(out, "summary.csv"))
+    write_text(os.path.join(out, "summary.md"), summary_markdown(summary))
     if tensorboard:
         red = {(r.spec.scenario_name, r.spec.policy_name, r.spec.seed): v for r, v in zip(results, runs["reduction_vs_rr_pct"])}
         for r in results:
@@ -264,8 +349,7 @@ def write_outputs(
     }
     if extra_config:
         config.update(extra_config)
-    with open(os.path.join(out, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(config, f, indent=1, default=str)
+    write_text(os.path.join(out, "config.json"), json.dumps(config, indent=1, default=str))
     return summary
 
 

@@ -36,7 +36,7 @@ import inspect  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from carbon_gym import errors as errors_mod  # noqa: E402
-from carbon_gym.errors import RecordWriteError  # noqa: E402
+from carbon_gym.errors import OutputWriteError, RecordWriteError  # noqa: E402
 
 #: Every error class of carbon_gym/errors.py (found, not listed: a new class is covered too).
 ERROR_CLASSES = sorted((c for c in vars(errors_mod).values()
@@ -50,12 +50,13 @@ SAMPLES = {
     "RecordWriteError": RecordWriteError("/mnt/full/rec/episode-00000", "cannot write part-00001.npz (No space left "
                                          "on device); 26 unwritten records are kept in memory"),
     "LedgerError": LedgerError("episode ledger: counts differ"),
+    "OutputWriteError": OutputWriteError("runs/eval/requests/dev__rr__seed0.parquet", "File too large"),
 }
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_error_class_has_a_sample() -> None:
-    assert sorted(SAMPLES) == [c.__name__ for c in ERROR_CLASSES] and len(ERROR_CLASSES) == 6
+    assert sorted(SAMPLES) == [c.__name__ for c in ERROR_CLASSES] and len(ERROR_CLASSES) == 7
 
 
 @pytest.mark.parametrize("form", ["error", "text"])
@@ -80,6 +81,9 @@ def test_rebuilt_errors_read_their_attributes_back() -> None:
     rw = RecordWriteError(str(SAMPLES["RecordWriteError"]))
     assert rw.directory == "/mnt/full/rec/episode-00000"
     assert rw.reason.startswith("cannot write part-00001.npz (No space left on device)")
+    ow = OutputWriteError(str(SAMPLES["OutputWriteError"]))
+    assert (ow.path, ow.reason) == ("runs/eval/requests/dev__rr__seed0.parquet", "File too large")
+    assert OutputWriteError("disk full").path == "" and OutputWriteError("disk full").reason == "disk full"
     bare = RecordWriteError("disk full")
     assert bare.directory == "" and bare.reason == "disk full" and str(bare) == "disk full"
 
@@ -119,5 +123,5 @@ def test_every_construction_site_fits_its_class() -> None:
         counts[name] = counts.get(name, 0) + 1
     assert bad == []
     # every class is built somewhere, ConfigError in hundreds of places
-    assert set(counts) >= {"ConfigError", "DataError", "ActionError", "RecordWriteError", "LedgerError"}
+    assert set(counts) >= {"ConfigError", "DataError", "ActionError", "RecordWriteError", "LedgerError", "OutputWriteError"}
     assert counts["RecordWriteError"] == 2 and counts["ConfigError"] > 300

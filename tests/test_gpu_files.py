@@ -205,3 +205,61 @@ def test_unknown_datacenter_gpu_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as e:
         load_scenario(_write(tmp_path / "h.toml", HETERO.replace('"h100-80gb"', '"b200"')))
     assert e.value.field == "topology.datacenters[1].gpu" and "h100-80gb" in e.value.allowed
+
+
+# issue 43 item 3: a GPU spec file given by path is checked like a scenario table (every field
+# typed, finite and in its stated range; a missing field or an unknown key named)
+BAD_SPECS = [
+    ("tdp_w = 400", "tdp_w = 0", "my-a100.tdp_w", "(0, 5000] watts", "0.0 is out of range"),
+    ("tdp_w = 400", "tdp_w = -400", "my-a100.tdp_w", "(0, 5000] watts", "-400.0 is out of range"),
+    ("tdp_w = 400", "tdp_w = 6000", "my-a100.tdp_w", "(0, 5000] watts", "6000.0 is out of range"),
+    ("tdp_w = 400", "tdp_w = nan", "my-a100.tdp_w", None, "must be finite, got nan"),
+    ("memory_bytes = 80e9", "memory_bytes = inf", "my-a100.memory_bytes", None, "must be finite, got inf"),
+    ("memory_bytes = 80e9", 'memory_bytes = "80GB"', "my-a100.memory_bytes", None, "expected a number in bytes"),
+    ("memory_bytes = 80e9", "memory_bytes = 2e12", "my-a100.memory_bytes", "(0, 1.024e+12] bytes", "out of range"),
+    ("peak_bf16_flops = 312e12", "peak_bf16_flops = -1.0", "my-a100.peak_bf16_flops", "(0, 1e+17] FLOP/s", "out of range"),
+    ("hbm_bytes_per_s = 2.039e12", "hbm_bytes_per_s = 0", "my-a100.hbm_bytes_per_s", "(0, 1e+14] bytes per second",
+     "out of range"),
+    ("tdp_w = 400\n", "", "my-a100.tdp_w", None, "required field is missing"),
+    ('display_name = "my A100 copy"', "display_name = 3", "my-a100.display_name", None, "expected a string, got 3"),
+    ("tdp_w = 400", "tdp = 400", "my-a100.tdp", None, "did you mean 'tdp_w'?"),
+    ("memory_bytes = 80e9", "memory_bytes = 80e9\nmemory_gb = 80", "my-a100.memory_gb", None, "did you mean 'memory_bytes'?"),
+    ("gpus_per_node = 8", "gpus_per_node = 1e6", "my-a100.gpus_per_node", None, "expected an integer, got 1000000.0"),
+    ("gpus_per_node = 8", "gpus_per_node = 1000000", "my-a100.gpus_per_node", "[1, 64]", "1000000 is out of range"),
+    ("gpus_per_node = 8", "gpus_per_node = 0", "my-a100.gpus_per_node", "[1, 64]", "0 is out of range"),
+    ("gpus_per_node = 8", "gpus_per_node = true", "my-a100.gpus_per_node", None, "expected an integer, got True"),
+]
+
+
+@pytest.mark.parametrize("old,new,field,allowed,text", BAD_SPECS, ids=[b[1].replace("\n", "; ") or "no-tdp_w" for b in BAD_SPECS])
+def test_gpu_spec_file_is_strictly_validated(tmp_path: Path, old: str, new: str, field: str, allowed: str | None,
+                                             text: str) -> None:
+    d = _gpu_dir(tmp_path)
+    assert old in SPEC
+    (d / "my_gpu.toml").write_text(SPEC.replace(old, new, 1))
+    spec_file = str(d / "my_gpu.toml")
+    with pytest.raises(ConfigError) as e:  # by the scenario's [gpu_files] ...
+        load_scenario(str(_custom_scenario(tmp_path)))
+    assert e.value.field == field and e.value.source == spec_file
+    assert str(e.value).startswith(f"{spec_file}: {field}: ") and text in str(e.value)
+    if allowed is not None:
+        assert e.value.allowed == allowed and f"(allowed: {allowed})" in str(e.value)
+    if "unknown field" in str(e.value):
+        assert "tdp_w" in e.value.allowed
+    with pytest.raises(ConfigError) as e2:  # ... and directly (calibration's --gpu-spec)
+        load_gpu_spec("my-a100", spec_file)
+    assert str(e2.value) == str(e.value)
+
+
+def test_gpu_spec_table_that_is_not_a_table_and_the_packaged_specs(tmp_path: Path) -> None:
+    d = _gpu_dir(tmp_path)
+    (d / "my_gpu.toml").write_text('my-a100 = "big"\n')
+    with pytest.raises(ConfigError) as e:
+        load_gpu_spec("my-a100", d / "my_gpu.toml")
+    assert e.value.field == "my-a100" and "expected a table, got 'big'" in str(e.value)
+    g = load_gpu_spec("my-a100", _write(d / "ok.toml", SPEC))
+    assert (g.name, g.tdp_w, g.gpus_per_node, type(g.gpus_per_node)) == ("my-a100", 400.0, 8, int)
+    from carbon_gym.specs import available_gpus
+
+    for name in available_gpus():  # (every shipped table passes the same checks)
+        assert load_gpu_spec(name).name == name

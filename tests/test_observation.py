@@ -61,7 +61,7 @@ def test_decoded_observation_equals_the_typed_state_to_float32(scenario):
                     target = L.ttft_target_s / 1024.0
                 elif f.scale == "tpot_slope_ref":
                     target = L.tpot_target_s / 64.0
-                want = np.where(ds.up, np.minimum(want, ESTIMATE_CAP * target), np.inf)
+                want = np.where(ds.up, np.clip(want, 0.0, ESTIMATE_CAP * target), np.inf)
             np.testing.assert_allclose(got, want, rtol=2e-7, atol=1e-30, err_msg=f.source)
         seen_gap |= bool(ds.carbon_stale.any() or ds.carbon_missing.any())
         n = len(st.pending)
@@ -100,3 +100,62 @@ def test_state_is_exact_where_the_observation_is_capped():
     cap = ESTIMATE_CAP * env.layout.tpot_target_s
     assert st.datacenters.est_tpot_s.min() > 1.5 * cap
     np.testing.assert_allclose(decode_observation(obs, env)["est_tpot_s"], cap, rtol=1e-7)
+
+
+# ------------------------------------------------------------------ issue 43, item 5
+def _all_at_once(drained: int = 4):
+    """dev-fault with every fault over the whole episode (all start at 0 s and end at 60 s), the
+    engine drain leaving ``drained`` of us-cal-ciso's 8 engines out."""
+    from carbon_gym.scenario import load_scenario, scenario_from_dict
+
+    raw = load_scenario("dev-fault").to_dict()
+    for f in raw["faults"]:
+        f["start_s"], f["end_s"] = 0.0, 60.0
+        if f["kind"] == "engine_drain":
+            f["engines"] = drained
+    return scenario_from_dict(raw)
+
+
+def _observations_in_space(scenario, d: int | None) -> tuple[int, int, int]:
+    """One episode sending every request to datacenter ``d`` where allowed (None: round-robin);
+    (steps, steps with an observation outside observation_space, steps whose typed-state TPOT
+    slope was negative somewhere). At a negative slope the feature is exactly 0."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        env = GeoServeEnv(scenario)
+    L = env.layout
+    D, col = L.n_datacenters, L.dc_columns["tpot_slope"]
+    pol = RoundRobinPolicy()
+    obs, info = env.reset(seed=0)
+    steps = outside = negative = 0
+    while True:
+        assert env.observation_space.contains(obs) or not steps
+        slope = env.state().datacenters.tpot_slope_s_per_seq
+        feat = obs["datacenters"].reshape(D, -1)[:, col]
+        if (slope < 0).any():
+            negative += 1
+            assert (feat[slope < 0] == 0.0).all()
+        if d is None:
+            a = pol.act(obs, info)
+        else:
+            m = info["action_mask"]
+            a = np.where(m[:, d], d, np.where(m[:, :D].any(1), np.argmax(m[:, :D], axis=1), D))
+        obs, _, _, trunc, info = env.step(a)
+        steps += 1
+        outside += not env.observation_space.contains(obs)
+        if trunc:
+            return steps, outside, negative
+
+
+def test_tpot_slope_stays_in_the_space_under_an_all_at_once_fault_schedule():
+    """The simulator's TPOT-slope estimate is a difference of the latency table at n + 2 and n + 1
+    batched sequences; the A100 table dips between 40 and 48 tokens, so an engine running 39-46
+    short-context sequences has a negative slope. Reproduced with every dev-fault fault at once
+    (fr down, the Europe -> Ontario link slow, Ontario's feed stale, 7 of Los Angeles' 8 engines
+    drained) and everything sent to Los Angeles: its last engine passes through that batch size.
+    The feature was then below its space's floor of 0 (5 steps outside observation_space); it
+    is clipped to 0 now, the typed state keeping the estimate."""
+    steps, outside, negative = _observations_in_space(_all_at_once(drained=7), d=2)
+    assert steps == 60 and outside == 0 and negative >= 1
+    steps, outside, _ = _observations_in_space(_all_at_once(), d=None)  # (the shipped faults, at once)
+    assert steps == 60 and outside == 0

@@ -518,6 +518,28 @@ def test_bad_prefix_input_is_refused_clearly():
     assert len(ids) == 20 and sim.totals().cached_prompt_tokens.tolist() == [16 * 512]
 
 
+def test_bool_block_ids_are_refused():
+    """``prefix_hashes=[True, False]`` was taken as block ids 1 and 0 (operator.index accepts
+    bools); now a ConfigError naming prefix_hashes, on every path that takes block ids (issue 43
+    item 5)."""
+    sim = make_sim(n_dc=1, gpus_per_node=1, engine=EngineConfig(prefix_caching=True))
+    for bad in ([True, False], (7, True), [np.int64(3), False]):
+        with pytest.raises(ConfigError, match=r"^prefix_hashes: block ids must be integers, not bools") as e:
+            sim.submit(0, 0.0, 600, 2, 0, prefix_hashes=bad)
+        assert e.value.field == "prefix_hashes"
+        with pytest.raises(ConfigError, match="not bools") as e:
+            sim.cached_prefix_tokens(bad, 600)
+        with pytest.raises(ConfigError, match="not bools") as e:
+            sim.submit_batch([0, 0], [0.0, 0.0], [600, 600], [2, 2], [0, 0], prefix_hashes=[[1], bad])
+        assert e.value.field == "prefix_hashes[1]"
+    off = make_sim(n_dc=1, gpus_per_node=1, engine=EngineConfig(prefix_caching=False))
+    with pytest.raises(ConfigError, match="not bools"):  # (checked with caching off too)
+        off.submit(0, 0.0, 600, 2, 0, prefix_hashes=[True])
+    assert sim.totals().submitted == 0 and off.totals().submitted == 0
+    sim.submit(0, 0.0, 600, 2, 0, prefix_hashes=[np.int64(1), 0])  # (numpy integers stay accepted)
+    assert sim.totals().submitted == 1
+
+
 def test_copy_and_pickle_keep_the_cache():
     import copy
     import pickle

@@ -99,8 +99,8 @@ def chain_keys(ids: Any, n: int) -> tuple[Key, ...]:
 
 def prefix_keys(hashes: Any, prompt_tokens: int, prefix_tokens: int, caching: bool, row: int = -1) -> tuple[Key, ...] | None:
     """Validate one request's ``prefix_hashes`` (None or block ids, at most one per
-    ``prefix_tokens``-token block of its ``prompt_tokens``-token prompt, each in [0,
-    :data:`MAX_BLOCK_ID`)) - :class:`ConfigError` naming ``prefix_hashes`` (``prefix_hashes[row]``
+    ``prefix_tokens``-token block of its ``prompt_tokens``-token prompt, each an integer, not a
+    bool, in [0, :data:`MAX_BLOCK_ID`)) - :class:`ConfigError` naming ``prefix_hashes`` (``prefix_hashes[row]``
     with ``row >= 0``) - and return the chained keys of its full blocks, or None (no ids, no full
     block, or ``caching`` off)."""
     if hashes is None:
@@ -123,9 +123,14 @@ def prefix_keys(hashes: Any, prompt_tokens: int, prefix_tokens: int, caching: bo
             return tuple(out) if out else None
     field = "prefix_hashes" if row < 0 else f"prefix_hashes[{row}]"
     try:
-        ids = [operator.index(x) for x in hashes]
+        items = list(hashes)
+        ids = [operator.index(x) for x in items]
     except TypeError:
         raise ConfigError(field, f"must be None or a sequence of integer block ids, got {hashes!r}") from None
+    flags = [i for i, x in enumerate(items) if isinstance(x, bool)]
+    if flags:  # (operator.index takes True as 1: a list of flags is a slip, not block ids)
+        raise ConfigError(field, f"block ids must be integers, not bools: entry {flags[0]} is {items[flags[0]]!r} "
+                          f"in {hashes!r}", allowed="0 <= id < 2**61 - 1 (int or numpy integer; not bool)")
     nb = -(-prompt_tokens // prefix_tokens)
     if len(ids) > nb:
         raise ConfigError(field, f"{len(ids)} block ids for a {prompt_tokens}-token prompt in {prefix_tokens}-token "
