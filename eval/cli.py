@@ -625,9 +625,9 @@ def _print_estimate_errors(runs: Any, out: str) -> None:
           "negative = optimistic):")
     for line in error_lines(table):
         print(line)
-    path = os.path.join(out, "estimate_error.md")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("# Estimate error: predicted - realised (ms)\n\n" + error_markdown(table))
+    from eval.writers import write_text
+
+    path = write_text(os.path.join(out, "estimate_error.md"), "# Estimate error: predicted - realised (ms)\n\n" + error_markdown(table))
     print(f"wrote {path}")
 
 
