@@ -61,8 +61,10 @@ def sb3_zip(tmp_path_factory):
     return path
 
 
-def _rewrite(src: pathlib.Path, dst: pathlib.Path, replace: dict[str, bytes]) -> pathlib.Path:
-    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+def _rewrite(src: pathlib.Path, dst: pathlib.Path, replace: dict[str, bytes],
+             compression: int = zipfile.ZIP_STORED) -> pathlib.Path:
+    """``src`` copied to ``dst`` with members replaced or added."""
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", compression) as zout:
         for name in zin.namelist():
             zout.writestr(name, replace.get(name, zin.read(name)))
         for name, data in replace.items():

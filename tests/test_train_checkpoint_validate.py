@@ -31,6 +31,7 @@ pytest.importorskip("sb3_contrib")
 import torch as th  # noqa: E402
 
 from carbon_gym.errors import ConfigError  # noqa: E402
+from test_train_checkpoint import _rewrite as _rewrite_zip  # noqa: E402  (tests/ is on sys.path)
 from train.checkpoint import META_NAME, network_from_checkpoint, read_set_checkpoint  # noqa: E402
 from train.policy import SHIPPED_CHECKPOINT, LearnedPolicy, export_checkpoint  # noqa: E402
 
@@ -53,14 +54,8 @@ class Payload:
 
 
 def _rewrite(dst: pathlib.Path, replace: dict[str, bytes], src: pathlib.Path = SHIPPED_CHECKPOINT) -> pathlib.Path:
-    """``src`` with members replaced or added."""
-    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED) as zout:
-        for name in zin.namelist():
-            zout.writestr(name, replace.get(name, zin.read(name)))
-        for name, data in replace.items():
-            if name not in zin.namelist():
-                zout.writestr(name, data)
-    return dst
+    """``src`` with members replaced or added (deflated, as the shipped file is)."""
+    return _rewrite_zip(src, dst, replace, zipfile.ZIP_DEFLATED)
 
 
 def _npy(a: np.ndarray) -> bytes:
