@@ -7,6 +7,7 @@ Subcommands (each imports what it needs only when it runs, so ``carbon-gym --hel
     carbon-gym experiment headline|milp-vs-ilp|predictor|polling|tradeoff|bound|diurnal|capacity|sessions|generalise|learned-capacity|all  (or a..k)
     carbon-gym report results/headline            # regenerate RESULTS.md from a headline run
     carbon-gym report results --section capacity   # rewrite only RESULTS.md's capacity section
+    carbon-gym report results --section slo        # ... or only the "Within the SLO" section (eval/slo_report.py)
     carbon-gym scenarios                           # shipped scenarios
     carbon-gym policies                            # policy names (carbon_gym.registry)
     carbon-gym calibrate ...                       # calibration.cli
@@ -45,7 +46,7 @@ EXPERIMENT_ALIASES = {
 EXPERIMENTS = tuple(EXPERIMENT_ALIASES.values())
 #: ``report --section`` choices: headline, capacity, then eval.report.TABLE_SECTIONS (kept here so --help needs no heavy import; a test
 #: holds them equal)
-SECTIONS = ("headline", "capacity", "milp-vs-ilp", "predictor", "polling", "tradeoff", "bound", "diurnal", "sessions", "generalise",
+SECTIONS = ("headline", "capacity", "slo", "milp-vs-ilp", "predictor", "polling", "tradeoff", "bound", "diurnal", "sessions", "generalise",
             "learned-capacity")
 # `carbon-gym bench NAME ...` -> the module whose main(argv) runs it
 BENCHES = {
@@ -399,6 +400,8 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--heldout-seeds", action="store_true", help="experiments headline, milp-vs-ilp, tradeoff, predictor, capacity: each scenario runs its own first N fresh held-out starts "
                     "(python -m eval.heldout_seeds: days the shipped learned agent never saw), N = --seeds or the preset's; "
                     "instead of one --seed-list for every scenario")
+    ex.add_argument("--training-seeds", action="store_true", help="the same experiments: each scenario runs its own first N training starts "
+                    "(python -m eval.heldout_seeds --training: never a held-out day), N = --seeds or the preset's; where knobs are chosen")
     ex.add_argument("--periods", default=None, metavar="S1,S2", help="experiment polling: the polling periods to sweep, s (comma list, each > 0; default the preset's 0.1,0.25,0.5,1,2,4,8)")
 
     rp = sub.add_parser("report", help="write RESULTS.md from a finished headline run (and other experiments found next to it)")
@@ -693,6 +696,21 @@ def parse_periods(text: str | None) -> tuple[float, ...] | None:
     return tuple(out)
 
 
+def _check_seed_pools(args: argparse.Namespace, names: Sequence[str], allowed: Sequence[str]) -> None:
+    """``--heldout-seeds`` / ``--training-seeds``: one of them, on one experiment that takes them,
+    without explicit seeds (UsageError otherwise)."""
+    if args.heldout_seeds and args.training_seeds:
+        raise UsageError("--training-seeds", "and --heldout-seeds exclude each other: knobs are chosen on training starts, results reported on held-out ones")
+    for flag, on, kind in (("--heldout-seeds", args.heldout_seeds, "held-out"), ("--training-seeds", args.training_seeds, "training")):
+        if not on:
+            continue
+        if len(names) != 1 or names[0] not in allowed:
+            raise UsageError(flag, f"gives each scenario of experiments {', '.join(allowed)} its own {kind} "
+                             f"starts; {args.name!r} chooses its starts itself or takes --seeds / --seed-list", list(allowed))
+        if args.seed_list or args.seed_start:
+            raise UsageError(flag, "chooses the seeds itself: give --seeds N (how many per scenario), not --seed-list or --seed-start")
+
+
 def cmd_experiment(args: argparse.Namespace, argv: Sequence[str]) -> int:
     _check_run_args(args)
     name = EXPERIMENT_ALIASES.get(args.name, args.name)
@@ -705,12 +723,7 @@ def cmd_experiment(args: argparse.Namespace, argv: Sequence[str]) -> int:
     seeds = parse_seeds(args.seeds, args.seed_list, args.seed_start) if (args.seeds or args.seed_list) else None
     from eval import experiments
 
-    if args.heldout_seeds:
-        if len(names) != 1 or names[0] not in experiments.HELDOUT_EXPERIMENTS:
-            raise UsageError("--heldout-seeds", f"gives each scenario of experiments {', '.join(experiments.HELDOUT_EXPERIMENTS)} its own held-out "
-                             f"starts; {args.name!r} chooses its starts itself or takes --seeds / --seed-list", list(experiments.HELDOUT_EXPERIMENTS))
-        if args.seed_list or args.seed_start:
-            raise UsageError("--heldout-seeds", "chooses the seeds itself: give --seeds N (how many per scenario), not --seed-list or --seed-start")
+    _check_seed_pools(args, names, experiments.HELDOUT_EXPERIMENTS)
 
     models = split_list(args.models) or None
     if models:
@@ -759,6 +772,7 @@ def cmd_experiment(args: argparse.Namespace, argv: Sequence[str]) -> int:
             warmup_s=args.warmup_s,
             polling_s=periods,
             heldout_seeds=args.heldout_seeds,
+            training_seeds=args.training_seeds,
         )
         print(f"## {n}\n")
         print(table, end="")
@@ -776,6 +790,14 @@ def cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
         from eval.report import write_capacity_costs
 
         print(f"wrote the capacity section of {write_capacity_costs(args.results_dir, out=args.out)} (and its rows of the cost table)")
+        return 0
+    if args.section == "slo":
+        from eval.slo_report import write_slo_section
+
+        try:
+            print(f"wrote the SLO section of {write_slo_section(args.results_dir, out=args.out)}")
+        except FileNotFoundError as exc:
+            raise UsageError("results_dir", str(exc)) from None
         return 0
     if args.section is not None:
         from eval.report import write_headline_section, write_section

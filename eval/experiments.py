@@ -578,7 +578,7 @@ def exp_capacity(ctx: Ctx) -> str:
     ov = dict(ctx.overrides)
     if not ctx.explicit_window:
         ov.update(window_overrides(60.0, 60.0) if ctx.preset_name == "quick" else window_overrides(cr.CAPACITY_WINDOW_S, cr.CAPACITY_WARMUP_S))
-    if ctx.heldout_seeds:
+    if ctx.heldout_seeds or ctx.training_seeds:
         seeds: dict[str, list[int]] = {sc: ctx.seeds_for(sc) for sc in scens}
     else:
         seeds = {sc: list(ctx.seeds) if ctx.explicit_seeds else [0] for sc in scens}
@@ -622,15 +622,22 @@ class Ctx:
     explicit_seeds: bool = False
     explicit_window: bool = False
     heldout_seeds: bool = False
+    training_seeds: bool = False
 
     def seeds_for(self, scenario: str) -> list[int]:
         """The seeds of ``scenario``: ``self.seeds``, or with ``heldout_seeds`` the scenario's own first
-        ``len(self.seeds)`` fresh held-out starts (:func:`eval.heldout_seeds.fresh_heldout_seeds`)."""
-        if not self.heldout_seeds:
-            return list(self.seeds)
-        from eval.heldout_seeds import fresh_heldout_seeds
+        ``len(self.seeds)`` fresh held-out starts (:func:`eval.heldout_seeds.fresh_heldout_seeds`), or
+        with ``training_seeds`` its first ``len(self.seeds)`` training starts (where knobs are chosen:
+        :func:`eval.heldout_seeds.training_seeds`)."""
+        if self.heldout_seeds:
+            from eval.heldout_seeds import fresh_heldout_seeds
 
-        return fresh_heldout_seeds(scenario, len(self.seeds))
+            return fresh_heldout_seeds(scenario, len(self.seeds))
+        if self.training_seeds:
+            from eval.heldout_seeds import training_seeds
+
+            return training_seeds(scenario, len(self.seeds))
+        return list(self.seeds)
 
     def specs(self, scenarios: Sequence[str], policies: Sequence[str]) -> list[RunSpec]:
         """Every policy on every scenario at that scenario's seeds (:meth:`seeds_for`), with the
@@ -706,13 +713,18 @@ def run_experiment(
     warmup_s: float | None = None,
     polling_s: Sequence[float] | None = None,
     heldout_seeds: bool = False,
+    training_seeds: bool = False,
 ) -> str:
     """Run experiment ``name`` (see the module docstring) and return its Markdown table.
     ``polling_s``: the polling sweep's periods, s (default the preset's). ``heldout_seeds``
     (:data:`HELDOUT_EXPERIMENTS` only): each scenario runs its own first ``len(seeds)`` fresh
-    held-out starts."""
-    if heldout_seeds and name not in HELDOUT_EXPERIMENTS:
-        raise ValueError(f"heldout_seeds is for experiments {', '.join(HELDOUT_EXPERIMENTS)}, not {name!r}")
+    held-out starts; ``training_seeds`` (the same experiments): its first ``len(seeds)`` training
+    starts, the days knobs are chosen on."""
+    for flag, on in (("heldout_seeds", heldout_seeds), ("training_seeds", training_seeds)):
+        if on and name not in HELDOUT_EXPERIMENTS:
+            raise ValueError(f"{flag} is for experiments {', '.join(HELDOUT_EXPERIMENTS)}, not {name!r}")
+    if heldout_seeds and training_seeds:
+        raise ValueError("heldout_seeds and training_seeds exclude each other")
     p = PRESETS[preset]
     if polling_s is not None:
         p = replace(p, polling_s=tuple(float(v) for v in polling_s))
@@ -735,5 +747,6 @@ def run_experiment(
         explicit_seeds=seeds is not None,
         explicit_window=window_s is not None,
         heldout_seeds=heldout_seeds,
+        training_seeds=training_seeds,
     )
     return EXPERIMENT_FUNCS[name](ctx)

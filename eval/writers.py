@@ -369,6 +369,15 @@ def _jsonable(v: Any) -> bool:
         return False
 
 
+def _heldout_day(start_utc: str) -> bool:
+    """Whether an episode starting at ``start_utc`` (ISO) starts on a held-out day of the year."""
+    from datetime import datetime
+
+    from train.envs import is_heldout_day
+
+    return bool(is_heldout_day(datetime.fromisoformat(start_utc.replace("Z", "+00:00")).timetuple().tm_yday, 4))
+
+
 def starts_line(runs_meta: Sequence[Mapping[str, Any]]) -> str:
     """The ``- starts: <K>`` line of "How it was produced" from a matrix's config ``runs``: one seed
     list for every scenario, or (``--heldout-seeds``) each scenario's own, with its starts (day x hour)."""
@@ -385,7 +394,13 @@ def starts_line(runs_meta: Sequence[Mapping[str, Any]]) -> str:
         return (f"- starts: {len(seeds)} (seeds {', '.join(map(str, seeds))}; episode starts spread over the 2023 carbon year, "
                 f"day x hour: {_starts(runs_meta)})")
     counts = sorted({len(v) for v in seed_sets.values()})
-    lines = [f"- starts: {'/'.join(map(str, counts))} per scenario (each scenario its own fresh held-out seeds, `--heldout-seeds`: "
-             "days the shipped learned agent never saw; spread over the 2023 carbon year, day x hour):"]
+    held = [_heldout_day(str(r["start_utc"])) for r in runs_meta if r.get("start_utc")]
+    if held and all(held):
+        kind = "fresh held-out seeds, `--heldout-seeds`: days the shipped learned agent never saw"
+    elif held and not any(held):
+        kind = "training seeds, `--training-seeds`: no held-out day, where knobs are chosen"
+    else:
+        kind = "seeds"
+    lines = [f"- starts: {'/'.join(map(str, counts))} per scenario (each scenario its own {kind}; spread over the 2023 carbon year, day x hour):"]
     lines += [f"  - {sc}: seeds {', '.join(map(str, v))} ({_starts(per[sc])})" for sc, v in seed_sets.items()]
     return "\n".join(lines)

@@ -4,6 +4,7 @@ measured (``measurement window: <N> s``, ``starts: <K>``)."""
 
 from __future__ import annotations
 
+import json
 import pandas as pd
 import pytest
 
@@ -148,3 +149,38 @@ def test_heldout_seeds_per_scenario_in_experiment_h(tmp_path):
     assert "- starts: 2 per scenario (each scenario its own fresh held-out seeds" in text and "One start (seed)" not in text
     for sc in scens:
         assert f"  - {sc}: seeds {', '.join(map(str, want[sc]))} (2023-" in text
+
+
+def test_training_seeds_argument_errors(capsys, tmp_path):
+    assert cli.main(["experiment", "headline", "--training-seeds", "--heldout-seeds", "--out", str(tmp_path / "a"), "--no-progress"]) == 2
+    assert "--training-seeds: and --heldout-seeds exclude each other" in capsys.readouterr().err
+    assert cli.main(["experiment", "polling", "--training-seeds", "--out", str(tmp_path / "b"), "--no-progress"]) == 2
+    assert "--training-seeds: gives each scenario of experiments headline" in capsys.readouterr().err
+    assert cli.main(["experiment", "capacity", "--training-seeds", "--seed-list", "1,2", "--out", str(tmp_path / "c"), "--no-progress"]) == 2
+    assert "--training-seeds: chooses the seeds itself" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_capacity_training_seeds_per_scenario(tmp_path):
+    """--training-seeds: each scenario runs its own first training starts (no held-out day; where
+    knobs are chosen), every policy the same ones, and RESULTS.md says they are training starts."""
+    from eval.heldout_seeds import training_seeds
+    from eval.writers import starts_line
+    from train.envs import is_heldout_day
+
+    scens = ["llama8b-low", "mixtral8x7b-low"]
+    out = tmp_path / "res"
+    argv = ["experiment", "capacity", "--scenarios", ",".join(scens), "--policies", "rr", "--preset", "full", "--window-s", "4",
+            "--warmup-s", "2", "--seeds", "2", "--training-seeds", "--workers", "1", "--no-progress", "--no-tensorboard", "--no-plots",
+            "--out", str(out)]
+    assert cli.main(argv) == 0
+    want = {sc: training_seeds(sc, 2) for sc in scens}
+    assert want[scens[0]] != want[scens[1]]
+    runs = pd.read_csv(out / "capacity" / "runs.csv")
+    _assert_own_seeds(runs, want)
+    meta = json.loads((out / "capacity" / "config.json").read_text())["runs"]
+    assert meta and all(not is_heldout_day(pd.Timestamp(r["start_utc"]).dayofyear) for r in meta)
+    line = starts_line(meta)
+    assert "(each scenario its own training seeds, `--training-seeds`: no held-out day" in line
+    for sc in scens:
+        assert f"  - {sc}: seeds {', '.join(map(str, want[sc]))} (2023-" in line

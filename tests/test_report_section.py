@@ -75,7 +75,7 @@ POLL_CSV = "policy,polling_s,slo_violation_pct\nmilp,0.1,1.25\nmilp,2,6.5\nrr,0.
 
 
 def test_sections_choices_match_the_report():
-    assert SECTIONS == ("headline", "capacity") + tuple(TABLE_SECTIONS)
+    assert SECTIONS == ("headline", "capacity", "slo") + tuple(TABLE_SECTIONS)
 
 
 def test_the_committed_results_md_splits_and_joins_byte_for_byte():

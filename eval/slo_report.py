@@ -1,0 +1,205 @@
+"""RESULTS.md's "Within the SLO" section (issue 40): operating points chosen on training starts,
+then run on held-out starts, and the issue's targets checked on the held-out runs.
+
+Where the runs live (each a matrix of ``carbon-gym experiment``, its ``config.json`` holding the
+command, the settings and the seeds):
+
+- ``<results>/selection/capacity-train*/capacity/``: the capacity experiment on each scenario's
+  training starts (``--training-seeds``; never a held-out day): where the setting is chosen;
+- ``<results>/slo/capacity/``: the same experiment at the chosen setting on fresh held-out
+  starts (``--heldout-seeds``): what is reported.
+
+Neither is merged into the "Capacity control" section (whose rows are the scenarios' default
+1 s polling): a row's setting is in the header of its table here.
+
+    carbon-gym report results --section slo     # rewrite only this section of RESULTS.md
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Any, Sequence
+
+import numpy as np
+
+from eval.capacity_report import ALWAYS_ON_LABEL
+from eval.stats import mean_ci95
+from eval.writers import starts_line
+
+__all__ = ["SECTION_BEGIN", "SECTION_END", "SECTION_TITLE", "TARGETS", "slo_rows", "slo_markdown", "target_checks", "slo_section",
+           "with_slo_section", "write_slo_section"]
+
+SECTION_BEGIN = "<!-- slo:begin (carbon-gym report --section slo rewrites this section) -->"
+SECTION_END = "<!-- slo:end -->"
+SECTION_TITLE = "## Within the SLO: operating points chosen on training starts, tested on held-out starts"
+
+#: Issue 40's targets on held-out starts: (scenario, policy) -> (least reduction vs always-on rr %,
+#: most per-request violation % or None). Every target also asks MLPerf p99 in every start.
+TARGETS: dict[tuple[str, str], tuple[float, float | None]] = {
+    ("llama8b-low", "milp"): (80.0, 1.0),
+    ("llama8b-moderate", "milp"): (65.0, None),
+}
+
+
+def _read(d: str) -> tuple[Any, dict[str, Any]]:
+    import pandas as pd
+
+    with open(os.path.join(d, "config.json"), encoding="utf-8") as fh:
+        cfg = json.load(fh)
+    return pd.read_csv(os.path.join(d, "runs.csv")), cfg
+
+
+def _setting(cfg: dict[str, Any], label: str) -> str:
+    """The polling period and the policy arguments of ``label``'s runs in ``cfg``, as text."""
+    runs = [r for r in cfg.get("runs", []) if (r.get("label") or r.get("policy")) == label]
+    if not runs:
+        return "?"
+    r = runs[0]
+    parts = [f"polling {float(r.get('polling_period_s', r.get('overrides', {}).get('polling_period_s', 1.0))):g} s"]
+    parts += [f"{k} {v}" for k, v in sorted((r.get("policy_kwargs") or {}).items())]
+    return ", ".join(parts)
+
+
+def slo_rows(runs: Any, cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (scenario, policy) of a capacity matrix's ``runs``: the reduction vs the
+    always-on rr of the same seed (%, mean and 95% CI half-width), the per-request violation (%),
+    the seeds passing MLPerf p99 (TTFT and TPOT), the worst seed's p99 TTFT and TPOT (ms) and the
+    setting (polling period, policy arguments)."""
+    rows = []
+    for scen in dict.fromkeys(runs["scenario"]):
+        sub = runs[runs["scenario"] == scen]
+        ref = sub[sub["policy"] == ALWAYS_ON_LABEL].set_index("seed")["carbon_g"]
+        for pol in dict.fromkeys(sub["policy"]):
+            g = sub[sub["policy"] == pol]
+            red = [100.0 * (float(ref.loc[s]) - float(c)) / float(ref.loc[s]) for s, c in zip(g["seed"], g["carbon_g"]) if s in ref.index]
+            r_m, r_ci = mean_ci95(red)
+            v_m, v_ci = mean_ci95(g["slo_violation_pct"].to_numpy(np.float64))
+            fails = [w for w, col in (("TTFT", "mlperf_ttft_p99_pass"), ("TPOT", "mlperf_tpot_p99_pass"))
+                     if col in g and not bool(g[col].astype(bool).all())]
+            rows.append({"scenario": scen, "policy": pol, "seeds": len(g), "seed_list": sorted(int(s) for s in g["seed"]),
+                         "reduction_pct": r_m, "reduction_ci95": r_ci, "violation_pct": v_m, "violation_ci95": v_ci,
+                         "p99_pass": int(g["mlperf_p99_pass"].astype(bool).sum()), "p99_fails": "+".join(fails),
+                         "ttft_p99_ms": 1e3 * float(g["ttft_p99_s"].max()), "tpot_p99_ms": 1e3 * float(g["tpot_p99_s"].max()),
+                         "unfinished_pct": float(g["unfinished_pct"].max()) if "unfinished_pct" in g else 0.0,
+                         "cpu_s": float(g["cpu_s"].sum()) if "cpu_s" in g else float("nan"),
+                         "setting": _setting(cfg, pol)})
+    return rows
+
+
+def _ci(m: float, ci: float, d: int) -> str:
+    return f"{m:.{d}f}" + (f" ± {ci:.{d}f}" if np.isfinite(ci) else "")
+
+
+def slo_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    """:func:`slo_rows` as a Markdown table."""
+    head = ("| scenario | policy | setting | seeds | vs always-on rr % | SLO viol. % | MLPerf p99 pass | worst TTFT p99 (ms) "
+            "| worst TPOT p99 (ms) |\n|---|---|---|---|---|---|---|---|---|\n")
+    body = "".join(
+        f"| {r['scenario']} | {r['policy']} | {r['setting']} | {r['seeds']} | {_ci(r['reduction_pct'], r['reduction_ci95'], 1)} | "
+        f"{_ci(r['violation_pct'], r['violation_ci95'], 2)} | {r['p99_pass']}/{r['seeds']} "
+        f"{'✓' if r['p99_pass'] == r['seeds'] else '✗ (' + (r['p99_fails'] or '?') + ')'} | {r['ttft_p99_ms']:.0f} | {r['tpot_p99_ms']:.0f} |\n"
+        for r in rows)
+    return head + body
+
+
+def target_checks(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per :data:`TARGETS` entry: met / not met on ``rows`` (held-out), with the figures."""
+    out = []
+    by = {(r["scenario"], r["policy"]): r for r in rows}
+    for (scen, pol), (least, most) in TARGETS.items():
+        r = by.get((scen, pol))
+        want = f">= {least:g}% below always-on rr, MLPerf p99 in every start" + (f", <= {most:g}% violation" if most is not None else "")
+        if r is None:
+            out.append(f"- {pol} deciding capacity on {scen} ({want}): not run.")
+            continue
+        ok = r["reduction_pct"] >= least and r["p99_pass"] == r["seeds"] and (most is None or r["violation_pct"] <= most)
+        out.append(f"- {pol} deciding capacity on {scen} ({want}): **{'met' if ok else 'not met'}**: "
+                   f"{r['reduction_pct']:.1f}% at {r['violation_pct']:.2f}% violation, p99 {r['p99_pass']}/{r['seeds']}.")
+    return out
+
+
+def _dirs(results_dir: str) -> tuple[list[str], list[str]]:
+    sel = sorted(os.path.dirname(p) for p in glob.glob(os.path.join(results_dir, "selection", "capacity-train*", "capacity", "runs.csv")))
+    held = [d for d in [os.path.join(results_dir, "slo", "capacity")] if os.path.isfile(os.path.join(d, "runs.csv"))]
+    return sel, held
+
+
+def slo_section(results_dir: str) -> str:
+    """The section's text (between its markers) from the runs under ``results_dir`` (module doc)."""
+    sel, held = _dirs(results_dir)
+    if not sel and not held:
+        raise FileNotFoundError(f"no SLO runs under {results_dir!r}: {os.path.join(results_dir, 'selection', 'capacity-train-<scenario>')} "
+                                f"or {os.path.join(results_dir, 'slo', 'capacity')} (module eval.slo_report)")
+    lines = [SECTION_BEGIN, SECTION_TITLE, ""]
+    add = lines.append
+    add("The capacity-deciding MILP (and its routing-only run, `milp (always on)`) at an operating point chosen on "
+        "training starts and then run on fresh held-out starts (issue 40). The setting: 0.1 s polling with the MILP's "
+        "`prefill_horizon_s` 0.5, the largest prefill horizon that passed MLPerf p99 in every training start of the "
+        "routing MILP on llama8b-moderate (\"Estimate error and the knob chosen on training starts\"); the capacity "
+        "stage keeps its default utilisation cap (0.7 of the measured engine capacity), not tuned. The study allows "
+        "any polling period up to 2 s; at the scenarios' 1 s the polling wait alone (uniform over the period) takes "
+        "up to half the 2 s TTFT budget, which is why every carbon-aware default failed p99 there.\n")
+    add("```bash")
+    cpu = 0.0
+    all_held: list[dict[str, Any]] = []
+    for d in sel + held:
+        runs, cfg = _read(d)
+        add(str(cfg.get("command") or "carbon-gym experiment capacity"))
+        cpu += float(runs["cpu_s"].sum()) if "cpu_s" in runs else 0.0
+    add(f"carbon-gym report {results_dir} --section slo")
+    add("```\n")
+    for title, dirs in (("Training starts (where the setting is chosen)", sel), ("Held-out starts (reported)", held)):
+        if not dirs:
+            add(f"**{title}**: not run yet.\n")
+            continue
+        add(f"**{title}** (900 s measured after a 300 s burn-in; vs the always-on rr of the same start at the same polling "
+            "period; worst TTFT/TPOT p99 = the highest seed's):\n")
+        for d in dirs:
+            runs, cfg = _read(d)
+            rows = slo_rows(runs, cfg)
+            if dirs is held:
+                all_held += rows
+            add(starts_line(cfg.get("runs", [])))
+            el = cfg.get("elapsed_s")
+            add(f"- {os.path.relpath(d, results_dir)}: {len(runs)} runs, {float(runs['cpu_s'].sum()) / 60:.1f} CPU-min"
+                + (f", {float(el) / 60:.1f} min wall on {cfg.get('workers')} worker(s), 2 cores shared with other work" if el else "") + "\n")
+            add(slo_markdown(rows))
+    add(f"CPU time of all runs above: {cpu / 60:.1f} min.\n")
+    add("**Issue 40's targets on the held-out starts:**\n")
+    lines.extend(target_checks(all_held) if all_held else ["- not run yet."])
+    add("")
+    add("**What a reviewer would object to.** The polling period is a property of the deployment, not of the "
+        "policy: a 0.1 s period means ten MILP solves a second (the decision p95 is in the capacity tables' "
+        "matrices), which a real controller must sustain. The horizon 0.5 s was chosen on the routing MILP of one "
+        "scenario (llama8b-moderate's training starts) and checked, not re-chosen, on each capacity scenario's training "
+        "starts here. The window (900 s) is short against the carbon day; the capacity stage's utilisation cap is its "
+        "default, so a lower cap would trade carbon for margin where a start fails.")
+    add(SECTION_END)
+    return "\n".join(lines) + "\n"
+
+
+def with_slo_section(old: str, results_dir: str) -> str:
+    """``old`` with :func:`slo_section` in place: between its markers when there, else before
+    "## Capacity control"'s marker (or heading), else at the end."""
+    from eval.capacity_report import SECTION_BEGIN as CAP_BEGIN
+
+    text = slo_section(results_dir)
+    if SECTION_BEGIN in old and SECTION_END in old.split(SECTION_BEGIN, 1)[1]:
+        head, rest = old.split(SECTION_BEGIN, 1)
+        return head + text.rstrip("\n") + rest.split(SECTION_END, 1)[1]
+    for anchor in (CAP_BEGIN, "## Capacity control"):
+        if anchor in old:
+            head, rest = old.split(anchor, 1)
+            return head.rstrip("\n") + "\n\n" + text + "\n" + anchor + rest
+    return (old.rstrip("\n") + "\n\n" if old else "") + text
+
+
+def write_slo_section(results_dir: str = "results", *, out: str = "RESULTS.md") -> str:
+    """Write :func:`slo_section` into ``out`` in place (:func:`with_slo_section`); the rest is kept."""
+    from eval.writers import write_text
+
+    old = open(out, encoding="utf-8").read() if os.path.isfile(out) else ""
+    write_text(out, with_slo_section(old, results_dir))
+    return out

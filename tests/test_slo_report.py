@@ -1,0 +1,69 @@
+"""The "Within the SLO" section (eval/slo_report.py): rows, the issue's targets met or not, the
+section placed before "Capacity control" and rewritten in place between its markers."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from eval import slo_report
+from eval.cli import main
+
+
+def _matrix(d, scen: str, seeds, milp_carbon, milp_viol, passes, ttft_p99=1.5) -> None:
+    rows, meta = [], []
+    for i, s in enumerate(seeds):
+        for label, pol, c, v, ok in (("rr (always on)", "rr", 100.0, 0.0, True), ("milp", "milp", milp_carbon[i], milp_viol[i], passes[i])):
+            rows.append({"scenario": scen, "policy": label, "seed": s, "carbon_g": c, "slo_violation_pct": v, "mlperf_p99_pass": ok,
+                         "mlperf_ttft_p99_pass": ok, "mlperf_tpot_p99_pass": True, "ttft_p99_s": ttft_p99 if ok else 2.2,
+                         "tpot_p99_s": 0.05, "unfinished_pct": 0.0, "cpu_s": 60.0})
+            meta.append({"scenario": scen, "policy": pol, "label": label, "seed": s, "polling_period_s": 0.1,
+                         "policy_kwargs": {"prefill_horizon_s": 0.5} if pol == "milp" else {}, "start_utc": "2023-01-12T17:00:00Z"})
+    d.mkdir(parents=True)
+    pd.DataFrame(rows).to_csv(d / "runs.csv", index=False)
+    (d / "config.json").write_text(json.dumps({"command": f"carbon-gym experiment capacity --scenarios {scen}", "runs": meta,
+                                               "elapsed_s": 120.0, "workers": 2}))
+
+
+def test_rows_pair_by_seed_and_targets_are_checked(tmp_path):
+    _matrix(tmp_path / "slo" / "capacity", "llama8b-low", [1, 4], [15.0, 25.0], [0.5, 0.7], [True, True])
+    runs, cfg = slo_report._read(str(tmp_path / "slo" / "capacity"))
+    rows = slo_report.slo_rows(runs, cfg)
+    milp = next(r for r in rows if r["policy"] == "milp")
+    assert milp["reduction_pct"] == pytest.approx(80.0) and milp["violation_pct"] == pytest.approx(0.6)
+    assert milp["p99_pass"] == 2 and milp["setting"] == "polling 0.1 s, prefill_horizon_s 0.5"
+    lines = slo_report.target_checks(rows)
+    assert lines[0].startswith("- milp deciding capacity on llama8b-low (>= 80% below always-on rr") and "**met**: 80.0% at 0.60%" in lines[0]
+    assert lines[1] == "- milp deciding capacity on llama8b-moderate (>= 65% below always-on rr, MLPerf p99 in every start): not run."
+    # one start failing p99, or the violation over 1%, is not met
+    rows[1] = dict(milp, p99_pass=1)
+    assert "**not met**" in slo_report.target_checks(rows)[0]
+    rows[1] = dict(milp, violation_pct=1.2)
+    assert "**not met**" in slo_report.target_checks(rows)[0]
+
+
+def test_section_written_before_capacity_and_rewritten_in_place(tmp_path):
+    res = tmp_path / "results"
+    _matrix(res / "selection" / "capacity-train-llama8b-low" / "capacity", "llama8b-low", [2, 3], [30.0, 30.0], [2.0, 2.0], [False, True])
+    out = tmp_path / "R.md"
+    out.write_text("# Results\n\n## Headline\n\nx\n\n## Capacity control\n\ny\n")
+    assert main(["report", str(res), "--section", "slo", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text.index(slo_report.SECTION_TITLE) < text.index("## Capacity control") and text.index("## Headline") < text.index(slo_report.SECTION_TITLE)
+    assert "| llama8b-low | milp | polling 0.1 s, prefill_horizon_s 0.5 | 2 | 70.0 ± 0.0 | 2.00 ± 0.00 | 1/2 ✗ (TTFT) | 2200 | 50 |" in text
+    assert "**Held-out starts (reported)**: not run yet." in text
+    _matrix(res / "slo" / "capacity", "llama8b-low", [1, 4], [15.0, 15.0], [0.5, 0.5], [True, True])
+    assert main(["report", str(res), "--section", "slo", "--out", str(out)]) == 0
+    again = out.read_text()
+    assert again.count(slo_report.SECTION_TITLE) == 1 and again.endswith("## Capacity control\n\ny\n")
+    assert "on llama8b-low (>= 80% below always-on rr, MLPerf p99 in every start, <= 1% violation): **met**: 85.0% at 0.50%" in again
+
+
+def test_no_runs_is_one_line_naming_the_directories(tmp_path, capsys):
+    out = tmp_path / "R.md"
+    out.write_text("# Results\n")
+    assert main(["report", str(tmp_path), "--section", "slo", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "no SLO runs under" in err and "capacity-train-<scenario>" in err and len(err.strip().splitlines()) == 1
