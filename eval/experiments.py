@@ -353,11 +353,13 @@ _md = frame_markdown
 def headline_table(summary, bounds=None) -> str:
     """Reduction vs rr (%) and SLO violation (%) per scenario (rows) x policy (columns); with
     ``bounds`` (:func:`eval.bound.bound_summary`) a last column: the carbon lower bound's
-    reduction vs rr (the most any policy could save)."""
+    reduction vs rr (the most any policy could save), and the SLO-true bound's beside it where
+    ``bounds`` has it (:mod:`eval.bound_slo`)."""
     pols = list(dict.fromkeys(summary["policy"]))
     scens = list(dict.fromkeys(summary["scenario"]))
     bsum = bounds.set_index("scenario") if bounds is not None and len(bounds) else None
-    head = ["scenario"] + pols + (["lower bound"] if bsum is not None else [])
+    slo = bsum is not None and "slo_bound_reduction_vs_rr_pct" in bsum and bool(bsum["slo_bound_reduction_vs_rr_pct"].notna().any())
+    head = ["scenario"] + pols + (["lower bound"] if bsum is not None else []) + (["SLO-true bound"] if slo else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for s in scens:
         cells = [s]
@@ -375,6 +377,10 @@ def headline_table(summary, bounds=None) -> str:
             b = bsum.loc[s] if s in bsum.index else None
             cells.append("–" if b is None else _fmt(b["bound_reduction_vs_rr_pct"], b["bound_reduction_vs_rr_pct_ci95"])
                          + ("" if int(b["below"]) == 0 else f" ({int(b['below'])} runs below it!)"))
+        if slo:
+            b = bsum.loc[s] if s in bsum.index else None
+            cells.append("–" if b is None else _fmt(b["slo_bound_reduction_vs_rr_pct"], b["slo_bound_reduction_vs_rr_pct_ci95"])
+                         + ("" if int(b["below_slo"]) == 0 else f" ({int(b['below_slo'])} runs below it)"))
         lines.append("| " + " | ".join(cells) + " |")
     return ("Carbon reduction vs round-robin, % (mean ± 95% CI over seeds); in parentheses the SLO violation % of "
             f"completed requests (per request), the MLPerf p99 verdict (seeds whose p99 TTFT and p99 TPOT are within the "
@@ -384,6 +390,8 @@ def headline_table(summary, bounds=None) -> str:
             f"{VALID_UNFINISHED_PCT:g}% unfinished is invalid (that work's energy was never spent, which would flatter the "
             "policy): its reduction is not shown." + (" The last column is the carbon lower bound's reduction (eval/bound.py: "
             "no run can emit less; every run of the table was checked against it)." if bsum is not None else "")
+            + (" The SLO-true bound (eval/bound_slo.py) also holds each datacenter to its engines' measured p99 capacity: "
+               "it bounds only policies that stay within that capacity (a run below it exceeded it somewhere)." if slo else "")
             + "\n\n" + "\n".join(lines) + "\n")
 
 

@@ -1,0 +1,279 @@
+r"""The SLO-true carbon bound (issue 40, item 4): the lower bound of :mod:`eval.bound` with every
+datacenter held to the load its engines serve within the MLPerf p99 targets.
+
+**The capacity.** Datacenter ``d`` may be offered at most ``C_d = E_d x c_d`` requests/s, with
+``E_d`` its engines (GPUs / tp) and ``c_d`` the measured per-engine SLO capacity of its (model,
+GPU, tp) in the load-level file (``carbon_gym/data/load_levels.toml``): the ENGINE figure
+``per_engine_rate_per_s``, the highest Poisson rate one engine fed every request at its arrival
+keeps within p99 TTFT and p99 TPOT, with no polling wait and no network. Of the file's two figures
+it is the larger (the cluster figure, round-robin with 1 s polling and RTTs in TTFT, is 51-73% of
+it), so it is the least restrictive: whatever placement, polling period and network a policy has,
+an engine offered more than ``c_d`` misses p99 at the engine alone. In every window of the
+program (the carbon trace's hours), the requests *arriving* in the window that are routed to ``d``
+are at most ``C_d x`` the window's length (s).
+
+**Capacity control.** An engine serves at most ``c_d`` requests/s within p99, so the awake
+engine-seconds at ``d`` are at least the requests it serves over ``c_d`` (as well as its active
+engine-seconds); each awake engine-second pays at least its GPUs' idle power above the floor's
+(sleep power, or 0 W for a server that is off) and, when servers may be powered off, its share of
+a powered server's host power (``(host_w - least) / engines per server``).
+
+**What it bounds, honestly.** It is a lower bound on the carbon of any policy that keeps every
+datacenter's offered load (and, under capacity control, every awake engine's) within the
+measured p99 capacity in every window. It is *not* a bound on every policy that passes p99 over
+the run: a policy may burst above a datacenter's capacity for a while (a queue builds, a few
+percent of the requests are late) and still pass p99 over the whole run, and such a run can emit
+less than this figure. A run below it is therefore not an accounting error (unlike a run below
+the physical bound of :mod:`eval.bound`) but a sign that it exceeded the SLO capacity somewhere;
+the tables count and name such runs. The capacity is a Poisson average measured on long probes:
+over a short window a policy within it on average can still see more arrivals than ``C_d x``
+the window by chance (a few standard deviations of ``sqrt(C_d x window)``), another reason to
+read it as the bound of capacity-respecting policies rather than of every SLO-passing run. The
+figure is never below the physical bound (same program, more constraints; the larger of the two
+is kept against round-off).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["SloResult", "engine_slo_capacity", "slo_window_bound", "NOT_COMPUTED"]
+
+#: ``slo_status`` of a bound computed without the SLO-true figure.
+NOT_COMPUTED = "not computed"
+
+#: Quantile bins of request sizes per window in the measurement-window program (more: tighter,
+#: larger LP). Within a bin the program may split a bin's engine-seconds between datacenters
+#: anywhere between its smallest and largest request, a relaxation of the requests themselves.
+_BINS = 32
+
+
+@dataclass
+class SloResult:
+    """The SLO-true part of a bound.
+
+    Attributes:
+        active_g: least active (and, under capacity control, awake) grams above the floor.
+        status: HiGHS's model status (``Optimal``) or why there is no figure (NaN ``active_g``).
+        placed: requests placed at each datacenter in the optimum (the program's fluid figure).
+        capacity_per_s: ``C_d``, requests/s each datacenter serves within p99.
+    """
+
+    active_g: float
+    status: str
+    placed: list[float]
+    capacity_per_s: list[float]
+
+
+def engine_slo_capacity(scenario: Any, parts: Any, levels: Any = None) -> np.ndarray:
+    """Per datacenter, the measured per-engine SLO capacity ``c_d`` (requests/s per engine) of its
+    (model, GPU, tp): the load-level file's ``per_engine_rate_per_s`` (the engine figure; module
+    docstring). ``levels``: a :class:`carbon_gym.load_levels.LoadLevels` (the packaged file when
+    None). A :class:`ConfigError` naming the missing combination and the measured ones when the
+    file has none for a datacenter."""
+    from carbon_gym.errors import ConfigError
+    from carbon_gym.load_levels import capacity_key, load_load_levels
+
+    levels = levels if levels is not None else load_load_levels()
+    topo = parts.topology
+    tp = int(parts.engine.tp)
+    out = np.zeros(len(topo.datacenters))
+    for d, dc in enumerate(topo.datacenters):
+        gpu = topo.datacenter_gpu(d)
+        cap = levels.find(str(scenario.model), str(gpu), tp)
+        if cap is None:
+            raise ConfigError(
+                "per_engine_rate_per_s",
+                f"the SLO-true bound needs the measured per-engine SLO capacity of datacenter {dc.name!r}: the load-level "
+                f"file has none for {capacity_key(str(scenario.model), str(gpu), tp)} (model / gpu / engine.tp); measure it "
+                "(python eval/measure_capacity.py --write)", allowed=sorted(levels.capacities))
+        out[d] = float(cap.per_engine_rate_per_s)
+    return out
+
+
+def _lowest_from(ci: np.ndarray) -> np.ndarray:
+    """``out[h, d] = min(ci[h:, d])``: the lowest intensity at or after window ``h`` (work is done
+    no earlier than it arrives)."""
+    return np.minimum.accumulate(ci[::-1], axis=0)[::-1]
+
+
+def slo_window_bound(scenario: Any, parts: Any, zones: np.ndarray, arrival: np.ndarray, secs: dict[str, np.ndarray],  # noqa: C901
+                     least_node_w: dict[str, float], wins: list[tuple[float, float]], backlog_end: int, *,
+                     capacity: bool, levels: Any = None) -> SloResult:
+    """The SLO-true active grams of a measurement window (``env.measure = "window"``; the
+    physical version is :func:`eval.bound._window_bound`). Of the requests arriving in the window
+    all but ``backlog_end`` are done entirely in it; request sizes (engine-seconds at the most
+    efficient batch, per GPU type: ``secs[gpu]``, one per request arriving in the window, from
+    :func:`eval.bound._engine_seconds`) are binned by quantile per
+    arrival window; an LP places each bin's requests (counts and engine-seconds, between the bin's
+    smallest and largest request each) on the datacenters, the requests arriving in window ``h``
+    at ``d`` at most ``C_d x len_h``, the engine-seconds at ``d`` at most its engines x the window,
+    each engine-second at ``d``'s PUE and lowest intensity at or after its arrival window.
+
+    Always on (``capacity`` False): an engine-second costs ``tp (P_lo - P_idle)`` (the floor has
+    every GPU at idle). Capacity control: ``tp (P_lo - P_idle)`` per active engine-second plus,
+    per awake engine-second, ``tp P_idle`` and the engine's share of its server's host power above
+    the least power (the floor has every server at its least power); awake engine-seconds at ``d``
+    are at least its active ones and its requests / ``c_d``, at most its engines x the window.
+    ``least_node_w[gpu]``: a server's least power in any capacity state (W). ``arrival``: the
+    arrival instants (s) of the requests arriving in the window. Grams are ``W x g/kWh x s / 3.6e6``."""
+    import highspy
+
+    from solvers._highs import new_highs
+
+    eng, trace, off = parts.engine, parts.carbon, parts.carbon_offset_s
+    dcs = list(parts.topology.datacenters)
+    n_d = len(dcs)
+    gpu_of = [parts.topology.datacenter_gpu(d) for d in range(n_d)]
+    models = dict(zip(gpu_of, parts.datacenter_gpus()))
+    types = list(models)
+    tp = int(eng.tp)
+    c_eng = engine_slo_capacity(scenario, parts, levels)
+    engines = np.array([float(dc.gpus) / tp for dc in dcs])
+    cap_rate = c_eng * engines
+    w0 = wins[0][0]
+    length = wins[-1][1] - w0
+    lens = np.array([b - a for a, b in wins])
+    t = np.asarray(arrival, dtype=np.float64)
+    if t.size == 0:
+        return SloResult(0.0, "no requests", [0.0] * n_d, cap_rate.tolist())
+    h_of = np.clip(np.searchsorted(np.array([a for a, _ in wins]), t, side="right") - 1, 0, len(wins) - 1)
+    ci = np.array([np.minimum(trace.intensity_all(off + a), trace.intensity_all(off + b - 1e-9))[zones] for a, b in wins])
+    ci_from = _lowest_from(ci)                                    # (window, datacenter), g/kWh
+    pue = np.array([float(dc.pue) for dc in dcs])
+    idle = np.array([float(models[g].power.idle_w) for g in gpu_of])
+    p_lo = np.array([min(float(models[g].power.decode_min_w), float(models[g].power.prefill_w)) for g in gpu_of])
+    active_w = pue * tp * (p_lo - idle)                           # per active engine-second, above idle
+    if capacity:
+        epn = np.array([max(1.0, float(dc.gpus_per_node) / tp) for dc in dcs])
+        host = np.array([(float(models[g].power.host_w) - float(least_node_w[g])) / epn[d] for d, g in enumerate(gpu_of)])
+        awake_w = pue * (tp * idle + host)                        # per awake engine-second, above the least power
+    # ---- bins: per arrival window, quantiles of the (smallest over the types) request size
+    ref = np.min(np.stack([secs[g] for g in types]), axis=0)
+    bins: list[tuple[int, np.ndarray]] = []                       # (window, request indices)
+    for h in range(len(wins)):
+        idx = np.flatnonzero(h_of == h)
+        if idx.size:
+            idx = idx[np.argsort(ref[idx], kind="stable")]
+            bins.extend((h, part) for part in np.array_split(idx, min(_BINS, idx.size)) if part.size)
+    n_b = len(bins)
+    single = len(types) == 1
+    # ---- columns: x[b, d] requests, s[b, d] engine-seconds, y[b] dropped requests, ys[b] their
+    # engine-seconds (one GPU type), u[d] awake engine-seconds (capacity control)
+    col_x, col_s = 0, n_b * n_d
+    col_y = 2 * n_b * n_d
+    col_ys = col_y + n_b
+    col_u = col_ys + (n_b if single else 0)
+    n_cols = col_u + (n_d if capacity else 0)
+    cost = np.zeros(n_cols)
+    hi = np.full(n_cols, np.inf)
+    rows: list[tuple[list[tuple[int, float]], float, float]] = []
+    for b, (h, idx) in enumerate(bins):
+        rows.append(([(col_x + b * n_d + d, 1.0) for d in range(n_d)] + [(col_y + b, 1.0)], float(idx.size), float(idx.size)))
+        for d in range(n_d):
+            sd = secs[gpu_of[d]][idx]
+            xs, ss = col_x + b * n_d + d, col_s + b * n_d + d
+            cost[ss] = active_w[d] * ci_from[h, d]
+            rows.append(([(ss, 1.0), (xs, -float(sd.min()))], 0.0, np.inf))   # s >= x x smallest
+            rows.append(([(ss, 1.0), (xs, -float(sd.max()))], -np.inf, 0.0))  # s <= x x largest
+        if single:
+            s0 = secs[types[0]][idx]
+            rows.append(([(col_s + b * n_d + d, 1.0) for d in range(n_d)] + [(col_ys + b, 1.0)], float(s0.sum()), float(s0.sum())))
+            rows.append(([(col_ys + b, 1.0), (col_y + b, -float(s0.min()))], 0.0, np.inf))
+            rows.append(([(col_ys + b, 1.0), (col_y + b, -float(s0.max()))], -np.inf, 0.0))
+    rows.append(([(col_y + b, 1.0) for b in range(n_b)], 0.0, float(max(0, backlog_end))))  # the backlog left undone
+    for h in range(len(wins)):                                    # arrivals at d in window h <= C_d x len_h
+        bs = [b for b, (hb, _) in enumerate(bins) if hb == h]
+        for d in range(n_d):
+            if bs:
+                rows.append(([(col_x + b * n_d + d, 1.0) for b in bs], -np.inf, float(cap_rate[d] * lens[h])))
+    for d in range(n_d):
+        s_cols = [(col_s + b * n_d + d, 1.0) for b in range(n_b)]
+        if capacity:                                              # awake >= active, >= requests / c_d
+            u = col_u + d
+            cost[u] = awake_w[d] * float(ci.min(axis=0)[d])
+            hi[u] = engines[d] * length
+            rows.append(([(u, 1.0)] + [(j, -1.0) for j, _ in s_cols], 0.0, np.inf))
+            rows.append(([(u, 1.0)] + [(col_x + b * n_d + d, -1.0 / c_eng[d]) for b in range(n_b)], 0.0, np.inf))
+        else:                                                     # active engine-seconds <= engines x window
+            rows.append((s_cols, -np.inf, float(engines[d] * length)))
+    starts, idx_, vals = [0], [], []
+    for ent, _, _ in rows:
+        for j, v in ent:
+            idx_.append(j)
+            vals.append(v)
+        starts.append(len(idx_))
+    h_ = new_highs(1)
+    h_.passModel(n_cols, len(rows), len(vals), int(highspy.MatrixFormat.kRowwise), int(highspy.ObjSense.kMinimize), 0.0,
+                 cost, np.zeros(n_cols), hi, np.array([r[1] for r in rows]), np.array([r[2] for r in rows]),
+                 np.array(starts, dtype=np.int32), np.array(idx_, dtype=np.int32), np.array(vals), np.zeros(n_cols, dtype=np.int32))
+    h_.run()
+    status = h_.modelStatusToString(h_.getModelStatus())
+    if h_.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        why = " (arrivals above the datacenters' SLO capacity)" if h_.getModelStatus() == highspy.HighsModelStatus.kInfeasible else ""
+        return SloResult(float("nan"), status + why, [float("nan")] * n_d, cap_rate.tolist())
+    x = np.asarray(h_.getSolution().col_value)[col_x:col_s].reshape(n_b, n_d)
+    active = max(0.0, float(h_.getInfo().objective_function_value)) / 3.6e6 * (1.0 - 1e-7)
+    return SloResult(active, status, x.sum(axis=0).tolist(), cap_rate.tolist())
+
+
+def episode_slo_rows(f_cols: list[tuple[int, int, int]], n_arr: np.ndarray, lens: np.ndarray, c_eng: np.ndarray,
+                     engines: np.ndarray, u_col: Any = None) -> list[tuple[list[tuple[int, float]], float, float]]:
+    """The SLO rows of the whole-episode fluid program (:func:`eval.bound.carbon_lower_bound`):
+    per arrival window ``a`` and datacenter ``d``, ``sum_h f[a, h, d] n_a <= C_d len_a``
+    (``n_a`` requests arrive in window ``a``, ``len_a`` its seconds, ``C_d = c_d x engines``);
+    with capacity states (``u_col(h, d)``: the awake engine-seconds' column), ``U[h, d] >= sum_a
+    f[a, h, d] n_a / c_d``. Rows as ``(entries, low, high)``."""
+    by_ad: dict[tuple[int, int], list[tuple[int, float]]] = {}
+    by_hd: dict[tuple[int, int], list[tuple[int, float]]] = {}
+    for j, (a, h, d) in enumerate(f_cols):
+        by_ad.setdefault((a, d), []).append((j, float(n_arr[a])))
+        by_hd.setdefault((h, d), []).append((j, -float(n_arr[a]) / float(c_eng[d])))
+    rows = [(ent, -np.inf, float(c_eng[d] * engines[d] * lens[a])) for (a, d), ent in by_ad.items()]
+    if u_col is not None:
+        rows.extend(([(int(u_col(h, d)), 1.0)] + ent, 0.0, np.inf) for (h, d), ent in by_hd.items())
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# tables: runs against the SLO-true bound (columns of eval.bound.bounds_table / with_bounds)
+
+#: The SLO-true bound's column in a bounds table (grams CO2eq per (scenario, seed)).
+SLO_COLUMN = "slo_bound_carbon_g"
+
+
+def has_slo(runs: Any) -> bool:
+    """Whether a runs or bounds table carries the SLO-true bound (tables written before it don't)."""
+    return runs is not None and SLO_COLUMN in runs and bool(runs[SLO_COLUMN].notna().any())
+
+
+def runs_below_slo_bound(runs: Any) -> Any:
+    """The runs of a :func:`eval.bound.with_bounds` table whose carbon is below their episode's
+    SLO-true bound: runs that completed their work (or measured in a window, whose bound allows
+    for the backlog), carbon < ``slo_bound_carbon_g``. Not an accounting error (unlike a run below
+    the physical bound): such a run offered some datacenter more than its engines' measured p99
+    capacity somewhere (module docstring). Empty without the column."""
+    if not has_slo(runs):
+        return runs.iloc[0:0]
+    complete = runs["unfinished_pct"].fillna(0.0) <= 0.0 if "unfinished_pct" in runs else np.ones(len(runs), dtype=bool)
+    if "window_s" in runs:
+        complete = complete | runs["window_s"].notna()
+    lim = runs[SLO_COLUMN].to_numpy(float)
+    below = complete & ~np.isnan(lim) & (runs["carbon_g"].to_numpy(float) < lim - 1e-9)
+    return runs[np.asarray(below, dtype=bool)]
+
+
+def below_slo_note(runs: Any) -> str:
+    """One sentence: how many runs of a :func:`eval.bound.with_bounds` table are below the
+    SLO-true bound and which (``scenario / policy / seed``), or "" without the column."""
+    if not has_slo(runs):
+        return ""
+    below = runs_below_slo_bound(runs)
+    if below.empty:
+        return "No run is below its SLO-true bound."
+    names = ", ".join(f"{r.scenario} / {r.policy} / seed {int(r.seed)}" for r in below.itertuples(index=False))
+    return (f"{len(below)} run(s) below the SLO-true bound (not an error: each offered some datacenter more than its engines' "
+            f"measured p99 capacity somewhere, which the SLO-true bound rules out): {names}.")

@@ -1,0 +1,195 @@
+"""The SLO-true carbon bound (eval/bound_slo.py, issue 40 item 4): where each datacenter's measured
+p99 capacity binds, the bound puts exactly that capacity on the clean datacenter and the rest on
+the dirty one (grams by hand); where it does not bind it equals the physical bound; it is never
+below the physical bound; a load-level file without a datacenter's (model, GPU, tp) is refused,
+naming the field; the tables report runs below it without calling them errors."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from eval.bound import bound_for_spec, carbon_lower_bound
+from eval.runner import RunSpec, resolve_run_scenario
+
+# dev: two datacenters (DE dirty, FR clean), one server of 8 A100-80GB each, Llama-3.1-8B tp 1;
+# the measured engine figure of llama-3.1-8b/a100-80gb/tp1 is 5.1875 req/s (load_levels.toml), so
+# each datacenter serves C_d = 8 x 5.1875 = 41.5 req/s within p99
+C_D = 8 * 5.1875
+EPISODE = (("duration_s", 20.0),)
+WINDOW = (("duration_s", 240.0), ("env.measure", "window"), ("env.warmup_s", 60.0), ("workload.lengths", "fixed"),
+          ("workload.output_tokens", 128), ("workload.prompt_tokens", 512))
+
+
+def _spec(overrides: tuple, rate: float) -> RunSpec:
+    # carbon_start off: the TOML's 12:00 UTC start, every window inside one (step) hour of the trace
+    return RunSpec("dev", "rr", 0, overrides=tuple(sorted(overrides + (("workload.rate_per_s", rate),))), carbon_start=False)
+
+
+def _scenario(spec: RunSpec):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return resolve_run_scenario(spec)[0]
+
+
+def _dc_prices(sc):
+    """(FR index, DE index, PUE x intensity per datacenter at the episode's start (g/kWh), parts)."""
+    from carbon_gym.world import build_parts
+
+    parts = build_parts(sc)
+    tr, off = parts.carbon, parts.carbon_offset_s
+    dcs = list(parts.topology.datacenters)
+    names = [d.name for d in dcs]
+    ci = tr.intensity_all(off)
+    price = np.array([d.pue * ci[tr.zone_index(d.zone)] for d in dcs])
+    return names.index("fr"), names.index("de"), price, parts
+
+
+def test_slo_bound_binds_in_the_episode_program():
+    """60 req/s for 20 s: the physical bound does all the work at FR; the SLO-true one exactly
+    C_FR x 20 s of requests at FR and the rest at DE. The program is homogeneous in each
+    datacenter's share, so its active grams are the physical ones x (phi + (1 - phi) x DE's
+    grams per engine-second over FR's), phi = C_FR x 20 s / requests."""
+    sc = _scenario(_spec(EPISODE, 60.0))
+    b = carbon_lower_bound(sc, 0)
+    fr, de, price, _ = _dc_prices(sc)
+    assert price[fr] < price[de] and b.status == b.slo_status == "Optimal"
+    assert b.slo_capacity_per_s == pytest.approx([C_D, C_D])
+    assert b.requests > C_D * 20.0
+    assert b.slo_placed[fr] == pytest.approx(C_D * 20.0, rel=1e-6)
+    assert b.slo_placed[de] == pytest.approx(b.requests - C_D * 20.0, rel=1e-6)
+    phi = C_D * 20.0 / b.requests
+    want = b.active_g * (phi + (1.0 - phi) * price[de] / price[fr])
+    assert b.slo_active_g == pytest.approx(want, rel=1e-6)
+    assert b.slo_carbon_g == pytest.approx(b.floor_g + want, rel=1e-6) and b.carbon_g == pytest.approx(b.floor_g + b.active_g)
+
+
+def test_slo_bound_binds_in_a_measurement_window_by_hand():
+    """A 180 s window, 60 req/s of one fixed size (512 + 128 tokens): each request needs the same
+    least engine-seconds s (the physical bound's active grams over FR's grams per engine-second);
+    always on, the SLO-true grams are s x (C_FR L x FR's + (n - C_FR L) x DE's grams per
+    engine-second); with capacity control each request also keeps 1 / c engine-seconds awake
+    (c = 5.1875 req/s), at the GPU's idle power plus the engine's share of its server's host
+    power above the least server power."""
+    from eval.bound import _least_node_w
+
+    on = _spec(WINDOW, 60.0)
+    sc = _scenario(on)
+    fr, de, price, parts = _dc_prices(sc)
+    m = parts.datacenter_gpus()[0]
+    p_lo = min(m.power.decode_min_w, m.power.prefill_w)
+    b = bound_for_spec(on)
+    L, n = 180.0, b.requests
+    n_fr, n_de = C_D * L, n - C_D * L
+    assert n_de > 0 and b.slo_placed[fr] == pytest.approx(n_fr) and b.slo_placed[de] == pytest.approx(n_de)
+    active_w = p_lo - m.power.idle_w                              # tp = 1
+    s = b.active_g * 3.6e6 / (n * active_w * price[fr]) / (1.0 - 1e-9)
+    want = s * active_w * (n_fr * price[fr] + n_de * price[de]) / 3.6e6
+    assert b.slo_active_g == pytest.approx(want, rel=1e-6)
+    assert b.slo_carbon_g == pytest.approx(b.floor_g + want, rel=1e-6)
+
+    cap = bound_for_spec(_spec(WINDOW + (("capacity.control", "agent"),), 60.0))
+    host = (m.power.host_w - _least_node_w(m)) / 8.0              # 8 engines share a server
+    c = 5.1875
+    awake = {d: max(nd / c, nd * s) for d, nd in ((fr, n_fr), (de, n_de))}
+    want_cap = sum((awake[d] * (m.power.idle_w + host) + nd * s * active_w) * price[d] for d, nd in ((fr, n_fr), (de, n_de))) / 3.6e6
+    assert cap.slo_status == "Optimal" and cap.slo_active_g == pytest.approx(want_cap, rel=1e-6)
+    assert cap.slo_placed[fr] == pytest.approx(n_fr)
+    assert cap.slo_carbon_g > 2.0 * cap.carbon_g                  # (the awake engines dominate the capacity-control bound)
+
+
+@pytest.mark.parametrize("overrides", [EPISODE, WINDOW], ids=["episode", "window"])
+def test_slo_bound_equals_the_physical_one_where_it_does_not_bind(overrides):
+    """8 req/s: all of it fits at FR within p99, so the SLO-true bound is the physical bound."""
+    b = bound_for_spec(_spec(overrides, 8.0))
+    fr = 1
+    assert b.slo_status == "Optimal" and b.slo_placed[fr] == pytest.approx(b.requests, rel=1e-6)
+    assert b.slo_carbon_g == pytest.approx(b.carbon_g, rel=1e-9)
+
+
+def test_slo_bound_is_never_below_the_physical_one():
+    specs = [
+        _spec(EPISODE, 60.0), _spec(EPISODE, 8.0), _spec(WINDOW, 60.0), _spec(WINDOW, 8.0),
+        _spec(WINDOW + (("capacity.control", "agent"),), 8.0),
+        _spec(tuple(x for x in WINDOW if not x[0].startswith("workload.")), 70.0),  # azure-conv lengths
+    ]
+    for sp in specs:
+        b = bound_for_spec(sp)
+        assert b.slo_carbon_g >= b.carbon_g, sp.overrides
+        assert sum(b.slo_placed) == pytest.approx(b.requests, rel=1e-6)
+        assert all(p <= c * 240.0 for p, c in zip(b.slo_placed, b.slo_capacity_per_s))
+    sc = _scenario(_spec(EPISODE, 60.0))
+    for sleep_w in (20.0, None):  # capacity states: awake engine-seconds >= requests / c
+        b = carbon_lower_bound(sc, 0, sleep_w=sleep_w)
+        assert b.slo_carbon_g >= b.carbon_g
+    asleep = carbon_lower_bound(sc, 0, sleep_w=20.0)
+    full = carbon_lower_bound(sc, 0)
+    assert asleep.slo_active_g - asleep.active_g > full.slo_active_g - full.active_g  # (the awake engines' idle power)
+
+
+def test_slo_bound_needs_the_datacenters_measured_capacity():
+    """A load-level file without the (model, GPU, tp) of a datacenter: a ConfigError naming
+    ``per_engine_rate_per_s``, the combination and the measured ones; without the SLO-true
+    figure the bound does not read the file."""
+    from carbon_gym.errors import ConfigError
+    from carbon_gym.load_levels import LoadLevels, load_load_levels
+
+    packaged = load_load_levels()
+    other = {k: c for k, c in packaged.capacities.items() if k != "llama-3.1-8b/a100-80gb/tp1"}
+    levels = LoadLevels(dict(packaged.fractions), other, packaged.basis)
+    sc = _scenario(_spec(EPISODE, 8.0))
+    with pytest.raises(ConfigError) as e:
+        carbon_lower_bound(sc, 0, levels=levels)
+    assert e.value.field == "per_engine_rate_per_s"
+    assert "llama-3.1-8b/a100-80gb/tp1" in str(e.value) and "'de'" in str(e.value)
+    assert sorted(e.value.allowed) == sorted(other) and "qwen2.5-7b/a100-80gb/tp1" in str(e.value)
+    b = carbon_lower_bound(sc, 0, levels=levels, slo=False)
+    assert b.status == "Optimal" and np.isnan(b.slo_carbon_g) and b.slo_status == "not computed"
+
+
+def _tables():
+    """A runs table of two seeds (rr and one policy 'x') and its bounds, x's seed 1 below the
+    SLO-true bound (above the physical one)."""
+    rr = {0: 100.0, 1: 110.0}
+    rows = []
+    for seed in (0, 1):
+        for pol, g in (("rr", rr[seed]), ("x", 60.0 if seed == 0 else 66.0)):
+            rows.append({"scenario": "s", "policy": pol, "seed": seed, "carbon_g": g, "rr_carbon_g": rr[seed],
+                         "reduction_vs_rr_pct": 100.0 * (rr[seed] - g) / rr[seed], "unfinished_pct": 0.0, "slo_violation_pct": 1.0,
+                         "mlperf_p99_pass": True})
+    bounds = pd.DataFrame([{"scenario": "s", "seed": s, "bound_carbon_g": 50.0, "bound_floor_g": 45.0, "bound_active_g": 5.0,
+                            "bound_status": "Optimal", "slo_bound_carbon_g": 55.0 if s == 0 else 70.0, "slo_bound_active_g": 1.0,
+                            "slo_bound_status": "Optimal"} for s in (0, 1)])
+    return pd.DataFrame(rows), bounds
+
+
+def test_tables_report_the_slo_bound_and_the_runs_below_it():
+    from eval.bound import bound_check_markdown, bound_share, bound_summary, runs_below_bound, runs_below_slo_bound, with_bounds
+    from eval.experiments import headline_table
+
+    runs, bounds = _tables()
+    j = with_bounds(runs, bounds)
+    assert j["slo_bound_reduction_vs_rr_pct"].tolist() == pytest.approx([45.0, 45.0, 100 * 40 / 110, 100 * 40 / 110])
+    assert runs_below_bound(j).empty
+    below = runs_below_slo_bound(j)
+    assert list(zip(below["policy"], below["seed"])) == [("x", 1)]
+    summ = bound_summary(j)
+    assert int(summ["below"].iloc[0]) == 0 and int(summ["below_slo"].iloc[0]) == 1 and summ["below_slo_runs"].iloc[0] == "x/1"
+    table, md = bound_share(j)
+    x = table[table["policy"] == "x"].iloc[0]
+    assert x["share_of_slo_bound_pct"] == pytest.approx(np.mean([100 * 40 / 45, 100 * (44 / 110) / (40 / 110)]))
+    assert x["below_slo_bound"] == 1 and x["below_bound"] == 0
+    assert "SLO-true bound vs rr %" in md and "share of the SLO-true bound's reduction %" in md
+    assert "1 run(s) below the SLO-true bound" in md and "s / x / seed 1" in md
+    assert "SLO-true bound" in headline_table(pd.DataFrame([{"scenario": "s", "policy": "x", "reduction_vs_rr_pct": 40.0,
+                                                             "slo_violation_pct": 1.0, "seeds": 2, "mlperf_p99_pass_share": 1.0}]), summ)
+    assert "s / x / seed 1" in bound_check_markdown(j)
+    # tables written before the SLO-true bound (no column): as they were
+    old = bounds.drop(columns=["slo_bound_carbon_g", "slo_bound_active_g", "slo_bound_status"])
+    j0 = with_bounds(runs, old)
+    assert "slo_bound_reduction_vs_rr_pct" not in j0 and runs_below_slo_bound(j0).empty
+    assert "SLO-true" not in bound_share(j0)[1] and "below_slo" not in bound_summary(j0)
+    assert "SLO-true" not in bound_check_markdown(j0)
