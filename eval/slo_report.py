@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from eval.capacity_report import ALWAYS_ON_LABEL
+from eval.capacity_report import ALWAYS_ON_LABEL, MILP_ALWAYS_ON_LABEL
 from eval.stats import mean_ci95
 from eval.writers import starts_line
 
@@ -41,14 +41,26 @@ TARGETS: dict[tuple[str, str], tuple[float, float | None]] = {
     ("llama8b-low", "milp"): (80.0, 1.0),
     ("llama8b-moderate", "milp"): (65.0, None),
 }
+#: The routing-only MILP's target: at most this many percentage points (of rr's carbon) above the
+#: SLO-true bound (eval/bound_slo.py) on every headline scenario, passing MLPerf p99.
+BOUND_GAP_PP = 3.0
+HEADLINE_SCENARIOS = tuple(f"{m}-{ld}" for m in ("llama8b", "qwen7b", "mixtral8x7b") for ld in ("low", "moderate", "high"))
 
 
 def _read(d: str) -> tuple[Any, dict[str, Any]]:
+    """A matrix's runs (``runs.csv``, with ``slo_bound_carbon_g`` per run where ``python -m
+    eval.bound`` wrote ``bound_check.csv``) and its config."""
     import pandas as pd
 
     with open(os.path.join(d, "config.json"), encoding="utf-8") as fh:
         cfg = json.load(fh)
-    return pd.read_csv(os.path.join(d, "runs.csv")), cfg
+    runs = pd.read_csv(os.path.join(d, "runs.csv"))
+    check = os.path.join(d, "bound_check.csv")
+    if os.path.isfile(check):
+        b = pd.read_csv(check)
+        if "slo_bound_carbon_g" in b:
+            runs = runs.merge(b[["scenario", "policy", "seed", "slo_bound_carbon_g"]], on=["scenario", "policy", "seed"], how="left")
+    return runs, cfg
 
 
 def _setting(cfg: dict[str, Any], label: str) -> str:
@@ -68,13 +80,17 @@ def slo_rows(runs: Any, cfg: dict[str, Any]) -> list[dict[str, Any]]:
     the seeds passing MLPerf p99 (TTFT and TPOT), the worst seed's p99 TTFT and TPOT (ms) and the
     setting (polling period, policy arguments)."""
     rows = []
+    ref_label = ALWAYS_ON_LABEL if ALWAYS_ON_LABEL in set(runs["policy"]) else "rr"
     for scen in dict.fromkeys(runs["scenario"]):
         sub = runs[runs["scenario"] == scen]
-        ref = sub[sub["policy"] == ALWAYS_ON_LABEL].set_index("seed")["carbon_g"]
+        ref = sub[sub["policy"] == ref_label].set_index("seed")["carbon_g"]
         for pol in dict.fromkeys(sub["policy"]):
             g = sub[sub["policy"] == pol]
             red = [100.0 * (float(ref.loc[s]) - float(c)) / float(ref.loc[s]) for s, c in zip(g["seed"], g["carbon_g"]) if s in ref.index]
             r_m, r_ci = mean_ci95(red)
+            gap = [100.0 * (float(c) - float(b)) / float(ref.loc[s]) for s, c, b in
+                   zip(g["seed"], g["carbon_g"], g.get("slo_bound_carbon_g", [float("nan")] * len(g))) if s in ref.index]
+            g_m, g_ci = mean_ci95(gap) if gap and np.all(np.isfinite(gap)) else (float("nan"), float("nan"))
             v_m, v_ci = mean_ci95(g["slo_violation_pct"].to_numpy(np.float64))
             fails = [w for w, col in (("TTFT", "mlperf_ttft_p99_pass"), ("TPOT", "mlperf_tpot_p99_pass"))
                      if col in g and not bool(g[col].astype(bool).all())]
@@ -84,6 +100,7 @@ def slo_rows(runs: Any, cfg: dict[str, Any]) -> list[dict[str, Any]]:
                          "ttft_p99_ms": 1e3 * float(g["ttft_p99_s"].max()), "tpot_p99_ms": 1e3 * float(g["tpot_p99_s"].max()),
                          "unfinished_pct": float(g["unfinished_pct"].max()) if "unfinished_pct" in g else 0.0,
                          "cpu_s": float(g["cpu_s"].sum()) if "cpu_s" in g else float("nan"),
+                         "bound_gap_pp": g_m, "bound_gap_ci95": g_ci, "reference": ref_label,
                          "setting": _setting(cfg, pol)})
     return rows
 
@@ -94,13 +111,17 @@ def _ci(m: float, ci: float, d: int) -> str:
 
 def slo_markdown(rows: Sequence[dict[str, Any]]) -> str:
     """:func:`slo_rows` as a Markdown table."""
-    head = ("| scenario | policy | setting | seeds | vs always-on rr % | SLO viol. % | MLPerf p99 pass | worst TTFT p99 (ms) "
-            "| worst TPOT p99 (ms) |\n|---|---|---|---|---|---|---|---|---|\n")
+    gaps = any(np.isfinite(r.get("bound_gap_pp", float("nan"))) for r in rows)
+    ref = "always-on rr" if rows and rows[0].get("reference", ALWAYS_ON_LABEL) == ALWAYS_ON_LABEL else "rr"
+    head = (f"| scenario | policy | setting | seeds | vs {ref} % | SLO viol. % | MLPerf p99 pass | worst TTFT p99 (ms) "
+            "| worst TPOT p99 (ms) |" + (" above the SLO-true bound (pp) |" if gaps else "") + "\n"
+            + "|---" * (10 if gaps else 9) + "|\n")
     body = "".join(
         f"| {r['scenario']} | {r['policy']} | {r['setting']} | {r['seeds']} | {_ci(r['reduction_pct'], r['reduction_ci95'], 1)} | "
         f"{_ci(r['violation_pct'], r['violation_ci95'], 2)} | {r['p99_pass']}/{r['seeds']} "
-        f"{'✓' if r['p99_pass'] == r['seeds'] else '✗ (' + (r['p99_fails'] or '?') + ')'} | {r['ttft_p99_ms']:.0f} | {r['tpot_p99_ms']:.0f} |\n"
-        for r in rows)
+        f"{'✓' if r['p99_pass'] == r['seeds'] else '✗ (' + (r['p99_fails'] or '?') + ')'} | {r['ttft_p99_ms']:.0f} | {r['tpot_p99_ms']:.0f} |"
+        + (f" {_ci(r['bound_gap_pp'], r['bound_gap_ci95'], 1) if np.isfinite(r.get('bound_gap_pp', float('nan'))) else '–'} |" if gaps else "")
+        + "\n" for r in rows)
     return head + body
 
 
@@ -108,6 +129,18 @@ def target_checks(rows: Sequence[dict[str, Any]]) -> list[str]:
     """One line per :data:`TARGETS` entry: met / not met on ``rows`` (held-out), with the figures."""
     out = []
     by = {(r["scenario"], r["policy"]): r for r in rows}
+    rt: list[str] = []
+    routing = {r["scenario"]: r for r in rows if r["policy"] == MILP_ALWAYS_ON_LABEL}
+    routing.update({r["scenario"]: r for r in rows if r["policy"] == "milp" and r.get("reference") == "rr"})  # headline runs
+    for scen in HEADLINE_SCENARIOS:
+        r = routing.get(scen)
+        want = f"routing-only MILP within {BOUND_GAP_PP:g} pp of the SLO-true bound on {scen}"
+        if r is None or not np.isfinite(r.get("bound_gap_pp", float("nan"))):
+            rt.append(f"- {want}: not run" + (" (no bound_check.csv: python -m eval.bound on its matrix)" if r is not None else "") + ".")
+            continue
+        ok = r["bound_gap_pp"] <= BOUND_GAP_PP and r["p99_pass"] == r["seeds"]
+        rt.append(f"- {want}: **{'met' if ok else 'not met'}**: {r['bound_gap_pp']:.1f} pp above it, {r['reduction_pct']:.1f}% below "
+                   f"rr at {r['violation_pct']:.2f}% violation, p99 {r['p99_pass']}/{r['seeds']} ({r['seeds']} held-out starts).")
     for (scen, pol), (least, most) in TARGETS.items():
         r = by.get((scen, pol))
         want = f">= {least:g}% below always-on rr, MLPerf p99 in every start" + (f", <= {most:g}% violation" if most is not None else "")
@@ -117,12 +150,12 @@ def target_checks(rows: Sequence[dict[str, Any]]) -> list[str]:
         ok = r["reduction_pct"] >= least and r["p99_pass"] == r["seeds"] and (most is None or r["violation_pct"] <= most)
         out.append(f"- {pol} deciding capacity on {scen} ({want}): **{'met' if ok else 'not met'}**: "
                    f"{r['reduction_pct']:.1f}% at {r['violation_pct']:.2f}% violation, p99 {r['p99_pass']}/{r['seeds']}.")
-    return out
+    return out + rt
 
 
 def _dirs(results_dir: str) -> tuple[list[str], list[str]]:
     sel = sorted(os.path.dirname(p) for p in glob.glob(os.path.join(results_dir, "selection", "capacity-train*", "capacity", "runs.csv")))
-    held = [d for d in [os.path.join(results_dir, "slo", "capacity")] if os.path.isfile(os.path.join(d, "runs.csv"))]
+    held = [d for d in [os.path.join(results_dir, "slo", e) for e in ("capacity", "headline")] if os.path.isfile(os.path.join(d, "runs.csv"))]
     return sel, held
 
 
@@ -154,17 +187,22 @@ def slo_section(results_dir: str) -> str:
         if not dirs:
             add(f"**{title}**: not run yet.\n")
             continue
-        add(f"**{title}** (900 s measured after a 300 s burn-in; vs the always-on rr of the same start at the same polling "
-            "period; worst TTFT/TPOT p99 = the highest seed's):\n")
+        add(f"**{title}** (vs round-robin of the same start at the same polling period, always on; worst TTFT/TPOT p99 = "
+            "the highest seed's; above the SLO-true bound = (run - bound) / rr's carbon, pp, paired by start, where "
+            "`python -m eval.bound` has checked the matrix):\n")
         for d in dirs:
             runs, cfg = _read(d)
             rows = slo_rows(runs, cfg)
             if dirs is held:
                 all_held += rows
-            add(starts_line(cfg.get("runs", [])))
+            meta = cfg.get("runs", [])
+            warm = sorted({float(r.get("overrides", {}).get("env.warmup_s", 0.0)) for r in meta})
+            window = sorted({float(w) for w in runs["window_s"].dropna()}) if "window_s" in runs else []
             el = cfg.get("elapsed_s")
-            add(f"- {os.path.relpath(d, results_dir)}: {len(runs)} runs, {float(runs['cpu_s'].sum()) / 60:.1f} CPU-min"
-                + (f", {float(el) / 60:.1f} min wall on {cfg.get('workers')} worker(s), 2 cores shared with other work" if el else "") + "\n")
+            add(f"- {os.path.relpath(d, results_dir)}: {len(runs)} runs, {', '.join(f'{w:g}' for w in window) or '?'} s measured after "
+                f"{', '.join(f'{w:g}' for w in warm)} s of burn-in; {float(runs['cpu_s'].sum()) / 60:.1f} CPU-min"
+                + (f", {float(el) / 60:.1f} min wall on {cfg.get('workers')} worker(s), 2 cores shared with other work" if el else ""))
+            add(starts_line(meta) + "\n")
             add(slo_markdown(rows))
     add(f"CPU time of all runs above: {cpu / 60:.1f} min.\n")
     add("**Issue 40's targets on the held-out starts:**\n")

@@ -67,3 +67,22 @@ def test_no_runs_is_one_line_naming_the_directories(tmp_path, capsys):
     assert main(["report", str(tmp_path), "--section", "slo", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "no SLO runs under" in err and "capacity-train-<scenario>" in err and len(err.strip().splitlines()) == 1
+
+
+def test_routing_milp_is_held_to_the_slo_true_bound(tmp_path):
+    """The routing-only MILP's target reads the bound check: (run - SLO-true bound) / rr in pp."""
+    d = tmp_path / "slo" / "headline"
+    _matrix(d, "qwen7b-low", [1, 4], [62.0, 62.0], [0.2, 0.2], [True, True])
+    runs = pd.read_csv(d / "runs.csv")
+    runs.loc[runs["policy"] == "rr (always on)", "policy"] = "rr"
+    runs.to_csv(d / "runs.csv", index=False)
+    pd.DataFrame({"scenario": "qwen7b-low", "policy": ["rr", "rr", "milp", "milp"], "seed": [1, 4, 1, 4],
+                  "slo_bound_carbon_g": [59.0, 59.0, 59.0, 60.0]}).to_csv(d / "bound_check.csv", index=False)
+    runs, cfg = slo_report._read(str(d))
+    rows = slo_report.slo_rows(runs, cfg)
+    milp = next(r for r in rows if r["policy"] == "milp")
+    assert milp["reference"] == "rr" and milp["bound_gap_pp"] == pytest.approx(2.5)
+    line = next(ln for ln in slo_report.target_checks(rows) if "on qwen7b-low" in ln)
+    assert "**met**: 2.5 pp above it, 38.0% below rr at 0.20% violation, p99 2/2" in line
+    assert "| qwen7b-low | milp | polling 0.1 s, prefill_horizon_s 0.5 | 2 | 38.0 ± 0.0 | 0.20 ± 0.00 | 2/2 ✓ | 1500 | 50 | 2.5 ± 6.4 |" in slo_report.slo_markdown(rows)
+    assert "on llama8b-high: not run." in "\n".join(slo_report.target_checks(rows))
