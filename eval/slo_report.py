@@ -98,11 +98,16 @@ def slo_rows(runs: Any, cfg: dict[str, Any]) -> list[dict[str, Any]]:
                          "reduction_pct": r_m, "reduction_ci95": r_ci, "violation_pct": v_m, "violation_ci95": v_ci,
                          "p99_pass": int(g["mlperf_p99_pass"].astype(bool).sum()), "p99_fails": "+".join(fails),
                          "ttft_p99_ms": 1e3 * float(g["ttft_p99_s"].max()), "tpot_p99_ms": 1e3 * float(g["tpot_p99_s"].max()),
+                         "decision_p95_ms": 1e3 * float(g["decision_p95_s"].max()) if "decision_p95_s" in g else float("nan"),
                          "unfinished_pct": float(g["unfinished_pct"].max()) if "unfinished_pct" in g else 0.0,
                          "cpu_s": float(g["cpu_s"].sum()) if "cpu_s" in g else float("nan"),
                          "bound_gap_pp": g_m, "bound_gap_ci95": g_ci, "reference": ref_label,
                          "setting": _setting(cfg, pol)})
     return rows
+
+
+def _num(v: float, d: int) -> str:
+    return f"{v:.{d}f}" if np.isfinite(v) else "–"
 
 
 def _ci(m: float, ci: float, d: int) -> str:
@@ -114,12 +119,12 @@ def slo_markdown(rows: Sequence[dict[str, Any]]) -> str:
     gaps = any(np.isfinite(r.get("bound_gap_pp", float("nan"))) for r in rows)
     ref = "always-on rr" if rows and rows[0].get("reference", ALWAYS_ON_LABEL) == ALWAYS_ON_LABEL else "rr"
     head = (f"| scenario | policy | setting | seeds | vs {ref} % | SLO viol. % | MLPerf p99 pass | worst TTFT p99 (ms) "
-            "| worst TPOT p99 (ms) |" + (" above the SLO-true bound (pp) |" if gaps else "") + "\n"
-            + "|---" * (10 if gaps else 9) + "|\n")
+            "| worst TPOT p99 (ms) | worst decision p95 (ms) |" + (" above the SLO-true bound (pp) |" if gaps else "") + "\n"
+            + "|---" * (11 if gaps else 10) + "|\n")
     body = "".join(
         f"| {r['scenario']} | {r['policy']} | {r['setting']} | {r['seeds']} | {_ci(r['reduction_pct'], r['reduction_ci95'], 1)} | "
         f"{_ci(r['violation_pct'], r['violation_ci95'], 2)} | {r['p99_pass']}/{r['seeds']} "
-        f"{'✓' if r['p99_pass'] == r['seeds'] else '✗ (' + (r['p99_fails'] or '?') + ')'} | {r['ttft_p99_ms']:.0f} | {r['tpot_p99_ms']:.0f} |"
+        f"{'✓' if r['p99_pass'] == r['seeds'] else '✗ (' + (r['p99_fails'] or '?') + ')'} | {r['ttft_p99_ms']:.0f} | {r['tpot_p99_ms']:.0f} | {_num(r.get('decision_p95_ms', float('nan')), 1)} |"
         + (f" {_ci(r['bound_gap_pp'], r['bound_gap_ci95'], 1) if np.isfinite(r.get('bound_gap_pp', float('nan'))) else '–'} |" if gaps else "")
         + "\n" for r in rows)
     return head + body
@@ -219,7 +224,8 @@ def slo_section(results_dir: str) -> str:
 
 
 def with_slo_section(old: str, results_dir: str) -> str:
-    """``old`` with :func:`slo_section` in place: between its markers when there, else before
+    """``old`` with :func:`slo_section` in place: between its markers when there, else before the
+    headline ("## Headline", so that the operating points within the SLO lead), else before
     "## Capacity control"'s marker (or heading), else at the end."""
     from eval.capacity_report import SECTION_BEGIN as CAP_BEGIN
 
@@ -227,7 +233,7 @@ def with_slo_section(old: str, results_dir: str) -> str:
     if SECTION_BEGIN in old and SECTION_END in old.split(SECTION_BEGIN, 1)[1]:
         head, rest = old.split(SECTION_BEGIN, 1)
         return head + text.rstrip("\n") + rest.split(SECTION_END, 1)[1]
-    for anchor in (CAP_BEGIN, "## Capacity control"):
+    for anchor in ("## Headline", CAP_BEGIN, "## Capacity control"):
         if anchor in old:
             head, rest = old.split(anchor, 1)
             return head.rstrip("\n") + "\n\n" + text + "\n" + anchor + rest

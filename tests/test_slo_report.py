@@ -18,7 +18,7 @@ def _matrix(d, scen: str, seeds, milp_carbon, milp_viol, passes, ttft_p99=1.5) -
         for label, pol, c, v, ok in (("rr (always on)", "rr", 100.0, 0.0, True), ("milp", "milp", milp_carbon[i], milp_viol[i], passes[i])):
             rows.append({"scenario": scen, "policy": label, "seed": s, "carbon_g": c, "slo_violation_pct": v, "mlperf_p99_pass": ok,
                          "mlperf_ttft_p99_pass": ok, "mlperf_tpot_p99_pass": True, "ttft_p99_s": ttft_p99 if ok else 2.2,
-                         "tpot_p99_s": 0.05, "unfinished_pct": 0.0, "cpu_s": 60.0})
+                         "tpot_p99_s": 0.05, "unfinished_pct": 0.0, "cpu_s": 60.0, "decision_p95_s": 0.012})
             meta.append({"scenario": scen, "policy": pol, "label": label, "seed": s, "polling_period_s": 0.1,
                          "policy_kwargs": {"prefill_horizon_s": 0.5} if pol == "milp" else {}, "start_utc": "2023-01-12T17:00:00Z"})
     d.mkdir(parents=True)
@@ -44,15 +44,15 @@ def test_rows_pair_by_seed_and_targets_are_checked(tmp_path):
     assert "**not met**" in slo_report.target_checks(rows)[0]
 
 
-def test_section_written_before_capacity_and_rewritten_in_place(tmp_path):
+def test_section_written_before_the_headline_and_rewritten_in_place(tmp_path):
     res = tmp_path / "results"
     _matrix(res / "selection" / "capacity-train-llama8b-low" / "capacity", "llama8b-low", [2, 3], [30.0, 30.0], [2.0, 2.0], [False, True])
     out = tmp_path / "R.md"
     out.write_text("# Results\n\n## Headline\n\nx\n\n## Capacity control\n\ny\n")
     assert main(["report", str(res), "--section", "slo", "--out", str(out)]) == 0
     text = out.read_text()
-    assert text.index(slo_report.SECTION_TITLE) < text.index("## Capacity control") and text.index("## Headline") < text.index(slo_report.SECTION_TITLE)
-    assert "| llama8b-low | milp | polling 0.1 s, prefill_horizon_s 0.5 | 2 | 70.0 ± 0.0 | 2.00 ± 0.00 | 1/2 ✗ (TTFT) | 2200 | 50 |" in text
+    assert text.index("# Results") < text.index(slo_report.SECTION_TITLE) < text.index("## Headline") < text.index("## Capacity control")
+    assert "| llama8b-low | milp | polling 0.1 s, prefill_horizon_s 0.5 | 2 | 70.0 ± 0.0 | 2.00 ± 0.00 | 1/2 ✗ (TTFT) | 2200 | 50 | 12.0 |" in text
     assert "**Held-out starts (reported)**: not run yet." in text
     _matrix(res / "slo" / "capacity", "llama8b-low", [1, 4], [15.0, 15.0], [0.5, 0.5], [True, True])
     assert main(["report", str(res), "--section", "slo", "--out", str(out)]) == 0
@@ -84,5 +84,5 @@ def test_routing_milp_is_held_to_the_slo_true_bound(tmp_path):
     assert milp["reference"] == "rr" and milp["bound_gap_pp"] == pytest.approx(2.5)
     line = next(ln for ln in slo_report.target_checks(rows) if "on qwen7b-low" in ln)
     assert "**met**: 2.5 pp above it, 38.0% below rr at 0.20% violation, p99 2/2" in line
-    assert "| qwen7b-low | milp | polling 0.1 s, prefill_horizon_s 0.5 | 2 | 38.0 ± 0.0 | 0.20 ± 0.00 | 2/2 ✓ | 1500 | 50 | 2.5 ± 6.4 |" in slo_report.slo_markdown(rows)
+    assert "| qwen7b-low | milp | polling 0.1 s, prefill_horizon_s 0.5 | 2 | 38.0 ± 0.0 | 0.20 ± 0.00 | 2/2 ✓ | 1500 | 50 | 12.0 | 2.5 ± 6.4 |" in slo_report.slo_markdown(rows)
     assert "on llama8b-high: not run." in "\n".join(slo_report.target_checks(rows))
