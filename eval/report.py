@@ -14,6 +14,8 @@ import shutil
 from typing import Callable
 
 from eval.capacity_report import SECTION_BEGIN as CAPACITY_BEGIN
+from eval.slo_report import SECTION_BEGIN as SLO_BEGIN
+from eval.slo_report import slo_section
 from eval.experiments import PRESETS, headline_table
 from eval.predictor import predictor_section
 from eval.milp_vs_ilp import ILP_POLICIES, milp_vs_ilp_markdown, milp_vs_ilp_runs, milp_vs_ilp_section, milp_vs_ilp_table
@@ -265,10 +267,11 @@ def _split_sections(text: str) -> tuple[str, list[str]]:
     """``text`` as its preamble and its ``## `` sections (each from its heading to the next)."""
     pieces = text.split("\n## ")
     sections = ["## " + p for p in pieces[1:]]
-    for i in range(len(sections) - 1):  # the capacity section's marker line, above its heading, goes with it
-        pos = sections[i].rfind("\n" + CAPACITY_BEGIN)
-        if pos >= 0:
-            sections[i], sections[i + 1] = sections[i][:pos], sections[i][pos + 1:] + "\n" + sections[i + 1]
+    for i in range(len(sections) - 1):  # a marked section's begin line, above its heading, goes with it
+        for marker in (CAPACITY_BEGIN, SLO_BEGIN):
+            pos = sections[i].rfind("\n" + marker)
+            if pos >= 0:
+                sections[i], sections[i + 1] = sections[i][:pos], sections[i][pos + 1:] + "\n" + sections[i + 1]
     return pieces[0], sections
 
 
@@ -462,6 +465,10 @@ def _results_md(results_dir: str, *, out: str, figures_dir: str, command: str | 
         add(costs)
     add("- versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if k != "platform"))
     add(f"- platform: {v.get('platform', '?')}\n")
+    try:
+        add(slo_section(results_dir))  # the operating points within the SLO lead (eval/slo_report.py)
+    except FileNotFoundError:
+        pass
     add("## Headline: carbon reduction vs round-robin (SLO violation %)\n")
     bsum = _read_csv(os.path.join(head_dir, "bound_summary.csv"))
     add(headline_table(summary, bsum))

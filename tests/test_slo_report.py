@@ -86,3 +86,13 @@ def test_routing_milp_is_held_to_the_slo_true_bound(tmp_path):
     assert "**met**: 2.5 pp above it, 38.0% below rr at 0.20% violation, p99 2/2" in line
     assert "| qwen7b-low | milp | polling 0.1 s, prefill_horizon_s 0.5 | 2 | 38.0 ± 0.0 | 0.20 ± 0.00 | 2/2 ✓ | 1500 | 50 | 12.0 | 2.5 ± 6.4 |" in slo_report.slo_markdown(rows)
     assert "on llama8b-high: not run." in "\n".join(slo_report.target_checks(rows))
+
+
+def test_split_sections_keeps_the_begin_marker_with_its_section():
+    """RESULTS.md's other sections are rewritten by splitting at headings: the SLO section's begin
+    marker (above its heading) must travel with it, not stay with the section before."""
+    from eval.report import _split_sections
+
+    text = f"# Results\n\n## How it was produced\n\nx\n\n{slo_report.SECTION_BEGIN}\n{slo_report.SECTION_TITLE}\n\ny\n{slo_report.SECTION_END}\n\n## Headline\n"
+    head, sections = _split_sections(text)
+    assert slo_report.SECTION_BEGIN not in sections[0] and sections[1].startswith(slo_report.SECTION_BEGIN + "\n" + slo_report.SECTION_TITLE)
