@@ -544,6 +544,8 @@ def _set_dotted(raw: dict[str, Any], key: str, value: Any, source: str | None) -
             if not part.isdigit() or int(part) >= len(cur):
                 raise ConfigError(key, f"no item {part!r} in {here.rsplit('.', 1)[0]}", source=source)
             cur = cur[int(part)]
+            if not isinstance(cur, (dict, list)):
+                raise ConfigError(key, f"{here} is not a table (it is {type(cur).__name__} {cur!r})", source=source)
             continue
         nxt = cur.get(part)
         if nxt is None:

@@ -211,6 +211,18 @@ def test_load_scenario_with_random_overrides(overrides):
     assert s.duration_s > 0 and s.rate_per_s > 0 and s.polling_period_s > 0
 
 
+@pytest.mark.parametrize("overrides, where", [
+    ({"topology.regions": [0.0], "topology.regions.0.client_zone": 0}, "topology.regions.0 is not a table (it is float 0.0)"),
+    ({"topology.regions": [[1], "x"], "topology.regions.1.client_zone": "DE"}, "topology.regions.1 is not a table (it is str 'x')"),
+])
+def test_override_into_a_list_item_that_is_not_a_table_names_the_field(overrides, where):
+    """Found by the fuzz case above (a TypeError before): a dotted override reaching through a
+    list item that is a number or a string is a ConfigError naming the key."""
+    with pytest.raises(ConfigError, match="topology.regions") as e:
+        load_scenario("dev", overrides=overrides)
+    assert where in str(e.value)
+
+
 @settings(**SETTINGS)
 @given(lines=st.lists(st.integers(0, 200), max_size=4), junk=st.text(max_size=40), where=st.integers(0, 10_000))
 def test_load_scenario_on_corrupted_toml(tmp_path, lines, junk, where):
