@@ -159,9 +159,23 @@ def target_checks(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def _dirs(results_dir: str) -> tuple[list[str], list[str]]:
-    sel = sorted(os.path.dirname(p) for p in glob.glob(os.path.join(results_dir, "selection", "capacity-train*", "capacity", "runs.csv")))
+    sel = sorted(os.path.dirname(p) for exp in ("capacity", "headline")
+                 for p in glob.glob(os.path.join(results_dir, "selection", f"{exp}-train*", exp, "runs.csv")))
     held = [d for d in [os.path.join(results_dir, "slo", e) for e in ("capacity", "headline")] if os.path.isfile(os.path.join(d, "runs.csv"))]
     return sel, held
+
+
+def _estimate_error_markdown(dirs: Sequence[str]) -> str:
+    """The estimate-error table (:func:`eval.estimate_error.error_table`) of the runs in ``dirs``
+    that logged estimates, one row per (scenario, policy); "" when none did."""
+    import pandas as pd
+
+    from eval.estimate_error import error_markdown, error_table
+
+    frames = [_read(d)[0] for d in dirs]
+    if not frames:
+        return ""
+    return str(error_markdown(error_table(pd.concat(frames, ignore_index=True))))
 
 
 def slo_section(results_dir: str) -> str:
@@ -210,6 +224,13 @@ def slo_section(results_dir: str) -> str:
             add(starts_line(meta) + "\n")
             add(slo_markdown(rows))
     add(f"CPU time of all runs above: {cpu / 60:.1f} min.\n")
+    est = _estimate_error_markdown([d for d in held])
+    if est:
+        add("**The schedulers' estimates on the held-out starts** (issue 40 item 1; predicted - realised, ms, per "
+            "request at the datacenter chosen, quantiles over each run's measured requests, mean over its starts; "
+            "negative = the scheduler was optimistic; `carbon-gym eval` prints the same figures per run as "
+            "`ttft_estimate_error_p90_ms=...`):\n")
+        add(est)
     add("**Issue 40's targets on the held-out starts:**\n")
     lines.extend(target_checks(all_held) if all_held else ["- not run yet."])
     add("")

@@ -24,7 +24,14 @@
            f_od >= 0
 
   (capacities are scaled up together if the traffic exceeds them), then routes each request by
-  a smooth weighted round-robin over its origin's shares until the next plan. The per-engine
+  a smooth weighted round-robin over its origin's shares until the next plan. Its first plans
+  come sooner: until the time since its first plan reaches ``replan_s`` it replans whenever that
+  time has doubled (one polling period after the first plan, then two, four, ...), each plan
+  from the traffic seen since the one before, so that no plan held for ``replan_s`` rests on a
+  few requests. (A first plan from one polling period's traffic, held for 900 s, was the
+  earlier rule: at 0.1 s polling on mixtral8x7b-low it measured the rates from about 30
+  requests and put 36% more than the measured capacity on the cleanest datacenter, 30%
+  violations; at 1 s it measured from one second.) The per-engine
   rate is the measured serving capacity of the model on each datacenter's GPU
   (``carbon_gym/data/load_levels.toml``) where it is there, else ``capacity_per_engine_rps``.
 
@@ -254,6 +261,7 @@ class SharePlanner(Scheduler):
         self._shares = np.zeros((0, 0))  # (origins, D) planned shares
         self._credit = np.zeros((0, 0))  # (origins, D) interleaving credit of the shares
         self._next_plan_s = -np.inf
+        self._first_plan_s: float | None = None  # simulated time of the first plan, s
         self._since_s = 0.0
         self._counts: np.ndarray = np.zeros(0)  # (origins,) requests seen since the last plan
         self._net: np.ndarray = np.zeros((0, 0))  # (origins, D) mean network delay seen, s
@@ -351,7 +359,10 @@ class SharePlanner(Scheduler):
             self._shares = self.plan(p)
             self._credit = np.zeros_like(self._shares)
             self.stats["plans"] += 1
-            self._next_plan_s = p.time_s + self.replan_s
+            if self._first_plan_s is None:
+                self._first_plan_s = p.time_s
+            # doubling intervals from one polling period until replan_s (module docstring)
+            self._next_plan_s = p.time_s + min(self.replan_s, max(p.time_s - self._first_plan_s, p.poll_s))
             self._since_s = p.time_s
             self._counts = np.zeros_like(self._counts)
         out = np.full(p.n_requests, d_n, dtype=np.int64)

@@ -44,7 +44,7 @@ that is linear in the lengths as long as the class is not split across datacente
         prefill while its decodes keep TPOT: prefill chunks take a share rho of every iteration and
         stretch TPOT to t_dec_d / (1 - rho) (t_dec_d = decode iteration of the current batch);
         rho_max = ``max_prefill_share`` caps the utilisation (queueing grows as rho -> 1); with
-        ``prefill_horizon_s`` H, poll_s is max(poll_s, H) here (the backlog allowed in seconds
+        ``prefill_horizon_s`` H (default 0.5 s), poll_s is max(poll_s, H) here (the backlog allowed in seconds
         does not shrink with the period)
     Q_d = (Q0_d - B_d)^+                                      what is left for this poll's prompts
     F_d = floor of the budget when the fleet is overloaded (``overload_spread``): if

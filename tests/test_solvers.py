@@ -126,13 +126,24 @@ def test_planner_lp_respects_capacity_and_replans() -> None:
     # routed counts follow the shares (smooth weighted round-robin)
     counts = np.bincount(a, minlength=6)
     assert np.abs(counts - load).max() <= 2.0
-    # no re-plan within the interval, a re-plan after it
-    p.time_s = 899.0
+    # the first plans come at doubling intervals from one polling period (t0 + 1, 2, 4, ... polls),
+    # then every replan_s (every step of 1,800 s: plans exactly at those times)
+    t0, poll = float(p.time_s), float(p.poll_s)
+    assert poll == 1.0
+    planned = [0.0]
+    for k in range(1, int(1800.0 / poll) + 1):
+        p.time_s = t0 + k * poll
+        before = pl.stats["plans"]
+        pl.place(p)
+        if pl.stats["plans"] > before:
+            planned.append(p.time_s - t0)
+    assert [round(x, 9) for x in planned] == [0.0] + [poll * 2 ** i for i in range(11)]  # 1, 2, ..., 1,024 polls
+    p.time_s = t0 + 1024 * poll + 899.0
     pl.place(p)
-    assert pl.stats["plans"] == 1
-    p.time_s = 901.0
+    assert pl.stats["plans"] == len(planned)  # then every replan_s
+    p.time_s = t0 + 1024 * poll + 900.0
     pl.place(p)
-    assert pl.stats["plans"] == 2
+    assert pl.stats["plans"] == len(planned) + 1
     with pytest.raises(ConfigError):
         SharePlanner(replan_s=0)
 

@@ -370,7 +370,8 @@ def test_backlog_shrinks_budget_and_adds_wait() -> None:
 
 def test_prefill_horizon_scales_the_per_poll_cap_at_short_periods_only() -> None:
     """``prefill_horizon_s`` H: Q0_d holds max(poll_s, H) seconds of prefill, the backlog still
-    subtracted; None (the default) and any period >= H give the one-period program."""
+    subtracted; None and any period >= H (the default 0.5 s at the scenarios' 1 s) give the
+    one-period program."""
     rng = np.random.default_rng(5)
     p = synthetic_problem(rng, 200, n_datacenters=4, load=0.3)
     p.queue_len = np.array([0.0, 100.0, 0.0, 20.0])
@@ -378,16 +379,21 @@ def test_prefill_horizon_scales_the_per_poll_cap_at_short_periods_only() -> None
     p.poll_s = 0.1
     share = FacilityConfig().max_prefill_share
     q0 = p.prefill_rate_cap_tokens(share)  # one 0.1 s period
-    base = compile_facility(p, FacilityConfig())
+    base = compile_facility(p, FacilityConfig(prefill_horizon_s=None))
     np.testing.assert_allclose(base.prefill_cap, np.maximum(q0 - p.backlog_prompt_tokens, 0.0))
+    assert FacilityConfig().prefill_horizon_s == 0.5
+    h05 = compile_facility(p, FacilityConfig())
+    np.testing.assert_allclose(h05.prefill_cap, np.maximum(5.0 * q0 - p.backlog_prompt_tokens, 0.0))
     h1 = compile_facility(p, FacilityConfig(prefill_horizon_s=1.0))
     np.testing.assert_allclose(h1.prefill_cap, np.maximum(10.0 * q0 - p.backlog_prompt_tokens, 0.0))
     assert (h1.prefill_cap > base.prefill_cap).any()
     for poll_s in (1.0, 2.0):  # at or above the horizon: the default program, coefficient for coefficient
         q = replace(p, poll_s=poll_s)
-        a, b = compile_facility(q, FacilityConfig()), compile_facility(q, FacilityConfig(prefill_horizon_s=1.0))
+        a, b = compile_facility(q, FacilityConfig(prefill_horizon_s=None)), compile_facility(q, FacilityConfig(prefill_horizon_s=1.0))
         np.testing.assert_array_equal(a.prefill_cap, b.prefill_cap)
         np.testing.assert_array_equal(a.tok_cap, b.tok_cap)
+        c = compile_facility(q, FacilityConfig())
+        np.testing.assert_array_equal(a.prefill_cap, c.prefill_cap)
     for bad in (0.0, -1.0, float("inf")):
         with pytest.raises(ConfigError, match="facility.prefill_horizon_s"):
             FacilityConfig(prefill_horizon_s=bad)
