@@ -53,7 +53,7 @@ def test_section_written_before_the_headline_and_rewritten_in_place(tmp_path):
     text = out.read_text()
     assert text.index("# Results") < text.index(slo_report.SECTION_TITLE) < text.index("## Headline") < text.index("## Capacity control")
     assert "| llama8b-low | milp | polling 0.1 s, prefill_horizon_s 0.5 | 2 | 70.0 ± 0.0 | 2.00 ± 0.00 | 1/2 ✗ (TTFT) | 2200 | 50 | 12.0 |" in text
-    assert "**Held-out starts (reported)**: not run yet." in text
+    assert "**Issue 40's targets on the held-out starts:**\n\n- not run yet." in text
     _matrix(res / "slo" / "capacity", "llama8b-low", [1, 4], [15.0, 15.0], [0.5, 0.5], [True, True])
     assert main(["report", str(res), "--section", "slo", "--out", str(out)]) == 0
     again = out.read_text()
@@ -96,3 +96,31 @@ def test_split_sections_keeps_the_begin_marker_with_its_section():
     text = f"# Results\n\n## How it was produced\n\nx\n\n{slo_report.SECTION_BEGIN}\n{slo_report.SECTION_TITLE}\n\ny\n{slo_report.SECTION_END}\n\n## Headline\n"
     head, sections = _split_sections(text)
     assert slo_report.SECTION_BEGIN not in sections[0] and sections[1].startswith(slo_report.SECTION_BEGIN + "\n" + slo_report.SECTION_TITLE)
+
+
+def test_held_out_matrices_of_each_experiment_are_merged_into_their_subsections(tmp_path):
+    """slo/headline and slo/<name>/headline are one table (rr once); slo/<name>/milp-vs-ilp gets the
+    MILP-vs-ILP gaps; both get the equal-p99-pass comparison (eval/slo_compare.py)."""
+    res = tmp_path / "results"
+    for d, scen in ((res / "slo" / "headline", "qwen7b-low"), (res / "slo" / "more" / "headline", "qwen7b-low")):
+        _matrix(d, scen, [1, 4], [62.0, 62.0], [0.2, 0.2], [True, True])
+        runs = pd.read_csv(d / "runs.csv")
+        runs.loc[runs["policy"] == "rr (always on)", "policy"] = "rr"
+        if "more" in str(d):
+            runs.loc[runs["policy"] == "milp", "policy"] = "greedy-cap"
+            runs.loc[runs["policy"] == "greedy-cap", "carbon_g"] = [70.0, 66.0]
+        runs.to_csv(d / "runs.csv", index=False)
+    d = res / "slo" / "mixtral" / "milp-vs-ilp"
+    _matrix(d, "mixtral8x7b-moderate", [7, 13], [60.0, 60.0], [0.0, 0.0], [True, True])
+    runs = pd.read_csv(d / "runs.csv")
+    runs.loc[runs["policy"] == "rr (always on)", "policy"] = "rr"
+    ilp = runs[runs["policy"] == "milp"].assign(policy="ilp-state", carbon_g=[64.0, 68.0])
+    runs = pd.concat([runs, ilp], ignore_index=True)
+    runs["reduction_vs_rr_pct"] = 100.0 - runs["carbon_g"]
+    runs.to_csv(d / "runs.csv", index=False)
+    text = slo_report.slo_section(str(res))
+    head = text.split("### The headline at the SLO-true point", 1)[1].split("###", 1)[0]
+    assert head.count("| qwen7b-low | rr |") == 1 and "| qwen7b-low | greedy-cap |" in head and "| qwen7b-low | milp |" in head
+    assert "| qwen7b-low | greedy-cap | 1/1 | greedy-cap | 32.0 ± 25.4 | 0.20 | 1500 | 50 | 6.0 ± 25.4 (2) |" in head
+    fac = text.split("### Facility MILP vs per-request ILPs", 1)[1].split("###", 1)[0]
+    assert "| mixtral8x7b-moderate | 40.0 ± 0.0 (0.0; 2/2 ✓) | 34.0 ± 25.4 (0.0; 2/2 ✓) | 6.0 ± 25.4 |" in fac
