@@ -46,7 +46,7 @@ INTRO = (
     "Every policy at an operating point chosen on training starts and then run on fresh held-out starts "
     "(issue 40). **The setting: 0.1 s polling, every policy at its default** (the facility MILP's "
     "`prefill_horizon_s` default of 0.5 s was chosen on training starts: the largest prefill horizon passing "
-    "MLPerf p99 in every training start, \"Estimate error and the knob chosen on training starts\"). The "
+    "MLPerf p99 in every training start, \"Estimate error and the knobs chosen on training starts\"). The "
     "study allows any polling period up to 2 s. At the scenarios' 1 s the polling wait alone (uniform over the "
     "period, 0.5 s on average) plus the network takes about half of the 2 s TTFT budget before any queueing: "
     "round-robin's median TTFT is 0.9-1.0 s there against 0.35-0.40 s at 0.1 s, and every carbon-aware default "

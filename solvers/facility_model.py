@@ -47,7 +47,7 @@ class FacilityConfig:
             datacenter's usable prefill rate lower the shorter the period (31.8% below rr at 0.1
             s against 38.7% with 0.5). The default 0.5 s was chosen on training starts only: the
             largest horizon passing MLPerf p99 in every training start at 0.1 s polling (1 s fails
-            TPOT p99; RESULTS.md, "Estimate error and the knob chosen on training starts"), then
+            TPOT p99; RESULTS.md, "Estimate error and the knobs chosen on training starts"), then
             checked on two training starts of each of the nine headline scenarios
             (``results/selection/headline-train``).
         overload_spread: when the fleet's prompt-token budget cannot hold the backlog plus the
