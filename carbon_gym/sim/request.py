@@ -1,12 +1,12 @@
 """The simulator's small stateful classes shared by the engine, the datacenter and the simulator:
 :class:`CopyableState` (copy / pickle of compiled instances), :class:`RequestState` (one
-in-flight request) and :class:`EngineModels` (the latency and power models of a simulation, with
+in-flight request), :class:`EventQueue` (the event heap, and each engine's heap of decode
+completions) and :class:`EngineModels` (the latency and power models of a simulation, with
 caches). Compiled with them (``setup.py``, :data:`carbon_gym.sim._native.COMPILED_MODULES`).
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from typing import Any
 
 from .kernels import blank_instance, phase_power_params, slot_state, table_latency_params
@@ -20,7 +20,11 @@ except ImportError:  # pragma: no cover - pure-Python install without mypy_exten
         return lambda cls: cls
 
 
-__all__ = ["CopyableState", "RequestState", "EngineModels", "mypyc_attr"]
+__all__ = ["CopyableState", "RequestState", "EventQueue", "EngineModels", "PRIO_SHIFT", "mypyc_attr"]
+
+#: An event's key is ``priority << PRIO_SHIFT | sequence number`` (:meth:`EventQueue.push`): events
+#: at the same time pop by priority, then in the order they were pushed.
+PRIO_SHIFT = 48
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -69,6 +73,8 @@ class RequestState(CopyableState):
         "preemptions",              # times it was preempted (and recomputed)
         "energy_j", "carbon_g",     # facility energy (J) and carbon (gCO2eq) attributed so far
         "alive",                    # False once completed or aborted (its heap entries are stale)
+        "engine_index",             # completed: index of the engine that served it in its datacenter
+        "done_s",                   # completed: engine time its last token was sampled, s
         # prefix caching (carbon_gym.sim.prefix_cache; None / 0 without it)
         "prefix_hashes",            # its block ids as submitted, or None (kept for AbortedRequests)
         "prefix_keys",              # chained keys of its full prompt prefix blocks, or None (not cacheable)
@@ -97,10 +103,138 @@ class RequestState(CopyableState):
         self.share_mark_j = self.share_mark_g = self.energy_j = self.carbon_g = 0.0
         self.first_sched_s = self.first_token_s = -1.0
         self.alive = True
+        self.engine_index = -1
+        self.done_s = -1.0
         self.prefix_hashes: Any = None
         self.prefix_keys: tuple[object, ...] | None = None  # (prefix_cache.Key: ints kept as objects)
         self.held = self.cached_tokens = 0
         self.seg: Any = None
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class EventQueue(CopyableState):
+    """A binary min-heap of events ordered by ``(time, key)``, in four parallel lists (no tuple
+    per event): ``times[i]`` (s), ``keys[i]`` (unique: :data:`PRIO_SHIFT`), ``items[i]`` (the
+    object the event is for) and ``tags[i]`` (an integer its owner checks when the event pops:
+    a version number or sequence number; a stale entry is simply skipped by its reader).
+
+    Keys are unique, so the pop order is the sorted order of ``(time, key)`` whatever the heap's
+    layout: exactly the order ``heapq`` gives the tuples ``(time, priority, sequence, ...)``.
+    The simulator's event heap pushes with :meth:`push` (arrivals priority 0, engine events 1,
+    capacity transitions 2); an engine's heap of decode completions with :meth:`push_key`
+    (time: the decode iteration of the last token; key: a sequence number from the event heap).
+    Read the top as ``times[0]``, ``keys[0]``, ``items[0]``, ``tags[0]``, then :meth:`pop` it.
+    """
+
+    __slots__ = ("times", "keys", "items", "tags", "seq")
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.keys: list[int] = []
+        self.items: list[object] = []
+        self.tags: list[int] = []
+        self.seq = 0  # the next sequence number
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+    def next_seq(self) -> int:
+        """A new sequence number (0, 1, 2, ... over the queue's life)."""
+        s = self.seq
+        self.seq = s + 1
+        return s
+
+    def push(self, t: float, prio: int, item: object, tag: int) -> None:
+        """Push an event at time ``t`` (s) of priority ``prio`` (0 pops first among equal times)
+        with a new sequence number."""
+        s = self.seq
+        self.seq = s + 1
+        self.push_key(t, (prio << PRIO_SHIFT) | s, item, tag)
+
+    def push_key(self, t: float, key: int, item: object, tag: int) -> None:
+        """Push an entry with its own ``key`` (unique in this heap)."""
+        times = self.times
+        keys = self.keys
+        items = self.items
+        tags = self.tags
+        i = len(times)
+        times.append(t)
+        keys.append(key)
+        items.append(item)
+        tags.append(tag)
+        while i > 0:  # sift up
+            p = (i - 1) >> 1
+            tp = times[p]
+            if t < tp or (t == tp and key < keys[p]):
+                times[i] = tp
+                keys[i] = keys[p]
+                items[i] = items[p]
+                tags[i] = tags[p]
+                i = p
+            else:
+                break
+        times[i] = t
+        keys[i] = key
+        items[i] = item
+        tags[i] = tag
+
+    def pop(self) -> None:
+        """Remove the top entry (the heap must not be empty)."""
+        times = self.times
+        keys = self.keys
+        items = self.items
+        tags = self.tags
+        t = times.pop()
+        key = keys.pop()
+        item = items.pop()
+        tag = tags.pop()
+        n = len(times)
+        if n == 0:
+            return
+        i = 0  # sift the last entry down from the root
+        while True:
+            c = 2 * i + 1
+            if c >= n:
+                break
+            r = c + 1
+            tc = times[c]
+            if r < n:
+                tr = times[r]
+                if tr < tc or (tr == tc and keys[r] < keys[c]):
+                    c = r
+                    tc = tr
+            if tc < t or (tc == t and keys[c] < key):
+                times[i] = tc
+                keys[i] = keys[c]
+                items[i] = items[c]
+                tags[i] = tags[c]
+                i = c
+            else:
+                break
+        times[i] = t
+        keys[i] = key
+        items[i] = item
+        tags[i] = tag
+
+    def clear(self) -> None:
+        """Remove every entry (the sequence numbers go on)."""
+        self.times.clear()
+        self.keys.clear()
+        self.items.clear()
+        self.tags.clear()
+
+
+def _bisect_right(a: list[float], x: float) -> int:
+    """``bisect.bisect_right(a, x)`` (the same algorithm, on native floats)."""
+    lo = 0
+    hi = len(a)
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if x < a[mid]:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -187,7 +321,7 @@ class EngineModels(CopyableState):
             return 0.0
         x = float(tokens)  # (exact: the same floats, with float-float comparisons in the bisections)
         grid = self.grid
-        i = bisect_right(grid, x) - 1
+        i = _bisect_right(grid, x) - 1
         if i < 0:
             i = 0
         elif i > self.last:
@@ -205,7 +339,7 @@ class EngineModels(CopyableState):
                 if p <= g[0]:
                     t += self.pa[0] + self.pb[0] * pairs
                 else:
-                    j = bisect_right(g, p) - 1
+                    j = _bisect_right(g, p) - 1
                     if j > len(g) - 2:
                         j = len(g) - 2
                     dx = p - g[j]
