@@ -335,13 +335,14 @@ class Engine(CopyableState):
     def _complete_finished(self, t: float) -> bool:
         """Complete the decoders whose last token came at ``decode_iters`` (at ``t``); whether any did."""
         fh = self.finish_heap
-        times = fh.times
+        evs = fh.heap
         it = float(self.decode_iters)  # (exact: the heap's times are integers below 2**53)
         done = False
-        while times and times[0] <= it:
-            req = cast(RequestState, fh.items[0])
-            seq = fh.tags[0]
-            fh.pop()
+        while evs and evs[0].t <= it:
+            ev = fh.pop()
+            req = cast(RequestState, ev.item)
+            seq = ev.tag
+            fh.recycle(ev)
             if req.finish_seq != seq:
                 continue
             self._complete(req, t)
@@ -413,7 +414,7 @@ class Engine(CopyableState):
                 for r in done:
                     self._complete(r, t)
                     self.iter_publish = True
-        elif self.finish_heap.times and self._complete_finished(t):
+        elif self.finish_heap.heap and self._complete_finished(t):
             self.iter_publish = True
         if self.iter_publish:
             self._publish()
@@ -753,10 +754,11 @@ class Engine(CopyableState):
     def _plan_run(self, t: float, n: int) -> None:
         """Plan a closed-form run of pure decode iterations of the ``n`` decoding sequences."""
         fh = self.finish_heap
-        while cast(RequestState, fh.items[0]).finish_seq != fh.tags[0]:
-            fh.pop()
+        evs = fh.heap
+        while cast(RequestState, evs[0].item).finish_seq != evs[0].tag:
+            fh.recycle(fh.pop())
         it = self.decode_iters
-        K = int(fh.times[0]) - it  # iterations to the earliest completion
+        K = int(evs[0].t) - it  # iterations to the earliest completion
         bt = self.block_tokens
         free = self.free_blocks
         full = free // n

@@ -20,7 +20,7 @@ except ImportError:  # pragma: no cover - pure-Python install without mypy_exten
         return lambda cls: cls
 
 
-__all__ = ["CopyableState", "RequestState", "EventQueue", "EngineModels", "PRIO_SHIFT", "mypyc_attr"]
+__all__ = ["CopyableState", "RequestState", "Event", "EventQueue", "EngineModels", "PRIO_SHIFT", "mypyc_attr"]
 
 #: An event's key is ``priority << PRIO_SHIFT | sequence number`` (:meth:`EventQueue.push`): events
 #: at the same time pop by priority, then in the order they were pushed.
@@ -112,31 +112,42 @@ class RequestState(CopyableState):
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
-class EventQueue(CopyableState):
-    """A binary min-heap of events ordered by ``(time, key)``, in four parallel lists (no tuple
-    per event): ``times[i]`` (s), ``keys[i]`` (unique: :data:`PRIO_SHIFT`), ``items[i]`` (the
-    object the event is for) and ``tags[i]`` (an integer its owner checks when the event pops:
-    a version number or sequence number; a stale entry is simply skipped by its reader).
+class Event(CopyableState):
+    """One entry of an :class:`EventQueue`: at time ``t`` (s), ordered by ``(t, key)``, for
+    ``item`` (the object the event is for), with ``tag`` (an integer its owner checks when the
+    event pops: a version or sequence number; a stale entry is skipped by its reader)."""
 
-    Keys are unique, so the pop order is the sorted order of ``(time, key)`` whatever the heap's
-    layout: exactly the order ``heapq`` gives the tuples ``(time, priority, sequence, ...)``.
+    __slots__ = ("t", "key", "item", "tag")
+
+    def __init__(self, t: float, key: int, item: object, tag: int) -> None:
+        self.t = t
+        self.key = key
+        self.item = item
+        self.tag = tag
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class EventQueue(CopyableState):
+    """A binary min-heap of :class:`Event` objects ordered by ``(t, key)`` (keys are unique:
+    :data:`PRIO_SHIFT`), so the pop order is the sorted order whatever the heap's layout: exactly
+    the order ``heapq`` gives the tuples ``(time, priority, sequence, ...)``.
+
     The simulator's event heap pushes with :meth:`push` (arrivals priority 0, engine events 1,
     capacity transitions 2); an engine's heap of decode completions with :meth:`push_key`
     (time: the decode iteration of the last token; key: a sequence number from the event heap).
-    Read the top as ``times[0]``, ``keys[0]``, ``items[0]``, ``tags[0]``, then :meth:`pop` it.
+    Read the top as ``heap[0]``, then :meth:`pop` it; a reader done with a popped event may hand
+    it back with :meth:`recycle` (a later push reuses it: no allocation per event).
     """
 
-    __slots__ = ("times", "keys", "items", "tags", "seq")
+    __slots__ = ("heap", "seq", "spare")
 
     def __init__(self) -> None:
-        self.times: list[float] = []
-        self.keys: list[int] = []
-        self.items: list[object] = []
-        self.tags: list[int] = []
+        self.heap: list[Event] = []
         self.seq = 0  # the next sequence number
+        self.spare: list[Event] = []  # popped events handed back (recycle), reused by push_key
 
     def __len__(self) -> int:
-        return len(self.times)
+        return len(self.heap)
 
     def next_seq(self) -> int:
         """A new sequence number (0, 1, 2, ... over the queue's life)."""
@@ -153,75 +164,66 @@ class EventQueue(CopyableState):
 
     def push_key(self, t: float, key: int, item: object, tag: int) -> None:
         """Push an entry with its own ``key`` (unique in this heap)."""
-        times = self.times
-        keys = self.keys
-        items = self.items
-        tags = self.tags
-        i = len(times)
-        times.append(t)
-        keys.append(key)
-        items.append(item)
-        tags.append(tag)
+        spare = self.spare
+        if spare:
+            ev = spare.pop()
+            ev.t = t
+            ev.key = key
+            ev.item = item
+            ev.tag = tag
+        else:
+            ev = Event(t, key, item, tag)
+        heap = self.heap
+        i = len(heap)
+        heap.append(ev)
         while i > 0:  # sift up
             p = (i - 1) >> 1
-            tp = times[p]
-            if t < tp or (t == tp and key < keys[p]):
-                times[i] = tp
-                keys[i] = keys[p]
-                items[i] = items[p]
-                tags[i] = tags[p]
+            up = heap[p]
+            if t < up.t or (t == up.t and key < up.key):
+                heap[i] = up
                 i = p
             else:
                 break
-        times[i] = t
-        keys[i] = key
-        items[i] = item
-        tags[i] = tag
+        heap[i] = ev
 
-    def pop(self) -> None:
-        """Remove the top entry (the heap must not be empty)."""
-        times = self.times
-        keys = self.keys
-        items = self.items
-        tags = self.tags
-        t = times.pop()
-        key = keys.pop()
-        item = items.pop()
-        tag = tags.pop()
-        n = len(times)
+    def pop(self) -> Event:
+        """Remove and return the top entry (the heap must not be empty)."""
+        heap = self.heap
+        last = heap.pop()
+        n = len(heap)
         if n == 0:
-            return
+            return last
+        top = heap[0]
+        t = last.t
+        key = last.key
         i = 0  # sift the last entry down from the root
         while True:
             c = 2 * i + 1
             if c >= n:
                 break
+            child = heap[c]
             r = c + 1
-            tc = times[c]
             if r < n:
-                tr = times[r]
-                if tr < tc or (tr == tc and keys[r] < keys[c]):
+                right = heap[r]
+                if right.t < child.t or (right.t == child.t and right.key < child.key):
                     c = r
-                    tc = tr
-            if tc < t or (tc == t and keys[c] < key):
-                times[i] = tc
-                keys[i] = keys[c]
-                items[i] = items[c]
-                tags[i] = tags[c]
+                    child = right
+            if child.t < t or (child.t == t and child.key < key):
+                heap[i] = child
                 i = c
             else:
                 break
-        times[i] = t
-        keys[i] = key
-        items[i] = item
-        tags[i] = tag
+        heap[i] = last
+        return top
+
+    def recycle(self, ev: Event) -> None:
+        """Hand back ``ev``, popped and read: a later push reuses it."""
+        ev.item = None
+        self.spare.append(ev)
 
     def clear(self) -> None:
         """Remove every entry (the sequence numbers go on)."""
-        self.times.clear()
-        self.keys.clear()
-        self.items.clear()
-        self.tags.clear()
+        self.heap.clear()
 
 
 def _bisect_right(a: list[float], x: float) -> int:

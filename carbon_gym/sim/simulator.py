@@ -356,9 +356,11 @@ class Simulator(CopyableState):
         self._heap.push(req.dc_arrival_s, 0, req, 0)
         return rid
 
-    def _submit_rows(self, rows: Any) -> np.ndarray:
-        """:meth:`_submit` of each validated (origin, arrival_s, prompt, output, datacenter) row,
-        inlined; returns the ids (consecutive) as int64."""
+    def _submit_rows(self, origins: list[int], arrivals: list[float], prompts: list[int], outputs: list[int],
+                     dc_index: list[int]) -> np.ndarray:
+        """:meth:`_submit` of each validated request (its origin, arrival_s, prompt and output
+        tokens and datacenter at the same position of the five lists), inlined; returns the ids
+        (consecutive) as int64."""
         first = rid = self._next_id
         one_way = self._one_way
         per_token = self._bytes_per_token_s
@@ -366,9 +368,12 @@ class Simulator(CopyableState):
         dcs = self.datacenters
         in_transit = self._in_transit
         heap = self._heap
-        for o, a, p, q, d in rows:
-            down: float = one_way[o][d]
-            req = RequestState(rid, o, d, a, now, down + p * per_token, down, p, q)
+        for i in range(len(origins)):
+            o = origins[i]
+            d = dc_index[i]
+            p = prompts[i]
+            down = one_way[o][d]
+            req = RequestState(rid, o, d, arrivals[i], now, down + p * per_token, down, p, outputs[i])
             dcs[d].in_transit += 1
             in_transit[rid] = req
             heap.push(req.dc_arrival_s, 0, req, 0)
@@ -397,7 +402,11 @@ class Simulator(CopyableState):
             now = self.now_s
             mml = self.engine_config.max_model_len
             dcs = self.datacenters
-            rows = []
+            ro: list[int] = []
+            ra: list[float] = []
+            rp: list[int] = []
+            rq: list[int] = []
+            rd: list[int] = []
             for i, (o, a, p, q, d) in enumerate(zip(*cols)):
                 if not (type(o) is int and 0 <= o < R):
                     o = _as_int(f"origins[{i}]", o, 0, R - 1)
@@ -418,10 +427,14 @@ class Simulator(CopyableState):
                     self._check_request(a, p, q, d, f"[{i}]")
                 if p + q > mml or not dcs[d].up:
                     self._check_request(a, p, q, d, f"[{i}]")
-                rows.append((o, a, p, q, d))
-            keys = self._batch_keys(prefix_hashes, [r[2] for r in rows])
+                ro.append(o)
+                ra.append(a)
+                rp.append(p)
+                rq.append(q)
+                rd.append(d)
+            keys = self._batch_keys(prefix_hashes, rp)
             first = self._next_id
-            ids = self._submit_rows(rows)
+            ids = self._submit_rows(ro, ra, rp, rq, rd)
             attach_prefix(self._in_transit, first, prefix_hashes, keys)
             return ids
         arrs = {
@@ -472,8 +485,8 @@ class Simulator(CopyableState):
         prompts = ints["prompt_tokens"].tolist()
         keys = self._batch_keys(prefix_hashes, prompts)
         first = self._next_id
-        ids = self._submit_rows(zip(ints["origins"].tolist(), a.tolist(), prompts,
-                                    ints["output_tokens"].tolist(), dc_index.tolist()))
+        ids = self._submit_rows(ints["origins"].tolist(), a.tolist(), prompts, ints["output_tokens"].tolist(),
+                                dc_index.tolist())
         attach_prefix(self._in_transit, first, prefix_hashes, keys)
         return ids
 
@@ -484,16 +497,17 @@ class Simulator(CopyableState):
         if not (t == t) or t < self.now_s:
             raise ConfigError("t_s", f"must be >= now_s={self.now_s}, got {t_s!r}")
         heap = self._heap
-        times = heap.times
+        evs = heap.heap
         dcs = self.datacenters
         in_transit = self._in_transit
         n_ev = 0
-        while times and times[0] <= t:
-            time = times[0]
-            prio = heap.keys[0] >> PRIO_SHIFT
-            item = heap.items[0]
-            ver = heap.tags[0]
-            heap.pop()
+        while evs and evs[0].t <= t:
+            ev = heap.pop()
+            time = ev.t
+            prio = ev.key >> PRIO_SHIFT
+            item = ev.item
+            ver = ev.tag
+            heap.recycle(ev)
             n_ev += 1
             if prio == 1:
                 e = cast(Engine, item)
@@ -527,7 +541,7 @@ class Simulator(CopyableState):
             if eng.cap_state:  # no engine takes work: one wakes for it (carbon_gym.sim.capacity)
                 cap: Any = dc.capacity
                 eng = cap.engine_for_arrival(time)
-            if eng.state == IDLE and eng.cap_state <= 1 and (not times or times[0] > time):
+            if eng.state == IDLE and eng.cap_state <= 1 and (not evs or evs[0].t > time):
                 # its wake-up event would be the next one popped: run it now (counted as one)
                 n_ev += 1
                 eng.enqueue_and_plan(obj, time)
@@ -551,13 +565,15 @@ class Simulator(CopyableState):
     def next_event_s(self) -> float:
         """Time of the next pending event (``inf`` if none); stale entries are dropped."""
         heap = self._heap
-        while heap.times:
-            prio = heap.keys[0] >> PRIO_SHIFT
-            obj: Any = heap.items[0]
-            if (prio and heap.tags[0] != obj.version) or (not prio and not obj.alive):
-                heap.pop()
+        evs = heap.heap
+        while evs:
+            ev = evs[0]
+            prio = ev.key >> PRIO_SHIFT
+            obj: Any = ev.item
+            if (prio and ev.tag != obj.version) or (not prio and not obj.alive):
+                heap.recycle(heap.pop())
                 continue
-            return heap.times[0]
+            return ev.t
         return math.inf
 
     # ------------------------------------------------------------------ results
