@@ -18,7 +18,7 @@ integrated into its own energy account; the active GPU power (what requests shar
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Final
 
 import numpy as np
 
@@ -32,8 +32,8 @@ from .kernels import draining_score_fn
 if TYPE_CHECKING:  # pragma: no cover
     from .capacity import CapacityControl
 
-J_PER_KWH = 3.6e6
-SECONDS_PER_HOUR = 3600.0
+J_PER_KWH: Final = 3.6e6
+SECONDS_PER_HOUR: Final = 3600.0
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -82,13 +82,14 @@ class ZoneClock(CopyableState):
             np.cumsum(per_hour, out=cum_arr[1:])
             v = va.tolist()
             cum = cum_arr.tolist()
-            self.hour_g_per_kwh = v
-            self.hour_slope = ((nxt - va) / SECONDS_PER_HOUR).tolist()
-            self.hour_cum = cum
-            self.period_cum = cum[-1]
+            # (annotated: the compiled class keeps them as native floats / bools, not objects)
+            self.hour_g_per_kwh: list[float] = v
+            self.hour_slope: list[float] = ((nxt - va) / SECONDS_PER_HOUR).tolist()
+            self.hour_cum: list[float] = cum
+            self.period_cum: float = cum[-1]
             self.hours = H
             self.period_s = H * SECONDS_PER_HOUR
-            self.linear = interp == "linear"
+            self.linear: bool = interp == "linear"
             self.fast = True
             for x in (0.0, 1234.5, 0.37 * self.period_s + 17.0, 2.5 * self.period_s + 3599.9):
                 ref = float(carbon.integral(zone, 0.0, x)) if x > 0 else 0.0
@@ -228,7 +229,8 @@ class Datacenter(CopyableState):
         self.prefix_weight = 0.0
         self.prefix_tokens: int = cfg.prefix_block_tokens  # (typed: the compiled code does not see EngineConfig's)
         self.prompt_tokens = self.cached_prompt_tokens = self.prefill_saved_tokens = 0
-        self.n_engines = spec.nodes * spec.gpus_per_node // cfg.tp
+        # (the power and count attributes are annotated: native floats and ints when compiled)
+        self.n_engines: int = spec.nodes * spec.gpus_per_node // cfg.tp
         self.scores: list[float] = [0.0] * self.n_engines
         self.engines = [
             Engine(self, i, cfg, total_blocks, models, step_mode, heap, finished) for i in range(self.n_engines)
@@ -236,12 +238,12 @@ class Datacenter(CopyableState):
         for e in self.engines:
             self.scores[e.index] = self.score(e)
         self.models = models
-        self.host_on_w = spec.nodes * float(host_w_per_node)
+        self.host_on_w: float = spec.nodes * float(host_w_per_node)
         self.up = True
-        self.host_w = self.host_on_w
-        self.gpu_w = self.n_engines * models.idle_engine_w
-        self.idle_gpu_w = self.gpu_w
-        self.n_idle = self.n_engines
+        self.host_w: float = self.host_on_w
+        self.gpu_w: float = self.n_engines * models.idle_engine_w
+        self.idle_gpu_w: float = self.gpu_w
+        self.n_idle: int = self.n_engines
         self.capacity: CapacityControl | None = None
         self.cap_counts = [self.n_engines, 0, 0, 0, 0, 0, 0]
         self.state_gpu_w = [0.0, 0.0, 0.0, 0.0, 0.0]

@@ -56,7 +56,7 @@ per sequence).
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Final, cast
 
 from .config import EngineConfig
 from .prefix_cache import PrefixCache
@@ -65,10 +65,14 @@ from .request import CopyableState, EngineModels, EventQueue, RequestState, mypy
 if TYPE_CHECKING:  # pragma: no cover
     from .datacenter import Datacenter
 
-J_PER_KWH = 3.6e6
+J_PER_KWH: Final = 3.6e6
 
 # engine states
-IDLE, WAKE, ITER, RUN = 0, 1, 2, 3
+# (Final: the compiled modules inline them)
+IDLE: Final = 0
+WAKE: Final = 1
+ITER: Final = 2
+RUN: Final = 3
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -154,7 +158,7 @@ class Engine(CopyableState):
         self.block_tokens: int = cfg.block_tokens
         self.max_seqs: int = cfg.max_num_seqs
         self.token_budget: int = cfg.max_num_batched_tokens
-        self.chunked_prefill = cfg.chunked_prefill
+        self.chunked_prefill: bool = cfg.chunked_prefill
         self.step_mode = step_mode
         self.models = models
         self.heap = heap
@@ -184,7 +188,7 @@ class Engine(CopyableState):
         self.finish_heap = EventQueue()
         self.decode_share_j = self.decode_share_g = 0.0
         self.state = IDLE
-        self.version = getattr(self, "version", 0) + 1
+        self.version: int = getattr(self, "version", 0) + 1
         self.start_s = self.start_cum = self.end_s = 0.0
         self.run_iters = 0
         self.run_first_s = self.run_growth_s = 0.0
@@ -298,18 +302,16 @@ class Engine(CopyableState):
     def _allocs(self, K: int) -> int:
         """Blocks the decoding sequences allocate over the next ``K`` decode iterations."""
         bt = self.block_tokens
-        q, r = divmod(K, bt)
+        q = K // bt
+        r = K % bt
         total = self.n_decoding * q
         if r:
             # iterations decode_iters+1..decode_iters+r need counts[s], counts[s-1], ...,
             # counts[s-r+1] (cyclically)
             counts = self.ctx_phase_counts
             s = (-(self.decode_iters + 1)) % bt
-            lo = s - r + 1
-            if lo >= 0:
-                total += sum(counts[lo:s + 1])
-            else:
-                total += sum(counts[:s + 1]) + sum(counts[bt + lo:])
+            for i in range(r):
+                total += counts[(s - i) % bt]
         return total
 
     # ------------------------------------------------------------------ events

@@ -7,7 +7,7 @@ caches). Compiled with them (``setup.py``, :data:`carbon_gym.sim._native.COMPILE
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from .kernels import blank_instance, phase_power_params, slot_state, table_latency_params
 
@@ -24,7 +24,7 @@ __all__ = ["CopyableState", "RequestState", "Event", "EventQueue", "EngineModels
 
 #: An event's key is ``priority << PRIO_SHIFT | sequence number`` (:meth:`EventQueue.push`): events
 #: at the same time pop by priority, then in the order they were pushed.
-PRIO_SHIFT = 48
+PRIO_SHIFT: Final = 48
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)

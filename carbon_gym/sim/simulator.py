@@ -19,7 +19,7 @@ import dataclasses
 import math
 import operator
 from math import exp
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import numpy as np
 
@@ -48,9 +48,9 @@ _VIEW_FREE = operator.attrgetter("view_free_blocks")
 Scalar = Any
 
 #: Time constant of the prompt-token arrival-rate average used by the estimates, seconds.
-RATE_TAU_S = 60.0
+RATE_TAU_S: Final = 60.0
 #: Output length assumed by the estimates before any request has completed, tokens.
-DEFAULT_MEAN_OUTPUT_TOKENS = 128.0
+DEFAULT_MEAN_OUTPUT_TOKENS: Final = 128.0
 
 
 def record_column(reqs: list[RequestState], j: int) -> list:  # noqa: C901  (one branch per column)
