@@ -14,11 +14,19 @@ comparison).
 
 Usage::
 
-    python eval/bench_env.py [--dev-steps 3000] [--repeats 5] [--paper-steps 20] [--paper-scenario llama8b-moderate]
+    python eval/bench_env.py [--dev-steps 3000] [--repeats 5] [--paper-steps 20] [--paper-repeats 3]
+                             [--paper-scenario llama8b-moderate] [--paper-only]
 
 The dev run is repeated ``--repeats`` times (the shared machine's speed drifts by up to 30%
 between runs minutes apart); the headline is the median run, and the sorted rates are printed.
-The last line is ``env_steps_per_s=<median dev figure>``.
+The paper run is repeated ``--paper-repeats`` times; its figures are per CPU second of the
+process (what one core gives, whatever else the machine runs), from the median run:
+
+* ``paper_env_steps_per_s=``: env steps per CPU second;
+* ``paper_us_per_request=``: CPU microseconds per request placed (env, policy and simulator);
+* ``paper_us_per_event=``: CPU microseconds per simulator event (``Simulator.events_processed``).
+
+The last line is ``env_steps_per_s=<median dev figure>`` (wall clock; left out with ``--paper-only``).
 """
 
 from __future__ import annotations
@@ -87,12 +95,15 @@ def bench(env_id: str, steps: int, overrides: dict[str, Any] | None = None, seed
     timer = _SimTimer()
     done_steps = 0
     requests = 0
+    events = 0
     act_s = 0.0
     reset_s = 0.0
     t_start = time.perf_counter()
     cpu_start = time.process_time()
     episode = 0
     while done_steps < steps:
+        if episode:
+            events += env.unwrapped._sim.events_processed
         t0 = time.perf_counter()
         obs, info = env.reset(seed=seed + episode)
         reset_s += time.perf_counter() - t0
@@ -111,6 +122,7 @@ def bench(env_id: str, steps: int, overrides: dict[str, Any] | None = None, seed
                 break
     wall = time.perf_counter() - t_start
     cpu = time.process_time() - cpu_start
+    events += env.unwrapped._sim.events_processed
     sim_s = sum(timer.seconds.values())
     out = {
         "steps": done_steps,
@@ -121,6 +133,9 @@ def bench(env_id: str, steps: int, overrides: dict[str, Any] | None = None, seed
         "steps_per_cpu_s": done_steps / cpu,
         "requests_per_s": requests / wall,
         "requests_per_step": requests / done_steps,
+        "events": events,
+        "us_per_request": cpu / max(requests, 1) * 1e6,
+        "us_per_event": cpu / max(events, 1) * 1e6,
         "sim_share": sim_s / wall if profile else float("nan"),
         "policy_share": act_s / wall,
         "reset_share": reset_s / wall,
@@ -161,11 +176,15 @@ def _value(text: str) -> Any:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the benchmark and print the figures (last line: ``env_steps_per_s=<dev>``)."""
+    """Run the benchmark and print the figures (``paper_env_steps_per_s=``, ``paper_us_per_request=``,
+    ``paper_us_per_event=``, and last ``env_steps_per_s=<dev>``)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dev-steps", type=int, default=3000)
     ap.add_argument("--paper-steps", type=int, default=20)
     ap.add_argument("--paper-scenario", default="llama8b-moderate")
+    ap.add_argument("--paper-repeats", type=int, default=3,
+                    help="timed paper runs (the median, by steps per CPU second, is reported)")
+    ap.add_argument("--paper-only", action="store_true", help="skip the dev runs")
     ap.add_argument("--no-profile", action="store_true",
                     help="skip the instrumented second run (time shares of the simulator's methods)")
     ap.add_argument("--repeats", type=int, default=5,
@@ -182,25 +201,36 @@ def main(argv: list[str] | None = None) -> None:
         extra[key.strip()] = _value(value.strip())
     impl = carbon_gym.sim.IMPLEMENTATION
     print(f"simulator modules ({', '.join(m for m in impl if m != 'reason')}): {impl['engine']} ({impl['reason']})")
-    # Warm-up (data loading, predictor fitting, imports) outside the timed runs.
-    bench("carbon_gym/GeoServe-dev-v0", 10, extra, profile=False)
-    runs = sorted((bench("carbon_gym/GeoServe-dev-v0", args.dev_steps, extra, profile=False)
-                   for _ in range(max(args.repeats, 1))), key=lambda r: r["steps_per_s"])
-    dev = runs[len(runs) // 2]  # the median run (the middle one of an odd count)
-    dev_p = bench("carbon_gym/GeoServe-dev-v0", args.dev_steps, extra, profile=True) if profile else None
-    _print("dev (median run)", dev, dev_p)
-    if len(runs) > 1:
-        rates = ", ".join(f"{r['steps_per_s']:.0f}" for r in runs)
-        print(f"  {len(runs)} timed dev runs, steps/s sorted: {rates} (min {runs[0]['steps_per_s']:.0f}, "
-              f"median {dev['steps_per_s']:.0f}, max {runs[-1]['steps_per_s']:.0f})")
+    dev: dict[str, float] | None = None
+    if not args.paper_only:
+        # Warm-up (data loading, predictor fitting, imports) outside the timed runs.
+        bench("carbon_gym/GeoServe-dev-v0", 10, extra, profile=False)
+        runs = sorted((bench("carbon_gym/GeoServe-dev-v0", args.dev_steps, extra, profile=False)
+                       for _ in range(max(args.repeats, 1))), key=lambda r: r["steps_per_s"])
+        dev = runs[len(runs) // 2]  # the median run (the middle one of an odd count)
+        dev_p = bench("carbon_gym/GeoServe-dev-v0", args.dev_steps, extra, profile=True) if profile else None
+        _print("dev (median run)", dev, dev_p)
+        if len(runs) > 1:
+            rates = ", ".join(f"{r['steps_per_s']:.0f}" for r in runs)
+            print(f"  {len(runs)} timed dev runs, steps/s sorted: {rates} (min {runs[0]['steps_per_s']:.0f}, "
+                  f"median {dev['steps_per_s']:.0f}, max {runs[-1]['steps_per_s']:.0f})")
     if args.paper_steps > 0:
         env_id = carbon_gym.env_id_for_scenario(args.paper_scenario)
         ov = {**extra, "duration_s": float(args.paper_steps)}
         bench(env_id, 1, ov, profile=False)
-        paper = bench(env_id, args.paper_steps, ov, profile=False)
+        papers = sorted((bench(env_id, args.paper_steps, ov, profile=False)
+                         for _ in range(max(args.paper_repeats, 1))), key=lambda r: r["steps_per_cpu_s"])
+        paper = papers[len(papers) // 2]
         paper_p = bench(env_id, args.paper_steps, ov, profile=True) if profile else None
         _print(args.paper_scenario, paper, paper_p)
-    print(f"env_steps_per_s={dev['steps_per_s']:.0f}")
+        print(f"  per CPU second (median of {len(papers)} runs): {paper['steps_per_cpu_s']:.1f} steps/s, "
+              f"{paper['us_per_request']:.2f} us per request, {paper['us_per_event']:.3f} us per event "
+              f"({paper['events'] / max(paper['requests_per_step'] * paper['steps'], 1):.2f} events per request)")
+        print(f"paper_env_steps_per_s={paper['steps_per_cpu_s']:.1f}")
+        print(f"paper_us_per_request={paper['us_per_request']:.2f}")
+        print(f"paper_us_per_event={paper['us_per_event']:.3f}")
+    if dev is not None:
+        print(f"env_steps_per_s={dev['steps_per_s']:.0f}")
 
 
 if __name__ == "__main__":

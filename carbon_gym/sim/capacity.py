@@ -45,7 +45,6 @@ compiled engines and datacenter through their attributes.
 
 from __future__ import annotations
 
-import heapq
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
@@ -187,8 +186,7 @@ class CapacityControl:
             e.cache.clear()  # weights offloaded, KV cache freed: the prefix cache is lost
         if new in (FALLING, WAKING, BOOTING):
             e.cap_end_s = t + duration_s
-            heapq.heappush(dc.engines[0].heap, (e.cap_end_s, TRANSITION_PRIORITY, e.counter(), _Transition(e, self),
-                                                e.cap_version))
+            e.heap.push(e.cap_end_s, TRANSITION_PRIORITY, _Transition(e, self), e.cap_version)
         self._update_node(node, t)
         dc.refresh_scores()
 

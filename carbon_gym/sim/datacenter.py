@@ -18,22 +18,22 @@ integrated into its own energy account; the active GPU power (what requests shar
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Final
 
 import numpy as np
 
 from ..physics.carbon import CarbonTrace
 from ..topology import DatacenterSpec
-from .engine import IDLE, Engine, EngineConfig
+from .engine import IDLE, Engine, EngineConfig, least_work_score, most_free_kv_score
 from .prefix_cache import Key, PrefixIndex, run_depth
-from .request import CopyableState, EngineModels, RequestState, mypyc_attr
+from .request import CopyableState, EngineModels, EventQueue, RequestState, mypyc_attr
 from .kernels import draining_score_fn
 
 if TYPE_CHECKING:  # pragma: no cover
     from .capacity import CapacityControl
 
-J_PER_KWH = 3.6e6
-SECONDS_PER_HOUR = 3600.0
+J_PER_KWH: Final = 3.6e6
+SECONDS_PER_HOUR: Final = 3600.0
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -82,13 +82,14 @@ class ZoneClock(CopyableState):
             np.cumsum(per_hour, out=cum_arr[1:])
             v = va.tolist()
             cum = cum_arr.tolist()
-            self.hour_g_per_kwh = v
-            self.hour_slope = ((nxt - va) / SECONDS_PER_HOUR).tolist()
-            self.hour_cum = cum
-            self.period_cum = cum[-1]
+            # (annotated: the compiled class keeps them as native floats / bools, not objects)
+            self.hour_g_per_kwh: list[float] = v
+            self.hour_slope: list[float] = ((nxt - va) / SECONDS_PER_HOUR).tolist()
+            self.hour_cum: list[float] = cum
+            self.period_cum: float = cum[-1]
             self.hours = H
             self.period_s = H * SECONDS_PER_HOUR
-            self.linear = interp == "linear"
+            self.linear: bool = interp == "linear"
             self.fast = True
             for x in (0.0, 1234.5, 0.37 * self.period_s + 17.0, 2.5 * self.period_s + 3599.9):
                 ref = float(carbon.integral(zone, 0.0, x)) if x > 0 else 0.0
@@ -160,6 +161,7 @@ class Datacenter(CopyableState):
         "_exact_intensity",       # the clock's intensity replicates CarbonTrace.intensity (same floats)
         # dispatch
         "score_fn",               # dispatcher score (engine -> float, lowest wins), draining-aware
+        "score_kind",             # score_fn is least_work_score (1), most_free_kv_score (2), another (0)
         "base_score_fn",          # the dispatcher's own score
         "scores",                 # [i]: score_fn(engines[i]), refreshed when engine i changes
         "n_draining",             # engines draining (the last ones)
@@ -211,9 +213,8 @@ class Datacenter(CopyableState):
         host_w_per_node: float,
         score_fn: Callable[[Engine], float],
         step_mode: bool,
-        heap: list,
-        counter: Callable[[], int],
-        rows: list,
+        heap: EventQueue,
+        finished: list[RequestState],
         clock: ZoneClock | None = None,
     ) -> None:
         self.index = index
@@ -223,25 +224,26 @@ class Datacenter(CopyableState):
         self.carbon = carbon
         self.offset_s = float(carbon_offset_s)
         self.pue = float(spec.pue)
-        self.score_fn = score_fn
+        self._set_score_fn(score_fn)
         self.prefix_index: PrefixIndex = {}
         self.prefix_weight = 0.0
         self.prefix_tokens: int = cfg.prefix_block_tokens  # (typed: the compiled code does not see EngineConfig's)
         self.prompt_tokens = self.cached_prompt_tokens = self.prefill_saved_tokens = 0
-        self.n_engines = spec.nodes * spec.gpus_per_node // cfg.tp
+        # (the power and count attributes are annotated: native floats and ints when compiled)
+        self.n_engines: int = spec.nodes * spec.gpus_per_node // cfg.tp
         self.scores: list[float] = [0.0] * self.n_engines
         self.engines = [
-            Engine(self, i, cfg, total_blocks, models, step_mode, heap, counter, rows) for i in range(self.n_engines)
+            Engine(self, i, cfg, total_blocks, models, step_mode, heap, finished) for i in range(self.n_engines)
         ]
         for e in self.engines:
-            self.scores[e.index] = score_fn(e)
+            self.scores[e.index] = self.score(e)
         self.models = models
-        self.host_on_w = spec.nodes * float(host_w_per_node)
+        self.host_on_w: float = spec.nodes * float(host_w_per_node)
         self.up = True
-        self.host_w = self.host_on_w
-        self.gpu_w = self.n_engines * models.idle_engine_w
-        self.idle_gpu_w = self.gpu_w
-        self.n_idle = self.n_engines
+        self.host_w: float = self.host_on_w
+        self.gpu_w: float = self.n_engines * models.idle_engine_w
+        self.idle_gpu_w: float = self.gpu_w
+        self.n_idle: int = self.n_engines
         self.capacity: CapacityControl | None = None
         self.cap_counts = [self.n_engines, 0, 0, 0, 0, 0, 0]
         self.state_gpu_w = [0.0, 0.0, 0.0, 0.0, 0.0]
@@ -386,11 +388,26 @@ class Datacenter(CopyableState):
         drains, capacity states)."""
         base = self.base_score_fn
         if self.n_draining or self.cap_counts[0] != self.n_engines:
-            self.score_fn = draining_score_fn(base)
+            self._set_score_fn(draining_score_fn(base))
         else:
-            self.score_fn = base
+            self._set_score_fn(base)
         for e in self.engines:
-            self.scores[e.index] = self.score_fn(e)
+            self.scores[e.index] = self.score(e)
+
+    def _set_score_fn(self, fn: Callable[[Engine], float]) -> None:
+        """Dispatch by ``fn`` from now on (see :meth:`score`)."""
+        self.score_fn = fn
+        self.score_kind = 1 if fn is least_work_score else 2 if fn is most_free_kv_score else 0
+
+    def score(self, e: Engine) -> float:
+        """``score_fn(e)``: the dispatch score of engine ``e`` (lower is better); the built-in
+        scores are evaluated here, compiled, rather than called (the same floats)."""
+        k = self.score_kind
+        if k == 1:
+            return float(e.pending_tokens + e.view_used_blocks * e.block_tokens)
+        if k == 2:
+            return float(-(e.view_free_blocks - e.waiting_blocks))
+        return self.score_fn(e)
 
     def power_w(self) -> float:
         """Facility power now, watts."""

@@ -55,21 +55,24 @@ per sequence).
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Final, cast
 
 from .config import EngineConfig
 from .prefix_cache import PrefixCache
-from .request import CopyableState, EngineModels, RequestState, mypyc_attr
+from .request import CopyableState, EngineModels, EventQueue, RequestState, mypyc_attr
 
 if TYPE_CHECKING:  # pragma: no cover
     from .datacenter import Datacenter
 
-J_PER_KWH = 3.6e6
+J_PER_KWH: Final = 3.6e6
 
 # engine states
-IDLE, WAKE, ITER, RUN = 0, 1, 2, 3
+# (Final: the compiled modules inline them)
+IDLE: Final = 0
+WAKE: Final = 1
+ITER: Final = 2
+RUN: Final = 3
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -96,8 +99,8 @@ class Engine(CopyableState):
         "chunked_prefill",      # mix prefill chunks with decodes (else prefill-only iterations)
         "step_mode",            # every iteration its own event, per-sequence bookkeeping (the reference)
         "models",               # EngineModels: latency and power
-        "heap", "counter",      # the simulator's event heap and sequence numbers (heap tie-breaks), shared
-        "rows",                 # completed-request tuples in RECORD_COLUMNS order, shared with the simulator
+        "heap",                 # the simulator's EventQueue (events, and the sequence numbers of the finish heaps), shared
+        "finished",             # completed RequestStates, in completion order, shared with the simulator
         "total_blocks",         # KV blocks of the engine
         "draining",             # fault: takes no new requests (the dispatcher skips it)
         "rest_w",               # watts with no work: idle power, or 0 once drained with power-off
@@ -118,7 +121,8 @@ class Engine(CopyableState):
         "n_decoding",           # sequences decoding
         "ctx_offset_sum",       # sum of their ctx_offset, tokens
         "ctx_phase_counts",     # [p]: decoders with (ctx_offset - 1) % block_tokens == p
-        "finish_heap",          # (decode_iters at the last token, seq, request); seq != finish_seq: stale
+        "finish_heap",          # EventQueue of decoders: time decode_iters at the last token, key and tag seq,
+                                # item the request; tag != its finish_seq: stale
         "decode_iters",         # iterations in which the decoding sequences advanced (kept by reset)
         "decode_share_j", "decode_share_g",  # energy (J) / carbon (g) attributed per decoding sequence so far
         # the iteration (ITER) or run of decode iterations (RUN) in progress
@@ -147,19 +151,18 @@ class Engine(CopyableState):
     )
 
     def __init__(self, dc: Datacenter, index: int, cfg: EngineConfig, total_blocks: int, models: EngineModels,
-                 step_mode: bool, heap: list, counter: Callable[[], int], rows: list) -> None:
+                 step_mode: bool, heap: EventQueue, finished: list[RequestState]) -> None:
         self.dc = dc
         self.index = index
         # (typed: the compiled engine does not see EngineConfig's types; validate() checked them)
         self.block_tokens: int = cfg.block_tokens
         self.max_seqs: int = cfg.max_num_seqs
         self.token_budget: int = cfg.max_num_batched_tokens
-        self.chunked_prefill = cfg.chunked_prefill
+        self.chunked_prefill: bool = cfg.chunked_prefill
         self.step_mode = step_mode
         self.models = models
         self.heap = heap
-        self.counter = counter
-        self.rows = rows
+        self.finished = finished
         self.total_blocks = total_blocks
         self.draining = False
         self.rest_w = models.idle_engine_w
@@ -182,10 +185,10 @@ class Engine(CopyableState):
         self.free_blocks = self.total_blocks
         self.n_decoding = self.ctx_offset_sum = 0
         self.ctx_phase_counts = [0] * self.block_tokens
-        self.finish_heap: list[tuple[int, int, RequestState]] = []
+        self.finish_heap = EventQueue()
         self.decode_share_j = self.decode_share_g = 0.0
         self.state = IDLE
-        self.version = getattr(self, "version", 0) + 1
+        self.version: int = getattr(self, "version", 0) + 1
         self.start_s = self.start_cum = self.end_s = 0.0
         self.run_iters = 0
         self.run_first_s = self.run_growth_s = 0.0
@@ -215,7 +218,7 @@ class Engine(CopyableState):
         self.waiting_blocks += (L + self.block_tokens - 1) // self.block_tokens
         dc = self.dc
         dc.waiting += 1
-        dc.scores[self.index] = dc.score_fn(self)
+        dc.scores[self.index] = dc.score(self)
 
     def enqueue(self, req: RequestState, t: float) -> None:
         """A request reaches this engine's waiting queue at time ``t``."""
@@ -225,7 +228,7 @@ class Engine(CopyableState):
         if state == IDLE and self.cap_state <= 1:  # (a dormant engine plans when it is awake)
             self.state = WAKE
             self.version += 1
-            heapq.heappush(self.heap, (t, 1, self.counter(), self, self.version))
+            self.heap.push(t, 1, self, self.version)
         elif state == RUN and was_empty:
             self._truncate(t)
 
@@ -272,7 +275,7 @@ class Engine(CopyableState):
             self.run_iters = k
             self.end_s = self._run_end(k)
             self.version += 1
-            heapq.heappush(self.heap, (self.end_s, 1, self.counter(), self, self.version))
+            self.heap.push(self.end_s, 1, self, self.version)
 
     def run_iterations_done(self, t: float) -> int:
         """Iterations of the decode run in progress that have ended by ``t`` (0 if none): the
@@ -299,18 +302,16 @@ class Engine(CopyableState):
     def _allocs(self, K: int) -> int:
         """Blocks the decoding sequences allocate over the next ``K`` decode iterations."""
         bt = self.block_tokens
-        q, r = divmod(K, bt)
+        q = K // bt
+        r = K % bt
         total = self.n_decoding * q
         if r:
             # iterations decode_iters+1..decode_iters+r need counts[s], counts[s-1], ...,
             # counts[s-r+1] (cyclically)
             counts = self.ctx_phase_counts
             s = (-(self.decode_iters + 1)) % bt
-            lo = s - r + 1
-            if lo >= 0:
-                total += sum(counts[lo:s + 1])
-            else:
-                total += sum(counts[:s + 1]) + sum(counts[bt + lo:])
+            for i in range(r):
+                total += counts[(s - i) % bt]
         return total
 
     # ------------------------------------------------------------------ events
@@ -331,15 +332,19 @@ class Engine(CopyableState):
         self.view_free_blocks = self.free_blocks
         self.view_used_blocks = self.total_blocks - self.free_blocks
         dc = self.dc
-        dc.scores[self.index] = dc.score_fn(self)
+        dc.scores[self.index] = dc.score(self)
 
     def _complete_finished(self, t: float) -> bool:
         """Complete the decoders whose last token came at ``decode_iters`` (at ``t``); whether any did."""
         fh = self.finish_heap
-        it = self.decode_iters
+        evs = fh.heap
+        it = float(self.decode_iters)  # (exact: the heap's times are integers below 2**53)
         done = False
-        while fh and fh[0][0] <= it:
-            fin, seq, req = heapq.heappop(fh)
+        while evs and evs[0].t <= it:
+            ev = fh.pop()
+            req = cast(RequestState, ev.item)
+            seq = ev.tag
+            fh.recycle(ev)
             if req.finish_seq != seq:
                 continue
             self._complete(req, t)
@@ -411,7 +416,7 @@ class Engine(CopyableState):
                 for r in done:
                     self._complete(r, t)
                     self.iter_publish = True
-        elif self.finish_heap and self._complete_finished(t):
+        elif self.finish_heap.heap and self._complete_finished(t):
             self.iter_publish = True
         if self.iter_publish:
             self._publish()
@@ -439,9 +444,9 @@ class Engine(CopyableState):
         self.ctx_phase_counts[(req.ctx_offset - 1) % self.block_tokens] += 1
         req.share_mark_j = self.decode_share_j
         req.share_mark_g = self.decode_share_g
-        seq = self.counter()
+        seq = self.heap.next_seq()
         req.finish_seq = seq
-        heapq.heappush(self.finish_heap, (req.output_tokens - req.gen_offset, seq, req))
+        self.finish_heap.push_key(float(req.output_tokens - req.gen_offset), seq, req, seq)
 
     def _drop_decoder(self, req: RequestState) -> int:
         """Remove a decoding ``req`` from the decode aggregates; return the blocks it holds."""
@@ -469,18 +474,9 @@ class Engine(CopyableState):
         dc.running -= 1
         dc.completed += 1
         self.completed += 1
-        down = req.down_s
-        arrival = req.arrival_s
-        ttft = req.first_token_s + down - arrival
-        e2e = t + down - arrival
-        out = req.output_tokens
-        tpot = (e2e - ttft) / (out - 1) if out > 1 else 0.0
-        self.rows.append((
-            req.rid, req.origin, req.dc, self.index, arrival, req.sent_s, req.dc_arrival_s,
-            req.first_sched_s, req.first_token_s + down, t + down, req.prompt_tokens, out, ttft, tpot, e2e,
-            req.first_sched_s - req.dc_arrival_s, req.first_token_s - req.first_sched_s,
-            req.up_s + down, req.preemptions, req.energy_j, req.carbon_g, req.cached_tokens,
-        ))
+        req.engine_index = self.index
+        req.done_s = t
+        self.finished.append(req)  # (its record row is computed when read: simulator.record_column)
 
     def _free_request(self, req: RequestState) -> None:
         """Free the KV blocks of ``req`` (completed or preempted); with prefix caching its
@@ -676,7 +672,7 @@ class Engine(CopyableState):
                 self._go_idle(t)
             return
         dc = self.dc
-        dc.scores[self.index] = dc.score_fn(self)
+        dc.scores[self.index] = dc.score(self)
         self._start_iteration(t, chunks, n, need, True)
 
     def _plan_general(self, t: float) -> None:
@@ -718,7 +714,7 @@ class Engine(CopyableState):
         self.last_prefill_only = prefill_only
         dc = self.dc
         if chunks or preempted:
-            dc.scores[self.index] = dc.score_fn(self)
+            dc.scores[self.index] = dc.score(self)
         if not dec and not chunks:
             self._go_idle(t)
             return
@@ -760,10 +756,11 @@ class Engine(CopyableState):
     def _plan_run(self, t: float, n: int) -> None:
         """Plan a closed-form run of pure decode iterations of the ``n`` decoding sequences."""
         fh = self.finish_heap
-        while fh[0][2].finish_seq != fh[0][1]:
-            heapq.heappop(fh)
+        evs = fh.heap
+        while cast(RequestState, evs[0].item).finish_seq != evs[0].tag:
+            fh.recycle(fh.pop())
         it = self.decode_iters
-        K = fh[0][0] - it  # iterations to the earliest completion
+        K = int(evs[0].t) - it  # iterations to the earliest completion
         bt = self.block_tokens
         free = self.free_blocks
         full = free // n
@@ -803,7 +800,7 @@ class Engine(CopyableState):
         dc = self.dc
         self.start_cum = dc._cum_memo if t == dc._cum_memo_t_s else dc.cum(t)
         self.version = v = self.version + 1
-        heapq.heappush(self.heap, (end_s, 1, self.counter(), self, v))
+        self.heap.push(end_s, 1, self, v)
 
     def _go_idle(self, t: float) -> None:
         """Nothing to run at ``t``: idle (rest power) until a request arrives; an engine told to
@@ -880,7 +877,7 @@ class Engine(CopyableState):
         self.waiting_blocks = 0
         dc = self.dc
         dc.waiting -= len(reqs)
-        dc.scores[self.index] = dc.score_fn(self)
+        dc.scores[self.index] = dc.score(self)
         return reqs
 
 

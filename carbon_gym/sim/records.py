@@ -1,9 +1,9 @@
 """Per-request results: :class:`RequestRecords`, a struct of numpy arrays (one row per request).
 
-The engines append one tuple per completed request (:data:`RECORD_COLUMNS` order) to a list the
-simulator holds (cheap on the hot path); :meth:`Simulator.pop_completed` turns the list into a
-:class:`RequestRecords` and empties it, so memory does not grow with completed requests once they
-have been popped. Records can be concatenated, and streamed to / read from ``.npz`` files by the
+The engines append each completed request's state to a list the simulator holds (nothing is
+computed on the hot path); :meth:`Simulator.pop_completed` wraps the list in a
+:class:`RequestRecords` whose columns are computed when first read (:meth:`RequestRecords.from_requests`)
+and empties it, so memory does not grow with completed requests once their records are dropped. Records can be concatenated, and streamed to / read from ``.npz`` files by the
 caller (:class:`RecordWriter`, :func:`load_record_dir`; the simulator itself does no I/O).
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from itertools import chain
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -115,6 +115,17 @@ class RequestRecords:
         return cls._from_table(flat.reshape(n, _N_COLUMNS).T.copy())
 
     @classmethod
+    def from_requests(cls, reqs: list[Any], column: Callable[[list[Any], int], list]) -> RequestRecords:
+        """Records of the completed requests ``reqs`` (the simulator's request states), whose
+        column ``j`` (:data:`RECORD_COLUMNS` order) is ``column(reqs, j)``, computed when first read."""
+        if not reqs:
+            return cls.empty()
+        rec = object.__new__(_RequestListRecords)
+        rec.__dict__["_reqs"] = reqs
+        rec.__dict__["_column"] = column
+        return rec
+
+    @classmethod
     def _from_table(cls, table: np.ndarray) -> RequestRecords:
         """From a contiguous float64 (columns, rows) table: float columns are its rows (views),
         integer columns their int64 conversion - made when first read (see _TableRecords)."""
@@ -175,6 +186,33 @@ class _TableRecords(RequestRecords):
     def __len__(self) -> int:
         d = self.__dict__
         return int(d["_table"].shape[1]) if "_table" in d else int(self.request_id.shape[0])
+
+
+class _RequestListRecords(RequestRecords):
+    """:class:`RequestRecords` over the completed requests' states (:meth:`RequestRecords.from_requests`):
+    a column becomes an array when first read (callers of :meth:`Simulator.pop_completed` typically
+    read a few of the 22). Copies and pickles hold the arrays (a plain :class:`RequestRecords`)."""
+
+    def __getattr__(self, name: str) -> Any:  # only called for attributes not set yet
+        d = self.__dict__
+        j = _COLUMN_INDEX.get(name)
+        if j is None or "_reqs" not in d:
+            raise AttributeError(name)
+        col: np.ndarray = np.array(d["_column"](d["_reqs"], j), dtype=RECORD_COLUMNS[j][1])
+        d[name] = col
+        return col
+
+    def __len__(self) -> int:
+        d = self.__dict__
+        return len(d["_reqs"]) if "_reqs" in d else int(self.request_id.shape[0])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _plain_records, (self.to_dict(),)
+
+
+def _plain_records(columns: dict[str, np.ndarray]) -> RequestRecords:
+    """A :class:`RequestRecords` of ``columns`` (unpickling of lazy records)."""
+    return RequestRecords(**columns)
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,13 @@
 """The simulator's small stateful classes shared by the engine, the datacenter and the simulator:
 :class:`CopyableState` (copy / pickle of compiled instances), :class:`RequestState` (one
-in-flight request) and :class:`EngineModels` (the latency and power models of a simulation, with
+in-flight request), :class:`EventQueue` (the event heap, and each engine's heap of decode
+completions) and :class:`EngineModels` (the latency and power models of a simulation, with
 caches). Compiled with them (``setup.py``, :data:`carbon_gym.sim._native.COMPILED_MODULES`).
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right
-from typing import Any
+from typing import Any, Final
 
 from .kernels import blank_instance, phase_power_params, slot_state, table_latency_params
 
@@ -20,7 +20,11 @@ except ImportError:  # pragma: no cover - pure-Python install without mypy_exten
         return lambda cls: cls
 
 
-__all__ = ["CopyableState", "RequestState", "EngineModels", "mypyc_attr"]
+__all__ = ["CopyableState", "RequestState", "Event", "EventQueue", "EngineModels", "PRIO_SHIFT", "mypyc_attr"]
+
+#: An event's key is ``priority << PRIO_SHIFT | sequence number`` (:meth:`EventQueue.push`): events
+#: at the same time pop by priority, then in the order they were pushed.
+PRIO_SHIFT: Final = 48
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -69,6 +73,8 @@ class RequestState(CopyableState):
         "preemptions",              # times it was preempted (and recomputed)
         "energy_j", "carbon_g",     # facility energy (J) and carbon (gCO2eq) attributed so far
         "alive",                    # False once completed or aborted (its heap entries are stale)
+        "engine_index",             # completed: index of the engine that served it in its datacenter
+        "done_s",                   # completed: engine time its last token was sampled, s
         # prefix caching (carbon_gym.sim.prefix_cache; None / 0 without it)
         "prefix_hashes",            # its block ids as submitted, or None (kept for AbortedRequests)
         "prefix_keys",              # chained keys of its full prompt prefix blocks, or None (not cacheable)
@@ -97,10 +103,140 @@ class RequestState(CopyableState):
         self.share_mark_j = self.share_mark_g = self.energy_j = self.carbon_g = 0.0
         self.first_sched_s = self.first_token_s = -1.0
         self.alive = True
+        self.engine_index = -1
+        self.done_s = -1.0
         self.prefix_hashes: Any = None
         self.prefix_keys: tuple[object, ...] | None = None  # (prefix_cache.Key: ints kept as objects)
         self.held = self.cached_tokens = 0
         self.seg: Any = None
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class Event(CopyableState):
+    """One entry of an :class:`EventQueue`: at time ``t`` (s), ordered by ``(t, key)``, for
+    ``item`` (the object the event is for), with ``tag`` (an integer its owner checks when the
+    event pops: a version or sequence number; a stale entry is skipped by its reader)."""
+
+    __slots__ = ("t", "key", "item", "tag")
+
+    def __init__(self, t: float, key: int, item: object, tag: int) -> None:
+        self.t = t
+        self.key = key
+        self.item = item
+        self.tag = tag
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class EventQueue(CopyableState):
+    """A binary min-heap of :class:`Event` objects ordered by ``(t, key)`` (keys are unique:
+    :data:`PRIO_SHIFT`), so the pop order is the sorted order whatever the heap's layout: exactly
+    the order ``heapq`` gives the tuples ``(time, priority, sequence, ...)``.
+
+    The simulator's event heap pushes with :meth:`push` (arrivals priority 0, engine events 1,
+    capacity transitions 2); an engine's heap of decode completions with :meth:`push_key`
+    (time: the decode iteration of the last token; key: a sequence number from the event heap).
+    Read the top as ``heap[0]``, then :meth:`pop` it; a reader done with a popped event may hand
+    it back with :meth:`recycle` (a later push reuses it: no allocation per event).
+    """
+
+    __slots__ = ("heap", "seq", "spare")
+
+    def __init__(self) -> None:
+        self.heap: list[Event] = []
+        self.seq = 0  # the next sequence number
+        self.spare: list[Event] = []  # popped events handed back (recycle), reused by push_key
+
+    def __len__(self) -> int:
+        return len(self.heap)
+
+    def next_seq(self) -> int:
+        """A new sequence number (0, 1, 2, ... over the queue's life)."""
+        s = self.seq
+        self.seq = s + 1
+        return s
+
+    def push(self, t: float, prio: int, item: object, tag: int) -> None:
+        """Push an event at time ``t`` (s) of priority ``prio`` (0 pops first among equal times)
+        with a new sequence number."""
+        s = self.seq
+        self.seq = s + 1
+        self.push_key(t, (prio << PRIO_SHIFT) | s, item, tag)
+
+    def push_key(self, t: float, key: int, item: object, tag: int) -> None:
+        """Push an entry with its own ``key`` (unique in this heap)."""
+        spare = self.spare
+        if spare:
+            ev = spare.pop()
+            ev.t = t
+            ev.key = key
+            ev.item = item
+            ev.tag = tag
+        else:
+            ev = Event(t, key, item, tag)
+        heap = self.heap
+        i = len(heap)
+        heap.append(ev)
+        while i > 0:  # sift up
+            p = (i - 1) >> 1
+            up = heap[p]
+            if t < up.t or (t == up.t and key < up.key):
+                heap[i] = up
+                i = p
+            else:
+                break
+        heap[i] = ev
+
+    def pop(self) -> Event:
+        """Remove and return the top entry (the heap must not be empty)."""
+        heap = self.heap
+        last = heap.pop()
+        n = len(heap)
+        if n == 0:
+            return last
+        top = heap[0]
+        t = last.t
+        key = last.key
+        i = 0  # sift the last entry down from the root
+        while True:
+            c = 2 * i + 1
+            if c >= n:
+                break
+            child = heap[c]
+            r = c + 1
+            if r < n:
+                right = heap[r]
+                if right.t < child.t or (right.t == child.t and right.key < child.key):
+                    c = r
+                    child = right
+            if child.t < t or (child.t == t and child.key < key):
+                heap[i] = child
+                i = c
+            else:
+                break
+        heap[i] = last
+        return top
+
+    def recycle(self, ev: Event) -> None:
+        """Hand back ``ev``, popped and read: a later push reuses it."""
+        ev.item = None
+        self.spare.append(ev)
+
+    def clear(self) -> None:
+        """Remove every entry (the sequence numbers go on)."""
+        self.heap.clear()
+
+
+def _bisect_right(a: list[float], x: float) -> int:
+    """``bisect.bisect_right(a, x)`` (the same algorithm, on native floats)."""
+    lo = 0
+    hi = len(a)
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if x < a[mid]:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -187,7 +323,7 @@ class EngineModels(CopyableState):
             return 0.0
         x = float(tokens)  # (exact: the same floats, with float-float comparisons in the bisections)
         grid = self.grid
-        i = bisect_right(grid, x) - 1
+        i = _bisect_right(grid, x) - 1
         if i < 0:
             i = 0
         elif i > self.last:
@@ -205,7 +341,7 @@ class EngineModels(CopyableState):
                 if p <= g[0]:
                     t += self.pa[0] + self.pb[0] * pairs
                 else:
-                    j = bisect_right(g, p) - 1
+                    j = _bisect_right(g, p) - 1
                     if j > len(g) - 2:
                         j = len(g) - 2
                     dx = p - g[j]

@@ -1,10 +1,11 @@
 """The simulator: a clock, an event heap and the datacenters.
 
-Events are (time, priority, sequence number, object, version) tuples in one heap: request
-arrivals at a datacenter (priority 0, so arrivals at the same instant are seen before an engine
-plans its next iteration) and engine events (priority 1: an iteration or a closed-form run of
-decode iterations ends, or an idle engine wakes). Engine events are invalidated lazily by a
-per-engine version counter when a run is cut short.
+Events are (time, priority, sequence number, object, version) entries in one heap
+(:class:`~carbon_gym.sim.request.EventQueue`, parallel lists): request arrivals at a datacenter
+(priority 0, so arrivals at the same instant are seen before an engine plans its next iteration),
+engine events (priority 1: an iteration or a closed-form run of decode iterations ends, or an
+idle engine wakes) and capacity transitions (priority 2). Engine events are invalidated lazily by
+a per-engine version counter when a run is cut short.
 
 A request's life: :meth:`Simulator.submit` at ``now_s`` (the client issued it at ``arrival_s``,
 the wait counts in its TTFT) -> uplink delay -> the datacenter's dispatcher picks an engine ->
@@ -15,22 +16,20 @@ engine queue -> prefill -> decode -> the last token travels back (downlink delay
 from __future__ import annotations
 
 import dataclasses
-import heapq
-import itertools
 import math
 import operator
 from math import exp
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import numpy as np
 
 from ..errors import ConfigError
 from .datacenter import Datacenter
 from .dispatch import get_dispatcher, get_prefix_weight
-from .engine import IDLE, RUN, EngineConfig
+from .engine import IDLE, RUN, Engine, EngineConfig
 from .prefix_cache import Key, attach_prefix, batch_prefix_keys, prefix_keys
-from .request import CopyableState, EngineModels, RequestState, mypyc_attr
-from .records import AbortedRequests, RequestRecords
+from .request import PRIO_SHIFT, CopyableState, EngineModels, EventQueue, RequestState, mypyc_attr
+from .records import RECORD_COLUMNS, AbortedRequests, RequestRecords
 from .results import ClusterSnapshot, EnergyAttribution, LatencyEstimates, SimTotals, snapshot_from_array
 
 if TYPE_CHECKING:  # pragma: no cover - types only (the compiled build treats them as Any)
@@ -42,7 +41,6 @@ if TYPE_CHECKING:  # pragma: no cover - types only (the compiled build treats th
     from ..topology import Topology
 
 _VIEW_FREE = operator.attrgetter("view_free_blocks")
-_OUTPUT_TOKENS = operator.itemgetter(11)  # output_tokens in a completed-request row
 #: Type of the public methods' scalar arguments (an int, float or numpy scalar, as the docstring
 #: says): each method checks and converts its arguments itself, naming a bad one in a
 #: ConfigError, so they are not typed narrowly - a compiled build would reject, say, a float
@@ -50,9 +48,67 @@ _OUTPUT_TOKENS = operator.itemgetter(11)  # output_tokens in a completed-request
 Scalar = Any
 
 #: Time constant of the prompt-token arrival-rate average used by the estimates, seconds.
-RATE_TAU_S = 60.0
+RATE_TAU_S: Final = 60.0
 #: Output length assumed by the estimates before any request has completed, tokens.
-DEFAULT_MEAN_OUTPUT_TOKENS = 128.0
+DEFAULT_MEAN_OUTPUT_TOKENS: Final = 128.0
+
+
+def record_column(reqs: list[RequestState], j: int) -> list:  # noqa: C901  (one branch per column)
+    """Column ``j`` of :data:`~carbon_gym.sim.records.RECORD_COLUMNS` for the completed requests
+    ``reqs`` (ints or floats, one per request): what :class:`RequestRecords` reads when the column
+    is first used. The derived columns are computed as the engine computed them at completion
+    before records became lazy (the same floating-point operations, in the same order)."""
+    if j == 0:
+        return [r.rid for r in reqs]
+    if j == 1:
+        return [r.origin for r in reqs]
+    if j == 2:
+        return [r.dc for r in reqs]
+    if j == 3:
+        return [r.engine_index for r in reqs]
+    if j == 4:
+        return [r.arrival_s for r in reqs]
+    if j == 5:
+        return [r.sent_s for r in reqs]
+    if j == 6:
+        return [r.dc_arrival_s for r in reqs]
+    if j == 7:
+        return [r.first_sched_s for r in reqs]
+    if j == 8:
+        return [r.first_token_s + r.down_s for r in reqs]
+    if j == 9:
+        return [r.done_s + r.down_s for r in reqs]
+    if j == 10:
+        return [r.prompt_tokens for r in reqs]
+    if j == 11:
+        return [r.output_tokens for r in reqs]
+    if j == 12:  # ttft_s
+        return [r.first_token_s + r.down_s - r.arrival_s for r in reqs]
+    if j == 13:  # tpot_s
+        out: list[float] = []
+        for r in reqs:
+            ttft = r.first_token_s + r.down_s - r.arrival_s
+            e2e = r.done_s + r.down_s - r.arrival_s
+            n = r.output_tokens
+            out.append((e2e - ttft) / (n - 1) if n > 1 else 0.0)
+        return out
+    if j == 14:  # e2e_s
+        return [r.done_s + r.down_s - r.arrival_s for r in reqs]
+    if j == 15:  # queue_wait_s
+        return [r.first_sched_s - r.dc_arrival_s for r in reqs]
+    if j == 16:  # prefill_s
+        return [r.first_token_s - r.first_sched_s for r in reqs]
+    if j == 17:  # network_s
+        return [r.up_s + r.down_s for r in reqs]
+    if j == 18:
+        return [r.preemptions for r in reqs]
+    if j == 19:
+        return [r.energy_j for r in reqs]
+    if j == 20:
+        return [r.carbon_g for r in reqs]
+    if j == 21:
+        return [r.cached_tokens for r in reqs]
+    raise IndexError(f"record column {j} of {len(RECORD_COLUMNS)}")
 
 
 def _as_int(field: str, value: Any, lo: int, hi: int | None = None) -> int:
@@ -165,9 +221,8 @@ class Simulator(CopyableState):
         self.power_states = power_states
         self.kv_blocks_per_engine = blocks[gpu.name]
         self.now_s = 0.0
-        self._heap: list = []
-        self._counter = itertools.count().__next__
-        self._rows: list[tuple] = []
+        self._heap = EventQueue()
+        self._rows: list[RequestState] = []  # completed requests not yet popped (pop_completed)
         self._ctor: tuple[tuple[Any, ...], dict[str, Any]] = ((topology, model, gpu, latency, power, network, carbon),
                       dict(engine=engine, carbon_offset_s=carbon_offset_s, dispatcher=dispatcher, step_mode=step_mode,
                            power_states=power_states, gpus=gpus))
@@ -182,7 +237,7 @@ class Simulator(CopyableState):
             Datacenter(
                 i, d, zones[i], carbon, off, engine, blocks[d.gpu or gpu.name], by_gpu[d.gpu or gpu.name],
                 float(types[d.gpu or gpu.name][2].host_w), score_fn,
-                self.step_mode, self._heap, self._counter, self._rows, clocks[i],
+                self.step_mode, self._heap, self._rows, clocks[i],
             )
             for i, d in enumerate(topology.datacenters)
         ]
@@ -298,12 +353,14 @@ class Simulator(CopyableState):
         req = RequestState(rid, o, d, a, now, up, down, p, q)
         self.datacenters[d].in_transit += 1
         self._in_transit[rid] = req
-        heapq.heappush(self._heap, (req.dc_arrival_s, 0, self._counter(), req, 0))
+        self._heap.push(req.dc_arrival_s, 0, req, 0)
         return rid
 
-    def _submit_rows(self, rows: Any) -> np.ndarray:
-        """:meth:`_submit` of each validated (origin, arrival_s, prompt, output, datacenter) row,
-        inlined; returns the ids (consecutive) as int64."""
+    def _submit_rows(self, origins: list[int], arrivals: list[float], prompts: list[int], outputs: list[int],
+                     dc_index: list[int]) -> np.ndarray:
+        """:meth:`_submit` of each validated request (its origin, arrival_s, prompt and output
+        tokens and datacenter at the same position of the five lists), inlined; returns the ids
+        (consecutive) as int64."""
         first = rid = self._next_id
         one_way = self._one_way
         per_token = self._bytes_per_token_s
@@ -311,14 +368,15 @@ class Simulator(CopyableState):
         dcs = self.datacenters
         in_transit = self._in_transit
         heap = self._heap
-        counter = self._counter
-        push = heapq.heappush
-        for o, a, p, q, d in rows:
+        for i in range(len(origins)):
+            o = origins[i]
+            d = dc_index[i]
+            p = prompts[i]
             down = one_way[o][d]
-            req = RequestState(rid, o, d, a, now, down + p * per_token, down, p, q)
+            req = RequestState(rid, o, d, arrivals[i], now, down + p * per_token, down, p, outputs[i])
             dcs[d].in_transit += 1
             in_transit[rid] = req
-            push(heap, (req.dc_arrival_s, 0, counter(), req, 0))
+            heap.push(req.dc_arrival_s, 0, req, 0)
             rid += 1
         self._next_id = rid
         return np.arange(first, rid, dtype=np.int64)
@@ -344,7 +402,11 @@ class Simulator(CopyableState):
             now = self.now_s
             mml = self.engine_config.max_model_len
             dcs = self.datacenters
-            rows = []
+            ro: list[int] = []
+            ra: list[float] = []
+            rp: list[int] = []
+            rq: list[int] = []
+            rd: list[int] = []
             for i, (o, a, p, q, d) in enumerate(zip(*cols)):
                 if not (type(o) is int and 0 <= o < R):
                     o = _as_int(f"origins[{i}]", o, 0, R - 1)
@@ -365,10 +427,14 @@ class Simulator(CopyableState):
                     self._check_request(a, p, q, d, f"[{i}]")
                 if p + q > mml or not dcs[d].up:
                     self._check_request(a, p, q, d, f"[{i}]")
-                rows.append((o, a, p, q, d))
-            keys = self._batch_keys(prefix_hashes, [r[2] for r in rows])
+                ro.append(o)
+                ra.append(a)
+                rp.append(p)
+                rq.append(q)
+                rd.append(d)
+            keys = self._batch_keys(prefix_hashes, rp)
             first = self._next_id
-            ids = self._submit_rows(rows)
+            ids = self._submit_rows(ro, ra, rp, rq, rd)
             attach_prefix(self._in_transit, first, prefix_hashes, keys)
             return ids
         arrs = {
@@ -419,8 +485,8 @@ class Simulator(CopyableState):
         prompts = ints["prompt_tokens"].tolist()
         keys = self._batch_keys(prefix_hashes, prompts)
         first = self._next_id
-        ids = self._submit_rows(zip(ints["origins"].tolist(), a.tolist(), prompts,
-                                    ints["output_tokens"].tolist(), dc_index.tolist()))
+        ids = self._submit_rows(ints["origins"].tolist(), a.tolist(), prompts, ints["output_tokens"].tolist(),
+                                dc_index.tolist())
         attach_prefix(self._in_transit, first, prefix_hashes, keys)
         return ids
 
@@ -431,43 +497,56 @@ class Simulator(CopyableState):
         if not (t == t) or t < self.now_s:
             raise ConfigError("t_s", f"must be >= now_s={self.now_s}, got {t_s!r}")
         heap = self._heap
-        pop = heapq.heappop
+        evs = heap.heap
         dcs = self.datacenters
         in_transit = self._in_transit
         n_ev = 0
-        while heap and heap[0][0] <= t:
-            time, prio, _, obj, ver = pop(heap)
+        while evs and evs[0].t <= t:
+            ev = heap.pop()
+            time = ev.t
+            prio = ev.key >> PRIO_SHIFT
+            item = ev.item
+            ver = ev.tag
+            heap.recycle(ev)
             n_ev += 1
-            if prio:
-                if ver == obj.version:  # not a stale entry
-                    obj.on_event(time)
+            if prio == 1:
+                e = cast(Engine, item)
+                if ver == e.version:  # not a stale entry
+                    e.on_event(time)
+                continue
+            if prio:  # a capacity transition (carbon_gym.sim.capacity)
+                tr: Any = item
+                if ver == tr.version:
+                    tr.on_event(time)
+                continue
+            obj = cast(RequestState, item)
+            if not obj.alive:
+                continue
+            del in_transit[obj.rid]
+            dc = dcs[obj.dc]
+            dc.in_transit -= 1
+            # prompt-token arrival rate (EWMA), for the estimates
+            dt = time - dc.tok_rate_t
+            if dt > 0.0:
+                decay = exp(-dt / RATE_TAU_S)
+                dc.tok_rate_sum *= decay
+                dc.req_rate_sum *= decay
+                dc.tok_rate_t = time
+            dc.tok_rate_sum += obj.prompt_tokens
+            dc.req_rate_sum += 1.0
+            if dc.prefix_weight > 0.0 and obj.prefix_keys is not None:
+                eng = dc.pick_cached(obj)  # cache-aware dispatch (carbon_gym.sim.dispatch)
             else:
-                if not obj.alive:
-                    continue
-                del in_transit[obj.rid]
-                dc = dcs[obj.dc]
-                dc.in_transit -= 1
-                # prompt-token arrival rate (EWMA), for the estimates
-                dt = time - dc.tok_rate_t
-                if dt > 0.0:
-                    decay = exp(-dt / RATE_TAU_S)
-                    dc.tok_rate_sum *= decay
-                    dc.req_rate_sum *= decay
-                    dc.tok_rate_t = time
-                dc.tok_rate_sum += obj.prompt_tokens
-                dc.req_rate_sum += 1.0
-                if dc.prefix_weight > 0.0 and obj.prefix_keys is not None:
-                    eng = dc.pick_cached(obj)  # cache-aware dispatch (carbon_gym.sim.dispatch)
-                else:
-                    eng = dc.pick()
-                if eng.cap_state:  # no engine takes work: one wakes for it (carbon_gym.sim.capacity)
-                    eng = dc.capacity.engine_for_arrival(time)
-                if eng.state == IDLE and eng.cap_state <= 1 and (not heap or heap[0][0] > time):
-                    # its wake-up event would be the next one popped: run it now (counted as one)
-                    n_ev += 1
-                    eng.enqueue_and_plan(obj, time)
-                else:
-                    eng.enqueue(obj, time)
+                eng = dc.pick()
+            if eng.cap_state:  # no engine takes work: one wakes for it (carbon_gym.sim.capacity)
+                cap: Any = dc.capacity
+                eng = cap.engine_for_arrival(time)
+            if eng.state == IDLE and eng.cap_state <= 1 and (not evs or evs[0].t > time):
+                # its wake-up event would be the next one popped: run it now (counted as one)
+                n_ev += 1
+                eng.enqueue_and_plan(obj, time)
+            else:
+                eng.enqueue(obj, time)
         self.events_processed += n_ev
         self.now_s = t
 
@@ -486,23 +565,30 @@ class Simulator(CopyableState):
     def next_event_s(self) -> float:
         """Time of the next pending event (``inf`` if none); stale entries are dropped."""
         heap = self._heap
-        while heap:
-            time, prio, _, obj, ver = heap[0]
-            if (prio and ver != obj.version) or (not prio and not obj.alive):
-                heapq.heappop(heap)
+        evs = heap.heap
+        while evs:
+            ev = evs[0]
+            prio = ev.key >> PRIO_SHIFT
+            obj: Any = ev.item
+            if (prio and ev.tag != obj.version) or (not prio and not obj.alive):
+                heap.recycle(heap.pop())
                 continue
-            return time
+            return ev.t
         return math.inf
 
     # ------------------------------------------------------------------ results
     def pop_completed(self) -> RequestRecords:
         """Records of the requests completed since the last call (then forgotten here)."""
-        rows = self._rows[:]
+        reqs = self._rows[:]
         self._rows.clear()
-        if rows:
-            self._out_sum += sum(map(_OUTPUT_TOKENS, rows))
-            self._out_n += len(rows)
-        return RequestRecords.from_rows(rows)
+        if not reqs:
+            return RequestRecords.empty()
+        out = 0
+        for r in reqs:
+            out += r.output_tokens
+        self._out_sum += out
+        self._out_n += len(reqs)
+        return RequestRecords.from_requests(reqs, record_column)
 
     def totals(self) -> SimTotals:
         """Cumulative energy/carbon per datacenter and request counts, up to ``now_s``."""
