@@ -41,6 +41,7 @@ import gymnasium as gym
 import carbon_gym  # noqa: F401  (registers the envs)
 import carbon_gym.sim
 from carbon_gym.policy import RoundRobinPolicy
+from eval.cli import UsageError, parse_assignments
 
 # the simulator methods the env calls (calls inside the simulator are not intercepted: nothing is
 # counted twice)
@@ -162,19 +163,6 @@ def _print(label: str, r: dict[str, float], p: dict[str, float] | None) -> None:
           f"round-robin policy {p['policy_share']:.0%}")
 
 
-def _value(text: str) -> Any:
-    """A --set value: a number or true / false when it reads as one, else the string."""
-    low = text.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
-
-
 def main(argv: list[str] | None = None) -> None:
     """Run the benchmark and print the figures (``paper_env_steps_per_s=``, ``paper_us_per_request=``,
     ``paper_us_per_event=``, and last ``env_steps_per_s=<dev>``)."""
@@ -193,12 +181,10 @@ def main(argv: list[str] | None = None) -> None:
                     help="scenario override for both runs, e.g. --set capacity.control=reactive (repeatable)")
     args = ap.parse_args(argv)
     profile = not args.no_profile
-    extra: dict[str, Any] = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            ap.error(f"--set expects KEY=VALUE, got {item!r}")
-        extra[key.strip()] = _value(value.strip())
+    try:
+        extra: dict[str, Any] = parse_assignments(args.set, "--set")  # (as `carbon-gym experiment --set`)
+    except UsageError as e:
+        ap.error(str(e))
     impl = carbon_gym.sim.IMPLEMENTATION
     print(f"simulator modules ({', '.join(m for m in impl if m != 'reason')}): {impl['engine']} ({impl['reason']})")
     dev: dict[str, float] | None = None

@@ -52,15 +52,6 @@ def components(j: dict[str, np.ndarray]) -> dict[str, Any]:
             "line": (float(icpt), float(slope)), "error_corr": corr}
 
 
-def _value(text: str) -> Any:
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the episode and print the split (module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -73,14 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     from carbon_gym.policy import run_episode
     from carbon_gym.registry import make_policy
+    from eval.cli import UsageError, parse_assignments
     from eval.runner import EpisodeRecorder, make_env, resolve_run_scenario, RunSpec
 
     ov: dict[str, Any] = {"duration_s": a.duration_s, "env.measure": "window", "env.warmup_s": a.warmup_s}
-    for item in a.set:
-        k, sep, v = item.partition("=")
-        if not sep:
-            ap.error(f"--set expects KEY=VALUE, got {item!r}")
-        ov[k.strip()] = _value(v.strip())
+    try:
+        ov.update(parse_assignments(a.set, "--set"))  # (read as `carbon-gym experiment --set` reads them)
+    except UsageError as e:
+        ap.error(str(e))
     spec = RunSpec(scenario=a.scenario, policy=a.policy, seed=a.seed, overrides=tuple(sorted(ov.items())))
     scenario, _ = resolve_run_scenario(spec)
     env = make_env(scenario)
