@@ -401,12 +401,12 @@ class Datacenter(CopyableState):
 
     def score(self, e: Engine) -> float:
         """``score_fn(e)``: the dispatch score of engine ``e`` (lower is better); the built-in
-        scores are evaluated here, compiled, rather than called (the same floats)."""
+        scores are called directly (a native call when compiled, not a Python object call)."""
         k = self.score_kind
         if k == 1:
-            return float(e.pending_tokens + e.view_used_blocks * e.block_tokens)
+            return least_work_score(e)
         if k == 2:
-            return float(-(e.view_free_blocks - e.waiting_blocks))
+            return most_free_kv_score(e)
         return self.score_fn(e)
 
     def power_w(self) -> float:
