@@ -29,6 +29,14 @@ settings as ``cluster_*``); the load levels (``workload.load``) are fractions of
 ``level_basis = "cluster"``, :mod:`carbon_gym.load_levels`). The engine figure beside it is what one
 engine serves, a property of the model, GPU and engine settings alone: the schedulers' capacity
 models (planner, capacity control) use it.
+
+**Datacenter level** (:func:`measure_datacenter_capacity`): the bisection over the per-engine
+rate offered to ONE datacenter of the scenario's size, its dispatcher spreading the requests
+over the engines, the requests submitted every polling period (the wait counting in TTFT), no
+network delay. At short periods it sits above the engine figure (the dispatcher pools the
+engines: each sees a smoother stream than Poisson), at 1 s below it. Each probe also measures
+the GPU energy above idle per request (``SloProbe.active_j_per_request``), which falls as the
+rate rises (larger batches); the SLO-true bound (``eval/bound_slo.py``) uses both.
 """
 
 from __future__ import annotations
@@ -53,6 +61,9 @@ class SloProbe:
         p99_ttft_s, p99_tpot_s: 99th percentiles, seconds.
         violation_frac: share of counted requests violating TTFT or TPOT.
         ok: both p99s within the targets.
+        active_j_per_request: GPU energy above idle (IT level, no PUE) per request arriving
+            between the warm-up and the end of arrivals, J: the engines' energy over that span
+            minus every GPU at idle power, over its arrivals (NaN where not measured).
     """
 
     rate_per_s: float
@@ -61,6 +72,7 @@ class SloProbe:
     p99_tpot_s: float
     violation_frac: float
     ok: bool
+    active_j_per_request: float = float("nan")
 
 
 @dataclass(frozen=True)
@@ -72,6 +84,13 @@ class CapacityResult:
     per_engine_rate_per_s: float
     probes: tuple[SloProbe, ...] = field(default_factory=tuple)
     settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def active_j_per_request(self) -> float:
+        """The least GPU energy above idle per request (J, IT level) of the probes that met the
+        SLO (NaN when none measured it): the cheapest operating point within p99."""
+        vals = [p.active_j_per_request for p in self.probes if p.ok and p.n > 0 and not np.isnan(p.active_j_per_request)]
+        return float(min(vals)) if vals else float("nan")
 
 
 def _single_engine_parts(scenario: Scenario, n_engines: int = 1) -> tuple[Any, Topology, Any, Any]:
@@ -94,43 +113,75 @@ def _single_engine_parts(scenario: Scenario, n_engines: int = 1) -> tuple[Any, T
 
 
 def probe_slo(scenario: Scenario, rate_per_s: float, *, duration_s: float = 600.0, warmup_s: float = 60.0,
-              seeds: tuple[int, ...] = (0, 1), n_engines: int = 1) -> SloProbe:
+              seeds: tuple[int, ...] = (0, 1), n_engines: int = 1, polling_period_s: float | None = None) -> SloProbe:
     """Simulate ``n_engines`` engines (one datacenter, dispatcher from the scenario) fed Poisson
-    arrivals at ``rate_per_s`` per engine; return the p99 TTFT/TPOT after warm-up."""
+    arrivals at ``rate_per_s`` per engine; return the p99 TTFT/TPOT after warm-up and the GPU
+    energy above idle per request (``active_j_per_request``, J) between the warm-up and the end
+    of arrivals, pooled over ``seeds``.
+
+    ``polling_period_s``: None submits each request at its arrival instant; a period (s) submits
+    the requests that arrived during each period at its end, as the env's scheduler does, the
+    wait counting in their TTFT (no network delay either way)."""
     from .sim.simulator import Simulator
     from .world import build_workload
 
+    if polling_period_s is not None and not float(polling_period_s) > 0.0:
+        raise ValueError(f"polling_period_s must be > 0 s or None, got {polling_period_s!r}")
     parts, topo, net, carbon = _single_engine_parts(scenario, n_engines)
-    ttft, tpot, viol_ttft, viol_tpot = [], [], [], []
+    n_gpus = float(sum(dc.gpus for dc in topo.datacenters))
+    idle_w = float(parts.power.idle_w)
     sc = dataclasses.replace(scenario, resolved_rate_per_s=rate_per_s * n_engines,
                              workload=dataclasses.replace(scenario.workload, region_shares=None, diurnal_amplitude=0.0, arrival="poisson"),
                              topology=dataclasses.replace(scenario.topology, preset="custom", only_regions=None,
                                                           regions=(_probe_region(),), datacenters=(_probe_dc(),)))
+    records = []
+    active_j, counted = 0.0, 0
     for seed in seeds:
         sim = Simulator(topo, parts.model, parts.gpu, parts.latency, parts.power, net, carbon, engine=parts.engine,
                         dispatcher=scenario.engine.dispatcher)
         batch = build_workload(sc, seed=seed).arrivals_between(0.0, duration_s)
-        for a, p, o in zip(batch.arrival_s.tolist(), batch.prompt_tokens.tolist(), batch.output_tokens.tolist()):
-            sim.advance_to(a)
-            sim.submit(0, a, p, o, 0)
+        a = np.asarray(batch.arrival_s, dtype=np.float64)
+        if polling_period_s is None:  # every request at its arrival instant
+            at = a
+        else:  # at the end of its polling period (a period boundary: k x period, k >= 1)
+            per = float(polling_period_s)
+            at = np.maximum(a, np.minimum(np.floor(a / per + 1.0) * per, max(float(duration_s), float(a[-1])) if a.size else 0.0))
+        gpu_j = _busy_gpu_j(sim, at, batch, float(warmup_s), float(duration_s))
+        active_j += gpu_j - idle_w * n_gpus * max(0.0, float(duration_s) - float(warmup_s))
+        counted += int(np.count_nonzero((a >= warmup_s) & (a < duration_s)))
         sim.run_until_idle()
         rec = sim.pop_completed()
-        keep = rec.arrival_s >= warmup_s
-        ttft.append(rec.ttft_s[keep])
-        multi = keep & (rec.output_tokens > 1)
-        tpot.append(rec.tpot_s[multi])
-        viol_ttft.append(keep & (rec.ttft_s > scenario.ttft_s))
-        viol_tpot.append(keep & (rec.output_tokens > 1) & (rec.tpot_s > scenario.tpot_s))
         assert len(rec) == len(batch), "every submitted request must complete"
-    t1 = np.concatenate(ttft)
-    t2 = np.concatenate(tpot)
-    n = int(t1.size)
-    if n == 0:
-        return SloProbe(rate_per_s, 0, 0.0, 0.0, 0.0, True)
-    p_ttft = float(np.percentile(t1, 99))
-    p_tpot = float(np.percentile(t2, 99)) if t2.size else 0.0
-    viol = float(np.sum([np.sum(a | b) for a, b in zip(viol_ttft, viol_tpot)]) / n)
-    return SloProbe(rate_per_s, n, p_ttft, p_tpot, viol, p_ttft <= scenario.ttft_s and p_tpot <= scenario.tpot_s)
+        records.append(rec)
+    pr = _slo_probe(scenario, rate_per_s, records, warmup_s)
+    return dataclasses.replace(pr, active_j_per_request=active_j / counted if counted else float("nan"))
+
+
+def _busy_gpu_j(sim: Any, at: np.ndarray, batch: Any, warmup_s: float, duration_s: float) -> float:
+    """Submit ``batch`` to datacenter 0 of ``sim``, request ``i`` at instant ``at[i]`` (>= its
+    arrival; equal instants together), and return the GPU energy (J, IT level) spent between
+    ``warmup_s`` and ``duration_s``."""
+    marks = {}
+    pending = sorted(m for m in (warmup_s, duration_s) if m >= 0.0)
+    n = int(at.size)
+    i = 0
+    while i < n:
+        t = float(at[i])
+        j = i + 1
+        while j < n and float(at[j]) == t:
+            j += 1
+        while pending and pending[0] <= t:
+            m = pending.pop(0)
+            sim.advance_to(m)
+            marks[m] = float(np.sum(sim.totals().gpu_energy_j))
+        sim.advance_to(t)
+        sim.submit_batch(np.zeros(j - i, dtype=np.int64), batch.arrival_s[i:j], batch.prompt_tokens[i:j],
+                         batch.output_tokens[i:j], np.zeros(j - i, dtype=np.int64))
+        i = j
+    for m in pending:
+        sim.advance_to(max(m, float(sim.now_s)))
+        marks[m] = float(np.sum(sim.totals().gpu_energy_j))
+    return marks.get(duration_s, 0.0) - marks.get(warmup_s, 0.0)
 
 
 def _probe_region() -> Any:
@@ -165,6 +216,26 @@ def measure_cluster_capacity(scenario: Scenario, *, rel_tol: float = 0.02, start
     settings = _settings(scenario, duration_s, warmup_s, seeds, rel_tol)
     settings.update(level="cluster", polling_period_s=scenario.polling_period_s, engines=n,
                     datacenters=len(scenario.topology_spec().datacenters), placement="round-robin over datacenters")
+    return CapacityResult(scenario.model, scenario.tp, lo, probes, settings)
+
+
+def measure_datacenter_capacity(scenario: Scenario, *, n_engines: int, polling_period_s: float | None,
+                                rel_tol: float = 0.02, start_rate_per_s: float = 1.0, duration_s: float = 300.0,
+                                warmup_s: float = 60.0, seeds: tuple[int, ...] = (0, 1), max_rate_per_s: float = 1000.0,
+                                log: Any = None) -> CapacityResult:
+    """Datacenter-level capacity (module docstring): bisection over the per-engine Poisson rate
+    offered to one datacenter of ``n_engines`` engines (the scenario's dispatcher spreads the
+    requests over them), the requests submitted every ``polling_period_s`` (None: at arrival), no
+    network delay. The result's ``active_j_per_request`` is the least GPU energy above idle per
+    request (J) of the probes within p99: the datacenter's cheapest operating point."""
+    if int(n_engines) < 1:
+        raise ValueError(f"n_engines must be >= 1, got {n_engines!r}")
+    lo, probes = _bisect(lambda rate: probe_slo(scenario, rate, duration_s=duration_s, warmup_s=warmup_s, seeds=seeds,
+                                                n_engines=int(n_engines), polling_period_s=polling_period_s),
+                         rel_tol, start_rate_per_s, max_rate_per_s, log)
+    settings = _settings(scenario, duration_s, warmup_s, seeds, rel_tol)
+    settings.update(level="datacenter", polling_period_s=polling_period_s, engines=int(n_engines), gpu=scenario.gpu,
+                    placement=f"one datacenter, its {scenario.engine.dispatcher} dispatcher, no network")
     return CapacityResult(scenario.model, scenario.tp, lo, probes, settings)
 
 

@@ -70,11 +70,12 @@ from typing import Any
 
 import numpy as np
 
-from eval.bound_slo import (NOT_COMPUTED, SloResult, below_slo_note, engine_slo_capacity, episode_slo_rows, has_slo, runs_below_slo_bound,
-                             slo_window_bound)
+from eval.bound_slo import (NOT_COMPUTED, SloPoint, SloResult, below_slo_note, energy_factor, episode_slo_rows, has_slo,
+                             runs_below_slo_bound, slo_operating_point, slo_window_bound)
 
 __all__ = ["CarbonBound", "carbon_lower_bound", "bound_for_spec", "iteration_time_minorant", "bounds_table", "with_bounds",
-           "runs_below_bound", "runs_below_slo_bound", "bound_summary", "bound_experiment", "bound_check_markdown", "parse_bound_check", "CHECK_TITLE"]
+           "runs_below_bound", "runs_below_slo_bound", "bound_summary", "bound_experiment", "bound_check_markdown", "parse_bound_check", "CHECK_TITLE",
+           "matrix_specs"]
 
 
 @dataclass
@@ -160,7 +161,7 @@ _POWERLESS_FAULTS = ("datacenter_outage", "region_outage", "engine_drain")  # a 
 
 
 def carbon_lower_bound(scenario: Any, seed: int, *, sleep_w: float | None = None, backlog_end: int = 0,  # noqa: C901
-                       capacity: bool | None = None, slo: bool = True, levels: Any = None) -> CarbonBound:
+                       capacity: bool | None = None, slo: bool = True, point: SloPoint | None = None) -> CarbonBound:
     """The lower bound of the episode of ``scenario`` (with its episode start already in
     ``carbon.start_utc``) under world seed ``seed``: see the module docstring.
 
@@ -174,11 +175,11 @@ def carbon_lower_bound(scenario: Any, seed: int, *, sleep_w: float | None = None
             None: when the scenario's ``capacity.control`` is not ``always_on``. Measurement
             windows only (a ConfigError otherwise).
         slo: also compute the SLO-true bound (``slo_carbon_g``, :mod:`eval.bound_slo`): the
-            same program with each datacenter held to its engines' measured p99 capacity (a
-            ConfigError naming ``per_engine_rate_per_s`` when the load-level file has none for a
-            datacenter's (model, GPU, tp)).
-        levels: the load-level file's capacities (:class:`carbon_gym.load_levels.LoadLevels`;
-            the packaged file when None).
+            same program with each datacenter held to its measured SLO operating point (its p99
+            capacity and the energy per request it then spends).
+        point: that operating point (:class:`eval.bound_slo.SloPoint`); None: measured with the
+            simulator for this scenario (:func:`eval.bound_slo.slo_operating_point`, seconds per
+            (GPU, datacenter size, polling period), cached).
     """
     import highspy
 
@@ -221,7 +222,7 @@ def carbon_lower_bound(scenario: Any, seed: int, *, sleep_w: float | None = None
         if capacity and not powerless:  # every server at its least power state; the rest per engine-second
             floor_w = pue * nodes * np.array([_least_node_w(models[g]) for g in gpu_of])
         return _window_bound(scenario, parts, floor_w, zones, prompt, output, arrival, t_floor, int(backlog_end),
-                             capacity=bool(capacity), slo=slo, levels=levels)
+                             capacity=bool(capacity), slo=slo, point=point)
     if capacity:
         from carbon_gym.errors import ConfigError
 
@@ -232,7 +233,7 @@ def carbon_lower_bound(scenario: Any, seed: int, *, sleep_w: float | None = None
     n_w = len(wins)
     decode = np.maximum(output - 1.0, 0.0)
     if prompt.size == 0:
-        c_rate = (engine_slo_capacity(scenario, parts, levels) * engines).tolist() if slo else []
+        c_rate = (np.asarray((point or slo_operating_point(scenario, parts)).capacity_per_engine_per_s) * engines).tolist() if slo else []
         return CarbonBound(floor_g, floor_g, 0.0, "no requests", wins, 0.0, 0, slo_carbon_g=floor_g if slo else float("nan"),
                            slo_active_g=0.0 if slo else float("nan"), slo_status="no requests" if slo else NOT_COMPUTED,
                            slo_placed=[0.0] * n_d if slo else [], slo_capacity_per_s=c_rate)
@@ -337,7 +338,14 @@ def carbon_lower_bound(scenario: Any, seed: int, *, sleep_w: float | None = None
     active = max(0.0, float(h_.getInfo().objective_function_value) * (1.0 - 1e-7))
     out = CarbonBound(floor_g + active, floor_g, active, status, wins, tokens, int(prompt.size), sec_per_token)
     if slo:  # the same program, each datacenter held to its engines' p99 capacity (eval/bound_slo.py)
-        c_eng = engine_slo_capacity(scenario, parts, levels)
+        point = point if point is not None else slo_operating_point(scenario, parts)
+        c_eng = np.asarray(point.capacity_per_engine_per_s, dtype=np.float64)
+        # every active engine-second at d at its operating point's energy (eval.bound_slo.energy_factor)
+        ideal_j = np.array([float(np.mean(_engine_seconds(models[g].latency, eng, prompt, output, K)[0])) * tp * (p_lo[d] - idle_w[d])
+                            for d, g in enumerate(gpu_of)])
+        factor = energy_factor(point, ideal_j)
+        t_cols = np.arange(col_t0, col_t0 + n_hd, dtype=np.int32)
+        h_.changeColsCost(n_hd, t_cols, cost[col_t0:col_t0 + n_hd] * np.array([factor[d] for _, d in hd]))
         n_arr = np.bincount(a_idx, minlength=n_w).astype(np.float64)
         extra = episode_slo_rows(f_cols, n_arr, lens, c_eng, engines, (lambda h, d: col_u0 + h * n_d + d) if with_states else None)
         r_lo, r_hi = np.array([r[1] for r in extra]), np.array([r[2] for r in extra])
@@ -414,7 +422,7 @@ def _least_node_w(m: Any) -> float:
 
 def _window_bound(scenario: Any, parts: Any, floor_w: np.ndarray, zones: np.ndarray, prompt: np.ndarray, output: np.ndarray,
                   arrival: np.ndarray, t_end: float, backlog_end: int, *, capacity: bool = False, slo: bool = False,
-                  levels: Any = None) -> CarbonBound:
+                  point: SloPoint | None = None) -> CarbonBound:
     """The bound of a measurement window ``[W, t_end]`` (``env.measure = "window"``): the floor
     over the window (exact), plus the least active energy of the requests the window must have
     done entirely: of those arriving in it, all but ``backlog_end`` (the smallest ones, by their
@@ -430,8 +438,8 @@ def _window_bound(scenario: Any, parts: Any, floor_w: np.ndarray, zones: np.ndar
     ``(host_w - least) / engines_per_node`` (the node must be on while any of its engines works,
     and at most all of them share it): valid for any capacity schedule, boots and waits only add.
 
-    With ``slo``, also the SLO-true figure (:func:`eval.bound_slo.slo_window_bound`; ``levels``
-    the load-level capacities)."""
+    With ``slo``, also the SLO-true figure (:func:`eval.bound_slo.slo_window_bound`; ``point``
+    the datacenters' SLO operating point, measured when None)."""
     eng, trace, off = parts.engine, parts.carbon, parts.carbon_offset_s
     dcs = list(parts.topology.datacenters)
     gpu_of = [parts.topology.datacenter_gpu(d) for d in range(len(dcs))]
@@ -475,7 +483,7 @@ def _window_bound(scenario: Any, parts: Any, floor_w: np.ndarray, zones: np.ndar
                       int(inside.sum()), min(per_tokens))
     if slo:
         res = slo_window_bound(scenario, parts, zones, arrival[inside], secs, {g: _least_node_w(m) for g, m in models.items()}, wins,
-                               backlog_end, capacity=capacity, levels=levels)
+                               backlog_end, capacity=capacity, point=point)
         _attach_slo(out, res)
     return out
 
@@ -507,11 +515,12 @@ def _fill_cheapest(parts: Any, models: Any, gpu_of: list[str], zones: np.ndarray
     return total + max(left, 0.0) * max(price)  # (more work than engine-seconds: none of it is free)
 
 
-def bound_for_spec(spec: Any, *, sleep_w: float | None = None, backlog_end: int = 0, slo: bool = True, levels: Any = None) -> CarbonBound:
+def bound_for_spec(spec: Any, *, sleep_w: float | None = None, backlog_end: int = 0, slo: bool = True,
+                   point: SloPoint | None = None) -> CarbonBound:
     """:func:`carbon_lower_bound` of a run's episode (its scenario with the overrides and the
     episode start :func:`eval.runner.resolve_run_scenario` gives it, world seed = its seed; the
     capacity-control bound when its ``capacity.control`` is not ``always_on``; with ``slo`` the
-    SLO-true figure too, ``levels`` as for :func:`carbon_lower_bound`)."""
+    SLO-true figure too, ``point`` as for :func:`carbon_lower_bound`)."""
     import warnings
 
     from eval.runner import resolve_run_scenario
@@ -519,7 +528,7 @@ def bound_for_spec(spec: Any, *, sleep_w: float | None = None, backlog_end: int 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         scenario, _ = resolve_run_scenario(spec)
-    return carbon_lower_bound(scenario, int(spec.seed), sleep_w=sleep_w, backlog_end=backlog_end, slo=slo, levels=levels)
+    return carbon_lower_bound(scenario, int(spec.seed), sleep_w=sleep_w, backlog_end=backlog_end, slo=slo, point=point)
 
 
 def bounds_table(specs: Any, *, sleep_w: float | None = None, runs: Any = None, slo: bool = True) -> Any:
@@ -671,10 +680,12 @@ def bound_share(runs: Any) -> tuple[Any, str]:
 
 
 #: What the SLO-true bound is, for the tables that show it.
-SLO_NOTE = ("The SLO-true bound (eval/bound_slo.py) is the same program with each datacenter offered at most its engines x "
-            "their measured per-engine p99 capacity (the load-level file's engine figure) in every hour: a bound only for "
-            "policies that keep every datacenter within that capacity; a run below it exceeded it somewhere (not an error), "
-            "and a policy that bursts above it and still passes p99 over the run can beat it.")
+SLO_NOTE = ("The SLO-true bound (eval/bound_slo.py) is the same program with each datacenter held to its SLO operating point, "
+            "measured with the simulator at the scenario's polling period (one datacenter of its engines and dispatcher, Poisson "
+            "arrivals, no network): in every hour at most its engines x the highest per-engine rate within p99 (in work, of the "
+            "episode's request mix), each request at the energy it takes there: a bound only for policies that keep every "
+            "datacenter within that capacity; a run below it exceeded it somewhere (not an error), and a policy that bursts above "
+            "it and still passes p99 over the run can beat it.")
 
 
 def bound_experiment(ctx: Any, policies: Any) -> str:
@@ -752,6 +763,26 @@ def parse_bound_check(text: str) -> list[dict[str, Any]]:
     return rows
 
 
+def matrix_specs(matrix_dir: str) -> dict[str, Any]:
+    """The :class:`eval.runner.RunSpec` of every run of a finished matrix, by run id (from its
+    ``config.json``)."""
+    import dataclasses
+    import json
+    import os
+
+    from eval.runner import RunSpec, freeze
+
+    with open(os.path.join(matrix_dir, "config.json"), encoding="utf-8") as f:
+        metas = json.load(f)["runs"]
+    names = {f.name for f in dataclasses.fields(RunSpec)}
+    specs: dict[str, Any] = {}
+    for m in metas:
+        kw = {k: v for k, v in m.items() if k in names}
+        kw["overrides"], kw["policy_kwargs"] = freeze(kw.get("overrides")), freeze(kw.get("policy_kwargs"))
+        specs[m["run_id"]] = RunSpec(**kw)
+    return specs
+
+
 def check_matrix(matrix_dir: str) -> Any:
     """Every run of a finished matrix (``config.json`` and ``runs.csv`` in ``matrix_dir``)
     against the lower bound of its episode: the capacity-control bound for runs whose
@@ -764,23 +795,12 @@ def check_matrix(matrix_dir: str) -> Any:
     seed's always-on rr run, NaN without one), and the SLO-true bound (:mod:`eval.bound_slo`; of
     the same kind as the run's bound) ``slo_bound_carbon_g`` and ``slo_below`` (a complete run
     below it: not an error, it exceeded some datacenter's p99 capacity)."""
-    import dataclasses
-    import json
     import os
 
     import pandas as pd
 
-    from eval.runner import RunSpec, freeze
-
-    with open(os.path.join(matrix_dir, "config.json"), encoding="utf-8") as f:
-        metas = json.load(f)["runs"]
     runs = pd.read_csv(os.path.join(matrix_dir, "runs.csv"))
-    names = {f.name for f in dataclasses.fields(RunSpec)}
-    specs: dict[str, Any] = {}
-    for m in metas:
-        kw = {k: v for k, v in m.items() if k in names}
-        kw["overrides"], kw["policy_kwargs"] = freeze(kw.get("overrides")), freeze(kw.get("policy_kwargs"))
-        specs[m["run_id"]] = RunSpec(**kw)
+    specs = matrix_specs(matrix_dir)
     label = {rid: (sp.scenario_label or sp.scenario_name, sp.label or sp.policy, int(sp.seed)) for rid, sp in specs.items()}
     by_key = {v: rid for rid, v in label.items()}
     rows, bounds = [], {}

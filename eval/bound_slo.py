@@ -1,26 +1,50 @@
 r"""The SLO-true carbon bound (issue 40, item 4): the lower bound of :mod:`eval.bound` with every
-datacenter held to the load its engines serve within the MLPerf p99 targets.
+datacenter held to its measured SLO operating point: the load it serves within the MLPerf p99
+targets, at the energy per request it then spends.
 
-**The capacity.** Datacenter ``d`` may be offered at most ``C_d = E_d x c_d`` requests/s, with
-``E_d`` its engines (GPUs / tp) and ``c_d`` the measured per-engine SLO capacity of its (model,
-GPU, tp) in the load-level file (``carbon_gym/data/load_levels.toml``): the ENGINE figure
-``per_engine_rate_per_s``, the highest Poisson rate one engine fed every request at its arrival
-keeps within p99 TTFT and p99 TPOT, with no polling wait and no network. Of the file's two figures
-it is the larger (the cluster figure, round-robin with 1 s polling and RTTs in TTFT, is 51-73% of
-it), so it is the least restrictive: whatever placement, polling period and network a policy has,
-an engine offered more than ``c_d`` misses p99 at the engine alone. In every window of the
-program (the carbon trace's hours), the requests *arriving* in the window that are routed to ``d``
-are at most ``C_d x`` the window's length (s).
+**The operating point** (:func:`slo_operating_point`, measured with the simulator for the
+scenario being bounded: :func:`carbon_gym.capacity.measure_datacenter_capacity`). One datacenter
+of ``E_d`` engines (its GPUs / tp, its GPU type), the scenario's engine settings, dispatcher,
+request lengths and SLO, is offered Poisson arrivals placed every polling period of the scenario
+(the wait counts in TTFT; no network delay, the least restrictive case); bisection over the
+per-engine rate finds ``c_d``, the highest rate at which p99 TTFT and p99 TPOT stay within the
+targets (300 s probes, 60 s warm-up, seeds 0-1, 2% width: :data:`PROBE`). Each probe also
+measures the GPU energy above idle per request; it falls as the rate rises (bigger batches), and
+``e_d`` is the least of it over the probes within p99 (in practice the one nearest ``c_d``).
 
-**Capacity control.** An engine serves at most ``c_d`` requests/s within p99, so the awake
-engine-seconds at ``d`` are at least the requests it serves over ``c_d`` (as well as its active
-engine-seconds); each awake engine-second pays at least its GPUs' idle power above the floor's
+Why measured per datacenter and polling period: the engine figure of the load-level file (one
+engine, every request at its arrival) is NOT the least restrictive capacity. With 0.1 s polling
+a 32-engine datacenter behind its least-work dispatcher serves about 6.2 requests/s per engine
+within p99 on Llama-3.1-8B (the engine figure: 5.19), since the dispatcher hands each engine a
+smoother stream than Poisson; with 1 s polling it serves about 3.9. And the physical bound's
+energy (every engine-second at the most efficient batch, ``max_num_batched_tokens`` tokens per
+iteration) is 1.6-1.7x below what a request costs at ``c_d`` (bigger batches miss p99 TPOT).
+
+**The program.** Datacenter ``d`` may be offered at most ``C_d = E_d x c_d`` requests/s of the
+episode's request mix: in every window of the program (the carbon trace's hours), the work
+(engine-seconds at the most efficient batch) of the requests *arriving* in the window that are
+routed to ``d`` is at most ``C_d x`` the window's length (s) x the mix's mean request's (a cap
+on the count instead would let the program send the largest requests to the cleanest
+datacenters and the smallest elsewhere, more work per second than any datacenter does within
+p99; the whole-episode program splits each window's work in proportion, where the two agree). Every active engine-second at
+``d`` costs the physical bound's ``tp (P_lo - P_idle)`` times ``d``'s energy factor
+``max(1, e_d / ideal_d)`` (:func:`energy_factor`; ``ideal_d``: the physical bound's mean active
+energy per request at ``d``, the same request mix), so a request routed to ``d`` costs on
+average what it costs at ``d``'s operating point. Energy per request falls with the per-engine
+rate, so no rate within ``c_d`` (nor any mix of such rates over time) does a request for less.
+
+**Capacity control.** An engine serves at most ``c_d`` requests/s of the mix within p99, so the
+awake engine-seconds at ``d`` are at least the requests it serves over ``c_d`` (in work: its work
+over ``c_d`` x the mean request's; as well as its active engine-seconds); each awake engine-second pays at least its GPUs' idle power above the floor's
 (sleep power, or 0 W for a server that is off) and, when servers may be powered off, its share of
 a powered server's host power (``(host_w - least) / engines per server``).
 
 **What it bounds, honestly.** It is a lower bound on the carbon of any policy that keeps every
 datacenter's offered load (and, under capacity control, every awake engine's) within the
-measured p99 capacity in every window. It is *not* a bound on every policy that passes p99 over
+measured p99 capacity in every window, with request streams like the probe's (Poisson, placed
+every polling period) and requests whose mix at each datacenter is the episode's (the energy
+factor is a mean: a policy that sends every large request to the cleanest datacenter is charged
+the mean factor on them). It is *not* a bound on every policy that passes p99 over
 the run: a policy may burst above a datacenter's capacity for a while (a queue builds, a few
 percent of the requests are late) and still pass p99 over the whole run, and such a run can emit
 less than this figure. A run below it is therefore not an accounting error (unlike a run below
@@ -28,9 +52,11 @@ the physical bound of :mod:`eval.bound`) but a sign that it exceeded the SLO cap
 the tables count and name such runs. The capacity is a Poisson average measured on long probes:
 over a short window a policy within it on average can still see more arrivals than ``C_d x``
 the window by chance (a few standard deviations of ``sqrt(C_d x window)``), another reason to
-read it as the bound of capacity-respecting policies rather than of every SLO-passing run. The
-figure is never below the physical bound (same program, more constraints; the larger of the two
-is kept against round-off).
+read it as the bound of capacity-respecting policies rather than of every SLO-passing run.
+Under capacity control the probe's datacenter had all its engines awake; fewer awake engines
+pool less, so their per-engine capacity can only be lower (a looser bound, not an invalid one).
+The figure is never below the physical bound (same program, more constraints; the larger of the
+two is kept against round-off).
 """
 
 from __future__ import annotations
@@ -40,7 +66,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SloResult", "engine_slo_capacity", "slo_window_bound", "NOT_COMPUTED"]
+__all__ = ["SloResult", "SloPoint", "slo_operating_point", "energy_factor", "slo_window_bound", "NOT_COMPUTED"]
 
 #: ``slo_status`` of a bound computed without the SLO-true figure.
 NOT_COMPUTED = "not computed"
@@ -49,6 +75,10 @@ NOT_COMPUTED = "not computed"
 #: larger LP). Within a bin the program may split a bin's engine-seconds between datacenters
 #: anywhere between its smallest and largest request, a relaxation of the requests themselves.
 _BINS = 32
+
+#: Probe settings of the measured operating point (:func:`slo_operating_point`): simulated seconds
+#: of arrivals per probe, seconds not counted, seeds pooled, relative width of the bisection.
+PROBE = {"duration_s": 300.0, "warmup_s": 60.0, "seeds": (0, 1), "rel_tol": 0.02}
 
 
 @dataclass
@@ -68,30 +98,75 @@ class SloResult:
     capacity_per_s: list[float]
 
 
-def engine_slo_capacity(scenario: Any, parts: Any, levels: Any = None) -> np.ndarray:
-    """Per datacenter, the measured per-engine SLO capacity ``c_d`` (requests/s per engine) of its
-    (model, GPU, tp): the load-level file's ``per_engine_rate_per_s`` (the engine figure; module
-    docstring). ``levels``: a :class:`carbon_gym.load_levels.LoadLevels` (the packaged file when
-    None). A :class:`ConfigError` naming the missing combination and the measured ones when the
-    file has none for a datacenter."""
-    from carbon_gym.errors import ConfigError
-    from carbon_gym.load_levels import capacity_key, load_load_levels
+@dataclass(frozen=True)
+class SloPoint:
+    """Each datacenter's SLO operating point (module docstring), in topology order.
 
-    levels = levels if levels is not None else load_load_levels()
+    Attributes:
+        capacity_per_engine_per_s: ``c_d``, the highest per-engine rate (requests/s) its
+            datacenter serves within p99 TTFT and p99 TPOT.
+        active_j_per_request: ``e_d``, the least GPU energy above idle per request (J, IT level)
+            at a rate within p99; NaN where not measured (the energy factor is then 1).
+        basis: how the figures were obtained (for the tables).
+    """
+
+    capacity_per_engine_per_s: tuple[float, ...]
+    active_j_per_request: tuple[float, ...]
+    basis: str = "given"
+
+
+#: Measured operating points by probe key (:func:`slo_operating_point`): a datacenter probe takes
+#: seconds, and every start of a matrix shares its scenario's (model, GPU, engines, period).
+_MEASURED: dict[str, Any] = {}
+
+
+def _probe_key(scenario: Any, gpu: str, n_engines: int) -> str:
+    w = scenario.workload
+    return repr((scenario.model, gpu, scenario.gpu_files, scenario.tp, int(n_engines), float(scenario.polling_period_s),
+                 scenario.slo, scenario.engine, w.lengths, w.prompt_tokens, w.output_tokens, w.max_context_tokens,
+                 w.cap_policy, w.sessions, w.block_s, sorted(PROBE.items())))
+
+
+def slo_operating_point(scenario: Any, parts: Any, log: Any = None) -> SloPoint:
+    """Measure each datacenter's SLO operating point with the simulator
+    (:func:`carbon_gym.capacity.measure_datacenter_capacity`): one datacenter of its engines
+    (GPUs / tp) and GPU, the scenario's engine settings, dispatcher, lengths and SLO, Poisson
+    arrivals placed every ``polling_period_s`` of the scenario, no network delay (:data:`PROBE`
+    settings). Datacenters of the same (GPU, engines) share one measurement (cached per process)."""
+    import dataclasses
+
+    from carbon_gym.capacity import measure_datacenter_capacity
+
     topo = parts.topology
     tp = int(parts.engine.tp)
-    out = np.zeros(len(topo.datacenters))
+    caps, joules = [], []
     for d, dc in enumerate(topo.datacenters):
-        gpu = topo.datacenter_gpu(d)
-        cap = levels.find(str(scenario.model), str(gpu), tp)
-        if cap is None:
-            raise ConfigError(
-                "per_engine_rate_per_s",
-                f"the SLO-true bound needs the measured per-engine SLO capacity of datacenter {dc.name!r}: the load-level "
-                f"file has none for {capacity_key(str(scenario.model), str(gpu), tp)} (model / gpu / engine.tp); measure it "
-                "(python eval/measure_capacity.py --write)", allowed=sorted(levels.capacities))
-        out[d] = float(cap.per_engine_rate_per_s)
-    return out
+        gpu = str(topo.datacenter_gpu(d))
+        n = max(1, int(round(float(dc.gpus) / tp)))
+        key = _probe_key(scenario, gpu, n)
+        if key not in _MEASURED:
+            sc = scenario if gpu == scenario.gpu else dataclasses.replace(scenario, gpu=gpu)
+            _MEASURED[key] = measure_datacenter_capacity(
+                sc, n_engines=n, polling_period_s=float(scenario.polling_period_s), duration_s=PROBE["duration_s"],
+                warmup_s=PROBE["warmup_s"], seeds=tuple(PROBE["seeds"]), rel_tol=PROBE["rel_tol"], log=log)
+        res = _MEASURED[key]
+        caps.append(float(res.per_engine_rate_per_s))
+        joules.append(float(res.active_j_per_request))
+    basis = (f"measured: one datacenter of its engines, requests placed every {float(scenario.polling_period_s):g} s, "
+             "its dispatcher, no network")
+    return SloPoint(tuple(caps), tuple(joules), basis)
+
+
+def energy_factor(point: SloPoint, ideal_j_per_request: np.ndarray) -> np.ndarray:
+    """Per datacenter, ``max(1, e_d / ideal_d)``: how much more active energy a request takes at
+    the datacenter's SLO operating point than at the physical bound's most efficient batch
+    (``ideal_j_per_request``: the bound's mean active energy per request there, J, IT level,
+    from the same request mix); 1 where ``e_d`` is not measured."""
+    e = np.asarray(point.active_j_per_request, dtype=np.float64)
+    ideal = np.asarray(ideal_j_per_request, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(np.isfinite(e) & (ideal > 0.0), e / ideal, 1.0)
+    return np.maximum(1.0, r)
 
 
 def _lowest_from(ci: np.ndarray) -> np.ndarray:
@@ -102,22 +177,25 @@ def _lowest_from(ci: np.ndarray) -> np.ndarray:
 
 def slo_window_bound(scenario: Any, parts: Any, zones: np.ndarray, arrival: np.ndarray, secs: dict[str, np.ndarray],  # noqa: C901
                      least_node_w: dict[str, float], wins: list[tuple[float, float]], backlog_end: int, *,
-                     capacity: bool, levels: Any = None) -> SloResult:
+                     capacity: bool, point: SloPoint | None = None) -> SloResult:
     """The SLO-true active grams of a measurement window (``env.measure = "window"``; the
     physical version is :func:`eval.bound._window_bound`). Of the requests arriving in the window
     all but ``backlog_end`` are done entirely in it; request sizes (engine-seconds at the most
     efficient batch, per GPU type: ``secs[gpu]``, one per request arriving in the window, from
     :func:`eval.bound._engine_seconds`) are binned by quantile per
     arrival window; an LP places each bin's requests (counts and engine-seconds, between the bin's
-    smallest and largest request each) on the datacenters, the requests arriving in window ``h``
-    at ``d`` at most ``C_d x len_h``, the engine-seconds at ``d`` at most its engines x the window,
+    smallest and largest request each) on the datacenters, the work (engine-seconds) arriving in
+    window ``h`` at ``d`` at most ``C_d x len_h`` times the window's mean request's, the
+    engine-seconds at ``d`` at most its engines x the window,
     each engine-second at ``d``'s PUE and lowest intensity at or after its arrival window.
 
     Always on (``capacity`` False): an engine-second costs ``tp (P_lo - P_idle)`` (the floor has
-    every GPU at idle). Capacity control: ``tp (P_lo - P_idle)`` per active engine-second plus,
+    every GPU at idle) times ``d``'s energy factor at its operating point (:func:`energy_factor`;
+    ``point``: measured by :func:`slo_operating_point` when None). Capacity control: ``tp (P_lo - P_idle)`` per active engine-second plus,
     per awake engine-second, ``tp P_idle`` and the engine's share of its server's host power above
     the least power (the floor has every server at its least power); awake engine-seconds at ``d``
-    are at least its active ones and its requests / ``c_d``, at most its engines x the window.
+    are at least its active ones and its work / (``c_d`` x the mean request's), at most its engines
+    x the window.
     ``least_node_w[gpu]``: a server's least power in any capacity state (W). ``arrival``: the
     arrival instants (s) of the requests arriving in the window. Grams are ``W x g/kWh x s / 3.6e6``."""
     import highspy
@@ -131,7 +209,8 @@ def slo_window_bound(scenario: Any, parts: Any, zones: np.ndarray, arrival: np.n
     models = dict(zip(gpu_of, parts.datacenter_gpus()))
     types = list(models)
     tp = int(eng.tp)
-    c_eng = engine_slo_capacity(scenario, parts, levels)
+    point = point if point is not None else slo_operating_point(scenario, parts)
+    c_eng = np.asarray(point.capacity_per_engine_per_s, dtype=np.float64)
     engines = np.array([float(dc.gpus) / tp for dc in dcs])
     cap_rate = c_eng * engines
     w0 = wins[0][0]
@@ -146,7 +225,9 @@ def slo_window_bound(scenario: Any, parts: Any, zones: np.ndarray, arrival: np.n
     pue = np.array([float(dc.pue) for dc in dcs])
     idle = np.array([float(models[g].power.idle_w) for g in gpu_of])
     p_lo = np.array([min(float(models[g].power.decode_min_w), float(models[g].power.prefill_w)) for g in gpu_of])
-    active_w = pue * tp * (p_lo - idle)                           # per active engine-second, above idle
+    # per active engine-second above idle, at the datacenter's SLO operating point (energy_factor)
+    ideal_j = np.array([float(np.mean(secs[g])) * tp * (p_lo[d] - idle[d]) for d, g in enumerate(gpu_of)])
+    active_w = pue * tp * (p_lo - idle) * energy_factor(point, ideal_j)
     if capacity:
         epn = np.array([max(1.0, float(dc.gpus_per_node) / tp) for dc in dcs])
         host = np.array([(float(models[g].power.host_w) - float(least_node_w[g])) / epn[d] for d, g in enumerate(gpu_of)])
@@ -185,19 +266,24 @@ def slo_window_bound(scenario: Any, parts: Any, zones: np.ndarray, arrival: np.n
             rows.append(([(col_ys + b, 1.0), (col_y + b, -float(s0.min()))], 0.0, np.inf))
             rows.append(([(col_ys + b, 1.0), (col_y + b, -float(s0.max()))], -np.inf, 0.0))
     rows.append(([(col_y + b, 1.0) for b in range(n_b)], 0.0, float(max(0, backlog_end))))  # the backlog left undone
-    for h in range(len(wins)):                                    # arrivals at d in window h <= C_d x len_h
+    # the capacity in work: a datacenter at its operating point serves C_d requests/s of the
+    # episode's mix, i.e. C_d x (the mix's mean engine-seconds) engine-seconds of work per second
+    # (a count would let the program send the largest requests to the cleanest datacenters and
+    # the smallest elsewhere, more work per second than any datacenter does within p99)
+    mean_s = np.array([float(np.mean(secs[g])) for g in gpu_of])
+    for h in range(len(wins)):                                    # work arriving at d in window h <= C_d x len_h x mean
         bs = [b for b, (hb, _) in enumerate(bins) if hb == h]
         for d in range(n_d):
             if bs:
-                rows.append(([(col_x + b * n_d + d, 1.0) for b in bs], -np.inf, float(cap_rate[d] * lens[h])))
+                rows.append(([(col_s + b * n_d + d, 1.0) for b in bs], -np.inf, float(cap_rate[d] * lens[h] * mean_s[d])))
     for d in range(n_d):
         s_cols = [(col_s + b * n_d + d, 1.0) for b in range(n_b)]
-        if capacity:                                              # awake >= active, >= requests / c_d
+        if capacity:                                              # awake >= active, >= work / (c_d x mean)
             u = col_u + d
             cost[u] = awake_w[d] * float(ci.min(axis=0)[d])
             hi[u] = engines[d] * length
             rows.append(([(u, 1.0)] + [(j, -1.0) for j, _ in s_cols], 0.0, np.inf))
-            rows.append(([(u, 1.0)] + [(col_x + b * n_d + d, -1.0 / c_eng[d]) for b in range(n_b)], 0.0, np.inf))
+            rows.append(([(u, 1.0)] + [(j, -1.0 / (c_eng[d] * mean_s[d])) for j, _ in s_cols], 0.0, np.inf))
         else:                                                     # active engine-seconds <= engines x window
             rows.append((s_cols, -np.inf, float(engines[d] * length)))
     starts, idx_, vals = [0], [], []

@@ -1,6 +1,7 @@
 """``python -m eval.retable DIR``: rewrite a finished matrix's tables from its ``runs.csv`` (and
 ``summary.csv``), no run repeated; for a table whose code changed after the run (experiments
-tradeoff and milp-vs-ilp). The experiment is read from the matrix's ``config.json``; the output
+tradeoff and milp-vs-ilp; headline: its bounds, ``bounds.csv``, ``bound_summary.csv`` and
+``headline.md``, recomputed, e.g. after a change to the SLO-true bound). The experiment is read from the matrix's ``config.json``; the output
 is what a run with the current code writes (tests check it byte for byte)."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Sequence
 __all__ = ["RETABLE", "retable", "main"]
 
 #: The experiments whose tables can be rewritten from their files.
-RETABLE = ("tradeoff", "milp-vs-ilp")
+RETABLE = ("tradeoff", "milp-vs-ilp", "headline")
 
 
 def retable(directory: str) -> list[str]:
@@ -45,7 +46,36 @@ def retable(directory: str) -> list[str]:
 
         milp_vs_ilp_tables(runs, directory)
         return [os.path.join(directory, n) for n in ("milp-vs-ilp.md", "milp-vs-ilp.csv")]
+    if exp == "headline":
+        return _headline(directory, runs)
     raise ConfigError("dir", f"experiment {exp!r} of {conf!r}: its tables are not rewritten from files (allowed: {', '.join(RETABLE)})")
+
+
+def _headline(directory: str, runs: object) -> list[str]:
+    """The headline experiment's bound files and table (:func:`eval.experiments.exp_headline`)."""
+    import pandas as pd
+
+    from carbon_gym.errors import ConfigError
+    from eval.bound import bound_summary, bounds_table, matrix_specs, with_bounds
+    from eval.experiments import headline_table
+    from eval.tables import REFERENCE_POLICY, summary_markdown
+
+    summary_csv = os.path.join(directory, "summary.csv")
+    if not os.path.isfile(summary_csv):
+        raise ConfigError("dir", f"{summary_csv!r} not found")
+    summary = pd.read_csv(summary_csv)
+    rr = [s for s in matrix_specs(directory).values() if s.policy == REFERENCE_POLICY]
+    bsum = None
+    written = []
+    if rr:
+        bounds = bounds_table(rr, runs=runs)
+        bounds.to_csv(os.path.join(directory, "bounds.csv"), index=False)
+        bsum = bound_summary(with_bounds(runs, bounds))
+        bsum.to_csv(os.path.join(directory, "bound_summary.csv"), index=False)
+        written = [os.path.join(directory, n) for n in ("bounds.csv", "bound_summary.csv")]
+    with open(os.path.join(directory, "headline.md"), "w", encoding="utf-8") as fh:
+        fh.write(headline_table(summary, bsum) + "\n" + summary_markdown(summary))
+    return written + [os.path.join(directory, "headline.md")]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -118,11 +118,13 @@ def test_tradeoff_frontiers_and_equal_violation(results):
 
 
 @pytest.mark.parametrize("exp, files", [("tradeoff", ("tradeoff.md", "tradeoff.csv", "equal_violation.csv")),
-                                        ("milp-vs-ilp", ("milp-vs-ilp.md", "milp-vs-ilp.csv"))])
+                                        ("milp-vs-ilp", ("milp-vs-ilp.md", "milp-vs-ilp.csv")),
+                                        ("headline", ("headline.md", "bounds.csv", "bound_summary.csv"))])
 def test_tables_from_the_files_are_the_tables_as_run(results, tmp_path, exp, files, capsys):
-    """``python -m eval.retable DIR`` rewrites experiments e's and b's tables from runs.csv /
-    summary.csv: byte for byte what the run wrote (the knobs' values read from the runs, not the
-    registry); another experiment or a missing file is refused, naming dir."""
+    """``python -m eval.retable DIR`` rewrites experiments e's and b's tables, and the headline's
+    bounds and table, from runs.csv / summary.csv (and config.json): byte for byte what the run
+    wrote (the knobs' values read from the runs, not the registry); another experiment or a
+    missing file is refused, naming dir."""
     import shutil
 
     from eval import retable
@@ -137,7 +139,7 @@ def test_tables_from_the_files_are_the_tables_as_run(results, tmp_path, exp, fil
     assert retable.main([str(tmp_path / "nowhere")]) == 2
     assert retable.main([str(results / "polling")]) == 2
     err = capsys.readouterr().err
-    assert "dir: " in err and "not found" in err and "allowed: tradeoff, milp-vs-ilp" in err
+    assert "dir: " in err and "not found" in err and "allowed: tradeoff, milp-vs-ilp, headline" in err
 
 
 def test_an_invalid_ilp_gets_no_reduction_and_no_gap():
