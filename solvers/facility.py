@@ -144,7 +144,8 @@ import numpy as np
 
 from carbon_gym.errors import ConfigError
 
-from .base import Scheduler
+from .base import Scheduler, first_allowed
+from .baselines import CapacityBudget, capped_choice
 from .facility_model import (
     FacilityConfig,
     FacilityData,
@@ -206,6 +207,7 @@ class FacilityMILP(Scheduler):
                 raise ConfigError(f"facility.{unknown[0]}", "unknown setting", allowed=sorted(FacilityConfig.__dataclass_fields__))
             cfg = replace(cfg, **overrides)
         self.config = cfg
+        self._budget = CapacityBudget(float(cfg.step_cap)) if cfg.step_cap is not None else None
         super().__init__(env, **base_kw)
 
     def reset_stats(self) -> None:
@@ -244,9 +246,13 @@ class FacilityMILP(Scheduler):
         }
 
     def reset_state(self) -> None:
-        """Forget the capacity stage's memory (per-request work energy, static facts)."""
+        """Forget the capacity stage's memory (per-request work energy, static facts) and the
+        step cap's carried credit."""
         self._cap_facts: CapacityFacts | None = None
         self._work_j: np.ndarray | None = None
+        budget: CapacityBudget | None = getattr(self, "_budget", None)
+        if budget is not None:
+            budget.reset()
 
     def act(self, observation: Any, info: dict[str, Any]) -> Any:
         """The env action: the routing array, or with ``[capacity] control = "agent"`` at a capacity
@@ -348,8 +354,45 @@ class FacilityMILP(Scheduler):
             self.stats["fallback_reasons"].append(reason)
             log.warning("facility MILP falls back to the state-aware greedy at t=%.1f s: %s", problem.time_s, reason)
             assignment = facility_greedy(problem, self.config)
+        if self._budget is not None:
+            assignment = self._apply_step_cap(problem, assignment)
         self.stats["place_s"].append(time.perf_counter() - t0)
         return assignment
+
+    def _apply_step_cap(self, problem: PlacementProblem, assignment: np.ndarray) -> np.ndarray:
+        """``config.step_cap``: each datacenter keeps at most its step budget of the requests the
+        solve gave it (the longest waiting first); the others go, longest waiting first, to the
+        greenest allowed datacenter with budget left (ties: lower PUE, then index), or when none
+        has any, to the allowed one with the most budget left relative to its cap
+        (:func:`solvers.baselines.capped_choice`). Deferred requests stay deferred."""
+        assert self._budget is not None
+        p = problem
+        d_n = p.n_datacenters
+        budget = self._budget.budget(p, self.env)
+        out = np.asarray(assignment, dtype=np.int64).copy()
+        order = np.argsort(-p.waited_s, kind="stable")
+        kept = np.zeros(d_n)
+        moved: list[int] = []
+        for r in order:
+            d = int(out[r])
+            if d >= d_n:
+                continue
+            if kept[d] + 1.0 <= budget[d]:
+                kept[d] += 1.0
+            else:
+                moved.append(int(r))
+        if moved:
+            rank = np.lexsort((np.arange(d_n), p.pue, p.carbon_g_per_kwh))
+            score = np.empty(d_n)
+            score[rank] = np.arange(d_n)
+            allowed = first_allowed(p)
+            s = np.where(allowed, score[None, :], np.inf)
+            idx = np.asarray(moved, dtype=np.int64)
+            sub, _ = capped_choice(np.arange(idx.size), allowed[idx], s[idx], np.maximum(budget - kept, 0.0))
+            out[idx] = np.where(sub < d_n, sub, out[idx])
+        placed = out < d_n
+        self._budget.spend(np.bincount(out[placed], minlength=d_n).astype(np.float64))
+        return out
 
 
 class FacilityGreedy(Scheduler):

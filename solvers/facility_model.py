@@ -103,6 +103,14 @@ class FacilityConfig:
             ``kappa_cd += affinity x (max_d' cached_rd' - cached_rd) / 1000`` (0, the default: the
             cached prefixes count only through the prefill time, energy and TTFT they save). Its
             sweep traces the carbon-vs-affinity frontier (``carbon-gym experiment sessions``).
+        step_cap: ``None`` (default) or a share of the measured per-engine capacity (0..2]: after
+            each solve, a datacenter keeps at most ``step_cap x engines x capacity x poll_s``
+            of the step's requests (:class:`solvers.baselines.CapacityBudget`, the longest
+            waiting first), the rest going to the greenest allowed datacenters with budget left
+            (the ``greedy-cap`` rule). Tried on llama8b-high's training starts with the token
+            budget loosened so that the count binds: the same carbon as ``greedy-cap`` at that cap
+            but failing p99 TPOT (RESULTS.md, "The MILP's gap to the SLO-true bound"); kept for
+            that experiment, off by default.
     """
 
     violation_penalty_g: float = 1.0
@@ -132,6 +140,7 @@ class FacilityConfig:
     capacity_lookahead_s: float = 0.0
     affinity_g_per_ktok: float = 0.0
     prefill_horizon_s: float | None = 0.5
+    step_cap: float | None = None
 
     def __post_init__(self) -> None:
         if self.engine_model not in ("spread", "pack"):
@@ -182,6 +191,8 @@ class FacilityConfig:
 
     def _check_capacity(self) -> None:
         """Check the capacity stage's settings (ConfigError naming the field)."""
+        if self.step_cap is not None and not (isinstance(self.step_cap, (int, float)) and 0.0 < float(self.step_cap) <= 2.0):
+            raise ConfigError("facility.step_cap", f"must be None or in (0, 2] (share of the measured capacity), got {self.step_cap!r}")
         if not 0.0 < self.capacity_util_cap <= 1.0:
             raise ConfigError("facility.capacity_util_cap", f"must be in (0, 1], got {self.capacity_util_cap}")
         for name in ("capacity_load_margin", "capacity_lookahead_s", "affinity_g_per_ktok"):

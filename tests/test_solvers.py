@@ -287,3 +287,41 @@ def test_capacity_cap_fills_the_greenest_datacenters_up_to_their_measured_capaci
         make_policy("greedy", None, capacity_cap=0.0)
     with pytest.raises(ConfigError, match="capacity_cap"):
         make_policy("ilp-state", None, capacity_cap=0.9)
+
+
+def test_milp_step_cap_keeps_each_datacenter_within_its_step_budget() -> None:
+    """facility MILP with ``step_cap``: the solve's assignment, then each datacenter keeps at
+    most its CapacityBudget of the step (the longest waiting first) and the rest go greenest
+    first to datacenters with budget left; without the cap the solve's own assignment is
+    unchanged (the same as an uncapped MILP's); a bad cap is a ConfigError naming the field."""
+    from solvers.baselines import CapacityBudget
+
+    n = 40
+    p = small_problem(origin=[0] * n, prompt_tokens=[100] * n, output_tokens=[50] * n, waited_s=np.linspace(1, 0, n),
+                      network_s=[[0.01, 0.1, 0.2]] * n, allowed=[[True, True, True]] * n,
+                      n_engines=[2, 4, 1], busy_engines=[0, 0, 0], running=[0, 0, 0], queue_len=[0, 0, 0],
+                      est_queue_wait_s=[0.0] * 3)
+    free = make_policy("milp").place(p)
+    capped_policy = make_policy("milp", None, step_cap=0.5)
+    capped = capped_policy.place(p)
+    budget = CapacityBudget(0.5).budget(p, None)                       # floor(0.5 x E x 4 x 1 s) = [4, 8, 2]
+    np.testing.assert_array_equal(budget, [4.0, 8.0, 2.0])
+    counts = np.bincount(capped, minlength=4)
+    assert counts.sum() == n and counts[3] == np.bincount(free, minlength=4)[3]  # (deferrals untouched)
+    placed = n - counts[3]
+    assert np.bincount(free, minlength=4)[1] > budget[1]  # (the uncapped solve piles on the greenest: the cap binds)
+    if placed <= budget.sum():
+        assert (counts[:3] <= budget).all()
+    else:  # every budget full, the excess spread
+        assert (counts[:3] >= budget).all()
+    # a datacenter keeps the longest waiting of those the solve gave it, up to its budget
+    for d in range(3):
+        given = np.flatnonzero(free == d)
+        first = given[np.argsort(-p.waited_s[given], kind="stable")][:int(budget[d])]
+        assert (capped[first] == d).all()
+    # greenest first: dc1 < dc0 < dc2 (intensity x PUE); a request moved goes to the greenest with budget left
+    assert counts[1] >= min(budget[1], placed)
+    np.testing.assert_array_equal(make_policy("milp", None, step_cap=None).place(p), free)
+    for bad in (0.0, 2.5, -1.0):
+        with pytest.raises(ConfigError, match="facility.step_cap"):
+            make_policy("milp", None, step_cap=bad)
