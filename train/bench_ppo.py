@@ -20,6 +20,12 @@ per-slot network evaluation (``SetNetwork.per_slot``, the reference the class pa
 Usage::
 
     python -m train.bench_ppo --config llama8b --set-policy-from llama8b_dagger --timesteps 512 --repeats 3
+    python -m train.bench_ppo --config llama8b --set-policy-from llama8b_dagger --timesteps 512 --n-envs 2 --vec ray
+
+``--n-envs`` replaces the config's env count, ``--vec {dummy,subproc,ray}`` / ``--ray-address``
+choose the vector env (:func:`train.envs.make_vec_env`; Ray: :class:`train.ray_vec.RayVecEnv`,
+``--ray-address local`` by default). With ``--vec ray`` the "env" share includes the Ray round
+trips (and the envs' CPU time is in the actors, not in the main-process CPU figure).
 
 The last line is ``ppo_timesteps_per_s=<median over repeats>``.
 """
@@ -50,19 +56,25 @@ def _timed(fn: Callable[..., Any], acc: dict[str, float], key: str) -> Callable[
 
 
 def bench(config: str, timesteps: int, *, set_policy_from: str | None = None, per_slot: bool = False,
-          seed: int | None = None) -> dict[str, float]:
+          seed: int | None = None, n_envs: int | None = None, vec: str | None = None,
+          ray_address: str | None = None) -> dict[str, Any]:
     """One timed ``model.learn(timesteps)`` of ``config`` (a name in ``train/configs`` or a path).
+
+    ``n_envs`` replaces the config's ``n_envs``; ``vec`` (``"dummy"``, ``"subproc"``, ``"ray"``)
+    and ``ray_address`` choose the vector env as :func:`train.envs.make_vec_env` does (default:
+    the training run's choice, ``SubprocVecEnv`` for more than one env).
 
     Returns wall seconds (``wall_s``; model and env construction excluded), ``timesteps``,
     ``timesteps_per_s``, ``env_s``, ``rollout_policy_s``, ``update_s``, ``updates`` and
-    ``cpu_s`` (main process, user + system, during ``learn``), and the main process's CPU
-    seconds of the update and of the rollout policy (``update_cpu_s``, ``rollout_policy_cpu_s``).
+    ``cpu_s`` (main process, user + system, during ``learn``), the main process's CPU
+    seconds of the update and of the rollout policy (``update_cpu_s``, ``rollout_policy_cpu_s``),
+    and the vector env used: ``backend`` (``"dummy"``, ``"subproc"``, ``"ray"``) and ``n_envs``.
     """
     import torch as th
     from stable_baselines3.common.vec_env import VecNormalize
 
     from .config import load_config
-    from .envs import make_vec_env
+    from .envs import make_vec_env, vec_backend
     from .runner import _gamma, build_model
 
     over: dict[str, Any] = {"total_timesteps": int(timesteps)}
@@ -70,12 +82,15 @@ def bench(config: str, timesteps: int, *, set_policy_from: str | None = None, pe
         over["set_policy"] = dict(load_config(set_policy_from).set_policy)
     if seed is not None:
         over["seed"] = int(seed)
+    if n_envs is not None:
+        over["n_envs"] = int(n_envs)
     cfg = load_config(config, over)
     if cfg.algorithm != "maskable_ppo":
         raise SystemExit(f"{config}: algorithm {cfg.algorithm!r}; this benchmark runs maskable_ppo configs")
     th.set_num_threads(cfg.torch_threads)
+    backend = vec_backend(cfg.n_envs, backend=vec, ray_address=ray_address)
     venv = make_vec_env(cfg.scenarios, cfg.overrides, n_envs=cfg.n_envs, seed=cfg.seed, routing=False,
-                        heldout_every_days=cfg.heldout_every_days)
+                        heldout_every_days=cfg.heldout_every_days, backend=backend, ray_address=ray_address)
     if cfg.vec_normalize.get("reward", False):
         venv = VecNormalize(venv, norm_obs=False, norm_reward=True, gamma=_gamma(cfg),
                             clip_reward=float(cfg.vec_normalize.get("clip_reward", 10.0)))
@@ -106,7 +121,8 @@ def bench(config: str, timesteps: int, *, set_policy_from: str | None = None, pe
             "update_cpu_s": acc.get("update_cpu", 0.0),
             "rollout_policy_cpu_s": acc.get("rollout_cpu", 0.0) - acc.get("env_cpu", 0.0),
             "updates": float(n_updates[0]),
-            "cpu_s": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)}
+            "cpu_s": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime),
+            "backend": backend, "n_envs": cfg.n_envs}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -117,14 +133,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--timesteps", type=int, default=512, help="timesteps per repeat (a multiple of n_steps x n_envs)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--per-slot", action="store_true", help="evaluate the network per slot (the reference path)")
+    ap.add_argument("--n-envs", type=int, default=None, help="number of envs (default: the config's n_envs)")
+    ap.add_argument("--vec", default=None, choices=["dummy", "subproc", "ray"],
+                    help="vector env (default: subproc for more than one env, else dummy; ray with --ray-address)")
+    ap.add_argument("--ray-address", default=None,
+                    help="run the envs as Ray actors: 'local' starts a local instance, or a cluster address ('auto', "
+                         "'ray://head:10001')")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore", UserWarning)
     rates = []
     for i in range(int(args.repeats)):
-        r = bench(args.config, args.timesteps, set_policy_from=args.set_policy_from, per_slot=args.per_slot)
+        r = bench(args.config, args.timesteps, set_policy_from=args.set_policy_from, per_slot=args.per_slot,
+                  n_envs=args.n_envs, vec=args.vec, ray_address=args.ray_address)
         rates.append(r["timesteps_per_s"])
         w = r["wall_s"]
-        print(f"repeat {i}: {r['timesteps']:.0f} timesteps in {w:.1f} s -> {r['timesteps_per_s']:.1f} timesteps/s; "
+        print(f"repeat {i} ({r['backend']}, {r['n_envs']} envs): {r['timesteps']:.0f} timesteps in {w:.1f} s -> {r['timesteps_per_s']:.1f} timesteps/s; "
               f"env {r['env_s']:.1f} s ({r['env_s'] / w:.0%}), rollout policy {r['rollout_policy_s']:.1f} s "
               f"({r['rollout_policy_s'] / w:.0%}), update {r['update_s']:.1f} s ({r['update_s'] / w:.0%}, "
               f"{r['updates']:.0f} updates, {r['timesteps'] / max(r['update_s'], 1e-9):.1f} timesteps/s of update time); "

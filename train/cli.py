@@ -4,6 +4,7 @@ Usage::
 
     carbon-gym train --config train/configs/llama8b.toml [--run-dir runs/train/llama8b] [--resume]
                      [--total-timesteps N] [--export agent.npz] [--verbose]
+                     [--vec {dummy,subproc,ray}] [--ray-address local|auto|ray://head:10001]
     carbon-gym train --config dev_maskable --resume          # continue an interrupted run
     carbon-gym train evaluate --checkpoint PATH --scenarios llama8b-moderate [--days 3] [--policies rr,greedy,milp]
     carbon-gym train export --checkpoint runs/train/llama8b_dagger_h8/best.npz --out train/checkpoints/llama8b_set.npz
@@ -57,6 +58,13 @@ def _train_parser() -> argparse.ArgumentParser:
     p.add_argument("--total-timesteps", type=int, default=None, help="override total_timesteps of the config")
     p.add_argument("--export", default=None, help="also export the final model to this path (a set policy in the pickle-free format, e.g. agent.npz)")
     p.add_argument("--verbose", action="store_true", help="print SB3's log tables")
+    p.add_argument("--vec", default=None, choices=["dummy", "subproc", "ray"],
+                   help="where the config's n_envs training envs run: in this process (dummy), one subprocess each "
+                        "(subproc; the default for more than one env) or one Ray actor each (ray; needs Ray, "
+                        "pip install 'carbon-gym[ray]')")
+    p.add_argument("--ray-address", default=None,
+                   help="run the training envs as Ray actors (implies --vec ray): 'local' starts a local Ray instance, "
+                        "or join a cluster ('auto', 'ray://head:10001')")
     return p
 
 
@@ -158,10 +166,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .config import load_config
         from .runner import train
 
+        if args.vec == "ray" or args.ray_address is not None:
+            from .ray_vec import import_ray
+
+            try:
+                import_ray()
+            except RuntimeError as exc:
+                print(f"{PROG}: error: {exc}", file=sys.stderr)
+                return 2
+
         over = {"total_timesteps": args.total_timesteps} if args.total_timesteps is not None else None
         cfg = load_config(args.config, over)
         run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / "train" / cfg.name
-        summary = train(cfg, run_dir, resume=args.resume, verbose=args.verbose, trust=args.trust_checkpoint)
+        summary = train(cfg, run_dir, resume=args.resume, verbose=args.verbose, trust=args.trust_checkpoint,
+                        vec_backend=args.vec, ray_address=args.ray_address)
         print(f"final policy: {summary['final']}")
         if args.export:
             from .policy import export_checkpoint

@@ -29,6 +29,9 @@ __all__ = [
     "make_episode_env",
     "ScenarioMixEnv",
     "make_vec_env",
+    "make_env_fns",
+    "vec_backend",
+    "VEC_BACKENDS",
 ]
 
 #: Year of the packaged hourly carbon traces (episode start dates are drawn in it).
@@ -211,6 +214,10 @@ def _make_one(scenarios: Sequence[str], overrides: dict[str, Any], every: int, r
     return Monitor(env)
 
 
+#: Vector-env backends of :func:`make_vec_env` (``backend=``).
+VEC_BACKENDS = ("dummy", "subproc", "ray")
+
+
 def make_vec_env(
     scenarios: Sequence[str],
     overrides: dict[str, Any] | None,
@@ -220,22 +227,68 @@ def make_vec_env(
     routing: bool,
     heldout_every_days: int = 4,
     subprocess: bool | None = None,
+    backend: str | None = None,
+    ray_address: str | None = None,
 ) -> Any:
-    """``n_envs`` :class:`ScenarioMixEnv` (each in a ``Monitor``) in a ``SubprocVecEnv``
-    (``DummyVecEnv`` when ``n_envs == 1`` or ``subprocess=False``); env i is seeded ``seed + i``."""
+    """``n_envs`` :class:`ScenarioMixEnv` (each in a ``Monitor``) in a vector env; env i is seeded
+    ``seed + i``.
+
+    ``backend``: ``"dummy"`` (``DummyVecEnv``, all envs in this process), ``"subproc"``
+    (``SubprocVecEnv``, one process each) or ``"ray"`` (:class:`train.ray_vec.RayVecEnv`, one Ray
+    actor each, on ``ray_address``: ``"local"`` starts a local instance, default; ``"auto"`` /
+    ``"ray://head:10001"`` join a cluster). ``ray_address`` alone implies ``"ray"``. None (and
+    no ``ray_address``): ``SubprocVecEnv`` when ``n_envs > 1``, else ``DummyVecEnv``;
+    ``subprocess`` (older switch) forces ``SubprocVecEnv`` (True) or ``DummyVecEnv`` (False).
+    :class:`ConfigError` (field ``vec_backend``) for an unknown backend or a conflicting choice.
+    """
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
-    fns: list[Callable[[], gym.Env]] = [
-        functools.partial(_make_one, list(scenarios), dict(overrides or {}), heldout_every_days, routing, seed + i, 1)
-        for i in range(n_envs)
-    ]
-    use_sub = (n_envs > 1) if subprocess is None else bool(subprocess)
-    if use_sub:
+    kind = vec_backend(n_envs, backend=backend, ray_address=ray_address, subprocess=subprocess)
+    fns = make_env_fns(scenarios, overrides, n_envs=n_envs, seed=seed, routing=routing, heldout_every_days=heldout_every_days)
+    venv: Any
+    if kind == "ray":
+        from .ray_vec import RayVecEnv
+
+        venv = RayVecEnv(fns, address=ray_address or "local")
+    elif kind == "subproc":
         venv = SubprocVecEnv(fns, start_method="spawn" if _fork_unsafe() else None)
     else:
         venv = DummyVecEnv(fns)
     venv.seed(seed)
     return venv
+
+
+def make_env_fns(scenarios: Sequence[str], overrides: dict[str, Any] | None, *, n_envs: int, seed: int, routing: bool,
+                 heldout_every_days: int = 4) -> list[Callable[[], gym.Env]]:
+    """The picklable env factories :func:`make_vec_env` vectorises (env i: a ``Monitor``-wrapped
+    :class:`ScenarioMixEnv` reset with seed ``seed + i``, one torch thread), e.g. for a
+    :class:`train.ray_vec.RayVecEnv` with other options."""
+    return [
+        functools.partial(_make_one, list(scenarios), dict(overrides or {}), heldout_every_days, routing, seed + i, 1)
+        for i in range(n_envs)
+    ]
+
+
+def vec_backend(n_envs: int, *, backend: str | None = None, ray_address: str | None = None,
+                subprocess: bool | None = None) -> str:
+    """The backend :func:`make_vec_env` uses for these arguments (one of :data:`VEC_BACKENDS`);
+    :class:`ConfigError` (field ``vec_backend``) for an unknown or conflicting choice."""
+    if backend is not None and backend not in VEC_BACKENDS:
+        raise ConfigError("vec_backend", f"unknown vector-env backend {backend!r}", allowed=list(VEC_BACKENDS))
+    if ray_address is not None:
+        if not isinstance(ray_address, str) or not ray_address:
+            raise ConfigError("ray_address", f"must be 'local' or a Ray cluster address, got {ray_address!r}")
+        if backend not in (None, "ray"):
+            raise ConfigError("vec_backend", f"a Ray address ({ray_address!r}) runs the envs on Ray, not backend {backend!r}",
+                              allowed=["ray"])
+        backend = "ray"
+    if backend is not None:
+        if subprocess is not None and (backend == "subproc") != bool(subprocess):
+            raise ConfigError("vec_backend", f"backend {backend!r} conflicts with subprocess={subprocess!r}",
+                              allowed=list(VEC_BACKENDS))
+        return backend
+    use_sub = (n_envs > 1) if subprocess is None else bool(subprocess)
+    return "subproc" if use_sub else "dummy"
 
 
 def _fork_unsafe() -> bool:

@@ -98,6 +98,8 @@ def train(  # noqa: C901
     log: Callable[[str], None] = print,
     stop_after_timesteps: int | None = None,
     trust: bool = False,
+    vec_backend: str | None = None,
+    ray_address: str | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) training. Returns a summary dict (timesteps, wall time, paths, last evaluation).
 
@@ -106,6 +108,12 @@ def train(  # noqa: C901
     only with ``trust`` (``--trust-checkpoint``), :class:`ConfigError` otherwise.
     ``stop_after_timesteps`` ends this invocation early (as an interruption would) after the
     given number of timesteps, leaving a checkpoint to resume from (used by tests).
+
+    ``vec_backend`` (``"dummy"``, ``"subproc"``, ``"ray"``) and ``ray_address`` (``"local"``, or
+    a cluster address: the envs run as Ray actors, :class:`train.ray_vec.RayVecEnv`) choose where
+    the ``cfg.n_envs`` training envs run (:func:`train.envs.make_vec_env`; default: subprocesses
+    for more than one env). They are not part of the config (nor of its digest): the envs are
+    seeded alike on every backend, and a run may resume on another one.
     """
     import torch as th
     from stable_baselines3.common.logger import configure
@@ -113,7 +121,9 @@ def train(  # noqa: C901
 
     from .callbacks import CheckpointCallback, DomainMetricsCallback, latest_checkpoint, save_checkpoint
     from .envs import make_vec_env
+    from .envs import vec_backend as _vec_backend
 
+    backend = _vec_backend(cfg.n_envs, backend=vec_backend, ray_address=ray_address)  # a bad choice fails first
     t_start = time.perf_counter()
     th.set_num_threads(cfg.torch_threads)
     run = Path(run_dir)
@@ -139,7 +149,7 @@ def train(  # noqa: C901
 
     routing = cfg.algorithm == "ppo"
     venv = make_vec_env(cfg.scenarios, cfg.overrides, n_envs=cfg.n_envs, seed=cfg.seed + (int(state["num_timesteps"]) if state else 0),
-                        routing=routing, heldout_every_days=cfg.heldout_every_days)
+                        routing=routing, heldout_every_days=cfg.heldout_every_days, backend=backend, ray_address=ray_address)
     use_vn = bool(cfg.vec_normalize.get("reward", False))
     gamma = _gamma(cfg)
     formats = ["csv", "tensorboard"] + (["stdout"] if verbose else [])
