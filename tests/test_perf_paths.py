@@ -217,3 +217,15 @@ def test_binned_predictor_lookup_equals_binning():
     np.testing.assert_array_equal(pred.predict(big), pred.table[pred._bin(big)])
     np.testing.assert_array_equal(pred.predict(q.astype(np.float64)), pred.table[pred._bin(q)])
     assert pred.predict(np.zeros(0, dtype=np.int64)).shape == (0,)
+
+
+def test_record_column_covers_every_record_column_and_no_more() -> None:
+    """carbon_gym.sim.request.record_column computes each of RECORD_COLUMNS (lazy records) and
+    refuses an index past them."""
+    from carbon_gym.sim.records import RECORD_COLUMNS
+    from carbon_gym.sim.request import record_column
+
+    for j in range(len(RECORD_COLUMNS)):
+        assert record_column([], j) == []
+    with pytest.raises(IndexError, match=f"has {len(RECORD_COLUMNS)}"):
+        record_column([], len(RECORD_COLUMNS))

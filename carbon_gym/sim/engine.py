@@ -476,7 +476,7 @@ class Engine(CopyableState):
         self.completed += 1
         req.engine_index = self.index
         req.done_s = t
-        self.finished.append(req)  # (its record row is computed when read: simulator.record_column)
+        self.finished.append(req)  # (its record row is computed when read: request.record_column)
 
     def _free_request(self, req: RequestState) -> None:
         """Free the KV blocks of ``req`` (completed or preempted); with prefix caching its

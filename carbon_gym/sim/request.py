@@ -20,7 +20,7 @@ except ImportError:  # pragma: no cover - pure-Python install without mypy_exten
         return lambda cls: cls
 
 
-__all__ = ["CopyableState", "RequestState", "Event", "EventQueue", "EngineModels", "PRIO_SHIFT", "mypyc_attr"]
+__all__ = ["CopyableState", "RequestState", "Event", "EventQueue", "EngineModels", "PRIO_SHIFT", "mypyc_attr", "record_column"]
 
 #: An event's key is ``priority << PRIO_SHIFT | sequence number`` (:meth:`EventQueue.push`): events
 #: at the same time pop by priority, then in the order they were pushed.
@@ -377,3 +377,61 @@ class EngineModels(CopyableState):
         if v is None:
             v = self._decode_power[n] = self.tp * float(self.power.gpu_power_w(0, n))
         return v
+
+
+def record_column(reqs: list[RequestState], j: int) -> list:  # noqa: C901  (one branch per column)
+    """Column ``j`` of :data:`~carbon_gym.sim.records.RECORD_COLUMNS` for the completed requests
+    ``reqs`` (ints or floats, one per request): what :class:`RequestRecords` reads when the column
+    is first used. The derived columns are computed as the engine computed them at completion
+    before records became lazy (the same floating-point operations, in the same order)."""
+    if j == 0:
+        return [r.rid for r in reqs]
+    if j == 1:
+        return [r.origin for r in reqs]
+    if j == 2:
+        return [r.dc for r in reqs]
+    if j == 3:
+        return [r.engine_index for r in reqs]
+    if j == 4:
+        return [r.arrival_s for r in reqs]
+    if j == 5:
+        return [r.sent_s for r in reqs]
+    if j == 6:
+        return [r.dc_arrival_s for r in reqs]
+    if j == 7:
+        return [r.first_sched_s for r in reqs]
+    if j == 8:
+        return [r.first_token_s + r.down_s for r in reqs]
+    if j == 9:
+        return [r.done_s + r.down_s for r in reqs]
+    if j == 10:
+        return [r.prompt_tokens for r in reqs]
+    if j == 11:
+        return [r.output_tokens for r in reqs]
+    if j == 12:  # ttft_s
+        return [r.first_token_s + r.down_s - r.arrival_s for r in reqs]
+    if j == 13:  # tpot_s
+        out: list[float] = []
+        for r in reqs:
+            ttft = r.first_token_s + r.down_s - r.arrival_s
+            e2e = r.done_s + r.down_s - r.arrival_s
+            n = r.output_tokens
+            out.append((e2e - ttft) / (n - 1) if n > 1 else 0.0)
+        return out
+    if j == 14:  # e2e_s
+        return [r.done_s + r.down_s - r.arrival_s for r in reqs]
+    if j == 15:  # queue_wait_s
+        return [r.first_sched_s - r.dc_arrival_s for r in reqs]
+    if j == 16:  # prefill_s
+        return [r.first_token_s - r.first_sched_s for r in reqs]
+    if j == 17:  # network_s
+        return [r.up_s + r.down_s for r in reqs]
+    if j == 18:
+        return [r.preemptions for r in reqs]
+    if j == 19:
+        return [r.energy_j for r in reqs]
+    if j == 20:
+        return [r.carbon_g for r in reqs]
+    if j == 21:
+        return [r.cached_tokens for r in reqs]
+    raise IndexError(f"record column {j} (RECORD_COLUMNS has 22)")
