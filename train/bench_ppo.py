@@ -57,12 +57,14 @@ def _timed(fn: Callable[..., Any], acc: dict[str, float], key: str) -> Callable[
 
 def bench(config: str, timesteps: int, *, set_policy_from: str | None = None, per_slot: bool = False,
           seed: int | None = None, n_envs: int | None = None, vec: str | None = None,
-          ray_address: str | None = None) -> dict[str, Any]:
+          ray_address: str | None = None, update_threads: int | None = None) -> dict[str, Any]:
     """One timed ``model.learn(timesteps)`` of ``config`` (a name in ``train/configs`` or a path).
 
     ``n_envs`` replaces the config's ``n_envs``; ``vec`` (``"dummy"``, ``"subproc"``, ``"ray"``)
     and ``ray_address`` choose the vector env as :func:`train.envs.make_vec_env` does (default:
-    the training run's choice, ``SubprocVecEnv`` for more than one env).
+    the training run's choice, ``SubprocVecEnv`` for more than one env). ``update_threads``: torch
+    threads of the update, the rollouts keeping the config's ``torch_threads``
+    (:class:`train.callbacks.UpdateThreadsCallback`; None: the config's for both).
 
     Returns wall seconds (``wall_s``; model and env construction excluded), ``timesteps``,
     ``timesteps_per_s``, ``env_s``, ``rollout_policy_s``, ``update_s``, ``updates`` and
@@ -74,6 +76,7 @@ def bench(config: str, timesteps: int, *, set_policy_from: str | None = None, pe
     from stable_baselines3.common.vec_env import VecNormalize
 
     from .config import load_config
+    from .callbacks import UpdateThreadsCallback
     from .envs import make_vec_env, vec_backend
     from .runner import _gamma, build_model
 
@@ -111,7 +114,8 @@ def bench(config: str, timesteps: int, *, set_policy_from: str | None = None, pe
     model.train = _timed(counted_train, acc, "update")
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
-    model.learn(total_timesteps=int(timesteps), progress_bar=False)
+    cb = [UpdateThreadsCallback(int(update_threads))] if update_threads is not None else []
+    model.learn(total_timesteps=int(timesteps), progress_bar=False, callback=cb)
     wall = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     venv.close()
@@ -122,7 +126,7 @@ def bench(config: str, timesteps: int, *, set_policy_from: str | None = None, pe
             "rollout_policy_cpu_s": acc.get("rollout_cpu", 0.0) - acc.get("env_cpu", 0.0),
             "updates": float(n_updates[0]),
             "cpu_s": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime),
-            "backend": backend, "n_envs": cfg.n_envs}
+            "backend": backend, "n_envs": cfg.n_envs, "update_threads": update_threads}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -139,15 +143,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ray-address", default=None,
                     help="run the envs as Ray actors: 'local' starts a local instance, or a cluster address ('auto', "
                          "'ray://head:10001')")
+    ap.add_argument("--update-threads", type=int, default=None,
+                    help="torch threads of the PPO update (the rollouts keep the config's torch_threads; default: the same)")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore", UserWarning)
     rates = []
     for i in range(int(args.repeats)):
         r = bench(args.config, args.timesteps, set_policy_from=args.set_policy_from, per_slot=args.per_slot,
-                  n_envs=args.n_envs, vec=args.vec, ray_address=args.ray_address)
+                  n_envs=args.n_envs, vec=args.vec, ray_address=args.ray_address, update_threads=args.update_threads)
         rates.append(r["timesteps_per_s"])
         w = r["wall_s"]
-        print(f"repeat {i} ({r['backend']}, {r['n_envs']} envs): {r['timesteps']:.0f} timesteps in {w:.1f} s -> {r['timesteps_per_s']:.1f} timesteps/s; "
+        thr = f", update on {r['update_threads']} threads" if r["update_threads"] is not None else ""
+        print(f"repeat {i} ({r['backend']}, {r['n_envs']} envs{thr}): {r['timesteps']:.0f} timesteps in {w:.1f} s -> {r['timesteps_per_s']:.1f} timesteps/s; "
               f"env {r['env_s']:.1f} s ({r['env_s'] / w:.0%}), rollout policy {r['rollout_policy_s']:.1f} s "
               f"({r['rollout_policy_s'] / w:.0%}), update {r['update_s']:.1f} s ({r['update_s'] / w:.0%}, "
               f"{r['updates']:.0f} updates, {r['timesteps'] / max(r['update_s'], 1e-9):.1f} timesteps/s of update time); "

@@ -13,7 +13,8 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 from .tags import TAGS
 
-__all__ = ["DomainMetricsCallback", "CheckpointCallback", "evaluate_model", "save_checkpoint", "latest_checkpoint"]
+__all__ = ["DomainMetricsCallback", "CheckpointCallback", "UpdateThreadsCallback", "evaluate_model", "save_checkpoint",
+           "latest_checkpoint"]
 
 
 def evaluate_model(model: Any, make_env: Callable[[], Any], seed: int) -> dict[str, Any]:
@@ -221,3 +222,47 @@ class CheckpointCallback(BaseCallback):
         if self._every > 0 and self.num_timesteps - self._last >= self._every:
             save_checkpoint(self._dir, self.model, phase="ppo", keep=self._keep, extra=self._extra() if self._extra else None)
             self._last = int(self.num_timesteps)
+
+
+class UpdateThreadsCallback(BaseCallback):
+    """Run the policy update on ``update_threads`` torch threads and the rollouts on the threads
+    set when training starts (the config's ``torch_threads``): while the learner updates, the
+    envs wait, so their cores are free; while they step, the learner's threads would compete
+    with them. Only the thread count changes, not what is computed (a different count may change
+    the floating-point order of reductions, so a run is reproducible at a given setting).
+
+    Args:
+        update_threads: torch threads of the update (>= 1).
+    """
+
+    def __init__(self, update_threads: int) -> None:
+        super().__init__(verbose=0)
+        if isinstance(update_threads, bool) or not isinstance(update_threads, int) or update_threads < 1:
+            from carbon_gym.errors import ConfigError
+
+            raise ConfigError("update_threads", f"must be an integer >= 1 (torch threads of the PPO update), got {update_threads!r}")
+        self.update_threads = int(update_threads)
+        self.rollout_threads = 1
+
+    def _on_training_start(self) -> None:
+        import torch as th
+
+        self.rollout_threads = th.get_num_threads()
+
+    def _on_rollout_start(self) -> None:
+        import torch as th
+
+        th.set_num_threads(self.rollout_threads)
+
+    def _on_rollout_end(self) -> None:  # (the update follows)
+        import torch as th
+
+        th.set_num_threads(self.update_threads)
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_training_end(self) -> None:
+        import torch as th
+
+        th.set_num_threads(self.rollout_threads)

@@ -4,7 +4,7 @@ Usage::
 
     carbon-gym train --config train/configs/llama8b.toml [--run-dir runs/train/llama8b] [--resume]
                      [--total-timesteps N] [--export agent.npz] [--verbose]
-                     [--vec {dummy,subproc,ray}] [--ray-address local|auto|ray://head:10001]
+                     [--vec {dummy,subproc,ray}] [--ray-address local|auto|ray://head:10001] [--update-threads N]
     carbon-gym train --config dev_maskable --resume          # continue an interrupted run
     carbon-gym train evaluate --checkpoint PATH --scenarios llama8b-moderate [--days 3] [--policies rr,greedy,milp]
     carbon-gym train export --checkpoint runs/train/llama8b_dagger_h8/best.npz --out train/checkpoints/llama8b_set.npz
@@ -62,6 +62,9 @@ def _train_parser() -> argparse.ArgumentParser:
                    help="where the config's n_envs training envs run: in this process (dummy), one subprocess each "
                         "(subproc; the default for more than one env) or one Ray actor each (ray; needs Ray, "
                         "pip install 'carbon-gym[ray]')")
+    p.add_argument("--update-threads", type=int, default=None,
+                   help="torch threads of the PPO update; the rollouts keep the config's torch_threads (the envs are "
+                        "idle during the update, so their cores are free; default: torch_threads for both)")
     p.add_argument("--ray-address", default=None,
                    help="run the training envs as Ray actors (implies --vec ray): 'local' starts a local Ray instance, "
                         "or join a cluster ('auto', 'ray://head:10001')")
@@ -179,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = load_config(args.config, over)
         run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / "train" / cfg.name
         summary = train(cfg, run_dir, resume=args.resume, verbose=args.verbose, trust=args.trust_checkpoint,
-                        vec_backend=args.vec, ray_address=args.ray_address)
+                        vec_backend=args.vec, ray_address=args.ray_address, update_threads=args.update_threads)
         print(f"final policy: {summary['final']}")
         if args.export:
             from .policy import export_checkpoint

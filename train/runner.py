@@ -100,6 +100,7 @@ def train(  # noqa: C901
     trust: bool = False,
     vec_backend: str | None = None,
     ray_address: str | None = None,
+    update_threads: int | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) training. Returns a summary dict (timesteps, wall time, paths, last evaluation).
 
@@ -113,17 +114,20 @@ def train(  # noqa: C901
     a cluster address: the envs run as Ray actors, :class:`train.ray_vec.RayVecEnv`) choose where
     the ``cfg.n_envs`` training envs run (:func:`train.envs.make_vec_env`; default: subprocesses
     for more than one env). They are not part of the config (nor of its digest): the envs are
-    seeded alike on every backend, and a run may resume on another one.
+    seeded alike on every backend, and a run may resume on another one. ``update_threads``: torch
+    threads of the PPO update, the rollouts keeping ``cfg.torch_threads``
+    (:class:`train.callbacks.UpdateThreadsCallback`; None: ``cfg.torch_threads`` for both).
     """
     import torch as th
     from stable_baselines3.common.logger import configure
     from stable_baselines3.common.vec_env import VecNormalize
 
-    from .callbacks import CheckpointCallback, DomainMetricsCallback, latest_checkpoint, save_checkpoint
+    from .callbacks import CheckpointCallback, DomainMetricsCallback, UpdateThreadsCallback, latest_checkpoint, save_checkpoint
     from .envs import make_vec_env
     from .envs import vec_backend as _vec_backend
 
     backend = _vec_backend(cfg.n_envs, backend=vec_backend, ray_address=ray_address)  # a bad choice fails first
+    threads_cb = [UpdateThreadsCallback(update_threads)] if update_threads is not None else []
     t_start = time.perf_counter()
     th.set_num_threads(cfg.torch_threads)
     run = Path(run_dir)
@@ -221,11 +225,11 @@ def train(  # noqa: C901
         full = model.policy.optimizer
         model.policy.optimizer = type(full)(model.policy.net.value_head.parameters(), **full.defaults)
         log(f"critic warm-up: {warm} timesteps, the actor frozen")
-        model.learn(total_timesteps=warm, callback=[domain], reset_num_timesteps=False, progress_bar=False)  # no checkpoint: its optimizer is partial
+        model.learn(total_timesteps=warm, callback=[domain, *threads_cb], reset_num_timesteps=False, progress_bar=False)  # no checkpoint: its optimizer is partial
         model.policy.optimizer = full
     remaining = target - int(model.num_timesteps)
     if remaining > 0:
-        model.learn(total_timesteps=remaining, callback=[domain, ckpt], reset_num_timesteps=False, progress_bar=False)
+        model.learn(total_timesteps=remaining, callback=[domain, ckpt, *threads_cb], reset_num_timesteps=False, progress_bar=False)
     save_checkpoint(run, model, phase="done" if model.num_timesteps >= cfg.total_timesteps else "ppo", keep=cfg.keep_checkpoints)
     model.save(run / "final.zip")
     write_checkpoint_env(run / "final.zip")
