@@ -26,18 +26,19 @@ episode's request mix: in every window of the program (the carbon trace's hours)
 routed to ``d`` is at most ``C_d x`` the window's length (s) x the mix's mean request's (a cap
 on the count instead would let the program send the largest requests to the cleanest
 datacenters and the smallest elsewhere, more work per second than any datacenter does within
-p99; the whole-episode program splits each window's work in proportion, where the two agree). Every active engine-second at
-``d`` costs the physical bound's ``tp (P_lo - P_idle)`` times ``d``'s energy factor
-``max(1, e_d / ideal_d)`` (:func:`energy_factor`; ``ideal_d``: the physical bound's mean active
-energy per request at ``d``, the same request mix), so a request routed to ``d`` costs on
-average what it costs at ``d``'s operating point. Energy per request falls with the per-engine
+p99; the whole-episode program splits each window's work in proportion, where the two agree).
+Every active engine-second at ``d`` costs the physical bound's ``tp (P_lo - P_idle)`` times
+``d``'s energy factor ``max(1, e_d / ideal_d)`` (:func:`energy_factor`; ``ideal_d``: the
+physical bound's mean active energy per request at ``d``, the same request mix), so a request
+routed to ``d`` costs on average what it costs at ``d``'s operating point. Energy per request falls with the per-engine
 rate, so no rate within ``c_d`` (nor any mix of such rates over time) does a request for less.
 
 **Capacity control.** An engine serves at most ``c_d`` requests/s of the mix within p99, so the
 awake engine-seconds at ``d`` are at least the requests it serves over ``c_d`` (in work: its work
-over ``c_d`` x the mean request's; as well as its active engine-seconds); each awake engine-second pays at least its GPUs' idle power above the floor's
-(sleep power, or 0 W for a server that is off) and, when servers may be powered off, its share of
-a powered server's host power (``(host_w - least) / engines per server``).
+over ``c_d`` x the mean request's; as well as its active engine-seconds); each awake
+engine-second pays at least its GPUs' idle power above the floor's (sleep power, or 0 W for a
+server that is off) and, when servers may be powered off, its share of a powered server's host
+power (``(host_w - least) / engines per server``).
 
 **What it bounds, honestly.** It is a lower bound on the carbon of any policy that keeps every
 datacenter's offered load (and, under capacity control, every awake engine's) within the
