@@ -30,8 +30,9 @@ p99; the whole-episode program splits each window's work in proportion, where th
 Every active engine-second at ``d`` costs the physical bound's ``tp (P_lo - P_idle)`` times
 ``d``'s energy factor ``max(1, e_d / ideal_d)`` (:func:`energy_factor`; ``ideal_d``: the
 physical bound's mean active energy per request at ``d``, the same request mix), so a request
-routed to ``d`` costs on average what it costs at ``d``'s operating point. Energy per request falls with the per-engine
-rate, so no rate within ``c_d`` (nor any mix of such rates over time) does a request for less.
+routed to ``d`` costs on average what it costs at ``d``'s operating point. Energy per request
+falls with the per-engine rate, so no rate within ``c_d`` (nor any mix of such rates over time)
+does a request for less.
 
 **Capacity control.** An engine serves at most ``c_d`` requests/s of the mix within p99, so the
 awake engine-seconds at ``d`` are at least the requests it serves over ``c_d`` (in work: its work
