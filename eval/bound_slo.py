@@ -193,11 +193,11 @@ def slo_window_bound(scenario: Any, parts: Any, zones: np.ndarray, arrival: np.n
 
     Always on (``capacity`` False): an engine-second costs ``tp (P_lo - P_idle)`` (the floor has
     every GPU at idle) times ``d``'s energy factor at its operating point (:func:`energy_factor`;
-    ``point``: measured by :func:`slo_operating_point` when None). Capacity control: ``tp (P_lo - P_idle)`` per active engine-second plus,
-    per awake engine-second, ``tp P_idle`` and the engine's share of its server's host power above
-    the least power (the floor has every server at its least power); awake engine-seconds at ``d``
-    are at least its active ones and its work / (``c_d`` x the mean request's), at most its engines
-    x the window.
+    ``point``: measured by :func:`slo_operating_point` when None). Capacity control: the same per
+    active engine-second plus, per awake engine-second, ``tp P_idle`` and the engine's share of its
+    server's host power above the least power (the floor has every server at its least power);
+    awake engine-seconds at ``d`` are at least its active ones and its work / (``c_d`` x the mean
+    request's), at most its engines x the window.
     ``least_node_w[gpu]``: a server's least power in any capacity state (W). ``arrival``: the
     arrival instants (s) of the requests arriving in the window. Grams are ``W x g/kWh x s / 3.6e6``."""
     import highspy
