@@ -57,7 +57,7 @@ INTRO = (
     "(`capacity_cap` 1.2 of the engine figure on Llama / Qwen, 1.0 on Mixtral: of the caps tried, 1.1-1.3 on "
     "llama8b-high and 1.0-1.2 on qwen7b-high and mixtral8x7b-high, the largest passing p99 in both training starts, "
     "`results/selection/headline-train-greedy-op*`; Qwen's 1.3 was not tried), run at high load, where the MILP misses "
-    "the bound target.\n")
+    "the bound target, and with the same caps at moderate load (not re-chosen there).\n")
 #: The section's closing paragraph.
 OBJECTIONS = (
     "**What a reviewer would object to.** The polling period is a property of the deployment, not of the "
