@@ -341,8 +341,8 @@ def carbon_lower_bound(scenario: Any, seed: int, *, sleep_w: float | None = None
         point = point if point is not None else slo_operating_point(scenario, parts)
         c_eng = np.asarray(point.capacity_per_engine_per_s, dtype=np.float64)
         # every active engine-second at d at its operating point's energy (eval.bound_slo.energy_factor)
-        ideal_j = np.array([float(np.mean(_engine_seconds(models[g].latency, eng, prompt, output, K)[0])) * tp * (p_lo[d] - idle_w[d])
-                            for d, g in enumerate(gpu_of)])
+        mean_s = {g: float(np.mean(_engine_seconds(m.latency, eng, prompt, output, K)[0])) for g, m in models.items()}  # per GPU type
+        ideal_j = np.array([mean_s[g] * tp * (p_lo[d] - idle_w[d]) for d, g in enumerate(gpu_of)])
         factor = energy_factor(point, ideal_j)
         t_cols = np.arange(col_t0, col_t0 + n_hd, dtype=np.int32)
         h_.changeColsCost(n_hd, t_cols, cost[col_t0:col_t0 + n_hd] * np.array([factor[d] for _, d in hd]))

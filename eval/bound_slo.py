@@ -228,7 +228,8 @@ def slo_window_bound(scenario: Any, parts: Any, zones: np.ndarray, arrival: np.n
     idle = np.array([float(models[g].power.idle_w) for g in gpu_of])
     p_lo = np.array([min(float(models[g].power.decode_min_w), float(models[g].power.prefill_w)) for g in gpu_of])
     # per active engine-second above idle, at the datacenter's SLO operating point (energy_factor)
-    ideal_j = np.array([float(np.mean(secs[g])) * tp * (p_lo[d] - idle[d]) for d, g in enumerate(gpu_of)])
+    mean_s = np.array([float(np.mean(secs[g])) for g in gpu_of])  # the mix's mean engine-seconds per request at d
+    ideal_j = mean_s * tp * (p_lo - idle)
     active_w = pue * tp * (p_lo - idle) * energy_factor(point, ideal_j)
     if capacity:
         epn = np.array([max(1.0, float(dc.gpus_per_node) / tp) for dc in dcs])
@@ -272,7 +273,6 @@ def slo_window_bound(scenario: Any, parts: Any, zones: np.ndarray, arrival: np.n
     # episode's mix, i.e. C_d x (the mix's mean engine-seconds) engine-seconds of work per second
     # (a count would let the program send the largest requests to the cleanest datacenters and
     # the smallest elsewhere, more work per second than any datacenter does within p99)
-    mean_s = np.array([float(np.mean(secs[g])) for g in gpu_of])
     for h in range(len(wins)):                                    # work arriving at d in window h <= C_d x len_h x mean
         bs = [b for b, (hb, _) in enumerate(bins) if hb == h]
         for d in range(n_d):

@@ -427,22 +427,36 @@ def _variant_specs(
     return specs
 
 
+def headline_files(out: str, specs: Sequence[RunSpec], runs: Any, summary: Any) -> tuple[str, list[str]]:
+    """The headline's tables in ``out`` from its runs and summary: ``bounds.csv`` and
+    ``bound_summary.csv`` (the bounds of the episodes of the rr runs among ``specs``; none
+    without) and ``headline.md``. Returns (the table, the files written): what
+    :func:`exp_headline` writes after its runs, and ``python -m eval.retable`` from the files."""
+    from eval.bound import bound_summary, bounds_table, with_bounds
+
+    os.makedirs(out, exist_ok=True)
+    rr = [sp for sp in specs if sp.policy == REFERENCE_POLICY]
+    bounds = bounds_table(rr, runs=runs) if rr else None
+    bsum = None
+    written = []
+    if bounds is not None and not bounds.empty:
+        written = [os.path.join(out, "bounds.csv"), os.path.join(out, "bound_summary.csv")]
+        bounds.to_csv(written[0], index=False)
+        bsum = bound_summary(with_bounds(runs, bounds))
+        bsum.to_csv(written[1], index=False)
+    table = headline_table(summary, bsum)
+    with open(os.path.join(out, "headline.md"), "w", encoding="utf-8") as fh:
+        fh.write(table + "\n" + summary_markdown(summary))
+    return table, written + [os.path.join(out, "headline.md")]
+
+
 def exp_headline(ctx: Ctx) -> str:
     scens = ctx.scenario_list(LOADS)
     pols = ctx.policies or [p for p in STUDY_POLICIES if p in available_policies()]
     specs = ctx.specs(scens, pols)
     focus = next((sc for sc in scens if sc.endswith("-moderate")), scens[0])
     ex = ctx.execute(specs, requests_for=[focus])
-    from eval.bound import bound_summary, bounds_table, with_bounds
-
-    bounds = bounds_table([s for s in specs if s.policy == REFERENCE_POLICY], runs=ex.runs) if REFERENCE_POLICY in pols else None
-    bsum = None
-    if bounds is not None and not bounds.empty:
-        bounds.to_csv(os.path.join(ctx.out, "bounds.csv"), index=False)
-        bsum = bound_summary(with_bounds(ex.runs, bounds))
-        bsum.to_csv(os.path.join(ctx.out, "bound_summary.csv"), index=False)
-    table = headline_table(ex.summary, bsum)
-    ctx.write_text("headline.md", table + "\n" + summary_markdown(ex.summary))
+    table, _ = headline_files(ctx.out, specs, ex.runs, ex.summary)
     if ctx.plots:
         say(f"{ctx.name}: writing figures to {ctx.fig_dir} (PNG + PDF; --no-plots skips them)")
         from eval import plots

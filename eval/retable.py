@@ -52,30 +52,17 @@ def retable(directory: str) -> list[str]:
 
 
 def _headline(directory: str, runs: object) -> list[str]:
-    """The headline experiment's bound files and table (:func:`eval.experiments.exp_headline`)."""
+    """The headline experiment's bound files and table (:func:`eval.experiments.headline_files`)."""
     import pandas as pd
 
     from carbon_gym.errors import ConfigError
-    from eval.bound import bound_summary, bounds_table, matrix_specs, with_bounds
-    from eval.experiments import headline_table
-    from eval.tables import REFERENCE_POLICY, summary_markdown
+    from eval.bound import matrix_specs
+    from eval.experiments import headline_files
 
     summary_csv = os.path.join(directory, "summary.csv")
     if not os.path.isfile(summary_csv):
         raise ConfigError("dir", f"{summary_csv!r} not found")
-    summary = pd.read_csv(summary_csv)
-    rr = [s for s in matrix_specs(directory).values() if s.policy == REFERENCE_POLICY]
-    bsum = None
-    written = []
-    if rr:
-        bounds = bounds_table(rr, runs=runs)
-        bounds.to_csv(os.path.join(directory, "bounds.csv"), index=False)
-        bsum = bound_summary(with_bounds(runs, bounds))
-        bsum.to_csv(os.path.join(directory, "bound_summary.csv"), index=False)
-        written = [os.path.join(directory, n) for n in ("bounds.csv", "bound_summary.csv")]
-    with open(os.path.join(directory, "headline.md"), "w", encoding="utf-8") as fh:
-        fh.write(headline_table(summary, bsum) + "\n" + summary_markdown(summary))
-    return written + [os.path.join(directory, "headline.md")]
+    return headline_files(directory, list(matrix_specs(directory).values()), runs, pd.read_csv(summary_csv))[1]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -57,7 +57,7 @@ from .problem import PlacementProblem
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CarbonGreedy", "LeastLoaded", "SharePlanner", "CapacityBudget", "capped_choice"]
+__all__ = ["CarbonGreedy", "LeastLoaded", "SharePlanner", "CapacityBudget", "capped_choice", "greenest_rank"]
 
 
 class CapacityBudget:
@@ -95,6 +95,18 @@ class CapacityBudget:
     def spend(self, used: np.ndarray) -> None:
         """Charge the requests placed this step."""
         self._credit = np.maximum(self._credit - used, 0.0)
+
+
+def greenest_rank(p: PlacementProblem) -> tuple[np.ndarray, np.ndarray]:
+    """(allowed (R, D) bool, rank (R, D)): each datacenter's place in the order of current
+    intensity (ties: lower PUE, then lower index), 0 the greenest, inf where a request may not go
+    (:func:`first_allowed`); the ``rank`` that :func:`capped_choice` takes."""
+    d_n = p.n_datacenters
+    order = np.lexsort((np.arange(d_n), p.pue, p.carbon_g_per_kwh))
+    score = np.empty(d_n)
+    score[order] = np.arange(d_n)
+    allowed = first_allowed(p)
+    return allowed, np.where(allowed, score[None, :], np.inf)
 
 
 def capped_choice(order: np.ndarray, allowed: np.ndarray, rank: np.ndarray, budget: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -147,11 +159,7 @@ class CarbonGreedy(Scheduler):
         """Each request to its greenest allowed datacenter (with budget left, when capped)."""
         p = problem
         d_n = p.n_datacenters
-        rank = np.lexsort((np.arange(d_n), p.pue, p.carbon_g_per_kwh))
-        score = np.empty(d_n)
-        score[rank] = np.arange(d_n)
-        allowed = first_allowed(p)
-        s = np.where(allowed, score[None, :], np.inf)
+        allowed, s = greenest_rank(p)
         if self.capacity is None:
             return np.where(allowed.any(axis=1), np.argmin(s, axis=1), d_n).astype(np.int64)
         budget = self.capacity.budget(p, self.env)

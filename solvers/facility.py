@@ -144,8 +144,8 @@ import numpy as np
 
 from carbon_gym.errors import ConfigError
 
-from .base import Scheduler, first_allowed
-from .baselines import CapacityBudget, capped_choice
+from .base import Scheduler
+from .baselines import CapacityBudget, capped_choice, greenest_rank
 from .facility_model import (
     FacilityConfig,
     FacilityData,
@@ -382,11 +382,7 @@ class FacilityMILP(Scheduler):
             else:
                 moved.append(int(r))
         if moved:
-            rank = np.lexsort((np.arange(d_n), p.pue, p.carbon_g_per_kwh))
-            score = np.empty(d_n)
-            score[rank] = np.arange(d_n)
-            allowed = first_allowed(p)
-            s = np.where(allowed, score[None, :], np.inf)
+            allowed, s = greenest_rank(p)
             idx = np.asarray(moved, dtype=np.int64)
             sub, _ = capped_choice(np.arange(idx.size), allowed[idx], s[idx], np.maximum(budget - kept, 0.0))
             out[idx] = np.where(sub < d_n, sub, out[idx])
