@@ -174,7 +174,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "FacilityConfig", "FacilityData", "SolveResult", "FacilityMILP", "compile_facility", "solve_highspy",
     "solve_pyomo", "facility_objective", "facility_greedy", "marginal_energy_j", "assignment_from_counts",
-    "pair_counts", "class_greedy", "FacilityGreedy",
+    "pair_counts", "class_greedy", "FacilityGreedy", "mix_preserving",
 ]
 
 
@@ -356,6 +356,8 @@ class FacilityMILP(Scheduler):
             assignment = facility_greedy(problem, self.config)
         if self._budget is not None:
             assignment = self._apply_step_cap(problem, assignment)
+        if self.config.mix_fill:
+            assignment = mix_preserving(problem, assignment)
         self.stats["place_s"].append(time.perf_counter() - t0)
         return assignment
 
@@ -389,6 +391,28 @@ class FacilityMILP(Scheduler):
         placed = out < d_n
         self._budget.spend(np.bincount(out[placed], minlength=d_n).astype(np.float64))
         return out
+
+
+def mix_preserving(p: PlacementProblem, assignment: np.ndarray) -> np.ndarray:
+    """``FacilityConfig.mix_fill``: the same number of requests at each datacenter as
+    ``assignment`` (R,) (datacenter index, ``D`` = deferred), but dealt again: the placed requests,
+    longest waiting first, each to the greenest allowed datacenter with some of its count left
+    (ties: lower PUE, then index; :func:`solvers.baselines.greenest_rank`); a request allowed at
+    no datacenter with count left goes to the allowed one with the most count left relative to
+    its count (:func:`solvers.baselines.capped_choice`). Deferred requests stay deferred. With
+    every datacenter allowed to every request, the counts are kept exactly and which request
+    goes where no longer depends on its size."""
+    d_n = p.n_datacenters
+    out = np.asarray(assignment, dtype=np.int64).copy()
+    idx = np.flatnonzero(out < d_n)
+    if idx.size == 0:
+        return out
+    counts = np.bincount(out[idx], minlength=d_n).astype(np.float64)
+    allowed, rank = greenest_rank(p)
+    order = np.argsort(-p.waited_s[idx], kind="stable")
+    sub, _ = capped_choice(order, allowed[idx], rank[idx], counts)
+    out[idx] = np.where(sub < d_n, sub, out[idx])
+    return out
 
 
 class FacilityGreedy(Scheduler):

@@ -111,6 +111,15 @@ class FacilityConfig:
             budget loosened so that the count binds: the same carbon as ``greedy-cap`` at that cap
             but failing p99 TPOT (RESULTS.md, "The MILP's gap to the SLO-true bound"); kept for
             that experiment, off by default.
+        mix_fill: after the solve (and ``step_cap``), keep the number of requests each datacenter
+            gets but not which ones: the placed requests are dealt again, longest waiting first,
+            each to the greenest allowed datacenter with some of its count left
+            (:func:`solvers.facility.mix_preserving`), so every datacenter serves the step's
+            request mix. The program prices a request's energy, which grows with its size, under
+            budgets (prompt tokens, sequences) that do not grow the same way, so it sends the
+            requests of one size to the cleanest datacenters (short prompts under the token
+            budget, long ones under a count cap, ``python -m eval.request_mix``), and a
+            datacenter's p99 capacity holds for the mix, not for one end of it. Off by default.
     """
 
     violation_penalty_g: float = 1.0
@@ -141,6 +150,7 @@ class FacilityConfig:
     affinity_g_per_ktok: float = 0.0
     prefill_horizon_s: float | None = 0.5
     step_cap: float | None = None
+    mix_fill: bool = False
 
     def __post_init__(self) -> None:
         if self.engine_model not in ("spread", "pack"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import numpy as np
@@ -325,3 +326,41 @@ def test_milp_step_cap_keeps_each_datacenter_within_its_step_budget() -> None:
     for bad in (0.0, 2.5, -1.0):
         with pytest.raises(ConfigError, match="facility.step_cap"):
             make_policy("milp", None, step_cap=bad)
+
+
+def test_mix_preserving_keeps_counts_and_deals_oldest_to_greenest() -> None:
+    """``mix_preserving`` (the MILP's ``mix_fill``): the number of requests at each datacenter is
+    the assignment's, deferred requests stay deferred, and which request goes where depends on
+    its wait only (the longest waiting to the greenest), not on its size: an assignment that
+    sorted requests by size comes back with every datacenter's mean prompt within the mix's
+    range at the same counts; a request allowed only where no count is left still goes there."""
+    from solvers.facility import mix_preserving
+
+    n = 12
+    prompts = np.array([100] * 6 + [2000] * 6)   # sorted: short prompts first
+    p = small_problem(origin=[0] * n, prompt_tokens=prompts, output_tokens=[50] * n, waited_s=np.arange(n, 0, -1) / 10.0,
+                      network_s=[[0.01, 0.1, 0.2]] * n, allowed=[[True, True, True]] * n,
+                      n_engines=[2, 4, 1], busy_engines=[0, 0, 0], running=[0, 0, 0], queue_len=[0, 0, 0],
+                      est_queue_wait_s=[0.0] * 3)
+    # a size-sorted assignment: the six short prompts at dc1 (the greenest), the long ones at dc0 / dc2, one deferred
+    sorted_a = np.array([1] * 6 + [0] * 3 + [2] * 2 + [3])
+    out = mix_preserving(p, sorted_a)
+    np.testing.assert_array_equal(np.bincount(out, minlength=4), np.bincount(sorted_a, minlength=4))
+    assert out[11] == 3                                 # deferred stays deferred
+    # waited falls with the index: the 6 longest waiting (indices 0..5) to dc1, the next 3 to dc0, then 2 to dc2
+    np.testing.assert_array_equal(out[:11], [1] * 6 + [0] * 3 + [2] * 2)
+    # the same with the waits reversed: the long prompts wait longest, so they take dc1 now
+    p2 = dataclasses.replace(p, waited_s=np.arange(1, n + 1) / 10.0)
+    out2 = mix_preserving(p2, sorted_a)
+    np.testing.assert_array_equal(np.bincount(out2, minlength=4), np.bincount(sorted_a, minlength=4))
+    assert (out2[np.argsort(-p2.waited_s[:11])[:6]] == 1).all() and out2[11] == 3
+    # a request allowed at dc2 only, which has no count left, still goes there
+    allowed = np.ones((n, 3), bool)
+    allowed[0] = [False, False, True]
+    p3 = dataclasses.replace(p, allowed=allowed)
+    out3 = mix_preserving(p3, np.array([1] * 11 + [3]))
+    assert out3[0] == 2 and (out3[1:11] == 1).all() and out3[11] == 3
+    # the MILP with mix_fill keeps the counts of the MILP without it
+    plain = make_policy("milp").place(p)
+    mixed = make_policy("milp", None, mix_fill=True).place(p)
+    np.testing.assert_array_equal(np.bincount(mixed, minlength=4), np.bincount(plain, minlength=4))

@@ -1,0 +1,137 @@
+"""``python -m eval.dc_carbon MATRIX_DIR --scenario S --seed N``: where each policy's carbon went.
+
+For one start of a finished matrix (its per-step files, ``steps/*.parquet``), one row per
+datacenter, greenest first (mean intensity over the measured window): the grams each policy's
+run emitted there in the window, and the *active* grams, those above the datacenter's floor
+(every GPU at idle power and every node at host power, times PUE and the step's intensity: what
+the datacenter emits serving nothing, always on). A datacenter a policy leaves empty shows ~0
+active grams; one that serves any load shows nearly its full active grams, since an engine with
+any batch draws nearly its full power (``--probe`` prints a datacenter's measured active power
+per engine at each rate of its SLO probe, :func:`carbon_gym.capacity.measure_datacenter_capacity`).
+It locates the gap between a run and the SLO-true bound (RESULTS.md, "The MILP's gap to the
+SLO-true bound at high load").
+
+    python -m eval.dc_carbon results/slo/greedy-op-mixtral/headline --scenario mixtral8x7b-high --seed 2 --probe
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = ["dc_carbon", "probe_power", "main"]
+
+
+def _floor_w(spec: Any) -> tuple[np.ndarray, float]:
+    """(per-datacenter floor power, W, PUE included; the polling period, s) of a run's scenario."""
+    import warnings
+
+    from carbon_gym.world import build_parts
+    from eval.runner import resolve_run_scenario
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        scenario, _ = resolve_run_scenario(spec)
+    parts = build_parts(scenario)
+    topo = parts.topology
+    models = dict(zip([topo.datacenter_gpu(d) for d in range(len(topo.datacenters))], parts.datacenter_gpus()))
+    floor = [float(dc.pue) * (float(dc.gpus) * float(models[topo.datacenter_gpu(d)].power.idle_w)
+                              + float(dc.nodes) * float(models[topo.datacenter_gpu(d)].power.host_w))
+             for d, dc in enumerate(topo.datacenters)]
+    return np.asarray(floor), float(scenario.polling_period_s)
+
+
+def dc_carbon(matrix_dir: str, scenario: str, seed: int) -> Any:
+    """A table (pandas DataFrame), one row per datacenter, greenest first: ``datacenter``,
+    ``intensity_g_per_kwh`` (window mean), ``floor_g`` and, per policy P with a run of
+    (``scenario``, ``seed``) in the matrix, ``P_g`` and ``P_active_g`` (grams above the floor), in
+    the run's measured window (``window_start_s`` of ``runs.csv``). A :class:`ConfigError` (field
+    ``scenario`` / ``seed``) when the matrix has no such run."""
+    import pandas as pd
+
+    from carbon_gym.errors import ConfigError
+    from eval.bound import matrix_specs
+    from eval.runner import policy_label
+
+    specs = {k: s for k, s in matrix_specs(matrix_dir).items() if s.scenario == scenario and int(s.seed) == int(seed)}
+    if not specs:
+        raise ConfigError("scenario", f"no run of {scenario!r} with seed {seed} in {matrix_dir!r}")
+    runs = pd.read_csv(os.path.join(matrix_dir, "runs.csv"))
+    out: pd.DataFrame | None = None
+    for run_id, spec in specs.items():
+        label = spec.label or policy_label(spec.policy)
+        path = os.path.join(matrix_dir, "steps", f"{run_id}.parquet")
+        if not os.path.isfile(path):
+            raise ConfigError("seed", f"{path!r} not found (per-step files are written by every matrix)")
+        row = runs[(runs["scenario"] == scenario) & (runs["seed"] == int(seed)) & (runs["policy"] == label)]
+        t0 = float(row["window_start_s"].iloc[0]) if len(row) and np.isfinite(row["window_start_s"].iloc[0]) else 0.0
+        st = pd.read_parquet(path)
+        st = st[st["time_s"] > t0 + 1e-9]
+        n_d = sum(1 for c in st.columns if c.startswith("carbon_g_dc"))
+        inten = np.stack([st[f"intensity_g_per_kwh_dc{d}"].to_numpy(np.float64) for d in range(n_d)])
+        floor_w, poll = _floor_w(spec)
+        if out is None:
+            out = pd.DataFrame({"datacenter": np.arange(n_d), "intensity_g_per_kwh": inten.mean(axis=1),
+                                "floor_g": floor_w * inten.sum(axis=1) * poll / 3.6e6})
+        g = np.array([st[f"carbon_g_dc{d}"].sum() for d in range(n_d)])
+        out[f"{label}_g"] = g
+        out[f"{label}_active_g"] = g - out["floor_g"].to_numpy()
+    assert out is not None
+    return out.sort_values("intensity_g_per_kwh", kind="stable").reset_index(drop=True)
+
+
+def probe_power(matrix_dir: str, scenario: str, seed: int) -> Any:
+    """The SLO probe of the scenario's first datacenter (the operating point the SLO-true bound
+    uses, :func:`eval.bound_slo.slo_operating_point`, measured here): per probe rate (requests/s
+    per engine), p99 TTFT / TPOT (s), within p99, active J per request and active W per engine
+    (rate x J). Takes tens of seconds."""
+    import pandas as pd
+
+    from carbon_gym.capacity import measure_datacenter_capacity
+    from carbon_gym.world import build_parts
+    from eval.bound import matrix_specs
+    from eval.bound_slo import PROBE
+    from eval.runner import resolve_run_scenario
+
+    spec = next(s for s in matrix_specs(matrix_dir).values() if s.scenario == scenario and int(s.seed) == int(seed))
+    sc, _ = resolve_run_scenario(spec)
+    parts = build_parts(sc)
+    n = max(1, int(round(float(parts.topology.datacenters[0].gpus) / int(parts.engine.tp))))
+    res = measure_datacenter_capacity(sc, n_engines=n, polling_period_s=float(sc.polling_period_s), duration_s=PROBE["duration_s"],
+                                      warmup_s=PROBE["warmup_s"], seeds=tuple(PROBE["seeds"]), rel_tol=float(PROBE["rel_tol"]))
+    return pd.DataFrame([{"rate_per_engine_per_s": p.rate_per_s, "p99_ttft_s": p.p99_ttft_s, "p99_tpot_s": p.p99_tpot_s,
+                          "within_p99": p.ok, "active_j_per_request": p.active_j_per_request,
+                          "active_w_per_engine": p.rate_per_s * p.active_j_per_request} for p in res.probes])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print :func:`dc_carbon` (and with ``--probe`` :func:`probe_power`) as Markdown."""
+    from carbon_gym.errors import ConfigError
+
+    ap = argparse.ArgumentParser(prog="python -m eval.dc_carbon", description=__doc__.split("\n\n")[0])
+    ap.add_argument("dir", help="a finished matrix directory (e.g. results/slo/greedy-op-mixtral/headline)")
+    ap.add_argument("--scenario", required=True, help="scenario name, e.g. mixtral8x7b-high")
+    ap.add_argument("--seed", type=int, required=True, help="the start's seed")
+    ap.add_argument("--probe", action="store_true", help="also measure and print the datacenter's SLO probe")
+    args = ap.parse_args(argv)
+    from eval.tables import frame_markdown
+
+    def show(df: Any, fmt: str) -> str:
+        return frame_markdown(df.apply(lambda col: [x if isinstance(x, (bool, np.bool_, str)) else format(x, fmt) for x in col]))
+
+    try:
+        print(show(dc_carbon(args.dir, args.scenario, args.seed), ".0f"))
+        if args.probe:
+            print(show(probe_power(args.dir, args.scenario, args.seed), ".3g"))
+    except ConfigError as exc:
+        print(f"python -m eval.dc_carbon: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
