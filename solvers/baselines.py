@@ -71,13 +71,21 @@ class CapacityBudget:
     Args:
         cap: share of the measured capacity (0 < cap <= 2).
         default_rps: per-engine rate when the model's is not measured.
+        credit_s: unspent budget a datacenter may carry, in seconds of its budget; ``None``
+            (default): two steps' budget plus one request. A longer credit lets a datacenter
+            that is not full (the marginal one, under a greenest-first fill) take a burst of
+            arrivals out of its saved budget instead of spilling it to the next datacenter,
+            where a few requests keep otherwise idle engines active.
     """
 
-    def __init__(self, cap: float, default_rps: float = 4.0) -> None:
+    def __init__(self, cap: float, default_rps: float = 4.0, credit_s: float | None = None) -> None:
         if not 0.0 < float(cap) <= 2.0:
             raise ConfigError("capacity_cap", f"must be in (0, 2] (share of the measured capacity) or None, got {cap!r}")
+        if credit_s is not None and not (isinstance(credit_s, (int, float)) and 0.0 < float(credit_s) <= 60.0):
+            raise ConfigError("capacity_credit_s", f"must be None or in (0, 60] seconds, got {credit_s!r}")
         self.cap = float(cap)
         self.default_rps = float(default_rps)
+        self.credit_s = None if credit_s is None else float(credit_s)
         self._credit: np.ndarray = np.zeros(0)  # (empty: no step yet)
 
     def reset(self) -> None:
@@ -89,7 +97,8 @@ class CapacityBudget:
         per_step = np.where(p.up, self.cap * p.n_engines * rate * p.poll_s, 0.0)
         if self._credit.shape != per_step.shape:
             self._credit = np.zeros_like(per_step)
-        self._credit = np.minimum(self._credit + per_step, 2.0 * per_step + 1.0)  # (no hoarding across idle steps)
+        most = 2.0 * per_step + 1.0 if self.credit_s is None else np.maximum(per_step * self.credit_s / max(p.poll_s, 1e-9), per_step)
+        self._credit = np.minimum(self._credit + per_step, most)  # (no hoarding beyond the credit)
         return np.floor(self._credit + 1e-9)
 
     def spend(self, used: np.ndarray) -> None:
@@ -141,12 +150,14 @@ class CarbonGreedy(Scheduler):
         capacity_cap: ``None`` (default, the load-blind strawman: every request to the greenest
             datacenter) or a share of the measured capacity (:class:`CapacityBudget`): each
             request to the greenest datacenter with budget left this step (``greedy-cap``, 0.9).
+        capacity_credit_s: the budget's ``credit_s`` (:class:`CapacityBudget`; None: two steps).
     """
 
     name = "carbon-greedy"
 
-    def __init__(self, env: Any = None, *, capacity_cap: float | None = None, **kwargs: Any) -> None:
-        self.capacity = CapacityBudget(capacity_cap) if capacity_cap is not None else None
+    def __init__(self, env: Any = None, *, capacity_cap: float | None = None, capacity_credit_s: float | None = None,
+                 **kwargs: Any) -> None:
+        self.capacity = CapacityBudget(capacity_cap, credit_s=capacity_credit_s) if capacity_cap is not None else None
         super().__init__(env, **kwargs)
 
     def reset_state(self) -> None:

@@ -207,7 +207,7 @@ class FacilityMILP(Scheduler):
                 raise ConfigError(f"facility.{unknown[0]}", "unknown setting", allowed=sorted(FacilityConfig.__dataclass_fields__))
             cfg = replace(cfg, **overrides)
         self.config = cfg
-        self._budget = CapacityBudget(float(cfg.step_cap)) if cfg.step_cap is not None else None
+        self._budget = CapacityBudget(float(cfg.step_cap), credit_s=cfg.step_cap_credit_s) if cfg.step_cap is not None else None
         super().__init__(env, **base_kw)
 
     def reset_stats(self) -> None:

@@ -111,6 +111,8 @@ class FacilityConfig:
             budget loosened so that the count binds: the same carbon as ``greedy-cap`` at that cap
             but failing p99 TPOT (RESULTS.md, "The MILP's gap to the SLO-true bound"); kept for
             that experiment, off by default.
+        step_cap_credit_s: the step cap's carried credit (:class:`solvers.baselines.CapacityBudget`
+            ``credit_s``), seconds of budget; ``None``: two steps.
         mix_fill: after the solve (and ``step_cap``), keep the number of requests each datacenter
             gets but not which ones: the placed requests are dealt again, longest waiting first,
             each to the greenest allowed datacenter with some of its count left
@@ -150,6 +152,7 @@ class FacilityConfig:
     affinity_g_per_ktok: float = 0.0
     prefill_horizon_s: float | None = 0.5
     step_cap: float | None = None
+    step_cap_credit_s: float | None = None
     mix_fill: bool = False
 
     def __post_init__(self) -> None:
@@ -203,6 +206,9 @@ class FacilityConfig:
         """Check the capacity stage's settings (ConfigError naming the field)."""
         if self.step_cap is not None and not (isinstance(self.step_cap, (int, float)) and 0.0 < float(self.step_cap) <= 2.0):
             raise ConfigError("facility.step_cap", f"must be None or in (0, 2] (share of the measured capacity), got {self.step_cap!r}")
+        c = self.step_cap_credit_s
+        if c is not None and not (isinstance(c, (int, float)) and 0.0 < float(c) <= 60.0):
+            raise ConfigError("facility.step_cap_credit_s", f"must be None (two steps) or in (0, 60] seconds, got {c!r}")
         if not 0.0 < self.capacity_util_cap <= 1.0:
             raise ConfigError("facility.capacity_util_cap", f"must be in (0, 1], got {self.capacity_util_cap}")
         for name in ("capacity_load_margin", "capacity_lookahead_s", "affinity_g_per_ktok"):

@@ -280,6 +280,21 @@ def test_capacity_cap_fills_the_greenest_datacenters_up_to_their_measured_capaci
     first = b.budget(p, None)
     b.spend(np.zeros(3))
     assert b.budget(p, None)[2] == 7.0 and first[2] == 3.0  # unspent credit accumulates (capped at 2 steps + 1)
+    for _ in range(3):
+        b.spend(np.zeros(3))
+        held = b.budget(p, None)[2]
+    assert held == 8.0  # floor(2 x 3.6 + 1)
+    # credit_s: up to that many seconds of budget carried (3.6 per 1 s step at dc2 -> 10.8 after three idle steps)
+    c = CapacityBudget(0.9, credit_s=3.0)
+    seen = [c.budget(p, None)[2] for _ in range(5)]
+    assert seen == [3.0, 7.0, 10.0, 10.0, 10.0]
+    c.spend(np.array([0.0, 0.0, 10.0]))
+    assert c.budget(p, None)[2] == 4.0  # 0.8 left + 3.6
+    for bad in (0.0, -1.0, 61.0):
+        with pytest.raises(ConfigError, match="capacity_credit_s"):
+            make_policy("greedy", None, capacity_cap=0.9, capacity_credit_s=bad)
+        with pytest.raises(ConfigError, match="facility.step_cap_credit_s"):
+            make_policy("milp", None, step_cap=0.9, step_cap_credit_s=bad)
     # ilp-cap: the load-independent ILP under the same budget
     ilp = make_policy("ilp-cap")
     np.testing.assert_array_equal(np.bincount(ilp.place(p), minlength=4), [12, 23, 5, 0])
