@@ -7,7 +7,8 @@ run emitted there in the window, and the *active* grams, those above the datacen
 the datacenter emits serving nothing, always on). A datacenter a policy leaves empty shows ~0
 active grams; one that serves any load shows nearly its full active grams, since an engine with
 any batch draws nearly its full power (``--probe`` prints a datacenter's measured active power
-per engine at each rate of its SLO probe, :func:`carbon_gym.capacity.measure_datacenter_capacity`).
+per engine at each rate of its SLO probe, :func:`carbon_gym.capacity.measure_datacenter_capacity`;
+``--bound`` the start's SLO-true bound with and without its window-end allowance).
 It locates the gap between a run and the SLO-true bound (RESULTS.md, "The MILP's gap to the
 SLO-true bound at high load").
 
@@ -23,7 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["dc_carbon", "probe_power", "main"]
+__all__ = ["dc_carbon", "probe_power", "window_allowance", "main"]
 
 
 def _floor_w(spec: Any) -> tuple[np.ndarray, float]:
@@ -84,6 +85,25 @@ def dc_carbon(matrix_dir: str, scenario: str, seed: int) -> Any:
     return out.sort_values("intensity_g_per_kwh", kind="stable").reset_index(drop=True)
 
 
+def window_allowance(matrix_dir: str, scenario: str, seed: int) -> dict[str, float]:
+    """The start's SLO-true bound (:mod:`eval.bound_slo`) as the matrix computes it, with the
+    window-end allowance (``backlog_end``: the most requests any of its runs left in flight at the
+    window's end, which the bound lets drop out entirely), and without it (``backlog_end`` 0);
+    grams, and the allowance in requests. Takes tens of seconds (a probe per datacenter type)."""
+    import pandas as pd
+
+    from eval.bound import bound_for_spec, matrix_specs
+
+    spec = next(s for s in matrix_specs(matrix_dir).values() if s.scenario == scenario and int(s.seed) == int(seed))
+    runs = pd.read_csv(os.path.join(matrix_dir, "runs.csv"))
+    g = runs[(runs["scenario"] == scenario) & (runs["seed"] == int(seed))]
+    end = int(np.nanmax(g["backlog_end"].to_numpy(float))) if "backlog_end" in g and g["backlog_end"].notna().any() else 0
+    with_end = bound_for_spec(spec, backlog_end=end)
+    without = bound_for_spec(spec, backlog_end=0)
+    return {"backlog_end": float(end), "slo_bound_g": float(with_end.slo_carbon_g), "slo_bound_no_allowance_g": float(without.slo_carbon_g),
+            "floor_g": float(with_end.floor_g)}
+
+
 def probe_power(matrix_dir: str, scenario: str, seed: int) -> Any:
     """The SLO probe of the scenario's first datacenter (the operating point the SLO-true bound
     uses, :func:`eval.bound_slo.slo_operating_point`, measured here): per probe rate (requests/s
@@ -117,6 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--scenario", required=True, help="scenario name, e.g. mixtral8x7b-high")
     ap.add_argument("--seed", type=int, required=True, help="the start's seed")
     ap.add_argument("--probe", action="store_true", help="also measure and print the datacenter's SLO probe")
+    ap.add_argument("--bound", action="store_true", help="also print the start's SLO-true bound with and without "
+                    "its window-end allowance")
     args = ap.parse_args(argv)
     from eval.tables import frame_markdown
 
@@ -126,7 +148,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         print(show(dc_carbon(args.dir, args.scenario, args.seed), ".0f"))
         if args.probe:
-            print(show(probe_power(args.dir, args.scenario, args.seed), ".3g"))
+            print(show(probe_power(args.dir, args.scenario, args.seed), ".4g"))
+        if args.bound:
+            w = window_allowance(args.dir, args.scenario, args.seed)
+            print(f"SLO-true bound: {w['slo_bound_g']:.1f} g with the window-end allowance ({w['backlog_end']:.0f} requests "
+                  f"may drop out), {w['slo_bound_no_allowance_g']:.1f} g without it; floor {w['floor_g']:.1f} g")
     except ConfigError as exc:
         print(f"python -m eval.dc_carbon: {exc}", file=sys.stderr)
         return 2

@@ -51,3 +51,26 @@ def test_dc_carbon_names_a_missing_run(tmp_path, capsys):
     assert "scenario: " in capsys.readouterr().err
     with pytest.raises(Exception, match="no run of 'nope'"):
         dc_carbon(str(m), "nope", 0)
+
+
+def test_window_allowance_bounds_with_and_without_the_backlog(tmp_path, monkeypatch):
+    """--bound: the start's bound with the largest backlog any of its runs left at the window's
+    end (what the matrix's bound allows), then with none."""
+    import types
+
+    import eval.bound as bound
+    from eval.dc_carbon import window_allowance
+
+    m = _matrix(tmp_path)
+    runs = pd.read_csv(m / "runs.csv").assign(backlog_end=[12, 40])
+    runs.to_csv(m / "runs.csv", index=False)
+    seen = []
+
+    def fake(spec, *, backlog_end=0, **_):
+        seen.append(backlog_end)
+        return types.SimpleNamespace(slo_carbon_g=100.0 - backlog_end, floor_g=50.0)
+
+    monkeypatch.setattr(bound, "bound_for_spec", fake)
+    w = window_allowance(str(m), "dev", 0)
+    assert seen == [40, 0]
+    assert w == {"backlog_end": 40.0, "slo_bound_g": 60.0, "slo_bound_no_allowance_g": 100.0, "floor_g": 50.0}
