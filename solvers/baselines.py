@@ -81,7 +81,7 @@ class CapacityBudget:
     def __init__(self, cap: float, default_rps: float = 4.0, credit_s: float | None = None) -> None:
         if not 0.0 < float(cap) <= 2.0:
             raise ConfigError("capacity_cap", f"must be in (0, 2] (share of the measured capacity) or None, got {cap!r}")
-        if credit_s is not None and not (isinstance(credit_s, (int, float)) and 0.0 < float(credit_s) <= 60.0):
+        if credit_s is not None and (isinstance(credit_s, bool) or not (isinstance(credit_s, (int, float)) and 0.0 < float(credit_s) <= 60.0)):
             raise ConfigError("capacity_credit_s", f"must be None or in (0, 60] seconds, got {credit_s!r}")
         self.cap = float(cap)
         self.default_rps = float(default_rps)

@@ -121,7 +121,10 @@ class FacilityConfig:
             budgets (prompt tokens, sequences) that do not grow the same way, so it sends the
             requests of one size to the cleanest datacenters (short prompts under the token
             budget, long ones under a count cap, ``python -m eval.request_mix``), and a
-            datacenter's p99 capacity holds for the mix, not for one end of it. Off by default.
+            datacenter's p99 capacity holds for the mix, not for one end of it. With ``step_cap`` at
+            the measured operating point and ``max_prefill_share`` 1.0 the MILP matches
+            ``greedy-cap`` at that cap on the held-out high-load starts (RESULTS.md, "The MILP at
+            the operating point"). Off by default.
     """
 
     violation_penalty_g: float = 1.0
@@ -207,8 +210,10 @@ class FacilityConfig:
         if self.step_cap is not None and not (isinstance(self.step_cap, (int, float)) and 0.0 < float(self.step_cap) <= 2.0):
             raise ConfigError("facility.step_cap", f"must be None or in (0, 2] (share of the measured capacity), got {self.step_cap!r}")
         c = self.step_cap_credit_s
-        if c is not None and not (isinstance(c, (int, float)) and 0.0 < float(c) <= 60.0):
+        if c is not None and (isinstance(c, bool) or not (isinstance(c, (int, float)) and 0.0 < float(c) <= 60.0)):
             raise ConfigError("facility.step_cap_credit_s", f"must be None (two steps) or in (0, 60] seconds, got {c!r}")
+        if not isinstance(self.mix_fill, (bool, np.bool_)):
+            raise ConfigError("facility.mix_fill", f"must be true or false, got {self.mix_fill!r}", allowed=[True, False])
         if not 0.0 < self.capacity_util_cap <= 1.0:
             raise ConfigError("facility.capacity_util_cap", f"must be in (0, 1], got {self.capacity_util_cap}")
         for name in ("capacity_load_margin", "capacity_lookahead_s", "affinity_g_per_ktok"):

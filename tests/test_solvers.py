@@ -375,6 +375,8 @@ def test_mix_preserving_keeps_counts_and_deals_oldest_to_greenest() -> None:
     p3 = dataclasses.replace(p, allowed=allowed)
     out3 = mix_preserving(p3, np.array([1] * 11 + [3]))
     assert out3[0] == 2 and (out3[1:11] == 1).all() and out3[11] == 3
+    with pytest.raises(ConfigError, match="facility.mix_fill"):
+        make_policy("milp", None, mix_fill="yes")
     # the MILP with mix_fill keeps the counts of the MILP without it
     plain = make_policy("milp").place(p)
     mixed = make_policy("milp", None, mix_fill=True).place(p)
