@@ -66,7 +66,8 @@ INTRO = (
     "(`capacity_credit_s` / `step_cap_credit_s` 1.0: a datacenter not yet full takes a burst from its saved "
     "budget instead of spilling it to the next datacenter; of 1 and 3 s tried on greedy-op's training starts, "
     "`results/selection/headline-train-credit*`, both passed p99 with the same carbon, and the shorter was "
-    "kept).\n")
+    "kept); `milp-op-c1` ran on all nine scenarios with the caps and credit chosen at high load, not re-chosen at "
+    "low or moderate load, so it is one setting per model.\n")
 #: The section's closing paragraph.
 OBJECTIONS = (
     "**What a reviewer would object to.** The polling period is a property of the deployment, not of the "
