@@ -75,7 +75,7 @@ from eval.bound_slo import (NOT_COMPUTED, SloPoint, SloResult, below_slo_note, e
 
 __all__ = ["CarbonBound", "carbon_lower_bound", "bound_for_spec", "iteration_time_minorant", "bounds_table", "with_bounds",
            "runs_below_bound", "runs_below_slo_bound", "bound_summary", "bound_experiment", "bound_check_markdown", "parse_bound_check", "CHECK_TITLE",
-           "matrix_specs"]
+           "matrix_specs", "floor_power_w", "largest_backlog_end"]
 
 
 @dataclass
@@ -160,6 +160,30 @@ def _windows(offset_s: float, t_floor_s: float, t_max_s: float) -> list[tuple[fl
 _POWERLESS_FAULTS = ("datacenter_outage", "region_outage", "engine_drain")  # a datacenter or its engines draw 0 W
 
 
+def floor_power_w(parts: Any, sleep_w: float | None = None) -> np.ndarray:
+    """Per datacenter, the power it draws serving nothing, always on (W, PUE included): every GPU
+    at its idle power (or ``sleep_w``, when lower) and every node at its host power; each
+    datacenter's own GPU model."""
+    topo = parts.topology
+    dcs = list(topo.datacenters)
+    gpu_of = [topo.datacenter_gpu(d) for d in range(len(dcs))]
+    models = dict(zip(gpu_of, parts.datacenter_gpus()))
+    idle_w = np.array([float(models[g].power.idle_w) for g in gpu_of])
+    gpu_w = idle_w if sleep_w is None else np.minimum(float(sleep_w), idle_w)
+    host_w = np.array([float(models[g].power.host_w) for g in gpu_of])
+    return np.array([float(d.pue) for d in dcs]) * (np.array([float(d.gpus) for d in dcs]) * gpu_w
+                                                    + np.array([float(d.nodes) for d in dcs]) * host_w)
+
+
+def largest_backlog_end(runs: Any) -> int:
+    """The most requests any of ``runs`` (rows of a runs table) left in flight at its window's
+    end (``backlog_end``), 0 without the column or a figure: the window-end allowance of their
+    bound (:func:`carbon_lower_bound`)."""
+    if "backlog_end" not in runs or not runs["backlog_end"].notna().any():
+        return 0
+    return int(np.nanmax(runs["backlog_end"].to_numpy(float)))
+
+
 def carbon_lower_bound(scenario: Any, seed: int, *, sleep_w: float | None = None, backlog_end: int = 0,  # noqa: C901
                        capacity: bool | None = None, slo: bool = True, point: SloPoint | None = None) -> CarbonBound:
     """The lower bound of the episode of ``scenario`` (with its episode start already in
@@ -212,10 +236,9 @@ def carbon_lower_bound(scenario: Any, seed: int, *, sleep_w: float | None = None
     nodes = np.array([float(d.nodes) for d in dcs])
     engines = gpus / tp
     idle_w = np.array([float(models[g].power.idle_w) for g in gpu_of])
-    host_w = np.array([float(models[g].power.host_w) for g in gpu_of])
     floor_gpu_w = idle_w if sleep_w is None else np.minimum(float(sleep_w), idle_w)
     powerless = any(isinstance(f, dict) and f.get("kind") in _POWERLESS_FAULTS for f in (getattr(scenario, "faults", None) or ()))
-    floor_w = np.zeros(n_d) if powerless else pue * (gpus * floor_gpu_w + nodes * host_w)
+    floor_w = np.zeros(n_d) if powerless else floor_power_w(parts, sleep_w)
     if capacity is None:
         capacity = str(getattr(getattr(scenario, "capacity", None), "control", "always_on")) != "always_on"
     if getattr(scenario.env, "measure", "episode") == "window":
@@ -544,7 +567,7 @@ def bounds_table(specs: Any, *, sleep_w: float | None = None, runs: Any = None, 
     backlog: dict[tuple[str, int], int] = {}
     if runs is not None and "backlog_end" in runs:
         for (scen, seed), g in runs.groupby(["scenario", "seed"]):
-            backlog[(str(scen), int(seed))] = int(np.nanmax(g["backlog_end"].to_numpy(float))) if g["backlog_end"].notna().any() else 0
+            backlog[(str(scen), int(seed))] = largest_backlog_end(g)
 
     seen: dict[tuple[str, int], Any] = {}
     for sp in specs:
@@ -818,7 +841,7 @@ def check_matrix(matrix_dir: str) -> Any:
         group = runs[(runs["scenario"] == r.scenario) & (runs["seed"] == r.seed)]
         if cap:
             group = group[group["policy"] == r.policy]
-        backlog = int(np.nanmax(group["backlog_end"].to_numpy(float))) if "backlog_end" in group and group["backlog_end"].notna().any() else 0
+        backlog = largest_backlog_end(group)
         key = (str(r.scenario), int(r.seed), cap, backlog)
         if key not in bounds:
             bounds[key] = bound_for_spec(sp, backlog_end=backlog)

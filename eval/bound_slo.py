@@ -68,7 +68,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SloResult", "SloPoint", "slo_operating_point", "energy_factor", "slo_window_bound", "NOT_COMPUTED"]
+__all__ = ["SloResult", "SloPoint", "measured_capacity", "slo_operating_point", "energy_factor", "slo_window_bound", "NOT_COMPUTED"]
 
 #: ``slo_status`` of a bound computed without the SLO-true figure.
 NOT_COMPUTED = "not computed"
@@ -129,29 +129,36 @@ def _probe_key(scenario: Any, gpu: str, n_engines: int) -> str:
                  w.cap_policy, w.sessions, w.block_s, sorted(PROBE.items())))
 
 
+def measured_capacity(scenario: Any, gpu: str, n_engines: int, log: Any = None) -> Any:
+    """The SLO probe (:func:`carbon_gym.capacity.measure_datacenter_capacity`, :data:`PROBE`
+    settings) of one datacenter of ``n_engines`` engines of ``gpu`` under ``scenario``'s engine
+    settings, lengths, SLO and polling period, no network; cached per process."""
+    import dataclasses
+
+    from carbon_gym.capacity import measure_datacenter_capacity
+
+    key = _probe_key(scenario, gpu, n_engines)
+    if key not in _MEASURED:
+        sc = scenario if gpu == scenario.gpu else dataclasses.replace(scenario, gpu=gpu)
+        _MEASURED[key] = measure_datacenter_capacity(
+            sc, n_engines=int(n_engines), polling_period_s=float(scenario.polling_period_s), duration_s=PROBE["duration_s"],
+            warmup_s=PROBE["warmup_s"], seeds=tuple(PROBE["seeds"]), rel_tol=PROBE["rel_tol"], log=log)
+    return _MEASURED[key]
+
+
 def slo_operating_point(scenario: Any, parts: Any, log: Any = None) -> SloPoint:
     """Measure each datacenter's SLO operating point with the simulator
     (:func:`carbon_gym.capacity.measure_datacenter_capacity`): one datacenter of its engines
     (GPUs / tp) and GPU, the scenario's engine settings, dispatcher, lengths and SLO, Poisson
     arrivals placed every ``polling_period_s`` of the scenario, no network delay (:data:`PROBE`
     settings). Datacenters of the same (GPU, engines) share one measurement (cached per process)."""
-    import dataclasses
-
-    from carbon_gym.capacity import measure_datacenter_capacity
-
     topo = parts.topology
     tp = int(parts.engine.tp)
     caps, joules = [], []
     for d, dc in enumerate(topo.datacenters):
         gpu = str(topo.datacenter_gpu(d))
         n = max(1, int(round(float(dc.gpus) / tp)))
-        key = _probe_key(scenario, gpu, n)
-        if key not in _MEASURED:
-            sc = scenario if gpu == scenario.gpu else dataclasses.replace(scenario, gpu=gpu)
-            _MEASURED[key] = measure_datacenter_capacity(
-                sc, n_engines=n, polling_period_s=float(scenario.polling_period_s), duration_s=PROBE["duration_s"],
-                warmup_s=PROBE["warmup_s"], seeds=tuple(PROBE["seeds"]), rel_tol=PROBE["rel_tol"], log=log)
-        res = _MEASURED[key]
+        res = measured_capacity(scenario, gpu, n, log=log)
         caps.append(float(res.per_engine_rate_per_s))
         joules.append(float(res.active_j_per_request))
     basis = (f"measured: one datacenter of its engines, requests placed every {float(scenario.polling_period_s):g} s, "

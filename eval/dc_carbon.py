@@ -27,8 +27,20 @@ import numpy as np
 __all__ = ["dc_carbon", "probe_power", "window_allowance", "main"]
 
 
-def _floor_w(spec: Any) -> tuple[np.ndarray, float]:
-    """(per-datacenter floor power, W, PUE included; the polling period, s) of a run's scenario."""
+def _specs(matrix_dir: str, scenario: str, seed: int) -> dict[str, Any]:
+    """The matrix's run specs of (``scenario``, ``seed``) by run id; a :class:`ConfigError` (field
+    ``scenario``) when it has none."""
+    from carbon_gym.errors import ConfigError
+    from eval.bound import matrix_specs
+
+    specs = {k: s for k, s in matrix_specs(matrix_dir).items() if s.scenario == scenario and int(s.seed) == int(seed)}
+    if not specs:
+        raise ConfigError("scenario", f"no run of {scenario!r} with seed {seed} in {matrix_dir!r}")
+    return specs
+
+
+def _parts(spec: Any) -> tuple[Any, Any]:
+    """(scenario, built parts) of a run spec (its overrides and episode start applied)."""
     import warnings
 
     from carbon_gym.world import build_parts
@@ -37,13 +49,7 @@ def _floor_w(spec: Any) -> tuple[np.ndarray, float]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         scenario, _ = resolve_run_scenario(spec)
-    parts = build_parts(scenario)
-    topo = parts.topology
-    models = dict(zip([topo.datacenter_gpu(d) for d in range(len(topo.datacenters))], parts.datacenter_gpus()))
-    floor = [float(dc.pue) * (float(dc.gpus) * float(models[topo.datacenter_gpu(d)].power.idle_w)
-                              + float(dc.nodes) * float(models[topo.datacenter_gpu(d)].power.host_w))
-             for d, dc in enumerate(topo.datacenters)]
-    return np.asarray(floor), float(scenario.polling_period_s)
+    return scenario, build_parts(scenario)
 
 
 def dc_carbon(matrix_dir: str, scenario: str, seed: int) -> Any:
@@ -55,13 +61,13 @@ def dc_carbon(matrix_dir: str, scenario: str, seed: int) -> Any:
     import pandas as pd
 
     from carbon_gym.errors import ConfigError
-    from eval.bound import matrix_specs
+    from eval.bound import floor_power_w
     from eval.runner import policy_label
 
-    specs = {k: s for k, s in matrix_specs(matrix_dir).items() if s.scenario == scenario and int(s.seed) == int(seed)}
-    if not specs:
-        raise ConfigError("scenario", f"no run of {scenario!r} with seed {seed} in {matrix_dir!r}")
+    specs = _specs(matrix_dir, scenario, seed)
     runs = pd.read_csv(os.path.join(matrix_dir, "runs.csv"))
+    sc, parts = _parts(next(iter(specs.values())))  # (every policy of a start runs the same episode)
+    floor_w, poll = floor_power_w(parts), float(sc.polling_period_s)
     out: pd.DataFrame | None = None
     for run_id, spec in specs.items():
         label = spec.label or policy_label(spec.policy)
@@ -74,7 +80,6 @@ def dc_carbon(matrix_dir: str, scenario: str, seed: int) -> Any:
         st = st[st["time_s"] > t0 + 1e-9]
         n_d = sum(1 for c in st.columns if c.startswith("carbon_g_dc"))
         inten = np.stack([st[f"intensity_g_per_kwh_dc{d}"].to_numpy(np.float64) for d in range(n_d)])
-        floor_w, poll = _floor_w(spec)
         if out is None:
             out = pd.DataFrame({"datacenter": np.arange(n_d), "intensity_g_per_kwh": inten.mean(axis=1),
                                 "floor_g": floor_w * inten.sum(axis=1) * poll / 3.6e6})
@@ -92,12 +97,11 @@ def window_allowance(matrix_dir: str, scenario: str, seed: int) -> dict[str, flo
     grams, and the allowance in requests. Takes tens of seconds (a probe per datacenter type)."""
     import pandas as pd
 
-    from eval.bound import bound_for_spec, matrix_specs
+    from eval.bound import bound_for_spec, largest_backlog_end
 
-    spec = next(s for s in matrix_specs(matrix_dir).values() if s.scenario == scenario and int(s.seed) == int(seed))
+    spec = next(iter(_specs(matrix_dir, scenario, seed).values()))
     runs = pd.read_csv(os.path.join(matrix_dir, "runs.csv"))
-    g = runs[(runs["scenario"] == scenario) & (runs["seed"] == int(seed))]
-    end = int(np.nanmax(g["backlog_end"].to_numpy(float))) if "backlog_end" in g and g["backlog_end"].notna().any() else 0
+    end = largest_backlog_end(runs[(runs["scenario"] == scenario) & (runs["seed"] == int(seed))])
     with_end = bound_for_spec(spec, backlog_end=end)
     without = bound_for_spec(spec, backlog_end=0)
     return {"backlog_end": float(end), "slo_bound_g": float(with_end.slo_carbon_g), "slo_bound_no_allowance_g": float(without.slo_carbon_g),
@@ -111,18 +115,11 @@ def probe_power(matrix_dir: str, scenario: str, seed: int) -> Any:
     (rate x J). Takes tens of seconds."""
     import pandas as pd
 
-    from carbon_gym.capacity import measure_datacenter_capacity
-    from carbon_gym.world import build_parts
-    from eval.bound import matrix_specs
-    from eval.bound_slo import PROBE
-    from eval.runner import resolve_run_scenario
+    from eval.bound_slo import measured_capacity
 
-    spec = next(s for s in matrix_specs(matrix_dir).values() if s.scenario == scenario and int(s.seed) == int(seed))
-    sc, _ = resolve_run_scenario(spec)
-    parts = build_parts(sc)
+    sc, parts = _parts(next(iter(_specs(matrix_dir, scenario, seed).values())))
     n = max(1, int(round(float(parts.topology.datacenters[0].gpus) / int(parts.engine.tp))))
-    res = measure_datacenter_capacity(sc, n_engines=n, polling_period_s=float(sc.polling_period_s), duration_s=PROBE["duration_s"],
-                                      warmup_s=PROBE["warmup_s"], seeds=tuple(PROBE["seeds"]), rel_tol=float(PROBE["rel_tol"]))
+    res = measured_capacity(sc, str(parts.topology.datacenter_gpu(0)), n)
     return pd.DataFrame([{"rate_per_engine_per_s": p.rate_per_s, "p99_ttft_s": p.p99_ttft_s, "p99_tpot_s": p.p99_tpot_s,
                           "within_p99": p.ok, "active_j_per_request": p.active_j_per_request,
                           "active_w_per_engine": p.rate_per_s * p.active_j_per_request} for p in res.probes])

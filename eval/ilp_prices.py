@@ -41,9 +41,7 @@ def ilp_prices(scenario: str, *, seed: int = 0, polling_period_s: float = 0.1, s
     obs, info = env.reset(seed=int(seed))
     pol.reset(env)
     steps = max(1, int(round(float(seconds) / float(polling_period_s))))
-    p = None
     for _ in range(steps):
-        p = pol.problem_of(env.unwrapped.state())
         obs, _, _, _, info = env.step(pol.act(obs, info))
     p = pol.problem_of(env.unwrapped.state())
     if p.n_requests == 0:

@@ -175,6 +175,14 @@ def slo_markdown(rows: Sequence[dict[str, Any]]) -> str:
     return head + body
 
 
+def _gap_line(want: str, r: dict[str, Any]) -> str:
+    """A bound-gap target line: met when the run is within :data:`BOUND_GAP_PP` of the SLO-true
+    bound and passes p99 in every start, with its figures."""
+    ok = r["bound_gap_pp"] <= BOUND_GAP_PP and r["p99_pass"] == r["seeds"]
+    return (f"- {want}: **{'met' if ok else 'not met'}**: {r['bound_gap_pp']:.1f} pp above it, {r['reduction_pct']:.1f}% below "
+            f"rr at {r['violation_pct']:.2f}% violation, p99 {r['p99_pass']}/{r['seeds']} ({r['seeds']} held-out starts).")
+
+
 def target_checks(rows: Sequence[dict[str, Any]]) -> list[str]:
     """One line per :data:`TARGETS` entry: met / not met on ``rows`` (held-out), with the figures."""
     out = []
@@ -188,18 +196,12 @@ def target_checks(rows: Sequence[dict[str, Any]]) -> list[str]:
         if r is None or not np.isfinite(r.get("bound_gap_pp", float("nan"))):
             rt.append(f"- {want}: not run" + (" (no bound_check.csv: python -m eval.bound on its matrix)" if r is not None else "") + ".")
             continue
-        ok = r["bound_gap_pp"] <= BOUND_GAP_PP and r["p99_pass"] == r["seeds"]
-        rt.append(f"- {want}: **{'met' if ok else 'not met'}**: {r['bound_gap_pp']:.1f} pp above it, {r['reduction_pct']:.1f}% below "
-                   f"rr at {r['violation_pct']:.2f}% violation, p99 {r['p99_pass']}/{r['seeds']} ({r['seeds']} held-out starts).")
+        rt.append(_gap_line(want, r))
     op = {(r["scenario"], r["policy"]): r for r in rows if r["policy"] in MILP_OP_LABELS}
     for scen, label in ((s_, lb) for s_ in HEADLINE_SCENARIOS for lb in MILP_OP_LABELS):
         r = op.get((scen, label))
-        if r is None or not np.isfinite(r.get("bound_gap_pp", float("nan"))):
-            continue
-        ok = r["bound_gap_pp"] <= BOUND_GAP_PP and r["p99_pass"] == r["seeds"]
-        rt.append(f"- the same with the MILP at its operating point ({label}) on {scen}: **{'met' if ok else 'not met'}**: "
-                  f"{r['bound_gap_pp']:.1f} pp above it, {r['reduction_pct']:.1f}% below rr at {r['violation_pct']:.2f}% "
-                  f"violation, p99 {r['p99_pass']}/{r['seeds']} ({r['seeds']} held-out starts).")
+        if r is not None and np.isfinite(r.get("bound_gap_pp", float("nan"))):
+            rt.append(_gap_line(f"the same with the MILP at its operating point ({label}) on {scen}", r))
     for (scen, pol), (least, most) in TARGETS.items():
         r = by.get((scen, pol))
         want = f">= {least:g}% below always-on rr, MLPerf p99 in every start" + (f", <= {most:g}% violation" if most is not None else "")
