@@ -42,6 +42,9 @@ Example (``train/configs/llama8b.toml``)::
     [checkpoint]
     every_timesteps = 512
 
+    [slo_constraint]     # p99-aware Lagrangian SLO constraint on the reward (train.lagrangian)
+    budget = 0.005       # share of completions allowed over each MLPerf target
+
 Unknown keys raise :class:`~carbon_gym.errors.ConfigError` naming the key and the allowed ones.
 """
 
@@ -53,9 +56,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
+
 from carbon_gym.errors import ConfigError
 
-__all__ = ["TrainConfig", "BCConfig", "DaggerConfig", "EvalConfig", "load_config", "config_from_dict", "ALGORITHMS", "CONFIG_DIR"]
+__all__ = ["TrainConfig", "BCConfig", "DaggerConfig", "EvalConfig", "SloConstraintConfig", "load_config", "config_from_dict", "ALGORITHMS", "CONFIG_DIR"]
 
 ALGORITHMS = ("ppo", "maskable_ppo")
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -139,6 +144,26 @@ class DaggerConfig:
 
 
 @dataclass(frozen=True)
+class SloConstraintConfig:
+    """A p99-aware SLO constraint for PPO from reward (:mod:`train.lagrangian`): a Lagrange
+    multiplier per MLPerf target (TTFT, TPOT), raised by dual ascent while the rollouts' share of
+    completed requests over that target exceeds ``budget``.
+
+    Attributes:
+        budget: allowed share of completed requests over each target (MLPerf's p99 criterion is
+            0.01; the default keeps half of it as a margin for rollout-to-run noise).
+        lr: dual step per rollout, in multiplier units per unit of ``rate / budget - 1``.
+        init_lambda: multipliers at the start (reward units per step at twice the budget).
+        max_lambda: upper clip of the multipliers.
+    """
+
+    budget: float = 0.005
+    lr: float = 0.5
+    init_lambda: float = 1.0
+    max_lambda: float = 100.0
+
+
+@dataclass(frozen=True)
 class EvalConfig:
     """Held-out evaluation during training (domain scalars in TensorBoard).
 
@@ -187,6 +212,9 @@ class TrainConfig:
     #: learns, the actor frozen: a warm-started actor is not moved by advantages from an
     #: untrained critic. Counted in ``total_timesteps``; needs ``init_checkpoint`` or ``[bc]``.
     critic_warmup_timesteps: int = 0
+    #: ``[slo_constraint]``: the Lagrangian SLO constraint on the PPO reward (None: the env's
+    #: reward as it is).
+    slo_constraint: SloConstraintConfig | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form (JSON-serialisable)."""
@@ -199,15 +227,16 @@ class TrainConfig:
         d = self.to_dict()
         d.pop("source", None)
         d.pop("total_timesteps", None)
-        if not d.get("critic_warmup_timesteps"):  # its default leaves the digests of earlier runs as they were
-            d.pop("critic_warmup_timesteps", None)
+        for key in ("critic_warmup_timesteps", "slo_constraint"):
+            if not d.get(key):  # their defaults leave the digests of earlier runs as they were
+                d.pop(key, None)
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 _TOP = {
     "name", "algorithm", "scenarios", "scenario", "overrides", "seed", "n_envs", "total_timesteps",
     "torch_threads", "heldout_every_days", "critic_warmup_timesteps", "ppo", "set_policy", "vec_normalize", "bc", "dagger", "eval", "checkpoint",
-    "init_checkpoint",
+    "init_checkpoint", "slo_constraint",
 }
 _SET_POLICY = {"hidden", "logprob_reduction", "classes", "demand_features", "load_feedback", "capacity_head"}
 _VECNORM = {"reward", "clip_reward", "gamma"}
@@ -224,6 +253,26 @@ def _pos_int(field_name: str, v: Any, source: str, minimum: int = 1) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
         raise ConfigError(field_name, f"must be an integer >= {minimum}, got {v!r}", source=source)
     return int(v)
+
+
+def _slo_constraint(raw: Any, source: str) -> SloConstraintConfig:
+    if not isinstance(raw, Mapping):
+        raise ConfigError("slo_constraint", "must be a table (budget, lr, init_lambda, max_lambda)", source=source)
+    _check_keys("slo_constraint.", raw, set(SloConstraintConfig.__dataclass_fields__), source)
+    vals: dict[str, float] = {}
+    for key, value in raw.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+            raise ConfigError(f"slo_constraint.{key}", f"must be a finite number, got {value!r}", source=source)
+        vals[key] = float(value)
+    c = SloConstraintConfig(**vals)
+    if not 0.0 < c.budget < 1.0:
+        raise ConfigError("slo_constraint.budget", f"must be a share in (0, 1), got {c.budget!r}", source=source)
+    if c.lr <= 0.0:
+        raise ConfigError("slo_constraint.lr", f"must be > 0, got {c.lr!r}", source=source)
+    if c.init_lambda < 0.0 or c.max_lambda < c.init_lambda:
+        raise ConfigError("slo_constraint.init_lambda", f"need 0 <= init_lambda <= max_lambda, got {c.init_lambda!r} "
+                          f"and {c.max_lambda!r}", source=source)
+    return c
 
 
 def _dagger_config(raw: Any, set_policy: Mapping[str, Any], source: str) -> DaggerConfig:
@@ -317,6 +366,7 @@ def config_from_dict(raw: Mapping[str, Any], *, source: str = "") -> TrainConfig
     for bad in ("env", "policy", "tensorboard_log", "seed"):
         if bad in ppo:
             raise ConfigError(f"ppo.{bad}", "is set by the training workflow, not the config", source=source)
+    slo = _slo_constraint(raw["slo_constraint"], source) if "slo_constraint" in raw else None
     cfg = TrainConfig(
         name=str(raw.get("name", Path(source).stem if source else "run")),
         algorithm=algo,
@@ -338,6 +388,7 @@ def config_from_dict(raw: Mapping[str, Any], *, source: str = "") -> TrainConfig
         source=source,
         init_checkpoint=init,
         critic_warmup_timesteps=_pos_int("critic_warmup_timesteps", raw.get("critic_warmup_timesteps", 0), source, minimum=0),
+        slo_constraint=slo,
     )
     if cfg.critic_warmup_timesteps and (algo != "maskable_ppo" or (init is None and bc is None)):
         raise ConfigError("critic_warmup_timesteps", "trains the set policy's critic alone before PPO moves a warm-started "

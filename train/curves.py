@@ -7,7 +7,7 @@ from typing import Any
 
 from .tags import TAGS
 
-__all__ = ["read_scalars", "plot_run", "plot_compare", "plot_dagger", "PANELS"]
+__all__ = ["read_scalars", "plot_run", "plot_compare", "plot_dagger", "scalar_table", "PANELS", "main"]
 
 #: (title, tag) of each panel, in order; panels whose tag is absent are skipped.
 PANELS = (
@@ -17,6 +17,9 @@ PANELS = (
     ("episode return (normalised reward, Monitor)", "rollout/ep_rew_mean"),
     ("value loss", "train/value_loss"),
     ("approx. KL", "train/approx_kl"),
+    ("p99 TTFT, held-out episode (s)", TAGS.ttft_p99_s),
+    ("TTFT violation rate, training rollouts", "rollout/ttft_violation_rate"),
+    ("SLO multipliers (slo_constraint): TTFT", "slo/lambda_ttft"),
     ("behaviour cloning: cross-entropy", "bc/ce"),
     ("behaviour cloning: agreement with expert", "bc/accuracy"),
 )
@@ -149,3 +152,53 @@ def _save(fig: Any, out_png: str | Path) -> Path:
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+#: Columns of :func:`scalar_table` by default: the held-out episode and the SLO constraint.
+TABLE_TAGS = (TAGS.reduction_vs_rr_pct, TAGS.slo_violation_rate, TAGS.ttft_p99_s, "rollout/ttft_violation_rate",
+              "rollout/tpot_violation_rate", "slo/lambda_ttft", "slo/lambda_tpot", TAGS.carbon_step_g, "train/approx_kl",
+              "train/explained_variance")
+
+
+def scalar_table(logdir: str | Path, tags: tuple[str, ...] = TABLE_TAGS, every: int = 1) -> str:
+    """A markdown table of ``tags`` (those present) by timestep, every ``every``-th logged step
+    (the steps of a held-out evaluation always kept)."""
+    sc = read_scalars(logdir)
+    cols = [t for t in tags if t in sc]
+    if not cols:
+        return "(none of the tags " + ", ".join(tags) + " in " + str(logdir) + ")\n"
+    by: dict[int, dict[str, float]] = {}
+    for t in cols:
+        for step, v in sc[t]:
+            by.setdefault(step, {})[t] = v
+    steps = sorted(by)
+    keep = [st for i, st in enumerate(steps) if i % max(1, every) == 0 or TAGS.reduction_vs_rr_pct in by[st] or st == steps[-1]]
+    lines = ["| timesteps | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    for st in keep:
+        lines.append(f"| {st} | " + " | ".join(f"{by[st][t]:.4g}" if t in by[st] else "" for t in cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m train.curves RUN_DIR [--every N] [--png OUT]``: print the run's scalars as a
+    markdown table (:func:`scalar_table`) and optionally plot its curves."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m train.curves", description=main.__doc__)
+    ap.add_argument("run_dir", help="a training run folder (its tb/)")
+    ap.add_argument("--every", type=int, default=1, help="print every N-th logged timestep (default 1)")
+    ap.add_argument("--png", default=None, help="also plot the curves into this PNG")
+    a = ap.parse_args(argv)
+    tb = Path(a.run_dir) / "tb"
+    if not tb.is_dir():
+        print(f"error: run_dir: {str(tb)!r} not found (a carbon-gym train run folder)", file=sys.stderr)
+        return 2
+    sys.stdout.write(scalar_table(tb, every=a.every))
+    if a.png:
+        print(f"wrote {plot_run(a.run_dir, a.png)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

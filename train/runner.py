@@ -154,6 +154,11 @@ def train(  # noqa: C901
     routing = cfg.algorithm == "ppo"
     venv = make_vec_env(cfg.scenarios, cfg.overrides, n_envs=cfg.n_envs, seed=cfg.seed + (int(state["num_timesteps"]) if state else 0),
                         routing=routing, heldout_every_days=cfg.heldout_every_days, backend=backend, ray_address=ray_address)
+    lag = None
+    if cfg.slo_constraint is not None:  # under VecNormalize: the penalty is normalised with the carbon term
+        from .lagrangian import VecSloLagrangian
+
+        venv = lag = VecSloLagrangian(venv, cfg.slo_constraint, state=(state or {}).get("slo_lagrangian"))
     use_vn = bool(cfg.vec_normalize.get("reward", False))
     gamma = _gamma(cfg)
     formats = ["csv", "tensorboard"] + (["stdout"] if verbose else [])
@@ -200,7 +205,8 @@ def train(  # noqa: C901
         if cfg.bc is not None:
             bc_stats = _warm_start(cfg, model, venv if use_vn else None, gamma, logger, log)
             (run / "bc.json").write_text(json.dumps(bc_stats, indent=2, default=float))
-        save_checkpoint(run, model, phase="bc" if cfg.bc else "init", keep=cfg.keep_checkpoints)
+        save_checkpoint(run, model, phase="bc" if cfg.bc else "init", keep=cfg.keep_checkpoints,
+                        extra=None if lag is None else {"slo_lagrangian": lag.state_dict()})
 
     domain = DomainMetricsCallback(_eval_env_factory(cfg), cfg.eval.every_timesteps, eval_seed=cfg.eval.seed, final=cfg.eval.final)
     hist_path = run / "eval_history.json"
@@ -216,7 +222,15 @@ def train(  # noqa: C901
             write_checkpoint_env(run / "bc.zip")
         hist_path.write_text(json.dumps(domain.history, indent=2))
         log(f"held-out episode at {model.num_timesteps} timesteps: " + _fmt_eval(domain.history[-1]))
-    ckpt = CheckpointCallback(run, cfg.checkpoint_every_timesteps, keep=cfg.keep_checkpoints)
+    def lag_extra() -> dict[str, Any]:
+        return {} if lag is None else {"slo_lagrangian": lag.state_dict()}
+
+    lag_cb: list[Any] = []
+    if lag is not None:
+        from .lagrangian import LagrangianCallback
+
+        lag_cb = [LagrangianCallback(lag)]
+    ckpt = CheckpointCallback(run, cfg.checkpoint_every_timesteps, keep=cfg.keep_checkpoints, extra=lag_extra)
     target = int(cfg.total_timesteps)
     if stop_after_timesteps is not None:
         target = min(target, int(model.num_timesteps) + int(stop_after_timesteps))
@@ -225,12 +239,17 @@ def train(  # noqa: C901
         full = model.policy.optimizer
         model.policy.optimizer = type(full)(model.policy.net.value_head.parameters(), **full.defaults)
         log(f"critic warm-up: {warm} timesteps, the actor frozen")
-        model.learn(total_timesteps=warm, callback=[domain, *threads_cb], reset_num_timesteps=False, progress_bar=False)  # no checkpoint: its optimizer is partial
+        model.learn(total_timesteps=warm, callback=[domain, *lag_cb, *threads_cb], reset_num_timesteps=False, progress_bar=False)  # no checkpoint: its optimizer is partial
         model.policy.optimizer = full
     remaining = target - int(model.num_timesteps)
     if remaining > 0:
-        model.learn(total_timesteps=remaining, callback=[domain, ckpt, *threads_cb], reset_num_timesteps=False, progress_bar=False)
-    save_checkpoint(run, model, phase="done" if model.num_timesteps >= cfg.total_timesteps else "ppo", keep=cfg.keep_checkpoints)
+        model.learn(total_timesteps=remaining, callback=[domain, ckpt, *lag_cb, *threads_cb], reset_num_timesteps=False, progress_bar=False)
+    save_checkpoint(run, model, phase="done" if model.num_timesteps >= cfg.total_timesteps else "ppo", keep=cfg.keep_checkpoints,
+                    extra=lag_extra())
+    if lag_cb:
+        lag_path = run / "lagrangian_history.json"
+        old_rows = json.loads(lag_path.read_text()) if lag_path.exists() else []
+        lag_path.write_text(json.dumps(old_rows + lag_cb[0].history, indent=2))
     model.save(run / "final.zip")
     write_checkpoint_env(run / "final.zip")
     final_npz = _export_final(model, run)
