@@ -183,3 +183,32 @@ def test_training_logs_saves_and_resumes_the_multipliers(tmp_path):
     assert hist[1]["lambda_ttft"] == pytest.approx(min(50.0, max(0.0, hist[0]["lambda_ttft"] + 0.5 * (hist[1]["ttft_violation_rate"] / 0.01 - 1.0))))
     rows = (run / "tb" / "progress.csv").read_text().splitlines()
     assert "slo/lambda_ttft" in rows[0] and "rollout/ttft_violation_rate" in rows[0]
+
+
+def test_the_best_slo_passing_policy_is_kept(tmp_path):
+    """With [slo_constraint], every held-out evaluation whose episode passes p99 (each target's
+    share of late completions <= 1%; generous targets here, so every one passes) and beats the
+    earlier passing ones is exported to best.npz, recorded in best.json."""
+    from train.policy import LearnedPolicy
+    from train.runner import train
+
+    warnings.simplefilter("ignore", UserWarning)
+    raw = {
+        "name": "best", "algorithm": "maskable_ppo", "scenarios": ["dev"], "n_envs": 1, "total_timesteps": 64,
+        "overrides": {"duration_s": 10, "env.slo_weight": 0.0, "slo.ttft_s": 60.0, "slo.tpot_s": 10.0},
+        "set_policy": {"hidden": 8}, "ppo": {"n_steps": 32, "batch_size": 32, "n_epochs": 1},
+        "eval": {"every_timesteps": 32, "final": True},
+        "slo_constraint": {"budget": 0.01},
+    }
+    run = tmp_path / "run"
+    train(config_from_dict(raw), run, log=lambda _: None)
+    hist = json.loads((run / "eval_history.json").read_text())
+    best = json.loads((run / "best.json").read_text())
+    top = max(hist, key=lambda r: r["eval/reduction_vs_rr_pct"])
+    assert best["reduction_vs_rr_pct"] == pytest.approx(top["eval/reduction_vs_rr_pct"])
+    assert best["ttft_violation_rate"] == 0.0 and best["tpot_violation_rate"] == 0.0
+    assert LearnedPolicy.load(run / "best.npz").net is not None
+    # an impossible target: nothing passes, nothing is kept
+    raw2 = {**raw, "overrides": {**raw["overrides"], "slo.ttft_s": 0.001}}
+    train(config_from_dict(raw2), tmp_path / "none", log=lambda _: None)
+    assert not (tmp_path / "none" / "best.json").exists() and not (tmp_path / "none" / "best.npz").exists()

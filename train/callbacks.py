@@ -42,12 +42,15 @@ class DomainMetricsCallback(BaseCallback):
     held-out evaluation episode of the current policy and (once, cached) of round-robin on the
     same scenario, start and seed, giving ``carbon/cumulative_g`` (the episode's total),
     ``slo/violation_rate``, ``latency/ttft_p50_s`` ... ``tpot_p99_s``, ``decision/time_s``
-    (mean per step) and ``eval/reduction_vs_rr_pct``. Values go through ``self.logger.record``,
+    (mean per step) and ``eval/reduction_vs_rr_pct``; ``on_eval(metrics, reduction_pct)`` is called
+    after each evaluation (the runner keeps the best SLO-passing policy). Values go through ``self.logger.record``,
     so they land in the same TensorBoard run as SB3's losses, at the same timestep axis.
     """
 
-    def __init__(self, make_eval_env: Callable[[], Any] | None, eval_every: int, eval_seed: int = 0, final: bool = True):
+    def __init__(self, make_eval_env: Callable[[], Any] | None, eval_every: int, eval_seed: int = 0, final: bool = True,
+                 on_eval: Callable[[dict[str, Any], float], None] | None = None):
         super().__init__()
+        self._on_eval = on_eval
         self._make_eval_env = make_eval_env
         self._every = int(eval_every)
         self._seed = int(eval_seed)
@@ -119,6 +122,8 @@ class DomainMetricsCallback(BaseCallback):
             if v is not None and np.isfinite(v):
                 self.logger.record(k, float(v))
         self._last_eval = int(self.num_timesteps)
+        if self._on_eval is not None:
+            self._on_eval(m, red)
         row = {"timesteps": int(self.num_timesteps), "wall_s": time.perf_counter() - t0}
         row.update({k: float(v) for k, v in values.items()})
         self.history.append(row)

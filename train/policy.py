@@ -416,8 +416,13 @@ def _training_record(src: Path) -> dict[str, Any]:
     checkpoint, or the run's ``config.json`` beside an SB3 one."""
     if checkpoint_format(src) == "set":
         return dict(read_set_checkpoint(src).training)
-    cfg = src.parent / "config.json"
-    out: dict[str, Any] = {"exported_from": src.name}
+    return run_config_record(src.parent / "config.json", exported_from=src.name)
+
+
+def run_config_record(cfg: Path, exported_from: str) -> dict[str, Any]:
+    """``{"exported_from", "config", "config_digest"}`` from a training run's ``config.json``
+    (only ``exported_from`` when it is missing or unreadable)."""
+    out: dict[str, Any] = {"exported_from": exported_from}
     if cfg.is_file():
         try:  # (carbon-gym train writes {"digest": ..., "config": ...})
             rec = json.loads(cfg.read_text())

@@ -159,6 +159,10 @@ def train(  # noqa: C901
         from .lagrangian import VecSloLagrangian
 
         venv = lag = VecSloLagrangian(venv, cfg.slo_constraint, state=(state or {}).get("slo_lagrangian"))
+
+    def lag_extra() -> dict[str, Any]:  # the multipliers, saved with every checkpoint
+        return {} if lag is None else {"slo_lagrangian": lag.state_dict()}
+
     use_vn = bool(cfg.vec_normalize.get("reward", False))
     gamma = _gamma(cfg)
     formats = ["csv", "tensorboard"] + (["stdout"] if verbose else [])
@@ -205,10 +209,11 @@ def train(  # noqa: C901
         if cfg.bc is not None:
             bc_stats = _warm_start(cfg, model, venv if use_vn else None, gamma, logger, log)
             (run / "bc.json").write_text(json.dumps(bc_stats, indent=2, default=float))
-        save_checkpoint(run, model, phase="bc" if cfg.bc else "init", keep=cfg.keep_checkpoints,
-                        extra=None if lag is None else {"slo_lagrangian": lag.state_dict()})
+        save_checkpoint(run, model, phase="bc" if cfg.bc else "init", keep=cfg.keep_checkpoints, extra=lag_extra())
 
-    domain = DomainMetricsCallback(_eval_env_factory(cfg), cfg.eval.every_timesteps, eval_seed=cfg.eval.seed, final=cfg.eval.final)
+    keeper = _best_keeper(run, log) if cfg.slo_constraint is not None else None
+    domain = DomainMetricsCallback(_eval_env_factory(cfg), cfg.eval.every_timesteps, eval_seed=cfg.eval.seed, final=cfg.eval.final,
+                                   on_eval=None if keeper is None else (lambda m, red: keeper(model, m, red)))
     hist_path = run / "eval_history.json"
     if hist_path.exists():
         domain.history = json.loads(hist_path.read_text())
@@ -222,9 +227,6 @@ def train(  # noqa: C901
             write_checkpoint_env(run / "bc.zip")
         hist_path.write_text(json.dumps(domain.history, indent=2))
         log(f"held-out episode at {model.num_timesteps} timesteps: " + _fmt_eval(domain.history[-1]))
-    def lag_extra() -> dict[str, Any]:
-        return {} if lag is None else {"slo_lagrangian": lag.state_dict()}
-
     lag_cb: list[Any] = []
     if lag is not None:
         from .lagrangian import LagrangianCallback
@@ -275,18 +277,44 @@ def train(  # noqa: C901
     return summary
 
 
-def _export_final(model: Any, run: Path) -> Path | None:
-    """``run/final.npz``: the trained set policy in the pickle-free format (what ``learned:<path>``
+def _export_final(model: Any, run: Path, name: str = "final") -> Path | None:
+    """``run/<name>.npz``: the trained set policy in the pickle-free format (what ``learned:<path>``
     loads without ``--trust-checkpoint``), written from the model in memory; None for a
     routing-weights PPO (no pickle-free format: its ``final.zip`` is the result)."""
     from .checkpoint import save_set_checkpoint
-    from .policy import LearnedPolicy, _training_record
+    from .policy import LearnedPolicy, _training_record, run_config_record
 
     pol = LearnedPolicy(model)
     if pol.kind != "set":
         return None
-    return save_set_checkpoint(run / "final.npz", pol.net, policy={"mode": pol.mode, **pol.safety},
-                               training=_training_record(run / "final.zip"), fingerprint=pol.fingerprint)
+    # the record of the run: its config.json, read beside final.zip (a best.npz is written before final.zip exists)
+    final = run / "final.zip"
+    training = _training_record(final) if final.is_file() else run_config_record(run / "config.json", f"{name}.npz (during training)")
+    return save_set_checkpoint(run / f"{name}.npz", pol.net, policy={"mode": pol.mode, **pol.safety},
+                               training=training, fingerprint=pol.fingerprint)
+
+
+def _best_keeper(run: Path, log: Callable[[str], None]) -> Callable[[Any, dict[str, Any], float], None]:
+    """After each held-out evaluation: when its episode passes MLPerf's p99 criterion (at most 1%
+    of the completions over the TTFT target and at most 1% over the TPOT target) with a larger
+    reduction vs round-robin than every earlier passing one, export the policy to
+    ``run/best.npz`` and record it in ``run/best.json`` (kept across ``--resume``). The
+    evaluation episode is a held-out validation day, not a test start."""
+    path = run / "best.json"
+    best: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+
+    def keep(model: Any, m: dict[str, Any], red: float) -> None:
+        rates = (float(m.get("ttft_violation_rate", np.nan)), float(m.get("tpot_violation_rate", np.nan)))
+        if not all(r <= 0.01 for r in rates) or not np.isfinite(red) or red <= best.get("reduction_vs_rr_pct", -np.inf):
+            return
+        _export_final(model, run, "best")
+        best.update({"timesteps": int(model.num_timesteps), "reduction_vs_rr_pct": float(red),
+                     "ttft_violation_rate": rates[0], "tpot_violation_rate": rates[1],
+                     "ttft_p99_s": float(m.get("ttft_p99_s", np.nan)), "tpot_p99_s": float(m.get("tpot_p99_s", np.nan))})
+        path.write_text(json.dumps(best, indent=2))
+        log(f"best SLO-passing policy so far at {best['timesteps']} timesteps: reduction vs rr {red:.1f}% -> {run / 'best.npz'}")
+
+    return keep
 
 
 def init_from_checkpoint(model: Any, path: str | Path, log: Callable[[str], None] = print) -> None:
