@@ -201,7 +201,8 @@ def test_the_best_slo_passing_policy_is_kept(tmp_path):
         "slo_constraint": {"budget": 0.01},
     }
     run = tmp_path / "run"
-    train(config_from_dict(raw), run, log=lambda _: None)
+    out = train(config_from_dict(raw), run, log=lambda _: None)
+    assert out["best"] == str(run / "best.npz")
     hist = json.loads((run / "eval_history.json").read_text())
     best = json.loads((run / "best.json").read_text())
     top = max(hist, key=lambda r: r["eval/reduction_vs_rr_pct"])

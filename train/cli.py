@@ -184,6 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary = train(cfg, run_dir, resume=args.resume, verbose=args.verbose, trust=args.trust_checkpoint,
                         vec_backend=args.vec, ray_address=args.ray_address, update_threads=args.update_threads)
         print(f"final policy: {summary['final']}")
+        if summary.get("best"):
+            print(f"best p99-passing policy on the held-out episode ([slo_constraint]): {summary['best']}")
         if args.export:
             from .policy import export_checkpoint
 

@@ -9,7 +9,7 @@ so the constraint PPO is held to is, for k in (TTFT, TPOT)::
 (half of MLPerf's 1%: a rollout's rate is noisier than a long run's). A request the episode
 leaves unfinished counts as over both targets, charged at the episode's last step
 (:func:`unfinished_at_end`): counted at completion only, a violation is never charged for a request
-that never completes, and a first run without this charge learned exactly that (it powered
+that never completes, and a run without this charge learned exactly that (it powered
 servers off until queues grew without bound: its held-out p99 TTFT reached 397 s while the
 rollouts' rates stayed finite; train/RESULTS_TRAIN.md). A per-request penalty
 with a fixed weight (the env's ``env.slo_weight``) prices every late request alike however many

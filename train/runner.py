@@ -266,6 +266,7 @@ def train(  # noqa: C901
         "final_zip": str(run / "final.zip"),
         "last_eval": last,
         "bc": None if bc_stats is None else {k: v for k, v in bc_stats.items() if k != "history"},
+        "best": str(run / "best.npz") if (run / "best.npz").is_file() else None,  # [slo_constraint]: the best p99-passing evaluation
     }
     try:
         from .curves import plot_run
