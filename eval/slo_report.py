@@ -70,7 +70,9 @@ INTRO = (
     "low or moderate load, so it is one setting per model. `learned-p01` is the class set policy retrained at "
     "0.1 s polling (`train/configs/llama8b_dagger_p01.toml`: the shipped agent's DAgger on the MILP with every "
     "imitation, validation and training episode at 0.1 s, nothing else re-tuned; exported with the shipped "
-    "agent's safety knob, not re-chosen), run on the three Llama scenarios.\n")
+    "agent's safety knob, not re-chosen), run on the three Llama scenarios; on Qwen and Mixtral the same label is "
+    "that recipe on the model's own scenarios (`train/configs/qwen7b_dagger_p01.toml`, "
+    "`mixtral8x7b_dagger_p01.toml`), one agent per model.\n")
 #: The section's closing paragraph.
 OBJECTIONS = (
     "**What a reviewer would object to.** The polling period is a property of the deployment, not of the "
@@ -82,7 +84,8 @@ OBJECTIONS = (
     "knob-driven ones at equal p99 pass and equal violation where they ran. The windows (600-900 s after a 300 s "
     "burn-in) are short against the carbon day. The shipped learned agent was trained at 1 s polling and run at "
     "0.1 s unchanged on training starts (its failures there a distribution shift); `learned-p01`, trained at 0.1 s, "
-    "is the learned row at this setting, on Llama only (no Qwen or Mixtral agent at 0.1 s).")
+    "is the learned row at this setting, one agent per model, each imitating that model's MILP: it can only be as "
+    "good as its teacher's choices.")
 #: The routing-only MILP's target: at most this many percentage points (of rr's carbon) above the
 #: SLO-true bound (eval/bound_slo.py) on every headline scenario, passing MLPerf p99.
 BOUND_GAP_PP = 3.0
