@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .sim import Simulator
     from .sim.records import AbortedRequests, RecordWriter, RequestRecords
 
-__all__ = ["EpisodeTally"]
+__all__ = ["EpisodeTally", "unfinished_requests"]
 
 # counters and per-datacenter arrays a measurement window reports from its baseline
 _WINDOW_COUNTS = ("arrived", "placed", "aborted", "completed", "violations", "ttft_violations", "tpot_violations",
@@ -308,3 +308,12 @@ def _latency_metrics(completed: int, stats: tuple[list[float], list[float], floa
         "ttft_violation_rate": ttft_violations / c if c else nan,
         "tpot_violation_rate": tpot_violations / c if c else nan,
     }
+
+
+def unfinished_requests(metrics: dict[str, Any]) -> int:
+    """Requests an episode left unfinished, from its episode metrics: with a measurement window,
+    the backlog's growth over it (``unfinished_window``: work the window took in and did not do);
+    otherwise what the drain limit left in flight plus what was never placed."""
+    if metrics.get("measure") == "window":
+        return int(metrics["unfinished_window"])
+    return int(metrics.get("in_flight_at_truncation", 0)) + int(metrics.get("unplaced_at_end", 0))

@@ -26,6 +26,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from carbon_gym.episode import unfinished_requests
 from carbon_gym.policy import EpisodeObserver, run_episode
 from carbon_gym.registry import canonical_policy_name, make_policy, split_prefix
 from carbon_gym.sessions_state import SESSION_METRICS
@@ -585,9 +586,7 @@ def run_one(spec: RunSpec, *, keep_requests: bool = True, observers: Sequence[Ep
     ledger = dict(em.get("ledger") or {})
     arrived = int(em.get("arrived", 0))
     windowed = em.get("measure") == "window"
-    # a measurement window: the work it took in and did not do (the backlog's growth); else what
-    # the drain limit left unfinished plus what was never placed
-    unfinished = int(em["unfinished_window"]) if windowed else int(em.get("in_flight_at_truncation", 0)) + int(em.get("unplaced_at_end", 0))
+    unfinished = unfinished_requests(em)
     vr = em.get("violation_rate", float("nan"))
     metrics: dict[str, Any] = {
         "carbon_g": float(em["carbon_g"]),

@@ -24,6 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from eval.stats import mean_ci95
+from eval.tables import fmt_spec_ci
 
 __all__ = ["transfer_rows", "transfer_markdown", "main"]
 
@@ -66,10 +67,6 @@ def transfer_rows(runs: Any, agents: Sequence[str], milp: str = "milp", rr: str 
     return rows
 
 
-def _ci(m: float, ci: float) -> str:
-    return f"{m:.1f}" if not np.isfinite(ci) else f"{m:.1f} ± {ci:.1f}"
-
-
 def transfer_markdown(rows: Sequence[dict[str, Any]], agents: Sequence[str]) -> str:
     """The per-scenario table and the agent x model matrix (module docstring)."""
     out = ["| scenario | agent | starts | MILP vs rr % (viol. %; p99) | agent vs rr % (viol. %; p99) | share of the MILP's "
@@ -77,8 +74,8 @@ def transfer_markdown(rows: Sequence[dict[str, Any]], agents: Sequence[str]) -> 
     for r in rows:
         n = r["starts"]
         bad = f", {r['agent_invalid']} invalid" if r["agent_invalid"] else ""
-        out.append(f"| {r['scenario']} | {r['agent']} | {n} | {_ci(r['milp_reduction_pct'], r['milp_reduction_ci95'])} "
-                   f"({r['milp_violation_pct']:.2f}; {r['milp_p99_pass']}/{n}) | {_ci(r['agent_reduction_pct'], r['agent_reduction_ci95'])} "
+        out.append(f"| {r['scenario']} | {r['agent']} | {n} | {fmt_spec_ci(r['milp_reduction_pct'], r['milp_reduction_ci95'])} "
+                   f"({r['milp_violation_pct']:.2f}; {r['milp_p99_pass']}/{n}) | {fmt_spec_ci(r['agent_reduction_pct'], r['agent_reduction_ci95'])} "
                    f"({r['agent_violation_pct']:.2f}; {r['agent_p99_pass']}/{n}{bad}) | {100 * r['share_of_milp']:.0f}% "
                    f"| {r['violation_diff_pp']:+.2f} |")
     models = sorted({r["model"] for r in rows})

@@ -101,7 +101,7 @@ class _Ends(_Scripted):
 def test_unfinished_requests_are_charged_at_the_episode_end():
     cfg = SloConstraintConfig(budget=0.01, lr=0.5, init_lambda=1.0, max_lambda=10.0)
     step = [{"completed": 100, "ttft_violations": 1, "tpot_violations": 1}]
-    lag = VecSloLagrangian(DummyVecEnv([lambda: _Ends(step, {"unfinished_window": 50, "in_flight_at_truncation": 9}),
+    lag = VecSloLagrangian(DummyVecEnv([lambda: _Ends(step, {"measure": "window", "unfinished_window": 50, "in_flight_at_truncation": 9}),
                                         lambda: _Ends(step, {"in_flight_at_truncation": 30, "unplaced_at_end": 20})]), cfg)
     lag.reset()
     _, rew, dones, infos = lag.step(np.zeros(2, dtype=np.int64))

@@ -52,11 +52,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
-
-import numpy as np
 
 from carbon_gym.errors import ConfigError
 
@@ -261,7 +260,7 @@ def _slo_constraint(raw: Any, source: str) -> SloConstraintConfig:
     _check_keys("slo_constraint.", raw, set(SloConstraintConfig.__dataclass_fields__), source)
     vals: dict[str, float] = {}
     for key, value in raw.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ConfigError(f"slo_constraint.{key}", f"must be a finite number, got {value!r}", source=source)
         vals[key] = float(value)
     c = SloConstraintConfig(**vals)

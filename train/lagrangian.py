@@ -47,6 +47,8 @@ import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.vec_env import VecEnvWrapper
 
+from carbon_gym.episode import unfinished_requests
+
 from .config import SloConstraintConfig
 
 __all__ = ["VecSloLagrangian", "LagrangianCallback", "find_lagrangian", "unfinished_at_end"]
@@ -134,16 +136,11 @@ class VecSloLagrangian(VecEnvWrapper):
 
 
 def unfinished_at_end(info: dict[str, Any]) -> int:
-    """Requests an episode leaves unfinished, from its last step's ``episode_metrics``: with a
-    measurement window, the backlog's growth over it (``unfinished_window``: work taken in and
-    not done, ~0 for a policy that keeps up); otherwise every request still in flight or never
-    placed. 0 when the info has no episode metrics."""
+    """Requests an episode leaves unfinished, from its last step's ``episode_metrics``
+    (:func:`carbon_gym.episode.unfinished_requests`: with a measurement window the backlog's
+    growth over it, ~0 for a policy that keeps up); 0 when the info has no episode metrics."""
     m = info.get("episode_metrics")
-    if not isinstance(m, dict):
-        return 0
-    if "unfinished_window" in m:
-        return int(m["unfinished_window"])
-    return int(m.get("in_flight_at_truncation", 0)) + int(m.get("unplaced_at_end", 0))
+    return unfinished_requests(m) if isinstance(m, dict) else 0
 
 
 def find_lagrangian(venv: Any) -> VecSloLagrangian | None:
