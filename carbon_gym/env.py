@@ -357,19 +357,24 @@ class GeoServeEnv(gym.Env):
     def _new_world(self, seed: int) -> tuple[Simulator, Workload]:
         """A fresh (Simulator, Workload) for an episode with world seed ``seed``.
 
-        The first call builds them with :func:`~carbon_gym.world.build_world`; later calls get
-        the simulator from ``Simulator.fresh()`` of that first one (same arguments, shared
-        immutable tables) and the workload by reseeding the first one
-        (:func:`~carbon_gym.world.reseed_workload`): the same objects, much cheaper."""
+        The first call (the constructor's) builds them with :func:`~carbon_gym.world.build_world`
+        from the env's parts; the first episode then runs on that simulator (the constructor
+        only reads its snapshot), later ones on ``Simulator.fresh()`` of it (a simulator built
+        from the same arguments and shared immutable tables, which driving one does not change),
+        and the workload is the first one reseeded (:func:`~carbon_gym.world.reseed_workload`):
+        the same objects, much cheaper (an env that serves one episode builds one simulator)."""
         from .world import build_world, reseed_workload
 
         template = getattr(self, "_sim_template", None)
         if template is None:
-            sim, workload = build_world(self._scenario, seed)
-            self._sim_template = sim.fresh()  # never driven: a clean source of fresh simulators
+            sim, workload = build_world(self._scenario, seed, parts=self._parts)
+            self._sim_template = sim
+            self._unused_sim: Simulator | None = sim  # not driven yet: the first episode's
             self._workload_template = workload.with_seed(workload.seed)  # never used: nothing cached
             return sim, workload
-        return template.fresh(), reseed_workload(self._workload_template, seed)
+        sim = self._unused_sim if self._unused_sim is not None else template.fresh()
+        self._unused_sim = None
+        return sim, reseed_workload(self._workload_template, seed)
 
     def _static_setup(self, sim: Simulator) -> None:
         parts = self._parts

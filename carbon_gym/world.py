@@ -258,13 +258,16 @@ def build_parts(scenario: Scenario) -> WorldParts:
     )
 
 
-def build_world(scenario: Scenario, seed: int | None = None, *, step_mode: bool = False) -> tuple[Simulator, Workload]:
+def build_world(scenario: Scenario, seed: int | None = None, *, step_mode: bool = False,
+                parts: WorldParts | None = None) -> tuple[Simulator, Workload]:
     """Build the simulator and the workload of a scenario.
 
     Args:
         scenario: a validated :class:`~carbon_gym.scenario.Scenario`.
         seed: seed of this episode (default ``scenario.seed``).
         step_mode: pass-through to the simulator (one iteration at a time; for equivalence tests).
+        parts: ``build_parts(scenario)`` when the caller already has them (the files are not
+            read again).
 
     Returns:
         ``(Simulator, Workload)``. The scenario's ``[[faults]]`` are not applied here: they act
@@ -272,7 +275,8 @@ def build_world(scenario: Scenario, seed: int | None = None, *, step_mode: bool 
     """
     from .sim.simulator import Simulator  # lazy: written concurrently, heavy-ish
 
-    parts = build_parts(scenario)
+    if parts is None:
+        parts = build_parts(scenario)
     kwargs: dict[str, Any] = dict(engine=parts.engine, carbon_offset_s=parts.carbon_offset_s,
                                   dispatcher=scenario.engine.dispatcher, step_mode=step_mode,
                                   power_states=parts.power_states)

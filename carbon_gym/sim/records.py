@@ -136,9 +136,15 @@ class RequestRecords:
     @classmethod
     def concat(cls, parts: Iterable[RequestRecords]) -> RequestRecords:
         """Concatenate several record sets (rows in the given order)."""
-        parts = list(parts)
+        parts = [p for p in parts if len(p)]
         if not parts:
             return cls.empty()
+        if len(parts) == 1:
+            return parts[0]
+        lazy = [p.__dict__ for p in parts if type(p) is _RequestListRecords and "_reqs" in p.__dict__]
+        if len(lazy) == len(parts) and all(d["_column"] is lazy[0]["_column"] for d in lazy):
+            # request states from pop_completed: one list, columns still made when first read
+            return cls.from_requests(list(chain.from_iterable(d["_reqs"] for d in lazy)), lazy[0]["_column"])
         if all(type(p) is _TableRecords and "_table" in p.__dict__ for p in parts):
             # tables from pop_completed: one concatenation instead of one per column
             return cls._from_table(np.concatenate([p.__dict__["_table"] for p in parts], axis=1))
