@@ -41,7 +41,8 @@ must keep this property.
 from __future__ import annotations
 
 from bisect import bisect_right
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from functools import lru_cache
 from pathlib import Path
 from typing import Protocol
 
@@ -290,4 +291,18 @@ def load_latency_model(gpu: str, model: str, tp: int, path: str | Path | None = 
         raise ConfigError(
             "latency", f"no latency parameters for gpu={gpu!r} model={model!r} tp={tp}", allowed=shipped
         )
-    return TableLatencyModel.from_file(p)
+    if path:
+        return TableLatencyModel.from_file(p)
+    return _packaged_latency_model(str(p.resolve()), p.stat().st_mtime_ns)
+
+
+@lru_cache(maxsize=16)
+def _packaged_latency_model(path: str, mtime_ns: int) -> TableLatencyModel:
+    """A packaged latency file, parsed once per process and version of the file (every env
+    construction reads it; the model is frozen and its arrays are made read-only)."""
+    m = TableLatencyModel.from_file(path)
+    for f in fields(m):
+        v = getattr(m, f.name)
+        if isinstance(v, np.ndarray):
+            v.flags.writeable = False
+    return m
