@@ -203,6 +203,84 @@ def test_records_concat_of_tables_equals_the_column_wise_concat():
         np.testing.assert_array_equal(getattr(mixed, name), np.concatenate([getattr(parts[0], name), getattr(parts[2], name)]))
 
 
+def test_records_concat_of_request_lists_stays_lazy_and_equals_the_column_wise_concat():
+    # the env's end-of-episode drain concatenates the simulator's per-chunk records: they stay
+    # request lists (columns made when first read), with the values of a column-wise concat
+    rng = np.random.default_rng(7)
+    wl = random_workload(rng, 150, 2, rate_per_s=20.0, max_prompt=2000, max_output=300)
+    sim = make_sim(n_dc=2, gpus_per_node=2)
+    drive(sim, wl, until_s=float(wl["send_s"][-1]))
+    parts = [sim.pop_completed()]
+    t = sim.now_s
+    for _ in range(40):
+        t += 2.0
+        sim.advance_to(t)
+        parts.append(sim.pop_completed())
+    assert sum(len(p) == 0 for p in parts) >= 1 and sum(len(p) > 0 for p in parts) >= 3  # empties in between
+    columns = [{name: getattr(p, name) for name, _ in RECORD_COLUMNS} for p in parts]  # materialised
+    lazy = RequestRecords.concat(parts)
+    assert "_reqs" in lazy.__dict__ and not any(name in lazy.__dict__ for name, _ in RECORD_COLUMNS)
+    assert len(lazy) == sum(len(p) for p in parts) == 150
+    for name, dt in RECORD_COLUMNS:
+        col = getattr(lazy, name)
+        assert col.dtype == dt
+        np.testing.assert_array_equal(col, np.concatenate([c[name] for c in columns]).astype(dt), err_msg=name)
+    one = [p for p in parts if len(p)][:1]
+    assert RequestRecords.concat(one + [RequestRecords.empty()]) is one[0]
+
+
+def test_packaged_latency_model_is_parsed_once_and_read_only(tmp_path):
+    from carbon_gym.physics.latency import load_latency_model
+
+    a = load_latency_model("a100-80gb", "llama-3.1-8b", 1)
+    b = load_latency_model("a100-80gb", "llama-3.1-8b", 1)
+    assert a is b  # every env construction reads it: parsed once per process
+    assert not a.tokens_grid.flags.writeable and not a.linear_s.flags.writeable
+    with pytest.raises(ValueError):
+        a.linear_s[0] = 0.0
+    # a file named by the scenario is read each time (it may be edited between runs)
+    p = tmp_path / "lat.toml"
+    p.write_bytes(latency_params_path("a100-80gb", "llama-3.1-8b", 1).read_bytes())
+    c = load_latency_model("a100-80gb", "llama-3.1-8b", 1, p)
+    assert c is not load_latency_model("a100-80gb", "llama-3.1-8b", 1, p) and c.tokens_grid.flags.writeable
+    for n in (1.0, 700.0, 5000.0):
+        assert c.linear_time_s(n) == a.linear_time_s(n)
+
+
+def _rr_episode(env, seed):
+    from carbon_gym.policy import RoundRobinPolicy
+
+    policy = RoundRobinPolicy()
+    obs, info = env.reset(seed=seed)
+    policy.reset(env)
+    rewards = []
+    while True:
+        obs, reward, _, trunc, info = env.step(policy.act(obs, info))
+        rewards.append(reward)
+        if trunc:
+            return rewards, info["episode_metrics"]
+
+
+def test_env_first_episode_on_the_constructors_simulator_equals_a_later_one():
+    # the first episode runs on the simulator the constructor built (no fresh() copy), later
+    # ones on fresh() of it: the same episode either way
+    from carbon_gym.env import GeoServeEnv
+
+    over = {"duration_s": 20}
+    a = GeoServeEnv(scenario="dev", overrides=over)
+    first = a._sim_template
+    r_a, m_a = _rr_episode(a, 5)
+    assert a._sim is first
+    b = GeoServeEnv(scenario="dev", overrides=over)
+    _rr_episode(b, 9)
+    r_b, m_b = _rr_episode(b, 5)
+    assert b._sim is not b._sim_template
+    assert r_a == r_b and m_a["carbon_g"] == m_b["carbon_g"] and m_a["completed"] == m_b["completed"] > 0
+    assert m_a.keys() == m_b.keys()
+    for k in m_a:
+        np.testing.assert_equal(m_a[k], m_b[k], err_msg=k)
+
+
 def test_binned_predictor_lookup_equals_binning():
     from carbon_gym.predict import _LOOKUP_TOKENS, BinnedPredictor
 
