@@ -169,3 +169,17 @@ def test_slot_categorical_class_mode_equals_per_slot_on_gathered_logits(n_choice
         cls.apply_masking(None)  # unmasked: the class rows themselves
         ref.apply_masking(None)
         assert th.allclose(cls.log_prob(actions), ref.log_prob(actions), atol=1e-6)
+
+
+def test_dense_unique_equals_torch_unique():
+    import torch as th
+
+    from train.set_policy import dense_unique
+
+    g = th.Generator().manual_seed(0)
+    for size, n in ((1, 5), (7, 1), (50, 200), (2305 * 3, 6000)):
+        x = th.randint(0, size, (n,), generator=g)
+        x[0] = size - 1  # the table's last value
+        u, inv = dense_unique(x, size)
+        u_ref, inv_ref = th.unique(x, return_inverse=True)
+        assert th.equal(u, u_ref) and th.equal(inv, inv_ref) and inv.dtype == inv_ref.dtype == th.int64

@@ -45,6 +45,7 @@ from carbon_gym.errors import ConfigError
 from .slot_dist import MASKED_LOGIT, RouteCapacityDistribution, SlotCategorical
 
 __all__ = [
+    "dense_unique",
     "layout_spec",
     "SetNetwork",
     "SlotCategorical",
@@ -158,6 +159,16 @@ def _mlp(sizes: list[int]) -> nn.Sequential:
         if i < len(sizes) - 2:
             layers.append(nn.ReLU())
     return nn.Sequential(*layers)
+
+
+def dense_unique(x: th.Tensor, size: int) -> tuple[th.Tensor, th.Tensor]:
+    """``th.unique(x, return_inverse=True)`` of an int64 vector ``x`` whose values lie in
+    ``[0, size)``, by a presence table instead of a sort (O(len(x) + size)): the distinct values in
+    increasing order and, per element, the index of its value among them."""
+    present = th.zeros(size, dtype=th.bool, device=x.device)
+    present[x] = True
+    rank = th.cumsum(present, 0) - 1
+    return present.nonzero().squeeze(1), rank.index_select(0, x)
 
 
 class SetNetwork(nn.Module):
@@ -353,7 +364,7 @@ class SetNetwork(nn.Module):
         B, K, F = sl.shape
         key = self.class_keys(sl, valid, dc)
         gk = (key + 1) + self._class_span() * th.arange(B, device=sl.device).unsqueeze(1)
-        uniq, inv = th.unique(gk.reshape(-1), return_inverse=True)
+        uniq, inv = dense_unique(gk.reshape(-1), self._class_span() * B)
         vpos = valid.reshape(-1).nonzero().squeeze(1)
         inv_v = inv.index_select(0, vpos)
         vals = self._class_cols(sl.reshape(B * K, F).index_select(0, vpos)).double()
