@@ -362,7 +362,9 @@ class GeoServeEnv(gym.Env):
         only reads its snapshot), later ones on ``Simulator.fresh()`` of it (a simulator built
         from the same arguments and shared immutable tables, which driving one does not change),
         and the workload is the first one reseeded (:func:`~carbon_gym.world.reseed_workload`):
-        the same objects, much cheaper (an env that serves one episode builds one simulator)."""
+        the same objects, much cheaper (an env that serves one episode builds one simulator). From
+        the second episode on, fresh copies come from a clean copy of the first simulator, so the
+        first episode's end state is not kept alive."""
         from .world import build_world, reseed_workload
 
         template = getattr(self, "_sim_template", None)
@@ -370,11 +372,16 @@ class GeoServeEnv(gym.Env):
             sim, workload = build_world(self._scenario, seed, parts=self._parts)
             self._sim_template = sim
             self._unused_sim: Simulator | None = sim  # not driven yet: the first episode's
+            self._sim_template_driven = True  # (once that episode has run)
             self._workload_template = workload.with_seed(workload.seed)  # never used: nothing cached
             return sim, workload
-        sim = self._unused_sim if self._unused_sim is not None else template.fresh()
-        self._unused_sim = None
-        return sim, reseed_workload(self._workload_template, seed)
+        if self._unused_sim is not None:
+            sim, self._unused_sim = self._unused_sim, None
+            return sim, reseed_workload(self._workload_template, seed)
+        if self._sim_template_driven:  # the first episode's: keep a clean copy, not its end state
+            template = self._sim_template = template.fresh()
+            self._sim_template_driven = False
+        return template.fresh(), reseed_workload(self._workload_template, seed)
 
     def _static_setup(self, sim: Simulator) -> None:
         parts = self._parts

@@ -272,9 +272,11 @@ def test_env_first_episode_on_the_constructors_simulator_equals_a_later_one():
     r_a, m_a = _rr_episode(a, 5)
     assert a._sim is first
     b = GeoServeEnv(scenario="dev", overrides=over)
+    first_b = b._sim_template
     _rr_episode(b, 9)
     r_b, m_b = _rr_episode(b, 5)
-    assert b._sim is not b._sim_template
+    assert b._sim is not b._sim_template and b._sim_template is not first_b  # its end state let go
+    assert b._sim_template.now_s == 0.0
     assert r_a == r_b and m_a["carbon_g"] == m_b["carbon_g"] and m_a["completed"] == m_b["completed"] > 0
     assert m_a.keys() == m_b.keys()
     for k in m_a:
