@@ -45,10 +45,12 @@ __all__ = ["check_ledger", "LEDGER_RTOL"]
 LEDGER_RTOL = 1e-7
 
 
-def _close(a: np.ndarray | float, b: np.ndarray | float, rtol: float) -> np.ndarray:
+def _close(a: np.ndarray | float, b: np.ndarray | float, rtol: float, scale: np.ndarray | float = 1.0) -> np.ndarray:
+    """``|a - b| <= rtol x max(|a|, |b|, scale, 1)``: ``scale`` is the magnitude of the sums ``a``
+    was computed from, when ``a`` is a difference of them."""
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
-    return np.abs(a - b) <= rtol * np.maximum(np.maximum(np.abs(a), np.abs(b)), 1.0)
+    return np.abs(a - b) <= rtol * np.maximum(np.maximum(np.maximum(np.abs(a), np.abs(b)), np.abs(scale)), 1.0)
 
 
 def check_ledger(  # noqa: C901
@@ -146,12 +148,14 @@ def check_ledger(  # noqa: C901
     fe, fc = np.asarray(failed_over_energy_j, dtype=np.float64), np.asarray(failed_over_carbon_g, dtype=np.float64)
     parts_e = ce + fe + a.in_flight_share_j + a.in_progress_j + a.aborted_partial_j
     parts_c = cc + fc + a.in_flight_share_carbon_g + a.in_progress_carbon_g + a.aborted_partial_carbon_g
-    bad = ~_close(active_e, parts_e, rtol)
+    # active = (GPU - idle energy) x PUE is a difference of large sums: its rounding is relative to
+    # the GPU energy (and carbon), not to itself (a datacenter with no work gives -1e-7 J, not 0)
+    bad = ~_close(active_e, parts_e, rtol, scale=gpu * pue)
     if np.any(bad):
         d = int(np.flatnonzero(bad)[0])
         problems.append(f"datacenter {d}: active energy {active_e[d]!r} J != request shares + in flight + under way "
                         f"+ cut by outages {parts_e[d]!r} J")
-    bad = ~_close(active_c, parts_c, rtol)
+    bad = ~_close(active_c, parts_c, rtol, scale=carbon)
     if np.any(bad):
         d = int(np.flatnonzero(bad)[0])
         problems.append(f"datacenter {d}: active carbon {active_c[d]!r} g != sum of its parts {parts_c[d]!r} g")

@@ -142,6 +142,41 @@ def test_a_lost_request_or_joule_raises_in_strict_mode_and_is_reported_otherwise
     assert not led["ok"] and message in led["problems"]
 
 
+def test_active_energy_of_an_idle_datacenter_is_compared_at_the_scale_of_its_gpu_energy():
+    # active = (GPU - idle) x PUE: a datacenter that did no work rounds to about -1e-7 J of its
+    # megajoules (seen with capacity control on qwen7b-moderate), which is no lost joule; 1 J is
+    env = GeoServeEnv("dev-fault", overrides={"duration_s": 25.0})
+    obs, info = env.reset(seed=0)
+    rr = RoundRobinPolicy()
+    for _ in range(17):
+        obs, *_, info = env.step(rr.act(obs, info))
+    kw = _inputs(env)
+    a = kw["attribution"]
+    zero = np.zeros_like(np.asarray(a.active_energy_j))
+    d0 = zero.copy()
+    d0[0] = 1.0
+
+    def idle_dc0(active_j, active_g):  # datacenter 0 with no work: every part 0, its active figure given
+        kw2 = dict(kw)
+        kw2["completed_energy_j"] = kw["completed_energy_j"] * (1 - d0)
+        kw2["completed_carbon_g"] = kw["completed_carbon_g"] * (1 - d0)
+        kw2["failed_over_energy_j"] = kw["failed_over_energy_j"] * (1 - d0)
+        kw2["failed_over_carbon_g"] = kw["failed_over_carbon_g"] * (1 - d0)
+        kw2["attribution"] = dataclasses.replace(
+            a, **{f: np.asarray(getattr(a, f)) * (1 - d0) for f in (
+                "in_flight_share_j", "in_progress_j", "aborted_partial_j", "in_flight_share_carbon_g",
+                "in_progress_carbon_g", "aborted_partial_carbon_g")},
+            active_energy_j=np.asarray(a.active_energy_j) * (1 - d0) + d0 * active_j,
+            active_carbon_g=np.asarray(a.active_carbon_g) * (1 - d0) + d0 * active_g)
+        return check_ledger(**kw2, strict=False)
+
+    assert float(np.asarray(kw["totals"].gpu_energy_j)[0]) > 1e4  # (J: the scale of the rounding)
+    assert idle_dc0(0.0, 0.0)["ok"]
+    assert idle_dc0(-1.6749043425079437e-07, -2e-11)["ok"], idle_dc0(-1.6749043425079437e-07, -2e-11)["problems"]
+    led = idle_dc0(1.0, 0.0)
+    assert not led["ok"] and "active energy" in led["problems"]
+
+
 def test_env_strict_ledger_raises_and_lenient_env_warns():
     for strict in (True, False):
         env = GeoServeEnv("dev", overrides={"duration_s": 5.0}, strict_ledger=strict)
