@@ -723,7 +723,7 @@ class GeoServeEnv(gym.Env):
             done += len(part)
             parts.append(part)
         self._drain_s = float(sim.now_s - t_start)
-        return parts[0] if len(parts) == 1 else RequestRecords.concat(parts)
+        return RequestRecords.concat(parts)  # (one part: that part; request lists stay lazy)
 
     def _totals_delta(self) -> tuple[float, float]:
         carbon, energy = self._sim.carbon_energy_totals()

@@ -110,6 +110,16 @@ def _inputs(env):
     )
 
 
+def _inputs_after_rr_steps(steps: int = 17) -> dict:
+    """The ledger inputs of dev-fault after ``steps`` round-robin steps (mid-episode, outages included)."""
+    env = GeoServeEnv("dev-fault", overrides={"duration_s": 25.0})
+    obs, info = env.reset(seed=0)
+    rr = RoundRobinPolicy()
+    for _ in range(steps):
+        obs, *_, info = env.step(rr.act(obs, info))
+    return _inputs(env)
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
@@ -128,12 +138,7 @@ def _inputs(env):
     ],
 )
 def test_a_lost_request_or_joule_raises_in_strict_mode_and_is_reported_otherwise(change, message):
-    env = GeoServeEnv("dev-fault", overrides={"duration_s": 25.0})
-    obs, info = env.reset(seed=0)
-    rr = RoundRobinPolicy()
-    for _ in range(17):
-        obs, *_, info = env.step(rr.act(obs, info))
-    kw = _inputs(env)
+    kw = _inputs_after_rr_steps()
     assert check_ledger(**kw, strict=True)["ok"]
     change(kw)
     with pytest.raises(LedgerError, match=message):
@@ -145,15 +150,9 @@ def test_a_lost_request_or_joule_raises_in_strict_mode_and_is_reported_otherwise
 def test_active_energy_of_an_idle_datacenter_is_compared_at_the_scale_of_its_gpu_energy():
     # active = (GPU - idle) x PUE: a datacenter that did no work rounds to about -1e-7 J of its
     # megajoules (seen with capacity control on qwen7b-moderate), which is no lost joule; 1 J is
-    env = GeoServeEnv("dev-fault", overrides={"duration_s": 25.0})
-    obs, info = env.reset(seed=0)
-    rr = RoundRobinPolicy()
-    for _ in range(17):
-        obs, *_, info = env.step(rr.act(obs, info))
-    kw = _inputs(env)
+    kw = _inputs_after_rr_steps()
     a = kw["attribution"]
-    zero = np.zeros_like(np.asarray(a.active_energy_j))
-    d0 = zero.copy()
+    d0 = np.zeros_like(np.asarray(a.active_energy_j))
     d0[0] = 1.0
 
     def idle_dc0(active_j, active_g):  # datacenter 0 with no work: every part 0, its active figure given
