@@ -372,3 +372,40 @@ def below_slo_note(runs: Any) -> str:
     names = ", ".join(f"{r.scenario} / {r.policy} / seed {int(r.seed)}" for r in below.itertuples(index=False))
     return (f"{len(below)} run(s) below the SLO-true bound (not an error: each offered some datacenter more than its engines' "
             f"measured p99 capacity somewhere, which the SLO-true bound rules out): {names}.")
+
+
+def main(argv: Any = None) -> int:
+    """``python -m eval.bound_slo SCENARIO [--set KEY=VALUE ...]``: each distinct datacenter's
+    measured SLO operating point (:func:`slo_operating_point`): ``c_d`` (requests/s per engine),
+    the load-level file's engine figure and their ratio (the share of the engine figure a
+    per-step capacity cap, ``step_cap`` / ``capacity_cap``, must be to admit exactly ``c_d``),
+    and ``e_d`` (J per request above idle, IT level)."""
+    import argparse
+
+    from carbon_gym.scenario import load_load_levels, load_scenario, parse_overrides
+    from carbon_gym.world import build_parts
+
+    ap = argparse.ArgumentParser(prog="python -m eval.bound_slo", description=main.__doc__)
+    ap.add_argument("scenario", help="scenario name or TOML path")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="scenario override (repeatable)")
+    args = ap.parse_args(argv)
+    sc = load_scenario(args.scenario, parse_overrides(args.set))
+    parts = build_parts(sc)
+    point = slo_operating_point(sc, parts)
+    levels = load_load_levels()
+    seen: set[tuple[str, int]] = set()
+    for d, (c, e) in enumerate(zip(point.capacity_per_engine_per_s, point.active_j_per_request)):
+        gpu = str(parts.topology.datacenter_gpu(d))
+        engines = max(1, int(round(float(parts.topology.datacenters[d].gpus) / int(parts.engine.tp))))
+        if (gpu, engines) in seen:
+            continue
+        seen.add((gpu, engines))
+        m = levels.find(sc.model, gpu, sc.tp)
+        eng = float("nan") if m is None else float(m.per_engine_rate_per_s)
+        print(f"{sc.name}: {gpu} x {engines} engines, polling {float(sc.polling_period_s):g} s: "
+              f"c_d_per_engine_per_s={c:.4g} engine_figure_per_s={eng:.4g} ratio={c / eng:.4f} e_d_j_per_request={e:.4g}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

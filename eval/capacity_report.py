@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from eval.runner import VALID_UNFINISHED_PCT, RunSpec, freeze, window_of
+from eval.runner import VALID_UNFINISHED_PCT, RunSpec, always_on_overrides, freeze, window_of
 from eval.stats import mean_ci95
 from eval.writers import matrix_dirs, read_configs, starts_line
 
@@ -77,8 +77,7 @@ def capacity_specs(scenarios: Sequence[str], policies: Sequence[str], seeds: Seq
     ``capacity.control = "agent"``, per scenario and seed (one scenario label: the same requests
     and episode start)."""
     pk = policy_kwargs or {}
-    on = dict(overrides)
-    on[OVERRIDE_CONTROL] = "always_on"
+    on = always_on_overrides(overrides)  # (autoscaler settings are for the rows deciding capacity)
     agent = dict(overrides)
     agent[OVERRIDE_CONTROL] = "agent"
     specs = []

@@ -30,7 +30,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from eval.runner import RunSpec, freeze, make_specs
+from eval.runner import RunSpec, always_on_overrides, freeze, make_specs
 from eval.stats import mean_ci95
 
 __all__ = ["Knob", "KNOBS", "CAPACITY_SUFFIX", "register_knob", "knob_for", "knob_policies", "knob_values_from_cli", "set_knob_values", "knob_label", "frontier_specs", "frontier_points", "envelope_at",
@@ -484,8 +484,7 @@ def _control_groups(policies: Sequence[str], overrides: Mapping[str, Any],
     if str(overrides.get("capacity.control", "always_on")) != "agent":
         groups = [(plain, dict(overrides), ""), (composed, agent, "")]
     else:
-        on = dict(overrides)
-        on["capacity.control"] = "always_on"
+        on = always_on_overrides(overrides)
         deciding = [p for p in plain if p != reference]
         groups = [([p for p in plain if p == reference], on, ""), (deciding, agent, CAPACITY_SUFFIX), (composed, agent, "")]
     return [g for g in groups if g[0]]

@@ -36,7 +36,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from eval.capacity_report import ALWAYS_ON_LABEL, OVERRIDE_CONTROL, capacity_markdown, capacity_table, merged_runs
-from eval.runner import RunSpec, make_specs, window_of, window_overrides
+from eval.runner import RunSpec, always_on_overrides, make_specs, window_of, window_overrides
 from eval.stats import mean_ci95
 from eval.tables import fmt_spec_ci
 from eval.writers import matrix_dirs, read_configs
@@ -63,7 +63,7 @@ def learned_capacity_specs(scenario: str, policies: Sequence[str], seeds: Sequen
                            policy_kwargs: Mapping[str, Mapping[str, Any]] | None = None) -> list[RunSpec]:
     """The always-on rr reference (when ``rr`` is in ``policies``), then every other policy with
     ``capacity.control = "agent"``, per seed; one scenario label, so the same requests and starts."""
-    on, agent = {**overrides, OVERRIDE_CONTROL: "always_on"}, {**overrides, OVERRIDE_CONTROL: "agent"}
+    on, agent = always_on_overrides(overrides), {**overrides, OVERRIDE_CONTROL: "agent"}
     specs = [replace(s, label=ALWAYS_ON_LABEL) for s in make_specs([scenario], ["rr"], seeds, overrides=on)] if "rr" in policies else []
     others = [p for p in policies if p != "rr"]
     return specs + (make_specs([scenario], others, seeds, overrides=agent, policy_kwargs=policy_kwargs) if others else [])

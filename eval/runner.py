@@ -35,7 +35,7 @@ from eval.estimate_error import error_metrics, estimate_errors
 from eval.stats import percentile
 
 __all__ = [
-    "RunSpec", "RunResult", "EpisodeRecorder", "make_specs", "fault_twin", "episode_start_offset_s",
+    "RunSpec", "RunResult", "always_on_overrides", "EpisodeRecorder", "make_specs", "fault_twin", "episode_start_offset_s",
     "make_env", "resolve_run_scenario", "run_one", "freeze", "policy_label", "policy_labels", "split_label",
     "scenario_labels", "FAULT_TWIN_SUFFIX", "StepProgress", "episode_steps", "VALID_UNFINISHED_PCT",
 ]
@@ -102,6 +102,15 @@ def freeze(mapping: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ...]:
     if not mapping:
         return ()
     return tuple(sorted((str(k), v) for k, v in mapping.items()))
+
+
+def always_on_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``overrides`` for a matrix's always-on reference rows: ``capacity.control = "always_on"``
+    and no autoscaler settings (``capacity.params`` or ``capacity.params.<key>``, which only the
+    rows that decide capacity read; the simulator refuses them under ``always_on``)."""
+    out = {k: v for k, v in overrides.items() if k != "capacity.params" and not str(k).startswith("capacity.params.")}
+    out["capacity.control"] = "always_on"
+    return out
 
 
 @dataclass(frozen=True)

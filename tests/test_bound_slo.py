@@ -231,3 +231,17 @@ def test_tables_report_the_slo_bound_and_the_runs_below_it():
     assert "slo_bound_reduction_vs_rr_pct" not in j0 and runs_below_slo_bound(j0).empty
     assert "SLO-true" not in bound_share(j0)[1] and "below_slo" not in bound_summary(j0)
     assert "SLO-true" not in bound_check_markdown(j0)
+
+
+def test_operating_point_cli_prints_each_distinct_datacenter_and_the_ratio(monkeypatch, capsys):
+    """``python -m eval.bound_slo SCENARIO``: one line per distinct (GPU, engines) with c_d, the
+    load-level file's engine figure and their ratio (the step cap that admits exactly c_d)."""
+    import eval.bound_slo as bs
+    from carbon_gym.scenario import load_load_levels
+
+    monkeypatch.setattr(bs, "slo_operating_point", lambda sc, parts, log=None: SloPoint((6.0, 6.0), (30.0, 30.0)))
+    assert bs.main(["dev", "--set", "polling_period_s=0.5"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    eng = float(load_load_levels().find("llama-3.1-8b", "a100-80gb", 1).per_engine_rate_per_s)
+    assert lines == [f"dev: a100-80gb x 8 engines, polling 0.5 s: c_d_per_engine_per_s=6 engine_figure_per_s={eng:.4g} "
+                     f"ratio={6.0 / eng:.4f} e_d_j_per_request=30"]

@@ -183,6 +183,30 @@ def test_reactive_targets_analytic() -> None:
     assert d.servers_on.tolist() == [1, 1]
 
 
+def test_reactive_holds_inside_its_band_and_hpa_tolerance_scales_down() -> None:
+    """Why rr+reactive powered nothing off on qwen7b- and mixtral8x7b-moderate (RESULTS.md): under
+    round-robin at moderate load each datacenter's utilisation is 0.6 x the cluster / engine
+    capacity ratio, 0.375 on Qwen and 0.361 on Mixtral (0.342 on Llama), inside the default band
+    (down_util 0.35, up_util 0.8): no decision ever changes. With HPA's default tolerance (down_util
+    0.9 x target_util = 0.54) it scales down to ceil(A x u / target_util)."""
+    import dataclasses
+
+    env = _env("agent")
+    env.reset(seed=0)
+    cap = env.unwrapped.state().engine_capacity_per_s
+    awake, zero = np.array([8, 8]), np.zeros(2, dtype=np.int64)
+    st = _state(env, arrival_rate_per_s=np.array([0.375, 0.342]) * 8 * cap, awake_engines=awake, waking_engines=zero,
+                queue_len=zero, running=zero, free_kv_blocks=env.unwrapped.state().datacenters.total_kv_blocks)
+    later = dataclasses.replace(st, time_s=st.time_s + 60.0)
+    default, hpa = ReactiveAutoscaler(), ReactiveAutoscaler(down_util=0.54)
+    default.decide(st)
+    hpa.decide(st)
+    # default band: 0.375 holds for ever; 0.342 < 0.35 scales down to ceil(8 x 0.342 / 0.6) = 5
+    assert default.decide(later).awake_engines.tolist() == [8, 5]
+    # HPA tolerance: both scale down, to ceil(8 x 0.375 / 0.6) = 5 and 5
+    assert hpa.decide(later).awake_engines.tolist() == [5, 5]
+
+
 def test_carbon_aware_caps_the_dirty_datacenter() -> None:
     env = _env("agent")
     env.reset(seed=0)

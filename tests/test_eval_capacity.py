@@ -61,6 +61,17 @@ def test_specs_reference_always_on_then_agent_policies():
         (cr.MILP_ALWAYS_ON_LABEL, "always_on"), ("milp", "agent")]
 
 
+def test_specs_autoscaler_settings_only_on_rows_deciding_capacity():
+    """``--set capacity.params.<key>`` reaches the rows that decide capacity; the always-on
+    references (which the simulator refuses autoscaler settings under) run without it."""
+    over = {"duration_s": 60.0, "capacity.params.down_util": 0.54, "capacity.params": {"up_util": 0.9}}
+    specs = cr.capacity_specs(["a"], ["rr", "rr+reactive", "milp"], [0], over)
+    by = {s.policy_name: dict(s.overrides) for s in specs}
+    for ref in (cr.ALWAYS_ON_LABEL, cr.MILP_ALWAYS_ON_LABEL):
+        assert by[ref] == {"duration_s": 60.0, "capacity.control": "always_on"}
+    assert by["rr+reactive"] == {**over, "capacity.control": "agent"}
+
+
 def test_table_reductions_paired_by_seed_with_t_intervals():
     t = cr.capacity_table(synthetic_runs()).set_index("policy")
     # x: seed 0 60% / 20%, seed 1 50% / 0% below always-on / rr+reactive
