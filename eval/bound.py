@@ -70,6 +70,7 @@ from typing import Any
 
 import numpy as np
 
+from eval.window_end import largest_backlog_ages
 from eval.bound_slo import (NOT_COMPUTED, SloPoint, SloResult, below_slo_note, energy_factor, episode_slo_rows, has_slo,
                              runs_below_slo_bound, slo_operating_point, slo_window_bound)
 
@@ -185,7 +186,8 @@ def largest_backlog_end(runs: Any) -> int:
 
 
 def carbon_lower_bound(scenario: Any, seed: int, *, sleep_w: float | None = None, backlog_end: int = 0,  # noqa: C901
-                       capacity: bool | None = None, slo: bool = True, point: SloPoint | None = None) -> CarbonBound:
+                       capacity: bool | None = None, slo: bool = True, point: SloPoint | None = None,
+                       backlog_ages: dict[float, float] | None = None) -> CarbonBound:
     """The lower bound of the episode of ``scenario`` (with its episode start already in
     ``carbon.start_utc``) under world seed ``seed``: see the module docstring.
 
@@ -195,6 +197,9 @@ def carbon_lower_bound(scenario: Any, seed: int, *, sleep_w: float | None = None
         backlog_end: with a measurement window (``env.measure = "window"``), the most requests
             the runs compared with it leave in flight or pending at the window's end: of the
             requests arriving in the window, all but that many were done entirely in it.
+        backlog_ages: {e: n}: of those left undone, at most n arrived more than e seconds before the
+            window's end (the runs' ``backlog_end_age_gt_<e>s``, :func:`largest_backlog_ages`);
+            used by the SLO-true figure only (the physical one keeps the plain allowance).
         capacity: bound runs that may power servers off (capacity control, :func:`_window_bound`);
             None: when the scenario's ``capacity.control`` is not ``always_on``. Measurement
             windows only (a ConfigError otherwise).
@@ -245,7 +250,7 @@ def carbon_lower_bound(scenario: Any, seed: int, *, sleep_w: float | None = None
         if capacity and not powerless:  # every server at its least power state; the rest per engine-second
             floor_w = pue * nodes * np.array([_least_node_w(models[g]) for g in gpu_of])
         return _window_bound(scenario, parts, floor_w, zones, prompt, output, arrival, t_floor, int(backlog_end),
-                             capacity=bool(capacity), slo=slo, point=point)
+                             capacity=bool(capacity), slo=slo, point=point, backlog_ages=backlog_ages)
     if capacity:
         from carbon_gym.errors import ConfigError
 
@@ -445,7 +450,7 @@ def _least_node_w(m: Any) -> float:
 
 def _window_bound(scenario: Any, parts: Any, floor_w: np.ndarray, zones: np.ndarray, prompt: np.ndarray, output: np.ndarray,
                   arrival: np.ndarray, t_end: float, backlog_end: int, *, capacity: bool = False, slo: bool = False,
-                  point: SloPoint | None = None) -> CarbonBound:
+                  point: SloPoint | None = None, backlog_ages: dict[float, float] | None = None) -> CarbonBound:
     """The bound of a measurement window ``[W, t_end]`` (``env.measure = "window"``): the floor
     over the window (exact), plus the least active energy of the requests the window must have
     done entirely: of those arriving in it, all but ``backlog_end`` (the smallest ones, by their
@@ -506,7 +511,7 @@ def _window_bound(scenario: Any, parts: Any, floor_w: np.ndarray, zones: np.ndar
                       int(inside.sum()), min(per_tokens))
     if slo:
         res = slo_window_bound(scenario, parts, zones, arrival[inside], secs, {g: _least_node_w(m) for g, m in models.items()}, wins,
-                               backlog_end, capacity=capacity, point=point)
+                               backlog_end, capacity=capacity, point=point, backlog_ages=backlog_ages)
         _attach_slo(out, res)
     return out
 
@@ -539,11 +544,11 @@ def _fill_cheapest(parts: Any, models: Any, gpu_of: list[str], zones: np.ndarray
 
 
 def bound_for_spec(spec: Any, *, sleep_w: float | None = None, backlog_end: int = 0, slo: bool = True,
-                   point: SloPoint | None = None) -> CarbonBound:
+                   point: SloPoint | None = None, backlog_ages: dict[float, float] | None = None) -> CarbonBound:
     """:func:`carbon_lower_bound` of a run's episode (its scenario with the overrides and the
     episode start :func:`eval.runner.resolve_run_scenario` gives it, world seed = its seed; the
     capacity-control bound when its ``capacity.control`` is not ``always_on``; with ``slo`` the
-    SLO-true figure too, ``point`` as for :func:`carbon_lower_bound`)."""
+    SLO-true figure too, ``point`` and ``backlog_ages`` as for :func:`carbon_lower_bound`)."""
     import warnings
 
     from eval.runner import resolve_run_scenario
@@ -551,7 +556,8 @@ def bound_for_spec(spec: Any, *, sleep_w: float | None = None, backlog_end: int 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         scenario, _ = resolve_run_scenario(spec)
-    return carbon_lower_bound(scenario, int(spec.seed), sleep_w=sleep_w, backlog_end=backlog_end, slo=slo, point=point)
+    return carbon_lower_bound(scenario, int(spec.seed), sleep_w=sleep_w, backlog_end=backlog_end, slo=slo, point=point,
+                              backlog_ages=backlog_ages)
 
 
 def bounds_table(specs: Any, *, sleep_w: float | None = None, runs: Any = None, slo: bool = True) -> Any:
@@ -561,13 +567,15 @@ def bounds_table(specs: Any, *, sleep_w: float | None = None, runs: Any = None, 
     ``bound_status``, and the SLO-true bound (:mod:`eval.bound_slo`) ``slo_bound_carbon_g``,
     ``slo_bound_active_g``, ``slo_bound_status`` (with ``slo``). With measurement windows, ``runs``
     (their runs table) gives each (scenario, seed) the largest backlog its runs left at the
-    window's end (``backlog_end``)."""
+    window's end (``backlog_end``, and its ages where recorded)."""
     import pandas as pd
 
     backlog: dict[tuple[str, int], int] = {}
+    ages: dict[tuple[str, int], Any] = {}
     if runs is not None and "backlog_end" in runs:
         for (scen, seed), g in runs.groupby(["scenario", "seed"]):
             backlog[(str(scen), int(seed))] = largest_backlog_end(g)
+            ages[(str(scen), int(seed))] = largest_backlog_ages(g)
 
     seen: dict[tuple[str, int], Any] = {}
     for sp in specs:
@@ -576,7 +584,7 @@ def bounds_table(specs: Any, *, sleep_w: float | None = None, runs: Any = None, 
             seen[key] = sp
     rows = []
     for (scen, seed), sp in seen.items():
-        b = bound_for_spec(sp, sleep_w=sleep_w, backlog_end=backlog.get((scen, seed), 0), slo=slo)
+        b = bound_for_spec(sp, sleep_w=sleep_w, backlog_end=backlog.get((scen, seed), 0), slo=slo, backlog_ages=ages.get((scen, seed)))
         row = {"scenario": scen, "seed": seed, "bound_carbon_g": b.carbon_g, "bound_floor_g": b.floor_g,
                "bound_active_g": b.active_g, "bound_status": b.status}
         if slo:
@@ -845,9 +853,10 @@ def check_matrix(matrix_dir: str, *, allowance: bool = True) -> Any:
         if cap:
             group = group[group["policy"] == r.policy]
         backlog = largest_backlog_end(group) if allowance else 0
-        key = (str(r.scenario), int(r.seed), cap, backlog)
+        ages = largest_backlog_ages(group) if allowance else None  # (eval.window_end)
+        key = (str(r.scenario), int(r.seed), cap, backlog, tuple(sorted(ages.items())) if ages else None)
         if key not in bounds:
-            bounds[key] = bound_for_spec(sp, backlog_end=backlog)
+            bounds[key] = bound_for_spec(sp, backlog_end=backlog, backlog_ages=ages)
         b = bounds[key]
         in_window = "window_s" in runs and pd.notna(getattr(r, "window_s", float("nan")))
         complete = in_window or float(getattr(r, "unfinished_pct", 0.0) or 0.0) <= 0.0

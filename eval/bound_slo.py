@@ -186,10 +186,13 @@ def _lowest_from(ci: np.ndarray) -> np.ndarray:
 
 def slo_window_bound(scenario: Any, parts: Any, zones: np.ndarray, arrival: np.ndarray, secs: dict[str, np.ndarray],  # noqa: C901
                      least_node_w: dict[str, float], wins: list[tuple[float, float]], backlog_end: int, *,
-                     capacity: bool, point: SloPoint | None = None) -> SloResult:
+                     capacity: bool, point: SloPoint | None = None, backlog_ages: dict[float, float] | None = None) -> SloResult:
     """The SLO-true active grams of a measurement window (``env.measure = "window"``; the
     physical version is :func:`eval.bound._window_bound`). Of the requests arriving in the window
-    all but ``backlog_end`` are done entirely in it; request sizes (engine-seconds at the most
+    all but ``backlog_end`` are done entirely in it (``backlog_ages``: {e: n}, at most n of those
+    left undone arrived more than e seconds before the window's end, the runs'
+    ``backlog_end_age_gt_<e>s``: the allowance then cannot leave the largest old requests undone);
+    request sizes (engine-seconds at the most
     efficient batch, per GPU type: ``secs[gpu]``, one per request arriving in the window, from
     :func:`eval.bound._engine_seconds`) are binned by quantile per
     arrival window; an LP places each bin's requests (counts and engine-seconds, between the bin's
@@ -244,12 +247,21 @@ def slo_window_bound(scenario: Any, parts: Any, zones: np.ndarray, arrival: np.n
         awake_w = pue * (tp * idle + host)                        # per awake engine-second, above the least power
     # ---- bins: per arrival window, quantiles of the (smallest over the types) request size
     ref = np.min(np.stack([secs[g] for g in types]), axis=0)
+    # (with backlog_ages) arrival segments between the instants age e before the window's end, so
+    # that no bin mixes requests on both sides of one
+    ages = sorted((float(e), float(n)) for e, n in (backlog_ages or {}).items() if np.isfinite(n))
+    cuts = np.array(sorted(wins[-1][1] - e for e, _ in ages))
+    seg = np.searchsorted(cuts, t, side="right") if cuts.size else np.zeros(t.size, dtype=np.int64)
     bins: list[tuple[int, np.ndarray]] = []                       # (window, request indices)
+    bin_seg: list[int] = []
     for h in range(len(wins)):
-        idx = np.flatnonzero(h_of == h)
-        if idx.size:
-            idx = idx[np.argsort(ref[idx], kind="stable")]
-            bins.extend((h, part) for part in np.array_split(idx, min(_BINS, idx.size)) if part.size)
+        for j in range(cuts.size + 1):
+            idx = np.flatnonzero((h_of == h) & (seg == j))
+            if idx.size:
+                idx = idx[np.argsort(ref[idx], kind="stable")]
+                parts_ = [part for part in np.array_split(idx, min(_BINS, idx.size)) if part.size]
+                bins.extend((h, part) for part in parts_)
+                bin_seg.extend([j] * len(parts_))
     n_b = len(bins)
     single = len(types) == 1
     # ---- columns: x[b, d] requests, s[b, d] engine-seconds, y[b] dropped requests, ys[b] their
@@ -276,6 +288,10 @@ def slo_window_bound(scenario: Any, parts: Any, zones: np.ndarray, arrival: np.n
             rows.append(([(col_ys + b, 1.0), (col_y + b, -float(s0.min()))], 0.0, np.inf))
             rows.append(([(col_ys + b, 1.0), (col_y + b, -float(s0.max()))], -np.inf, 0.0))
     rows.append(([(col_y + b, 1.0) for b in range(n_b)], 0.0, float(max(0, backlog_end))))  # the backlog left undone
+    for k, (_e, n_old) in enumerate(sorted(ages, reverse=True)):  # cuts[k] = end - _e: at most n_old undone before it
+        old = [(col_y + b, 1.0) for b in range(n_b) if bin_seg[b] <= k]
+        if old:
+            rows.append((old, 0.0, float(max(0.0, n_old))))
     # the capacity in work: a datacenter at its operating point serves C_d requests/s of the
     # episode's mix, i.e. C_d x (the mix's mean engine-seconds) engine-seconds of work per second
     # (a count would let the program send the largest requests to the cleanest datacenters and

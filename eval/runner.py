@@ -104,6 +104,10 @@ def freeze(mapping: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted((str(k), v) for k, v in mapping.items()))
 
 
+#: Ages (s) at which a windowed run counts what it left in flight (:meth:`EpisodeRecorder.backlog_ages`).
+BACKLOG_AGE_EDGES_S = (1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
+
+
 def always_on_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
     """``overrides`` for a matrix's always-on reference rows: ``capacity.control = "always_on"``
     and no autoscaler settings (``capacity.params`` or ``capacity.params.<key>``, which only the
@@ -406,6 +410,8 @@ class EpisodeRecorder(EpisodeObserver):
         self._capacity_rows: list[np.ndarray] = []
         self._record_capacity = False
         self._req_parts: list[dict[str, np.ndarray]] = []
+        self._done_ids: list[np.ndarray] = []
+        self._ingested: list[tuple[float, int]] = []  # (sim time after the step, requests the step took in)
 
     def on_reset(self, env: Any, observation: Any, info: dict[str, Any]) -> None:
         u = env.unwrapped
@@ -423,6 +429,8 @@ class EpisodeRecorder(EpisodeObserver):
         self.reset_carbon_g = self._cum_carbon
         self._completed_total = 0
         self._violations_total = 0
+        self._done_ids, self._ingested = [], []
+        self._polling_s = float(u.scenario.polling_period_s)
 
     def before_step(self, env: Any, step: int) -> None:
         t_start = float(self._u.simulator.now_s)
@@ -444,7 +452,9 @@ class EpisodeRecorder(EpisodeObserver):
         if self._record_capacity:
             dcs = u.state().datacenters
             self._capacity_rows.append(np.concatenate([dcs.servers_on, dcs.awake_engines]).astype(np.int64))
+        self._ingested.append((float(sim.now_s), int(info.get("arrived", 0))))
         if recs is not None and len(recs):
+            self._done_ids.append(np.asarray(recs.request_id, dtype=np.int64))
             ttft, tpot = recs.ttft_s, recs.tpot_s
             if self.keep_requests:
                 self._req_parts.append(recs.to_dict())
@@ -483,6 +493,33 @@ class EpisodeRecorder(EpisodeObserver):
             for d in range(self.n_dc):
                 out[f"awake_engines_dc{d}"] = cap[:, self.n_dc + d]
         return out
+
+    def backlog_ages(self, arrived_total: int, left_total: int) -> dict[str, float]:
+        """``backlog_end_age_gt_<e>s`` for e in :data:`BACKLOG_AGE_EDGES_S`: how many requests left
+        in flight or pending at the episode's end *may* have arrived more than e seconds before it
+        (an upper count: a request taken in by a step arrived within that step's polling period, so
+        it counts when the period's start is more than e s before the end). Requests are numbered in
+        the order the env takes them in (``request_id``), ``arrived_total`` of them in the episode;
+        the steps' ``arrived`` say which step took each in, the reset (the first polling period) the
+        rest. Empty when the records do not fit that numbering or leave another count than
+        ``left_total`` unfinished (then the bound keeps its plain window-end allowance). The bound (eval.bound_slo) uses them to restrict which arrivals its
+        allowance may leave undone."""
+        ids = np.concatenate(self._done_ids) if self._done_ids else np.zeros(0, dtype=np.int64)
+        per_step = np.array([n for _, n in self._ingested], dtype=np.int64)
+        first = int(arrived_total) - int(per_step.sum())
+        if first < 0 or (ids.size and (ids.min() < 0 or ids.max() >= arrived_total)) or np.unique(ids).size != ids.size:
+            return {}
+        done = np.zeros(int(arrived_total), dtype=bool)
+        done[ids] = True
+        left = np.flatnonzero(~done)
+        if left.size != int(left_total):
+            return {}
+        # the end of the polling period in which each request arrived (the reset's: one period in)
+        ends = np.array([self._polling_s] + [t for t, _ in self._ingested])
+        period_end = ends[np.searchsorted(np.cumsum(np.concatenate([[first], per_step])), left, side="right")]
+        t_end = ends[-1]
+        oldest_possible_age = t_end - (period_end - self._polling_s)
+        return {f"backlog_end_age_gt_{e:g}s": float(np.sum(oldest_possible_age > e)) for e in BACKLOG_AGE_EDGES_S}
 
     def requests(self) -> dict[str, np.ndarray]:
         """The per-request columns (empty dict unless ``keep_requests``)."""
@@ -642,6 +679,7 @@ def run_one(spec: RunSpec, *, keep_requests: bool = True, observers: Sequence[Ep
     if windowed:
         metrics.update({"window_start_s": float(em["window_start_s"]), "window_s": float(em["window_s"]),
                         "backlog_start": int(em["backlog_start"]), "backlog_end": int(em["backlog_end"])})
+        metrics.update(rec.backlog_ages(int(ledger.get("arrived", -1)), int(em["backlog_end"])))
     dcs, trace, offset = rec.datacenters, rec.trace, rec.offset_s
     meta = {
         "datacenters": [d.name for d in dcs],

@@ -245,3 +245,49 @@ def test_operating_point_cli_prints_each_distinct_datacenter_and_the_ratio(monke
     eng = float(load_load_levels().find("llama-3.1-8b", "a100-80gb", 1).per_engine_rate_per_s)
     assert lines == [f"dev: a100-80gb x 8 engines, polling 0.5 s: c_d_per_engine_per_s=6 engine_figure_per_s={eng:.4g} "
                      f"ratio={6.0 / eng:.4f} e_d_j_per_request=30"]
+
+
+def test_window_end_ages_restrict_what_the_allowance_leaves_undone():
+    """backlog_ages {e: n}: at most n of the requests left undone arrived more than e s before the
+    window's end. With every n at the backlog itself nothing changes (but the finer bins: the
+    program bins request sizes within each age segment, a slightly different relaxation); with
+    none older than 1 s only
+    the last second's arrivals (60 of them at 60 req/s) may go undone, so the figure lies between
+    the plain allowance's and the one without any (every arrival served); the physical bound keeps
+    its plain allowance."""
+    from eval.runner import BACKLOG_AGE_EDGES_S
+
+    spec = _spec(tuple(x for x in WINDOW if not x[0].startswith("workload.")), 60.0)  # azure-conv lengths
+    plain = bound_for_spec(spec, point=POINT, backlog_end=600)
+    loose = bound_for_spec(spec, point=POINT, backlog_end=600, backlog_ages={e: 600.0 for e in BACKLOG_AGE_EDGES_S})
+    tight = bound_for_spec(spec, point=POINT, backlog_end=600, backlog_ages={e: 0.0 for e in BACKLOG_AGE_EDGES_S})
+    none = bound_for_spec(spec, point=POINT, backlog_end=0)
+    assert loose.slo_carbon_g == pytest.approx(plain.slo_carbon_g, rel=1e-4)
+    assert plain.slo_carbon_g < tight.slo_carbon_g <= none.slo_carbon_g + 1e-9
+    # 60 of 600 may go: the tight figure recovers most of what the allowance gave away
+    assert (none.slo_carbon_g - tight.slo_carbon_g) < 0.3 * (none.slo_carbon_g - plain.slo_carbon_g)
+    assert tight.carbon_g == plain.carbon_g
+
+
+def test_recorded_backlog_ages_bound_the_true_ages():
+    """A windowed run's backlog_end_age_gt_<e>s (eval.runner.EpisodeRecorder.backlog_ages) counts
+    every request it left undone that arrived more than e s before the end, and none that arrived
+    less than e - one polling period before it (from the workload's arrivals and the run's records)."""
+    from carbon_gym.world import build_workload
+    from eval.runner import BACKLOG_AGE_EDGES_S, run_one
+
+    spec = _spec(tuple(x for x in WINDOW if not x[0].startswith("workload.")) + (("polling_period_s", 0.5),), 60.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = run_one(spec, keep_requests=True)
+    m = res.metrics
+    sc = _scenario(spec)
+    arr = np.asarray(build_workload(sc, 0).arrivals_between(0.0, float(sc.duration_s)).arrival_s)
+    done = np.zeros(arr.size, dtype=bool)
+    done[np.asarray(res.requests["request_id"], dtype=np.int64)] = True
+    age = float(sc.duration_s) - arr[~done]
+    assert age.size == m["backlog_end"] > 0
+    for e in BACKLOG_AGE_EDGES_S:
+        got = m[f"backlog_end_age_gt_{e:g}s"]
+        assert np.sum(age > e) <= got <= np.sum(age > e - 0.5)
+    assert m["backlog_end_age_gt_1s"] < m["backlog_end"]  # (most of what is in flight is young)
