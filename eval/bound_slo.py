@@ -34,6 +34,18 @@ routed to ``d`` costs on average what it costs at ``d``'s operating point. Energ
 falls with the per-engine rate, so no rate within ``c_d`` (nor any mix of such rates over time)
 does a request for less.
 
+**The window's end.** Of the requests arriving in a measurement window, all but ``backlog_end``
+(the most any run compared with the figure left in flight or pending at its end) must be done in
+it; without more knowledge the program may leave the largest that many undone. A windowed run
+also records how many of those it left may have arrived more than e seconds before the end
+(``backlog_end_age_gt_<e>s``, e = 1 ... 320 s): the program then bins request sizes within the age
+segments between those instants and leaves at most that many older than each e undone, so the
+allowance can no longer drop large requests that arrived long before the end (the requests in
+flight are mostly recent ones). Still a bound: every run it is compared with left no more than
+that undone in each age range. The work a run carried into its window (requests arriving before
+it and finished in it, which its window carbon includes) is not credited (``python -m
+eval.window_end`` measures both from a run's request records).
+
 **Capacity control.** An engine serves at most ``c_d`` requests/s of the mix within p99, so the
 awake engine-seconds at ``d`` are at least the requests it serves over ``c_d`` (in work: its work
 over ``c_d`` x the mean request's; as well as its active engine-seconds); each awake
