@@ -98,12 +98,16 @@ BOUND_GAP_PP = 3.0
 #: mix_fill; ``-c1``: with 1 s of carried credit; ``opdc``: the cap at the measured c_d itself; see INTRO),
 #: checked against the same target where it ran.
 MILP_OP_LABELS = ("milp-op", "milp-op-c1", "milp-opdc-c1")
+#: Each experiment's window under ``--preset full`` (s): a matrix measured over another one is kept apart (:func:`_read`).
+STANDARD_WINDOW_S = {"headline": 600.0, "milp-vs-ilp": 600.0, "tradeoff": 600.0, "capacity": 900.0}
 HEADLINE_SCENARIOS = tuple(f"{m}-{ld}" for m in ("llama8b", "qwen7b", "mixtral8x7b") for ld in ("low", "moderate", "high"))
 
 
 def _read(d: str) -> tuple[Any, dict[str, Any]]:
     """A matrix's runs (``runs.csv``, with ``slo_bound_carbon_g`` per run where ``python -m
-    eval.bound`` wrote ``bound_check.csv``) and its config."""
+    eval.bound`` wrote ``bound_check.csv``) and its config. A matrix measured over another window
+    than its experiment's (:data:`STANDARD_WINDOW_S`) names its scenarios with the window
+    (``mixtral8x7b-high (3600 s window)``), so that its rows are not merged with the standard ones."""
     import pandas as pd
 
     with open(os.path.join(d, "config.json"), encoding="utf-8") as fh:
@@ -114,6 +118,13 @@ def _read(d: str) -> tuple[Any, dict[str, Any]]:
         b = pd.read_csv(check)
         if "slo_bound_carbon_g" in b:
             runs = runs.merge(b[["scenario", "policy", "seed", "slo_bound_carbon_g"]], on=["scenario", "policy", "seed"], how="left")
+    want = STANDARD_WINDOW_S.get(os.path.basename(os.path.normpath(d)))
+    windows = sorted({float(w) for w in runs["window_s"].dropna()}) if "window_s" in runs else []
+    if want is not None and len(windows) == 1 and abs(windows[0] - want) > 1e-6:
+        tag = f" ({windows[0]:g} s window)"
+        runs = runs.assign(scenario=runs["scenario"].astype(str) + tag)
+        cfg = {**cfg, "runs": [{**r, "scenario_label": str(r.get("scenario_label") or r.get("scenario")) + tag}
+                               for r in cfg.get("runs", [])]}
     return runs, cfg
 
 
@@ -210,7 +221,8 @@ def target_checks(rows: Sequence[dict[str, Any]]) -> list[str]:
             continue
         rt.append(_gap_line(want, r))
     op = {(r["scenario"], r["policy"]): r for r in rows if r["policy"] in MILP_OP_LABELS}
-    for scen, label in ((s_, lb) for s_ in HEADLINE_SCENARIOS for lb in MILP_OP_LABELS):
+    longer = sorted({str(r["scenario"]) for r in rows if str(r["scenario"]).split(" (")[0] in HEADLINE_SCENARIOS} - set(HEADLINE_SCENARIOS))
+    for scen, label in ((s_, lb) for s_ in (*HEADLINE_SCENARIOS, *longer) for lb in MILP_OP_LABELS):
         r = op.get((scen, label))
         if r is not None and np.isfinite(r.get("bound_gap_pp", float("nan"))):
             rt.append(_gap_line(f"the same with the MILP at its operating point ({label}) on {scen}", r))

@@ -147,3 +147,31 @@ def test_milp_vs_ilp_matrix_without_the_milp_borrows_the_headline_runs_only_when
     m.to_csv(d / "runs.csv", index=False)
     fac = slo_report.slo_section(str(res)).split("### Facility MILP", 1)[1].split("###", 1)[0]
     assert "headline's runs" not in fac and "| mixtral8x7b-high |" not in fac.split("At equal p99 pass")[0].split("|---|")[-1]
+
+
+def test_a_matrix_over_another_window_is_kept_apart_and_checked_on_its_own(tmp_path):
+    """A headline matrix measured over 3600 s instead of 600 s names its scenario with the window, so
+    its rows are not merged with (or dropped as duplicates of) the standard ones, and its MILP at
+    the operating point gets its own bound-gap line."""
+    d = tmp_path / "slo" / "headline"
+    _matrix(d, "mixtral8x7b-high", [1, 4], [70.0, 70.0], [0.0, 0.0], [True, True])
+    runs = pd.read_csv(d / "runs.csv")
+    runs["window_s"] = 3600.0
+    runs.loc[runs["policy"] == "rr (always on)", "policy"] = "rr"
+    runs.loc[runs["policy"] == "milp", "policy"] = "milp-opdc-c1"
+    runs.to_csv(d / "runs.csv", index=False)
+    cfg = json.loads((d / "config.json").read_text())
+    for r in cfg["runs"]:
+        r["label"] = {"milp": "milp-opdc-c1", "rr (always on)": "rr"}[r["label"]]
+    (d / "config.json").write_text(json.dumps(cfg))
+    pd.DataFrame({"scenario": "mixtral8x7b-high", "policy": ["rr", "rr", "milp-opdc-c1", "milp-opdc-c1"], "seed": [1, 4, 1, 4],
+                  "slo_bound_carbon_g": [68.0] * 4}).to_csv(d / "bound_check.csv", index=False)
+    runs, cfg = slo_report._read(str(d))
+    assert set(runs["scenario"]) == {"mixtral8x7b-high (3600 s window)"}
+    rows = slo_report.slo_rows(runs, cfg)
+    line = next(ln for ln in slo_report.target_checks(rows) if "milp-opdc-c1" in ln)
+    assert line.startswith("- the same with the MILP at its operating point (milp-opdc-c1) on mixtral8x7b-high (3600 s window): "
+                           "**met**: 2.0 pp above it")
+    runs.loc[:, "window_s"] = 600.0  # the standard window: names unchanged
+    runs.assign(scenario="mixtral8x7b-high").to_csv(d / "runs.csv", index=False)
+    assert set(slo_report._read(str(d))[0]["scenario"]) == {"mixtral8x7b-high"}
