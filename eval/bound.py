@@ -70,7 +70,6 @@ from typing import Any
 
 import numpy as np
 
-from eval.window_end import largest_backlog_ages
 from eval.bound_slo import (NOT_COMPUTED, SloPoint, SloResult, below_slo_note, energy_factor, episode_slo_rows, has_slo,
                              runs_below_slo_bound, slo_operating_point, slo_window_bound)
 
@@ -198,7 +197,7 @@ def carbon_lower_bound(scenario: Any, seed: int, *, sleep_w: float | None = None
             the runs compared with it leave in flight or pending at the window's end: of the
             requests arriving in the window, all but that many were done entirely in it.
         backlog_ages: {e: n}: of those left undone, at most n arrived more than e seconds before the
-            window's end (the runs' ``backlog_end_age_gt_<e>s``, :func:`largest_backlog_ages`);
+            window's end (the runs' ``backlog_end_age_gt_<e>s``, :func:`eval.runner.largest_backlog_ages`);
             used by the SLO-true figure only (the physical one keeps the plain allowance).
         capacity: bound runs that may power servers off (capacity control, :func:`_window_bound`);
             None: when the scenario's ``capacity.control`` is not ``always_on``. Measurement
@@ -570,6 +569,8 @@ def bounds_table(specs: Any, *, sleep_w: float | None = None, runs: Any = None, 
     window's end (``backlog_end``, and its ages where recorded)."""
     import pandas as pd
 
+    from eval.runner import largest_backlog_ages
+
     backlog: dict[tuple[str, int], int] = {}
     ages: dict[tuple[str, int], Any] = {}
     if runs is not None and "backlog_end" in runs:
@@ -833,6 +834,8 @@ def check_matrix(matrix_dir: str, *, allowance: bool = True) -> Any:
 
     import pandas as pd
 
+    from eval.runner import largest_backlog_ages
+
     runs = pd.read_csv(os.path.join(matrix_dir, "runs.csv"))
     specs = matrix_specs(matrix_dir)
     label = {rid: (sp.scenario_label or sp.scenario_name, sp.label or sp.policy, int(sp.seed)) for rid, sp in specs.items()}
@@ -853,7 +856,7 @@ def check_matrix(matrix_dir: str, *, allowance: bool = True) -> Any:
         if cap:
             group = group[group["policy"] == r.policy]
         backlog = largest_backlog_end(group) if allowance else 0
-        ages = largest_backlog_ages(group) if allowance else None  # (eval.window_end)
+        ages = largest_backlog_ages(group) if allowance else None
         key = (str(r.scenario), int(r.seed), cap, backlog, tuple(sorted(ages.items())) if ages else None)
         if key not in bounds:
             bounds[key] = bound_for_spec(sp, backlog_end=backlog, backlog_ages=ages)

@@ -35,7 +35,8 @@ from eval.estimate_error import error_metrics, estimate_errors
 from eval.stats import percentile
 
 __all__ = [
-    "RunSpec", "RunResult", "always_on_overrides", "EpisodeRecorder", "make_specs", "fault_twin", "episode_start_offset_s",
+    "RunSpec", "RunResult", "always_on_overrides", "largest_backlog_ages", "BACKLOG_AGE_EDGES_S", "EpisodeRecorder",
+    "make_specs", "fault_twin", "episode_start_offset_s",
     "make_env", "resolve_run_scenario", "run_one", "freeze", "policy_label", "policy_labels", "split_label",
     "scenario_labels", "FAULT_TWIN_SUFFIX", "StepProgress", "episode_steps", "VALID_UNFINISHED_PCT",
 ]
@@ -106,6 +107,20 @@ def freeze(mapping: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ...]:
 
 #: Ages (s) at which a windowed run counts what it left in flight (:meth:`EpisodeRecorder.backlog_ages`).
 BACKLOG_AGE_EDGES_S = (1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
+
+
+def largest_backlog_ages(runs: Any) -> dict[float, float] | None:
+    """{e: the most requests any of ``runs`` left undone at its window's end that may have
+    arrived more than e s before it} (``backlog_end_age_gt_<e>s``,
+    :meth:`EpisodeRecorder.backlog_ages`),
+    or None unless every run has every figure (runs from before them: the plain allowance)."""
+    cols = [f"backlog_end_age_gt_{e:g}s" for e in BACKLOG_AGE_EDGES_S]
+    if len(runs) == 0 or not all(c in runs for c in cols):
+        return None
+    vals = runs[cols].to_numpy(float)
+    if not np.isfinite(vals).all():
+        return None
+    return {float(e): float(v) for e, v in zip(BACKLOG_AGE_EDGES_S, vals.max(axis=0))}
 
 
 def always_on_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:

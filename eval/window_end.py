@@ -29,22 +29,6 @@ from typing import Any, Sequence
 import numpy as np
 
 
-def largest_backlog_ages(runs: Any) -> dict[float, float] | None:
-    """{e: the most requests any of ``runs`` left undone at its window's end that may have
-    arrived more than e s before it} (``backlog_end_age_gt_<e>s``,
-    :meth:`eval.runner.EpisodeRecorder.backlog_ages`),
-    or None unless every run has every figure (runs from before them: the plain allowance)."""
-    from eval.runner import BACKLOG_AGE_EDGES_S
-
-    cols = [f"backlog_end_age_gt_{e:g}s" for e in BACKLOG_AGE_EDGES_S]
-    if len(runs) == 0 or not all(c in runs for c in cols):
-        return None
-    vals = runs[cols].to_numpy(float)
-    if not np.isfinite(vals).all():
-        return None
-    return {float(e): float(v) for e, v in zip(BACKLOG_AGE_EDGES_S, vals.max(axis=0))}
-
-
 def window_end_shares(arrival_s: np.ndarray, work: np.ndarray, decode_work: np.ndarray, done_index: np.ndarray,
                       done_s: np.ndarray, first_token_s: np.ndarray, window: tuple[float, float], backlog_end: int) -> dict[str, float]:
     """The figures of the module docstring for one run: ``arrival_s`` / ``work`` /

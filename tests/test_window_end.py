@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from eval.runner import BACKLOG_AGE_EDGES_S
-from eval.window_end import largest_backlog_ages, window_end_shares
+from eval.runner import BACKLOG_AGE_EDGES_S, largest_backlog_ages
+from eval.window_end import window_end_shares
 
 
 def test_shares_by_hand():
