@@ -517,8 +517,9 @@ class EpisodeRecorder(EpisodeObserver):
         the order the env takes them in (``request_id``), ``arrived_total`` of them in the episode;
         the steps' ``arrived`` say which step took each in, the reset (the first polling period) the
         rest. Empty when the records do not fit that numbering or leave another count than
-        ``left_total`` unfinished (then the bound keeps its plain window-end allowance). The bound (eval.bound_slo) uses them to restrict which arrivals its
-        allowance may leave undone."""
+        ``left_total`` unfinished (then the bound keeps its plain window-end allowance). The
+        SLO-true bound (:mod:`eval.bound_slo`) uses them to restrict which arrivals its allowance
+        may leave undone."""
         ids = np.concatenate(self._done_ids) if self._done_ids else np.zeros(0, dtype=np.int64)
         per_step = np.array([n for _, n in self._ingested], dtype=np.int64)
         first = int(arrived_total) - int(per_step.sum())
