@@ -272,7 +272,7 @@ def carbon_lower_bound(scenario: Any, seed: int, *, sleep_w: float | None = None
     # engine-seconds each request needs whatever the batching (_own_seconds), the iteration-time
     # minorant and the decode iterations' fixed cost, per GPU type: each datacenter's own GPU's
     S = float(eng.max_num_seqs)
-    K = float(max(eng.max_num_batched_tokens, float(prompt.max()), float(scenario.workload.max_context_tokens))) + S
+    K = iteration_k_max(scenario, eng, prompt)
     work_by_gpu: dict[str, np.ndarray] = {}
     lines_by_gpu: dict[str, list[tuple[float, float]]] = {}
     for g, m in models.items():
@@ -432,6 +432,14 @@ def _own_seconds(lat: Any, prompt: np.ndarray, output: np.ndarray) -> np.ndarray
             + float(lat.per_sampled_seq_s) * output)
 
 
+def iteration_k_max(scenario: Any, eng: Any, prompt: np.ndarray) -> float:
+    """The most tokens one iteration can hold (the iteration-time minorant's range): the largest
+    of the engine's token budget, the longest prompt and the context limit, plus one decode token
+    per sequence."""
+    longest = float(prompt.max()) if prompt.size else 1.0
+    return float(max(eng.max_num_batched_tokens, longest, float(scenario.workload.max_context_tokens))) + float(eng.max_num_seqs)
+
+
 def _engine_seconds(lat: Any, eng: Any, prompt: np.ndarray, output: np.ndarray, k_max: float) -> tuple[np.ndarray, float]:
     """(engine-seconds each request needs at least, seconds per token of the most efficient
     iteration): ``min_k g(k) / k`` per token plus the request's own latency-model terms."""
@@ -476,8 +484,7 @@ def _window_bound(scenario: Any, parts: Any, floor_w: np.ndarray, zones: np.ndar
     wins = _windows(off + w0, t_end - w0, t_end - w0)
     wins = [(a + w0, b + w0) for a, b in wins]
     inside = arrival >= w0
-    k_max = float(max(eng.max_num_batched_tokens, float(prompt.max()) if prompt.size else 1.0,
-                      float(scenario.workload.max_context_tokens))) + float(eng.max_num_seqs)
+    k_max = iteration_k_max(scenario, eng, prompt)
     keep = max(0, int(inside.sum()) - int(backlog_end))
     tp = int(eng.tp)
     costs, per_tokens, secs = [], [], {}

@@ -61,13 +61,14 @@ def versus_table(reference: Any, policy: str, matrices: Sequence[Any], names: Se
         for (scen, pol), sub in runs.groupby(["scenario", "policy"], sort=False):
             sub = sub.drop_duplicates("seed", keep="first")
             keys = [(str(scen), int(k)) for k in sub["seed"]]
-            both = [i for i, k in enumerate(keys) if k in ref and (k in on and k in ref_on)]
+            both = [i for i, k in enumerate(keys) if k in ref and k in on and k in ref_on]  # (rr checked above)
             if not both:
                 continue
             part = sub.iloc[both]
             red = [100.0 * (ref[keys[i]] - c) / ref[keys[i]] for i, c in zip(both, part["carbon_g"])]
             m, ci = mean_ci95(red)
-            rows.append({"matrix": names[j] if names is not None else str(j), "scenario": scen, "policy": pol, "seeds": len(both), "reduction_pct": m, "reduction_ci95": ci,
+            rows.append({"matrix": names[j] if names is not None else str(j), "scenario": scen, "policy": pol,
+                         "seeds": len(both), "reduction_pct": m, "reduction_ci95": ci,
                          "violation_pct": float(np.mean(part["slo_violation_pct"])),
                          "p99_pass": int(np.sum(part["mlperf_p99_pass"].astype(bool))),
                          "unfinished_pct": float(np.mean(part["unfinished_pct"])) if "unfinished_pct" in part else float("nan")})

@@ -64,7 +64,7 @@ def matrix_window_ends(matrix_dir: str) -> list[dict[str, Any]]:
     import pandas as pd
 
     from carbon_gym.world import build_parts, build_workload
-    from eval.bound import _engine_seconds, matrix_specs
+    from eval.bound import _engine_seconds, iteration_k_max, matrix_specs
     from eval.runner import resolve_run_scenario
 
     runs = pd.read_csv(os.path.join(matrix_dir, "runs.csv"))
@@ -81,7 +81,7 @@ def matrix_window_ends(matrix_dir: str) -> list[dict[str, Any]]:
         p = np.asarray(batch.prompt_tokens, dtype=np.float64)
         o = np.asarray(batch.output_tokens, dtype=np.float64)
         eng = parts.engine
-        k_max = float(max(eng.max_num_batched_tokens, float(p.max()), float(sc.workload.max_context_tokens))) + float(eng.max_num_seqs)
+        k_max = iteration_k_max(sc, eng, p)
         lat = parts.datacenter_gpus()[0].latency
         work = _engine_seconds(lat, eng, p, o, k_max)[0]
         decode_work = work - _engine_seconds(lat, eng, p, np.minimum(o, 1.0), k_max)[0]
