@@ -42,9 +42,22 @@ also records how many of those it left may have arrived more than e seconds befo
 segments between those instants and leaves at most that many older than each e undone, so the
 allowance can no longer drop large requests that arrived long before the end (the requests in
 flight are mostly recent ones). Still a bound: every run it is compared with left no more than
-that undone in each age range. The work a run carried into its window (requests arriving before
-it and finished in it, which its window carbon includes) is not credited (``python -m
-eval.window_end`` measures both from a run's request records).
+that undone in each age range. Most of what is in flight at the end has computed most of its
+work (its prompt, in the bound's unit the larger part), so a windowed run also records what it
+had not computed yet (``left_*``, :meth:`carbon_gym.sim.Simulator.work_left`, an upper count:
+the iteration in progress as not done) and how many requests it had not placed
+(``backlog_end_unplaced``); with those (the largest of each over the runs compared) only the
+unplaced may be left undone whole, and of the placed work the program may leave at most the
+uncomputed engine-seconds undone (:func:`eval.bound.left_engine_s`), in any bin and datacenter,
+the work a request routed to ``d`` brings still counting against ``d``'s capacity. Still a
+bound: every window arrival the run placed had every position computed in the window but those
+counted as left. The work a run carried into its window and finished in it, which
+its window carbon includes, is credited where the runs recorded it (``carry_in_*``: the work
+ahead of each request in flight when the window opened, the iteration or decode run then in
+progress counted as done; the least over the runs compared; always-on runs only): its least
+engine-seconds at the least grams per engine-second, added to both figures
+(:func:`eval.bound.carry_in_engine_s`; ``python -m eval.window_end`` measures both from a run's
+request records).
 
 **Capacity control.** An engine serves at most ``c_d`` requests/s of the mix within p99, so the
 awake engine-seconds at ``d`` are at least the requests it serves over ``c_d`` (in work: its work
@@ -198,12 +211,17 @@ def _lowest_from(ci: np.ndarray) -> np.ndarray:
 
 def slo_window_bound(scenario: Any, parts: Any, zones: np.ndarray, arrival: np.ndarray, secs: dict[str, np.ndarray],  # noqa: C901
                      least_node_w: dict[str, float], wins: list[tuple[float, float]], backlog_end: int, *,
-                     capacity: bool, point: SloPoint | None = None, backlog_ages: dict[float, float] | None = None) -> SloResult:
+                     capacity: bool, point: SloPoint | None = None, backlog_ages: dict[float, float] | None = None,
+                     left_s: dict[str, float] | None = None) -> SloResult:
     """The SLO-true active grams of a measurement window (``env.measure = "window"``; the
     physical version is :func:`eval.bound._window_bound`). Of the requests arriving in the window
     all but ``backlog_end`` are done entirely in it (``backlog_ages``: {e: n}, at most n of those
     left undone arrived more than e seconds before the window's end, the runs'
-    ``backlog_end_age_gt_<e>s``: the allowance then cannot leave the largest old requests undone);
+    ``backlog_end_age_gt_<e>s``: the allowance then cannot leave the largest old requests undone;
+    ``left_s``: {gpu: engine-seconds}, at most that much of the work of the requests placed was
+    not computed by the window's end (:func:`eval.bound.left_engine_s`; ``backlog_end`` then
+    counts only the requests not yet placed): the program may leave that much of the placed work
+    undone, ``z[b, d]`` in any bin, the whole of it a convex combination over the GPU types);
     request sizes (engine-seconds at the most
     efficient batch, per GPU type: ``secs[gpu]``, one per request arriving in the window, from
     :func:`eval.bound._engine_seconds`) are binned by quantile per
@@ -282,21 +300,26 @@ def slo_window_bound(scenario: Any, parts: Any, zones: np.ndarray, arrival: np.n
     col_y = 2 * n_b * n_d
     col_ys = col_y + n_b
     col_u = col_ys + (n_b if single else 0)
-    n_cols = col_u + (n_d if capacity else 0)
+    col_z = col_u + (n_d if capacity else 0)                      # z[b, d]: placed work left uncomputed (left_s)
+    n_cols = col_z + (n_b * n_d if left_s is not None else 0)
     cost = np.zeros(n_cols)
     hi = np.full(n_cols, np.inf)
     rows: list[tuple[list[tuple[int, float]], float, float]] = []
+
+    def placed(b: int, d: int) -> list[tuple[int, float]]:  # the work placed at d of bin b: s (+ z)
+        return [(col_s + b * n_d + d, 1.0)] + ([(col_z + b * n_d + d, 1.0)] if left_s is not None else [])
+
     for b, (h, idx) in enumerate(bins):
         rows.append(([(col_x + b * n_d + d, 1.0) for d in range(n_d)] + [(col_y + b, 1.0)], float(idx.size), float(idx.size)))
         for d in range(n_d):
             sd = secs[gpu_of[d]][idx]
             xs, ss = col_x + b * n_d + d, col_s + b * n_d + d
             cost[ss] = active_w[d] * ci_from[h, d]
-            rows.append(([(ss, 1.0), (xs, -float(sd.min()))], 0.0, np.inf))   # s >= x x smallest
-            rows.append(([(ss, 1.0), (xs, -float(sd.max()))], -np.inf, 0.0))  # s <= x x largest
+            rows.append((placed(b, d) + [(xs, -float(sd.min()))], 0.0, np.inf))   # s (+ z) >= x x smallest
+            rows.append((placed(b, d) + [(xs, -float(sd.max()))], -np.inf, 0.0))  # s (+ z) <= x x largest
         if single:
             s0 = secs[types[0]][idx]
-            rows.append(([(col_s + b * n_d + d, 1.0) for d in range(n_d)] + [(col_ys + b, 1.0)], float(s0.sum()), float(s0.sum())))
+            rows.append(([e for d in range(n_d) for e in placed(b, d)] + [(col_ys + b, 1.0)], float(s0.sum()), float(s0.sum())))
             rows.append(([(col_ys + b, 1.0), (col_y + b, -float(s0.min()))], 0.0, np.inf))
             rows.append(([(col_ys + b, 1.0), (col_y + b, -float(s0.max()))], -np.inf, 0.0))
     rows.append(([(col_y + b, 1.0) for b in range(n_b)], 0.0, float(max(0, backlog_end))))  # the backlog left undone
@@ -312,7 +335,7 @@ def slo_window_bound(scenario: Any, parts: Any, zones: np.ndarray, arrival: np.n
         bs = [b for b, (hb, _) in enumerate(bins) if hb == h]
         for d in range(n_d):
             if bs:
-                rows.append(([(col_s + b * n_d + d, 1.0) for b in bs], -np.inf, float(cap_rate[d] * lens[h] * mean_s[d])))
+                rows.append(([e for b in bs for e in placed(b, d)], -np.inf, float(cap_rate[d] * lens[h] * mean_s[d])))
     for d in range(n_d):
         s_cols = [(col_s + b * n_d + d, 1.0) for b in range(n_b)]
         if capacity:                                              # awake >= active, >= work / (c_d x mean)
@@ -323,6 +346,11 @@ def slo_window_bound(scenario: Any, parts: Any, zones: np.ndarray, arrival: np.n
             rows.append(([(u, 1.0)] + [(j, -1.0 / (c_eng[d] * mean_s[d])) for j, _ in s_cols], 0.0, np.inf))
         else:                                                     # active engine-seconds <= engines x window
             rows.append((s_cols, -np.inf, float(engines[d] * length)))
+    if left_s is not None:  # sum over (b, d) of z / left_s[d's type] <= 1
+        zs = [(col_z + b * n_d + d, 1.0 / left_s[gpu_of[d]]) for b in range(n_b) for d in range(n_d) if left_s[gpu_of[d]] > 0.0]
+        hi[col_z:col_z + n_b * n_d] = [np.inf if left_s[gpu_of[d]] > 0.0 else 0.0 for b in range(n_b) for d in range(n_d)]
+        if zs:
+            rows.append((zs, 0.0, 1.0))
     starts, idx_, vals = [0], [], []
     for ent, _, _ in rows:
         for j, v in ent:

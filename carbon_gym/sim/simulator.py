@@ -687,6 +687,50 @@ class Simulator(CopyableState):
             prefix_hashes=AbortedRequests.hashes_of([r.prefix_hashes for r in reqs]),
         )
 
+    def work_ahead(self) -> np.ndarray:
+        """The work every request placed and not finished certainly still has to do from now:
+        an int64 array of rows (request id, prefill tokens, decode tokens, context tokens), by
+        request id (:meth:`Engine.work_ahead
+        <carbon_gym.sim.engine.Engine.work_ahead>`; a request still travelling to its
+        datacenter has all of its work ahead: its prompt, ``output - 1`` decode tokens after the
+        first, context its prompt). A measurement window credits it to the bound
+        (:meth:`carbon_gym.episode.EpisodeTally.start_window`)."""
+        rows: list[tuple[int, int, int, int]] = []
+        for dc in self.datacenters:
+            for e in dc.engines:
+                rows.extend(e.work_ahead())
+        for r in self._in_transit.values():
+            dec = r.output_tokens - 1
+            rows.append((r.rid, 0 if r.prefix_keys is not None else r.prompt_tokens, dec if dec > 0 else 0, r.prompt_tokens))
+        out = np.array(rows, dtype=np.int64).reshape(-1, 4)
+        return out[np.argsort(out[:, 0], kind="stable")]
+
+    def work_left(self) -> dict[str, np.ndarray]:
+        """What every request placed and not finished has not computed yet, an upper count
+        (:meth:`Engine.work_left <carbon_gym.sim.engine.Engine.work_left>`; a request still
+        travelling to its datacenter: all of it), by request id: ``request_id``, ``arrival_s``,
+        ``prompt_tokens``, ``output_tokens``, ``prompt_left`` (prompt positions), ``decode_left``
+        (decode iterations after the first token), ``first_token_left`` (1 before the first
+        token). A measurement window subtracts it from the bound at its end
+        (:meth:`carbon_gym.episode.EpisodeTally.window_left`)."""
+        rows: list[tuple[RequestState, int, int]] = []
+        for dc in self.datacenters:
+            for e in dc.engines:
+                rows.extend(e.work_left())
+        for r in self._in_transit.values():
+            rows.append((r, r.prompt_tokens, max(0, r.output_tokens - 1)))
+        rows.sort(key=lambda x: x[0].rid)
+        reqs = [x[0] for x in rows]
+        return {
+            "request_id": np.array([r.rid for r in reqs], dtype=np.int64),
+            "arrival_s": np.array([r.arrival_s for r in reqs], dtype=np.float64),
+            "prompt_tokens": np.array([r.prompt_tokens for r in reqs], dtype=np.int64),
+            "output_tokens": np.array([r.output_tokens for r in reqs], dtype=np.int64),
+            "prompt_left": np.array([x[1] for x in rows], dtype=np.int64),
+            "decode_left": np.array([x[2] for x in rows], dtype=np.int64),
+            "first_token_left": np.array([1 if x[0].generated == 0 else 0 for x in rows], dtype=np.int64),
+        }
+
     def set_link_delay(self, origin: Scalar, dc: Scalar, one_way_s: Scalar) -> None:
         """Set the one-way network delay from region ``origin`` to datacenter ``dc`` (faults:
         link degradation), seconds. Applies to requests submitted from now on (requests already
