@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .sim import Simulator
     from .sim.records import AbortedRequests, RecordWriter, RequestRecords
 
-__all__ = ["CARRY_IN_METRICS", "LEFT_METRICS", "EpisodeTally", "unfinished_requests"]
+__all__ = ["LEFT_METRICS", "EpisodeTally", "unfinished_requests"]
 
 # counters and per-datacenter arrays a measurement window reports from its baseline
 _WINDOW_COUNTS = ("arrived", "placed", "aborted", "completed", "violations", "ttft_violations", "tpot_violations",
@@ -22,11 +22,8 @@ _WINDOW_COUNTS = ("arrived", "placed", "aborted", "completed", "violations", "tt
                   "context_truncated_tokens")
 _WINDOW_ARRAYS = ("dc_placed", "dc_completed")
 
-_SUM, _MAX, _MIN = np.add.reduce, np.maximum.reduce, np.minimum.reduce  # the ufunc reductions behind ndarray.sum/max/min
+_SUM, _MAX = np.add.reduce, np.maximum.reduce  # the ufunc reductions behind ndarray.sum/max
 
-#: The window metrics of the work carried into a measurement window (:meth:`EpisodeTally.carried_in`).
-CARRY_IN_METRICS = ("carry_in_done", "carry_in_prefill_tokens", "carry_in_prefill_pairs", "carry_in_decode_tokens",
-                    "carry_in_decode_ctx", "carry_in_samples")
 #: The window metrics of the work left at a measurement window's end (:meth:`EpisodeTally.window_left`).
 LEFT_METRICS = ("left_requests", "left_prompt_tokens", "left_prompt_positions", "left_decode_tokens", "left_decode_ctx",
                 "left_samples")
@@ -77,10 +74,6 @@ class EpisodeTally:
         self.reported_energy_j = 0.0
         self.reported_carbon_g = 0.0
         self.window: dict[str, Any] | None = None  # the measurement window's baseline (start_window)
-        # the work ahead of the requests in flight when the window opened (Simulator.work_ahead rows),
-        # by request id, and the sums (CARRY_IN_METRICS) over those completed since
-        self._carry: np.ndarray = np.zeros((0, 4), dtype=np.int64)
-        self._carry_sums = np.zeros(len(CARRY_IN_METRICS))
 
     @property
     def in_flight(self) -> int:
@@ -140,8 +133,6 @@ class EpisodeTally:
         self.dc_completed += np.bincount(records.datacenter, minlength=D)
         self.done_energy_j += np.bincount(records.datacenter, weights=records.energy_j, minlength=D)
         self.done_carbon_g += np.bincount(records.datacenter, weights=records.carbon_g, minlength=D)
-        if self._carry.shape[0] and int(_MIN(records.request_id)) <= int(self._carry[-1, 0]):
-            self._add_carried(records.request_id)
         if self.writer is not None:
             self._ttft_sum += float(_SUM(ttft))
             self._tpot_sum += float(_SUM(tpot))
@@ -175,33 +166,6 @@ class EpisodeTally:
             "sums": (self._ttft_sum, self._tpot_sum),
             "backlog": self.in_flight + int(pending),
         }
-        self._carry = sim.work_ahead()
-
-    def _add_carried(self, request_id: np.ndarray) -> None:
-        """Add the work ahead of the carried-in requests among ``request_id`` (just completed)."""
-        c = self._carry
-        ids = c[:, 0]
-        at = np.searchsorted(ids, request_id)
-        hit = at < ids.size
-        hit[hit] = ids[at[hit]] == request_id[hit]
-        if not hit.any():
-            return
-        rows = c[at[hit]].astype(np.float64)
-        pre, dec, ctx = rows[:, 1], rows[:, 2], rows[:, 3]
-        self._carry_sums += (float(rows.shape[0]), float(pre.sum()), float((pre * (pre + 1.0) / 2.0).sum()), float(dec.sum()),
-                             float((dec * ctx + dec * (dec - 1.0) / 2.0).sum()), float((dec + (pre > 0)).sum()))
-
-    def carried_in(self) -> dict[str, float]:
-        """The work carried into the measurement window and done in it, a lower count (the
-        window's carbon pays for it; :mod:`eval.bound` credits it): over the requests in flight
-        when the window opened that have completed since, with the work ahead of each then
-        (:meth:`carbon_gym.sim.Simulator.work_ahead`): ``carry_in_done`` (requests),
-        ``carry_in_prefill_tokens`` and ``carry_in_prefill_pairs`` (sum of L (L + 1) / 2 over
-        the prompt tokens L left to prefill), ``carry_in_decode_tokens``, ``carry_in_decode_ctx``
-        (sum over the decode iterations of the context they read at least, tokens) and
-        ``carry_in_samples`` (output tokens sampled). Requests failed over and resubmitted get
-        new ids and are not counted."""
-        return {k: float(v) for k, v in zip(CARRY_IN_METRICS, self._carry_sums)}
 
     @staticmethod
     def window_left(sim: Any) -> dict[str, float]:
@@ -332,7 +296,6 @@ class EpisodeTally:
             "backlog_start": int(w["backlog"]),
             "backlog_end": backlog,
             "unfinished_window": max(0, backlog - int(w["backlog"])),
-            **self.carried_in(),
             **self.window_left(sim),
             "deferred": n["deferred"],
             "blocked": n["blocked"],

@@ -65,7 +65,7 @@ physical figures (``carbon_g`` ...) are unchanged by it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -186,8 +186,7 @@ def largest_backlog_end(runs: Any) -> int:
 
 def carbon_lower_bound(scenario: Any, seed: int, *, sleep_w: float | None = None, backlog_end: int = 0,  # noqa: C901
                        capacity: bool | None = None, slo: bool = True, point: SloPoint | None = None,
-                       backlog_ages: dict[float, float] | None = None, carry_in: dict[str, float] | None = None,
-                       window_left: dict[str, float] | None = None) -> CarbonBound:
+                       backlog_ages: dict[float, float] | None = None, window_left: dict[str, float] | None = None) -> CarbonBound:
     """The lower bound of the episode of ``scenario`` (with its episode start already in
     ``carbon.start_utc``) under world seed ``seed``: see the module docstring.
 
@@ -200,10 +199,6 @@ def carbon_lower_bound(scenario: Any, seed: int, *, sleep_w: float | None = None
         backlog_ages: {e: n}: of those left undone, at most n arrived more than e seconds before the
             window's end (the runs' ``backlog_end_age_gt_<e>s``, :func:`eval.runner.largest_backlog_ages`);
             used by the SLO-true figure only (the physical one keeps the plain allowance).
-        carry_in: with a measurement window and every server always on, the work carried into the
-            window and done in it, at least (:func:`eval.runner.least_carry_in`: the least of each
-            figure over the runs compared); its active energy is added to both figures
-            (:func:`carry_in_engine_s`). None: no credit.
         window_left: with a measurement window, what the runs left at its end
             (:func:`eval.runner.largest_window_left`): only the requests not yet placed may be
             left undone whole, and the work not yet computed of those placed is subtracted
@@ -258,7 +253,7 @@ def carbon_lower_bound(scenario: Any, seed: int, *, sleep_w: float | None = None
         if capacity and not powerless:  # every server at its least power state; the rest per engine-second
             floor_w = pue * nodes * np.array([_least_node_w(models[g]) for g in gpu_of])
         return _window_bound(scenario, parts, floor_w, zones, prompt, output, arrival, t_floor, int(backlog_end),
-                             capacity=bool(capacity), slo=slo, point=point, backlog_ages=backlog_ages, carry_in=carry_in,
+                             capacity=bool(capacity), slo=slo, point=point, backlog_ages=backlog_ages,
                              window_left=window_left)
     if capacity:
         from carbon_gym.errors import ConfigError
@@ -458,32 +453,18 @@ def _engine_seconds(lat: Any, eng: Any, prompt: np.ndarray, output: np.ndarray, 
     return per_token * (prompt + decode) + _own_seconds(lat, prompt, output), per_token
 
 
-def _tally_engine_s(lat: Any, k_max: float, prompt: float, pairs: float, decode: float, ctx: float, samples: float) -> float:
-    """:func:`_engine_seconds` of a tally of tokens: ``min_k g(k) / k`` per prompt and decode
-    token plus the latency model's own terms (prompt tokens, their (query, key) pairs, decode
-    iterations and the contexts they read, LM-head samples)."""
-    return (_per_token_s(lat, k_max) * (prompt + decode) + float(lat.attn_prefill_per_token_s) * prompt
-            + float(lat.attn_prefill_per_pair_s) * pairs + float(lat.attn_decode_per_seq_s) * decode
-            + float(lat.attn_decode_per_ctx_s) * ctx + float(lat.per_sampled_seq_s) * samples)
-
-
-def carry_in_engine_s(lat: Any, k_max: float, carry_in: dict[str, float]) -> float:
-    """Engine-seconds the work carried into a window needs at least (``carry_in``: the sums of
-    :meth:`carbon_gym.episode.EpisodeTally.carried_in`; pairs at least L (L + 1) / 2 for L
-    prompt tokens left)."""
-    c = carry_in
-    return _tally_engine_s(lat, k_max, c["carry_in_prefill_tokens"], c["carry_in_prefill_pairs"], c["carry_in_decode_tokens"],
-                           c["carry_in_decode_ctx"], c["carry_in_samples"])
-
-
 def left_engine_s(lat: Any, k_max: float, left: dict[str, float]) -> float:
     """The share of the window arrivals' least engine-seconds (:func:`_engine_seconds`, summed)
     that the work left at a window's end accounts for at most (``left``: the sums of
     :meth:`carbon_gym.episode.EpisodeTally.window_left`, positions counted as in
-    :func:`_own_seconds`)."""
-    c = left
-    return _tally_engine_s(lat, k_max, c["left_prompt_tokens"], c["left_prompt_positions"], c["left_decode_tokens"],
-                           c["left_decode_ctx"], c["left_samples"])
+    :func:`_own_seconds`): ``min_k g(k) / k`` per prompt and decode token plus the latency
+    model's own terms of those positions (prompt tokens, their (query, key) pairs, decode
+    iterations and the contexts they read, LM-head samples)."""
+    prompt, decode = float(left["left_prompt_tokens"]), float(left["left_decode_tokens"])
+    return (_per_token_s(lat, k_max) * (prompt + decode) + float(lat.attn_prefill_per_token_s) * prompt
+            + float(lat.attn_prefill_per_pair_s) * float(left["left_prompt_positions"])
+            + float(lat.attn_decode_per_seq_s) * decode + float(lat.attn_decode_per_ctx_s) * float(left["left_decode_ctx"])
+            + float(lat.per_sampled_seq_s) * float(left["left_samples"]))
 
 
 def _least_node_w(m: Any) -> float:
@@ -496,7 +477,7 @@ def _least_node_w(m: Any) -> float:
 def _window_bound(scenario: Any, parts: Any, floor_w: np.ndarray, zones: np.ndarray, prompt: np.ndarray, output: np.ndarray,
                   arrival: np.ndarray, t_end: float, backlog_end: int, *, capacity: bool = False, slo: bool = False,
                   point: SloPoint | None = None, backlog_ages: dict[float, float] | None = None,
-                  carry_in: dict[str, float] | None = None, window_left: dict[str, float] | None = None) -> CarbonBound:
+                  window_left: dict[str, float] | None = None) -> CarbonBound:
     """The bound of a measurement window ``[W, t_end]`` (``env.measure = "window"``): the floor
     over the window (exact), plus the least active energy of the requests the window must have
     done entirely: of those arriving in it, all but ``backlog_end`` (the smallest ones, by their
@@ -517,13 +498,6 @@ def _window_bound(scenario: Any, parts: Any, floor_w: np.ndarray, zones: np.ndar
     (``backlog_end_unplaced``) may be left undone whole; of those placed, the work not yet
     computed (:func:`left_engine_s`, an upper count) is subtracted from the engine-seconds (all
     of every window arrival's positions but those were computed in the window).
-
-    With ``carry_in`` (every server always on), the work the runs carried into the window and
-    did in it adds its engine-seconds (:func:`carry_in_engine_s`) at the same least grams per
-    engine-second (with several GPU types, the least over the types), to both figures: the
-    window's carbon pays for it, and its engine-seconds are others than the window arrivals'
-    (each iteration lasts at least ``min_k g(k) / k`` per token it holds plus its requests' own
-    terms). Not under capacity control (there the bound counts awake engine-seconds too).
 
     With ``slo``, also the SLO-true figure (:func:`eval.bound_slo.slo_window_bound`; ``point``
     the datacenters' SLO operating point, measured when None)."""
@@ -558,9 +532,6 @@ def _window_bound(scenario: Any, parts: Any, floor_w: np.ndarray, zones: np.ndar
             watts = tp * (p_lo - float(m.power.idle_w))
         costs.append((pue_lo * watts * ci_lo, sec))
         per_tokens.append(per_token)
-    credit_g = 0.0
-    if carry_in is not None and not capacity:
-        credit_g = min(c * carry_in_engine_s(m.latency, k_max, carry_in) for (c, _), m in zip(costs, models.values())) / 3.6e6 * (1.0 - 1e-9)
     if capacity and len(costs) == 1:  # engine-seconds go to the cheapest datacenters first, each at most its engines x window
         sec = costs[0][1]
         done_s = max(0.0, float(np.sort(sec)[:keep].sum()) - left_s[gpu_of[0]])
@@ -572,15 +543,12 @@ def _window_bound(scenario: Any, parts: Any, floor_w: np.ndarray, zones: np.ndar
         least = np.min(np.stack([c * sec for c, sec in costs]), axis=0)
         left_g = max(c * left_s[g] for (c, _), g in zip(costs, models))
         active = max(0.0, float(np.sort(least)[:keep].sum()) - left_g) / 3.6e6 * (1.0 - 1e-9)
-    active += credit_g
     out = CarbonBound(floor_g + active, floor_g, active, "window", wins, float((prompt[inside] + np.maximum(output[inside] - 1, 0)).sum()),
                       int(inside.sum()), min(per_tokens))
     if slo:
         res = slo_window_bound(scenario, parts, zones, arrival[inside], secs, {g: _least_node_w(m) for g, m in models.items()}, wins,
                                n_drop, capacity=capacity, point=point, backlog_ages=backlog_ages,
                                left_s=left_s if window_left is not None else None)
-        if credit_g:
-            res = replace(res, active_g=res.active_g + credit_g)  # (NaN stays NaN)
         _attach_slo(out, res)
     return out
 
@@ -614,11 +582,11 @@ def _fill_cheapest(parts: Any, models: Any, gpu_of: list[str], zones: np.ndarray
 
 def bound_for_spec(spec: Any, *, sleep_w: float | None = None, backlog_end: int = 0, slo: bool = True,
                    point: SloPoint | None = None, backlog_ages: dict[float, float] | None = None,
-                   carry_in: dict[str, float] | None = None, window_left: dict[str, float] | None = None) -> CarbonBound:
+                   window_left: dict[str, float] | None = None) -> CarbonBound:
     """:func:`carbon_lower_bound` of a run's episode (its scenario with the overrides and the
     episode start :func:`eval.runner.resolve_run_scenario` gives it, world seed = its seed; the
     capacity-control bound when its ``capacity.control`` is not ``always_on``; with ``slo`` the
-    SLO-true figure too, ``point``, ``backlog_ages``, ``carry_in`` and ``window_left`` as for
+    SLO-true figure too, ``point``, ``backlog_ages`` and ``window_left`` as for
     :func:`carbon_lower_bound`)."""
     import warnings
 
@@ -628,7 +596,7 @@ def bound_for_spec(spec: Any, *, sleep_w: float | None = None, backlog_end: int 
         warnings.simplefilter("ignore")
         scenario, _ = resolve_run_scenario(spec)
     return carbon_lower_bound(scenario, int(spec.seed), sleep_w=sleep_w, backlog_end=backlog_end, slo=slo, point=point,
-                              backlog_ages=backlog_ages, carry_in=carry_in, window_left=window_left)
+                              backlog_ages=backlog_ages, window_left=window_left)
 
 
 def bounds_table(specs: Any, *, sleep_w: float | None = None, runs: Any = None, slo: bool = True) -> Any:
@@ -638,22 +606,19 @@ def bounds_table(specs: Any, *, sleep_w: float | None = None, runs: Any = None, 
     ``bound_status``, and the SLO-true bound (:mod:`eval.bound_slo`) ``slo_bound_carbon_g``,
     ``slo_bound_active_g``, ``slo_bound_status`` (with ``slo``). With measurement windows, ``runs``
     (their runs table) gives each (scenario, seed) the largest backlog its runs left at the
-    window's end (``backlog_end``, and its ages where recorded) and the least work they carried
-    into the window (:func:`eval.runner.least_carry_in`) and left at its end
-    (:func:`eval.runner.largest_window_left`), where recorded."""
+    window's end (``backlog_end``, and its ages and the work not computed where recorded:
+    :func:`eval.runner.largest_window_left`)."""
     import pandas as pd
 
-    from eval.runner import largest_backlog_ages, largest_window_left, least_carry_in
+    from eval.runner import largest_backlog_ages, largest_window_left
 
     backlog: dict[tuple[str, int], int] = {}
     ages: dict[tuple[str, int], Any] = {}
-    carry: dict[tuple[str, int], Any] = {}
     left: dict[tuple[str, int], Any] = {}
     if runs is not None and "backlog_end" in runs:
         for (scen, seed), g in runs.groupby(["scenario", "seed"]):
             backlog[(str(scen), int(seed))] = largest_backlog_end(g)
             ages[(str(scen), int(seed))] = largest_backlog_ages(g)
-            carry[(str(scen), int(seed))] = least_carry_in(g)
             left[(str(scen), int(seed))] = largest_window_left(g)
 
     seen: dict[tuple[str, int], Any] = {}
@@ -664,7 +629,7 @@ def bounds_table(specs: Any, *, sleep_w: float | None = None, runs: Any = None, 
     rows = []
     for (scen, seed), sp in seen.items():
         b = bound_for_spec(sp, sleep_w=sleep_w, backlog_end=backlog.get((scen, seed), 0), slo=slo, backlog_ages=ages.get((scen, seed)),
-                           carry_in=carry.get((scen, seed)), window_left=left.get((scen, seed)))
+                           window_left=left.get((scen, seed)))
         row = {"scenario": scen, "seed": seed, "bound_carbon_g": b.carbon_g, "bound_floor_g": b.floor_g,
                "bound_active_g": b.active_g, "bound_status": b.status}
         if slo:
@@ -906,16 +871,17 @@ def check_matrix(matrix_dir: str, *, allowance: bool = True) -> Any:
     seed's always-on rr run, NaN without one), and the SLO-true bound (:mod:`eval.bound_slo`; of
     the same kind as the run's bound) ``slo_bound_carbon_g`` and ``slo_below`` (a complete run
     below it: not an error, it exceeded some datacenter's p99 capacity). ``allowance=False``: a
-    diagnostic, not a bound: every window arrival must be done in the window (``backlog_end`` 0)
-    and no credit for the work carried in, the steady-state reading in which the work a run
-    carries out of its window equals the work it carried in. With the allowance, the work the
-    (scenario, seed)'s runs carried into the window is credited where recorded
-    (:func:`eval.runner.least_carry_in`; always-on runs only)."""
+    diagnostic, not a bound: every window arrival must be done in the window (``backlog_end`` 0),
+    the steady-state reading in which the work a run carries out of its window equals the work it
+    carried in (which the run's window carbon includes and the bound does not credit). With the
+    allowance, what the
+    group's runs left at the window's end where recorded (:func:`eval.runner.largest_window_left`:
+    the unplaced whole, the placed by their work not computed)."""
     import os
 
     import pandas as pd
 
-    from eval.runner import largest_backlog_ages, largest_window_left, least_carry_in
+    from eval.runner import largest_backlog_ages, largest_window_left
 
     runs = pd.read_csv(os.path.join(matrix_dir, "runs.csv"))
     specs = matrix_specs(matrix_dir)
@@ -938,12 +904,11 @@ def check_matrix(matrix_dir: str, *, allowance: bool = True) -> Any:
             group = group[group["policy"] == r.policy]
         backlog = largest_backlog_end(group) if allowance else 0
         ages = largest_backlog_ages(group) if allowance else None
-        carry = least_carry_in(group) if allowance and not cap else None
         left = largest_window_left(group) if allowance else None
         key = (str(r.scenario), int(r.seed), cap, backlog, tuple(sorted(ages.items())) if ages else None,
-               tuple(sorted(carry.items())) if carry else None, tuple(sorted(left.items())) if left else None)
+               tuple(sorted(left.items())) if left else None)
         if key not in bounds:
-            bounds[key] = bound_for_spec(sp, backlog_end=backlog, backlog_ages=ages, carry_in=carry, window_left=left)
+            bounds[key] = bound_for_spec(sp, backlog_end=backlog, backlog_ages=ages, window_left=left)
         b = bounds[key]
         in_window = "window_s" in runs and pd.notna(getattr(r, "window_s", float("nan")))
         complete = in_window or float(getattr(r, "unfinished_pct", 0.0) or 0.0) <= 0.0

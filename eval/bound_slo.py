@@ -51,13 +51,10 @@ unplaced may be left undone whole, and of the placed work the program may leave 
 uncomputed engine-seconds undone (:func:`eval.bound.left_engine_s`), in any bin and datacenter,
 the work a request routed to ``d`` brings still counting against ``d``'s capacity. Still a
 bound: every window arrival the run placed had every position computed in the window but those
-counted as left. The work a run carried into its window and finished in it, which
-its window carbon includes, is credited where the runs recorded it (``carry_in_*``: the work
-ahead of each request in flight when the window opened, the iteration or decode run then in
-progress counted as done; the least over the runs compared; always-on runs only): its least
-engine-seconds at the least grams per engine-second, added to both figures
-(:func:`eval.bound.carry_in_engine_s`; ``python -m eval.window_end`` measures both from a run's
-request records).
+counted as left. The work a run carried into its window and finished in it, which its window
+carbon includes, is not credited: it is mostly decode tails, 0.2-0.6% of the window's work in
+the bound's unit on mixtral8x7b-high, and crediting it moved the gap by 0.003 pp (RESULTS.md;
+``python -m eval.window_end`` measures both ends from a run's request records).
 
 **Capacity control.** An engine serves at most ``c_d`` requests/s of the mix within p99, so the
 awake engine-seconds at ``d`` are at least the requests it serves over ``c_d`` (in work: its work

@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from carbon_gym.episode import CARRY_IN_METRICS, LEFT_METRICS, unfinished_requests
+from carbon_gym.episode import LEFT_METRICS, unfinished_requests
 from carbon_gym.policy import EpisodeObserver, run_episode
 from carbon_gym.registry import canonical_policy_name, make_policy, split_prefix
 from carbon_gym.sessions_state import SESSION_METRICS
@@ -35,7 +35,7 @@ from eval.estimate_error import error_metrics, estimate_errors
 from eval.stats import percentile
 
 __all__ = [
-    "RunSpec", "RunResult", "always_on_overrides", "largest_backlog_ages", "least_carry_in", "largest_window_left", "BACKLOG_AGE_EDGES_S", "EpisodeRecorder",
+    "RunSpec", "RunResult", "always_on_overrides", "largest_backlog_ages", "largest_window_left", "BACKLOG_AGE_EDGES_S", "EpisodeRecorder",
     "make_specs", "fault_twin", "episode_start_offset_s",
     "make_env", "resolve_run_scenario", "run_one", "freeze", "policy_label", "policy_labels", "split_label",
     "scenario_labels", "FAULT_TWIN_SUFFIX", "StepProgress", "episode_steps", "VALID_UNFINISHED_PCT",
@@ -121,20 +121,6 @@ def largest_backlog_ages(runs: Any) -> dict[float, float] | None:
     if not np.isfinite(vals).all():
         return None
     return {float(e): float(v) for e, v in zip(BACKLOG_AGE_EDGES_S, vals.max(axis=0))}
-
-
-def least_carry_in(runs: Any) -> dict[str, float] | None:
-    """{figure: the least of it over ``runs``} for the work each windowed run carried into its
-    window and did in it (:data:`carbon_gym.episode.CARRY_IN_METRICS`, :meth:`EpisodeTally.carried_in
-    <carbon_gym.episode.EpisodeTally.carried_in>`): each figure at most any run's, so the work
-    they describe is a lower count for every run; None unless every run has every figure (runs
-    from before them: no credit)."""
-    if len(runs) == 0 or not all(c in runs for c in CARRY_IN_METRICS):
-        return None
-    vals = runs[list(CARRY_IN_METRICS)].to_numpy(float)
-    if not np.isfinite(vals).all():
-        return None
-    return {k: float(v) for k, v in zip(CARRY_IN_METRICS, vals.min(axis=0))}
 
 
 def largest_window_left(runs: Any) -> dict[str, float] | None:
@@ -726,7 +712,7 @@ def run_one(spec: RunSpec, *, keep_requests: bool = True, observers: Sequence[Ep
         metrics.update({"window_start_s": float(em["window_start_s"]), "window_s": float(em["window_s"]),
                         "backlog_start": int(em["backlog_start"]), "backlog_end": int(em["backlog_end"])})
         metrics.update(rec.backlog_ages(int(ledger.get("arrived", -1)), int(em["backlog_end"])))
-        metrics.update({k: float(em[k]) for k in CARRY_IN_METRICS + LEFT_METRICS if k in em})
+        metrics.update({k: float(em[k]) for k in LEFT_METRICS if k in em})
         metrics["backlog_end_unplaced"] = int(em["unplaced_at_end"])
     dcs, trace, offset = rec.datacenters, rec.trace, rec.offset_s
     meta = {

@@ -3,10 +3,10 @@
     python -m eval.window_end MATRIX_DIR
 
 The bound of a window (:mod:`eval.bound`, :mod:`eval.bound_slo`) lets the largest ``backlog_end``
-window arrivals go undone (the window-end allowance: it cannot know which were in flight), and
-credits the work on requests that arrived before the window and were finished in it, which the
-run's window carbon includes, where the runs recorded it (``carry_in_*``: what was left of each
-when the window opened). For each run of ``MATRIX_DIR`` that kept its requests
+window arrivals go undone (the window-end allowance: it cannot know which were in flight; runs
+that record ``left_*`` narrow it to the unplaced whole and the placed by their work not
+computed), and does not credit the work on requests that arrived before the window and were
+finished in it, which the run's window carbon includes. For each run of ``MATRIX_DIR`` that kept its requests
 (``requests/<scenario>__<policy>__seed<k>.parquet``: a matrix run without ``--no-requests``),
 this prints, in the bound's unit of work (engine-seconds at the most efficient batch,
 :func:`eval.bound._engine_seconds`, of the first datacenter's GPU) and as shares of the work of

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -155,14 +156,16 @@ def test_the_tracked_capacity_matrices_are_above_their_bounds(matrix, n, decidin
         assert (cap < on).all()
 
 
-def test_window_end_ages_tighten_the_slo_bound_and_the_allowance_free_figure_is_highest(tmp_path):
-    """On the tracked mixtral8x7b-high matrix (its runs record backlog_end_age_gt_<e>s), per start:
-    the plain allowance (the same runs without the age figures) <= the age-restricted SLO-true
-    figure <= every window arrival served (check_matrix(allowance=False), python -m eval.bound
+def test_window_end_figures_tighten_the_slo_bound_and_the_allowance_free_figure_is_highest(tmp_path):
+    """On the tracked mixtral8x7b-high matrix (its runs record backlog_end_age_gt_<e>s and the
+    work left at the window's end, left_* and backlog_end_unplaced), per start: the plain
+    allowance (the same runs without those figures) < the age-restricted SLO-true figure < the
+    one with the work left (only the unplaced undone whole, the placed less their uncomputed
+    work) <= every window arrival served (check_matrix(allowance=False), python -m eval.bound
     --no-window-end-allowance, a diagnostic); the ages recover a third to two thirds of what the
-    allowance gave away; the physical bound keeps its plain allowance."""
+    allowance gave away and the work left most of the rest; the physical bound ignores the ages
+    and is tightened by the work left."""
     import shutil
-    from pathlib import Path
 
     import pandas as pd
 
@@ -171,15 +174,23 @@ def test_window_end_ages_tighten_the_slo_bound_and_the_allowance_free_figure_is_
     d = Path(__file__).resolve().parent.parent / "results" / "slo" / "opdc-c1-mixtral-high" / "headline"
     runs = pd.read_csv(d / "runs.csv")
     assert (runs["backlog_end"] > 5_000).all() and (runs["backlog_end_age_gt_80s"] < 10).all()
-    plain_dir = tmp_path / "headline"
-    plain_dir.mkdir()
-    shutil.copy(d / "config.json", plain_dir / "config.json")
-    runs.drop(columns=[c for c in runs if c.startswith("backlog_end_age_gt_")]).to_csv(plain_dir / "runs.csv", index=False)
-    aged, plain, served = check_matrix(str(d)), check_matrix(str(plain_dir)), check_matrix(str(d), allowance=False)
+    assert (runs["left_requests"] + runs["backlog_end_unplaced"] == runs["backlog_end"]).all()
+
+    def without(name, prefixes):
+        out = tmp_path / name / "headline"
+        out.mkdir(parents=True)
+        shutil.copy(d / "config.json", out / "config.json")
+        runs.drop(columns=[c for c in runs if c.startswith(prefixes)]).to_csv(out / "runs.csv", index=False)
+        return check_matrix(str(out))
+
+    plain = without("plain", ("backlog_end_age_gt_", "left_", "backlog_end_unplaced"))
+    aged = without("aged", ("left_", "backlog_end_unplaced"))
+    left, served = check_matrix(str(d)), check_matrix(str(d), allowance=False)
     key = ["scenario", "policy", "seed"]
-    assert (aged[key].to_numpy() == plain[key].to_numpy()).all() and (aged[key].to_numpy() == served[key].to_numpy()).all()
-    lo, mid, hi = plain["slo_bound_carbon_g"], aged["slo_bound_carbon_g"], served["slo_bound_carbon_g"]
-    assert (lo < mid).all() and (mid <= hi + 1e-6).all()
-    recovered = (mid - lo) / (hi - lo)
-    assert recovered.between(0.3, 0.7).all()
-    assert (aged["bound_carbon_g"] == plain["bound_carbon_g"]).all()
+    for t in (aged, left, served):
+        assert (plain[key].to_numpy() == t[key].to_numpy()).all()
+    lo, mid, hi, top = (t["slo_bound_carbon_g"] for t in (plain, aged, left, served))
+    assert (lo < mid).all() and (mid < hi).all() and (hi <= top + 1e-6).all()
+    assert ((mid - lo) / (top - lo)).between(0.3, 0.7).all() and ((hi - lo) / (top - lo)).between(0.8, 1.0).all()
+    assert (aged["bound_carbon_g"] == plain["bound_carbon_g"]).all() and (left["bound_carbon_g"] > plain["bound_carbon_g"]).all()
+    assert (left["carbon_g"] > left["slo_bound_carbon_g"]).all()

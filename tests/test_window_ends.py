@@ -1,8 +1,7 @@
-"""The two ends of a measurement window (issue 40, item 4): what the simulator says each request
-in flight still has to do, at least (``Simulator.work_ahead``, for the work a window carries in)
-and at most (``Simulator.work_left``, for the work it leaves at its end), what a window run
-records of them (``carry_in_*``, ``left_*``), and what the bound does with them
-(``eval.bound.carry_in_engine_s``, ``eval.bound.left_engine_s``)."""
+"""The end of a measurement window (issue 40, item 4): what the simulator says each request in
+flight has not computed yet, an upper count (``Simulator.work_left``), what a window run records
+of it (``left_*``, ``backlog_end_unplaced``), and what the bound does with it
+(``eval.bound.left_engine_s``: the unplaced undone whole, the placed by their work not computed)."""
 
 from __future__ import annotations
 
@@ -14,95 +13,9 @@ import pytest
 
 from carbon_gym.episode import EpisodeTally
 from eval.bound import _engine_seconds, bound_for_spec, iteration_k_max, left_engine_s
-from eval.runner import RunSpec, largest_window_left, least_carry_in, run_one
+from eval.runner import RunSpec, largest_window_left, run_one
 from test_sim_equivalence import CONFIGS
 from test_sim_fixtures import drive, make_sim, random_workload
-
-
-def test_a_request_in_transit_has_all_its_work_ahead_and_a_finished_one_none():
-    sim = make_sim()
-    rid = sim.submit(0, 0.0, 100, 20, 1)  # to the other region's datacenter: tens of ms in transit
-    sim.advance_to(0.001)
-    np.testing.assert_array_equal(sim.work_ahead(), [[rid, 100, 19, 100]])
-    sim.run_until_idle()
-    assert sim.work_ahead().shape == (0, 4)
-
-
-def _truth(sim) -> dict[int, tuple[int, int, bool]]:
-    """Step mode: {request id: (output tokens still to sample, prompt tokens still to prefill,
-    decoding)} of every request on an engine, from its explicit counters (the iteration in
-    progress included: it ends after now)."""
-    out = {}
-    for dc in sim.datacenters:
-        for e in dc.engines:
-            for r in list(e.running.values()) + list(e.waiting):
-                out[r.rid] = (r.output_tokens - r.generated, 0 if r.decoding else r.prefill_len - r.prefilled, bool(r.decoding))
-    return out
-
-
-@pytest.mark.parametrize("cfg", ["default", "starved", "unchunked", "tp2"])
-def test_work_ahead_never_exceeds_what_is_left_and_the_fast_path_counts_no_more_than_step_mode(cfg):
-    """Halfway through a random workload (preemptions in the starved case), every row of both
-    paths is at most what the request still has to do (step mode's counters): decode tokens after
-    the first sample, prompt tokens; the fast path (a decode run in progress counted as done)
-    credits no more decode tokens than step mode (one iteration in progress), the same prompt
-    tokens, and both name the same requests."""
-    rng = np.random.default_rng(7)
-    wl = random_workload(rng, 300, CONFIGS[cfg].get("n_dc", 2), 40.0, 400, 200)
-    mid = float(wl["send_s"][150])
-    rows = []
-    for step in (False, True):
-        sim = make_sim(**CONFIGS[cfg], step_mode=step)
-        drive(sim, {k: v[:151] for k, v in wl.items()}, until_s=mid)
-        rows.append(sim.work_ahead())
-        if step:
-            truth = _truth(sim)
-    fast, slow = rows
-    np.testing.assert_array_equal(fast[:, 0], slow[:, 0])
-    assert len(truth) > 20 and set(truth) <= set(slow[:, 0].tolist())
-    for rid, pre, dec, ctx in slow:
-        if rid not in truth:  # in transit: all of it ahead
-            continue
-        left_out, left_pre, decoding = truth[rid]
-        assert pre <= left_pre and dec <= max(0, left_out - (0 if decoding else 1)) and ctx >= 1
-    assert (fast[:, 2] <= slow[:, 2]).all() and (fast[:, 1] == slow[:, 1]).all()
-    assert slow[:, 2].sum() > 0 and slow[:, 1].sum() > 0
-
-
-def test_window_credits_the_carried_work_and_the_bound_stays_below_the_run():
-    """A 4 s window after a 20 s burn-in, so that the requests in flight when it opens are much
-    of its work: the run records the carried-in work it finished (no more requests than it
-    carried in), the bound with that credit is above the one without it and still below the
-    run's window carbon (physical and SLO-true)."""
-    over = (("duration_s", 24.0), ("env.measure", "window"), ("env.warmup_s", 20.0), ("workload.rate_per_s", 30.0))
-    spec = RunSpec("dev", "rr", 0, overrides=over, carbon_start=False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        m = run_one(spec).metrics
-    assert 0 < m["carry_in_done"] <= m["backlog_start"]
-    assert m["carry_in_decode_tokens"] > 0 and m["carry_in_samples"] >= m["carry_in_decode_tokens"]
-    carry = least_carry_in(pd.DataFrame([m]))
-    assert carry is not None and carry["carry_in_done"] == m["carry_in_done"]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        plain = bound_for_spec(spec, backlog_end=int(m["backlog_end"]))
-        credited = bound_for_spec(spec, backlog_end=int(m["backlog_end"]), carry_in=carry)
-    assert plain.active_g < credited.active_g and credited.floor_g == plain.floor_g
-    assert credited.carbon_g <= m["carbon_g"]
-    assert plain.slo_carbon_g < credited.slo_carbon_g <= m["carbon_g"]
-    # the credit is the same grams in both figures
-    assert credited.slo_active_g - plain.slo_active_g == pytest.approx(credited.active_g - plain.active_g, rel=1e-6)
-
-
-def test_least_carry_in_is_the_least_of_each_figure_and_none_without_them():
-    from carbon_gym.episode import CARRY_IN_METRICS
-
-    a = {k: float(i + 1) for i, k in enumerate(CARRY_IN_METRICS)}
-    b = {k: float(10 - i) for i, k in enumerate(CARRY_IN_METRICS)}
-    got = least_carry_in(pd.DataFrame([a, b]))
-    assert got == {k: min(a[k], b[k]) for k in CARRY_IN_METRICS}
-    assert least_carry_in(pd.DataFrame([{"backlog_end": 3}])) is None
-    assert least_carry_in(pd.DataFrame([a, {**b, "carry_in_samples": float("nan")}])) is None
 
 
 def test_a_request_in_transit_has_all_its_work_left_and_the_bound_counts_it_whole():

@@ -866,36 +866,6 @@ class Engine(CopyableState):
             n += 1
         return e, c, n
 
-    def work_ahead(self) -> list[tuple[int, int, int, int]]:
-        """(request id, prefill tokens, decode tokens, context tokens) of the work each request
-        on this engine (running or waiting) certainly still has to do after the iteration or
-        decode run in progress (counted as done whatever part of it is left): the prompt tokens
-        left to prefill, the output tokens left to decode after the one its prefill samples, and
-        the context its next decode iteration reads at least. A lower count (a run cut short
-        later, or a preemption, only adds work); a cacheable prompt's prefill counts 0 (the
-        prefix cache may serve it)."""
-        out: list[tuple[int, int, int, int]] = []
-        state = self.state
-        ahead = self.run_iters if state == RUN else (1 if state == ITER and self.iter_decodes else 0)
-        chunk: dict[int, int] = {}
-        if state == ITER:
-            for req, ch in self.iter_chunks:
-                chunk[req.rid] = ch
-        it = self.decode_iters
-        for r in list(self.running.values()) + list(self.waiting):
-            if r.decoding:
-                gen = r.generated if self.step_mode else r.gen_offset + it
-                ctx = r.ctx_tokens if self.step_mode else r.ctx_offset + it
-                dec = r.output_tokens - gen - ahead
-                out.append((r.rid, 0, dec if dec > 0 else 0, ctx + ahead))
-                continue
-            left = r.prefill_len - r.prefilled - chunk.get(r.rid, 0)
-            if r.prefix_keys is not None:
-                left = 0
-            dec = r.output_tokens - r.generated - 1
-            out.append((r.rid, left if left > 0 else 0, dec if dec > 0 else 0, r.prefill_len))
-        return out
-
     def work_left(self) -> list[tuple[RequestState, int, int]]:
         """(request, prompt positions, decode positions) each request on this engine (running or
         waiting) has not computed yet, an upper count: the iteration or decode run in progress

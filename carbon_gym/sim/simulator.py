@@ -687,24 +687,6 @@ class Simulator(CopyableState):
             prefix_hashes=AbortedRequests.hashes_of([r.prefix_hashes for r in reqs]),
         )
 
-    def work_ahead(self) -> np.ndarray:
-        """The work every request placed and not finished certainly still has to do from now:
-        an int64 array of rows (request id, prefill tokens, decode tokens, context tokens), by
-        request id (:meth:`Engine.work_ahead
-        <carbon_gym.sim.engine.Engine.work_ahead>`; a request still travelling to its
-        datacenter has all of its work ahead: its prompt, ``output - 1`` decode tokens after the
-        first, context its prompt). A measurement window credits it to the bound
-        (:meth:`carbon_gym.episode.EpisodeTally.start_window`)."""
-        rows: list[tuple[int, int, int, int]] = []
-        for dc in self.datacenters:
-            for e in dc.engines:
-                rows.extend(e.work_ahead())
-        for r in self._in_transit.values():
-            dec = r.output_tokens - 1
-            rows.append((r.rid, 0 if r.prefix_keys is not None else r.prompt_tokens, dec if dec > 0 else 0, r.prompt_tokens))
-        out = np.array(rows, dtype=np.int64).reshape(-1, 4)
-        return out[np.argsort(out[:, 0], kind="stable")]
-
     def work_left(self) -> dict[str, np.ndarray]:
         """What every request placed and not finished has not computed yet, an upper count
         (:meth:`Engine.work_left <carbon_gym.sim.engine.Engine.work_left>`; a request still
