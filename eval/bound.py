@@ -874,9 +874,9 @@ def check_matrix(matrix_dir: str, *, allowance: bool = True) -> Any:
     diagnostic, not a bound: every window arrival must be done in the window (``backlog_end`` 0),
     the steady-state reading in which the work a run carries out of its window equals the work it
     carried in (which the run's window carbon includes and the bound does not credit). With the
-    allowance, what the
-    group's runs left at the window's end where recorded (:func:`eval.runner.largest_window_left`:
-    the unplaced whole, the placed by their work not computed)."""
+    allowance, what the group's runs left at the window's end where recorded
+    (:func:`eval.runner.largest_window_left`: the unplaced whole, the placed by their work not
+    computed)."""
     import os
 
     import pandas as pd

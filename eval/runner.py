@@ -35,7 +35,8 @@ from eval.estimate_error import error_metrics, estimate_errors
 from eval.stats import percentile
 
 __all__ = [
-    "RunSpec", "RunResult", "always_on_overrides", "largest_backlog_ages", "largest_window_left", "BACKLOG_AGE_EDGES_S", "EpisodeRecorder",
+    "RunSpec", "RunResult", "always_on_overrides", "largest_backlog_ages", "largest_window_left", "BACKLOG_AGE_EDGES_S",
+    "EpisodeRecorder",
     "make_specs", "fault_twin", "episode_start_offset_s",
     "make_env", "resolve_run_scenario", "run_one", "freeze", "policy_label", "policy_labels", "split_label",
     "scenario_labels", "FAULT_TWIN_SUFFIX", "StepProgress", "episode_steps", "VALID_UNFINISHED_PCT",

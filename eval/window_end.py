@@ -6,8 +6,9 @@ The bound of a window (:mod:`eval.bound`, :mod:`eval.bound_slo`) lets the larges
 window arrivals go undone (the window-end allowance: it cannot know which were in flight; runs
 that record ``left_*`` narrow it to the unplaced whole and the placed by their work not
 computed), and does not credit the work on requests that arrived before the window and were
-finished in it, which the run's window carbon includes. For each run of ``MATRIX_DIR`` that kept its requests
-(``requests/<scenario>__<policy>__seed<k>.parquet``: a matrix run without ``--no-requests``),
+finished in it, which the run's window carbon includes. For each run of ``MATRIX_DIR`` that kept
+its requests (``requests/<scenario>__<policy>__seed<k>.parquet``: a matrix run without
+``--no-requests``),
 this prints, in the bound's unit of work (engine-seconds at the most efficient batch,
 :func:`eval.bound._engine_seconds`, of the first datacenter's GPU) and as shares of the work of
 the window's arrivals:
