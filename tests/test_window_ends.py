@@ -101,3 +101,14 @@ def test_window_end_work_left_tightens_the_bound_and_it_stays_below_the_run(rate
         tight = bound_for_spec(spec, backlog_end=int(m["backlog_end"]), window_left=left)
     assert plain.active_g < tight.active_g and tight.carbon_g <= m["carbon_g"]
     assert plain.slo_carbon_g < tight.slo_carbon_g <= m["carbon_g"]
+
+
+def test_largest_window_left_is_the_largest_of_each_figure_and_none_without_them():
+    from carbon_gym.episode import LEFT_METRICS
+
+    cols = ["backlog_end_unplaced", *LEFT_METRICS]
+    a = {k: float(i + 1) for i, k in enumerate(cols)}
+    b = {k: float(10 - i) for i, k in enumerate(cols)}
+    assert largest_window_left(pd.DataFrame([a, b])) == {k: max(a[k], b[k]) for k in cols}
+    assert largest_window_left(pd.DataFrame([{"backlog_end": 3}])) is None  # a run from before the figures
+    assert largest_window_left(pd.DataFrame([a, {**b, "left_samples": float("nan")}])) is None
