@@ -81,14 +81,16 @@ def test_work_left_is_what_step_mode_has_not_computed_and_the_fast_path_counts_n
     assert slow["decode_left"].sum() > 0 and slow["prompt_left"].sum() > 0
 
 
-@pytest.mark.parametrize("rate", [30.0, 80.0])
-def test_window_end_work_left_tightens_the_bound_and_it_stays_below_the_run(rate):
+@pytest.mark.parametrize("policy, rate, control", [("rr", 30.0, "always_on"), ("rr", 80.0, "always_on"), ("milp", 30.0, "agent")])
+def test_window_end_work_left_tightens_the_bound_and_it_stays_below_the_run(policy, rate, control):
     """A 20 s window after a 20 s burn-in, at a load the cluster serves (30/s) and one it does
-    not (80/s: requests pile up unplaced): with what the run left at the end (the unplaced whole,
-    the placed by the work they had not computed) both figures are above the whole-request
-    allowance's and still below the run's window carbon."""
-    over = (("duration_s", 40.0), ("env.measure", "window"), ("env.warmup_s", 20.0), ("workload.rate_per_s", rate))
-    spec = RunSpec("dev", "rr", 0, overrides=over, carbon_start=False)
+    not (80/s: requests pile up unplaced), and with the MILP powering servers off (the capacity
+    bound): with what the run left at the end (the unplaced whole, the placed by the work they
+    had not computed) both figures are above the whole-request allowance's and still below the
+    run's window carbon."""
+    over = (("capacity.control", control), ("duration_s", 40.0), ("env.measure", "window"), ("env.warmup_s", 20.0),
+            ("workload.rate_per_s", rate))
+    spec = RunSpec("dev", policy, 0, overrides=over, carbon_start=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         m = run_one(spec).metrics
