@@ -495,7 +495,7 @@ def _window_bound(scenario: Any, parts: Any, floor_w: np.ndarray, zones: np.ndar
 
     With ``window_left`` (:func:`eval.runner.largest_window_left`: what the runs left at the
     window's end), the allowance is tighter: only the requests not yet placed
-    (``backlog_end_unplaced``) may be left undone whole; of those placed, the work not yet
+    (``requests_unplaced``) may be left undone whole; of those placed, the work not yet
     computed (:func:`left_engine_s`, an upper count) is subtracted from the engine-seconds (all
     of every window arrival's positions but those were computed in the window).
 
@@ -511,7 +511,7 @@ def _window_bound(scenario: Any, parts: Any, floor_w: np.ndarray, zones: np.ndar
     wins = [(a + w0, b + w0) for a, b in wins]
     inside = arrival >= w0
     k_max = iteration_k_max(scenario, eng, prompt)
-    n_drop = int(backlog_end) if window_left is None else int(window_left["backlog_end_unplaced"])
+    n_drop = int(backlog_end) if window_left is None else int(window_left["requests_unplaced"])
     keep = max(0, int(inside.sum()) - n_drop)
     left_s = {g: (left_engine_s(m.latency, k_max, window_left) if window_left is not None else 0.0) for g, m in models.items()}
     tp = int(eng.tp)

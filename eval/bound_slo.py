@@ -46,7 +46,7 @@ that undone in each age range. Most of what is in flight at the end has computed
 work (its prompt, in the bound's unit the larger part), so a windowed run also records what it
 had not computed yet (``left_*``, :meth:`carbon_gym.sim.Simulator.work_left`, an upper count:
 the iteration in progress as not done) and how many requests it had not placed
-(``backlog_end_unplaced``); with those (the largest of each over the runs compared) only the
+(``requests_unplaced``); with those (the largest of each over the runs compared) only the
 unplaced may be left undone whole, and of the placed work the program may leave at most the
 uncomputed engine-seconds undone (:func:`eval.bound.left_engine_s`), in any bin and datacenter,
 the work a request routed to ``d`` brings still counting against ``d``'s capacity. Still a

@@ -115,29 +115,29 @@ def largest_backlog_ages(runs: Any) -> dict[float, float] | None:
     arrived more than e s before it} (``backlog_end_age_gt_<e>s``,
     :meth:`EpisodeRecorder.backlog_ages`),
     or None unless every run has every figure (runs from before them: the plain allowance)."""
-    cols = [f"backlog_end_age_gt_{e:g}s" for e in BACKLOG_AGE_EDGES_S]
-    if len(runs) == 0 or not all(c in runs for c in cols):
-        return None
-    vals = runs[cols].to_numpy(float)
-    if not np.isfinite(vals).all():
-        return None
-    return {float(e): float(v) for e, v in zip(BACKLOG_AGE_EDGES_S, vals.max(axis=0))}
+    most = _largest_of(runs, [f"backlog_end_age_gt_{e:g}s" for e in BACKLOG_AGE_EDGES_S])
+    return None if most is None else {float(e): float(v) for e, v in zip(BACKLOG_AGE_EDGES_S, most)}
 
 
 def largest_window_left(runs: Any) -> dict[str, float] | None:
     """{figure: the largest of it over ``runs``} for what each windowed run left undone at its
-    window's end: the requests not yet placed (``backlog_end_unplaced``) and the work not yet
+    window's end: the requests not yet placed (``requests_unplaced``) and the work not yet
     computed of those placed (:data:`carbon_gym.episode.LEFT_METRICS`, :meth:`EpisodeTally.window_left
     <carbon_gym.episode.EpisodeTally.window_left>`): each figure at least any run's, so what they
     describe is an upper count for every run; None unless every run has every figure (runs from
     before them: the bound keeps its whole-request allowance)."""
-    cols = ["backlog_end_unplaced", *LEFT_METRICS]
+    cols = ["requests_unplaced", *LEFT_METRICS]
+    most = _largest_of(runs, cols)
+    return None if most is None else {k: float(v) for k, v in zip(cols, most)}
+
+
+def _largest_of(runs: Any, cols: list[str]) -> np.ndarray | None:
+    """The largest of each of ``cols`` over ``runs`` (a runs table), or None unless every run has
+    a finite figure in every column."""
     if len(runs) == 0 or not all(c in runs for c in cols):
         return None
     vals = runs[cols].to_numpy(float)
-    if not np.isfinite(vals).all():
-        return None
-    return {k: float(v) for k, v in zip(cols, vals.max(axis=0))}
+    return vals.max(axis=0) if np.isfinite(vals).all() else None
 
 
 def always_on_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -714,7 +714,6 @@ def run_one(spec: RunSpec, *, keep_requests: bool = True, observers: Sequence[Ep
                         "backlog_start": int(em["backlog_start"]), "backlog_end": int(em["backlog_end"])})
         metrics.update(rec.backlog_ages(int(ledger.get("arrived", -1)), int(em["backlog_end"])))
         metrics.update({k: float(em[k]) for k in LEFT_METRICS if k in em})
-        metrics["backlog_end_unplaced"] = int(em["unplaced_at_end"])
     dcs, trace, offset = rec.datacenters, rec.trace, rec.offset_s
     meta = {
         "datacenters": [d.name for d in dcs],

@@ -158,7 +158,7 @@ def test_the_tracked_capacity_matrices_are_above_their_bounds(matrix, n, decidin
 
 def test_window_end_figures_tighten_the_slo_bound_and_the_allowance_free_figure_is_highest(tmp_path):
     """On the tracked mixtral8x7b-high matrix (its runs record backlog_end_age_gt_<e>s and the
-    work left at the window's end, left_* and backlog_end_unplaced), per start: the plain
+    work left at the window's end, left_* beside requests_unplaced), per start: the plain
     allowance (the same runs without those figures) < the age-restricted SLO-true figure < the
     one with the work left (only the unplaced undone whole, the placed less their uncomputed
     work) <= every window arrival served (check_matrix(allowance=False), python -m eval.bound
@@ -174,7 +174,7 @@ def test_window_end_figures_tighten_the_slo_bound_and_the_allowance_free_figure_
     d = Path(__file__).resolve().parent.parent / "results" / "slo" / "opdc-c1-mixtral-high" / "headline"
     runs = pd.read_csv(d / "runs.csv")
     assert (runs["backlog_end"] > 5_000).all() and (runs["backlog_end_age_gt_80s"] < 10).all()
-    assert (runs["left_requests"] + runs["backlog_end_unplaced"] == runs["backlog_end"]).all()
+    assert (runs["left_requests"] + runs["requests_unplaced"] == runs["backlog_end"]).all()
 
     def without(name, prefixes):
         out = tmp_path / name / "headline"
@@ -183,8 +183,8 @@ def test_window_end_figures_tighten_the_slo_bound_and_the_allowance_free_figure_
         runs.drop(columns=[c for c in runs if c.startswith(prefixes)]).to_csv(out / "runs.csv", index=False)
         return check_matrix(str(out))
 
-    plain = without("plain", ("backlog_end_age_gt_", "left_", "backlog_end_unplaced"))
-    aged = without("aged", ("left_", "backlog_end_unplaced"))
+    plain = without("plain", ("backlog_end_age_gt_", "left_"))
+    aged = without("aged", ("left_",))
     left, served = check_matrix(str(d)), check_matrix(str(d), allowance=False)
     key = ["scenario", "policy", "seed"]
     for t in (aged, left, served):

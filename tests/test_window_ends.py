@@ -1,6 +1,6 @@
 """The end of a measurement window (issue 40, item 4): what the simulator says each request in
 flight has not computed yet, an upper count (``Simulator.work_left``), what a window run records
-of it (``left_*``, ``backlog_end_unplaced``), and what the bound does with it
+of it (``left_*``, ``requests_unplaced``), and what the bound does with it
 (``eval.bound.left_engine_s``: the unplaced undone whole, the placed by their work not computed)."""
 
 from __future__ import annotations
@@ -95,8 +95,8 @@ def test_window_end_work_left_tightens_the_bound_and_it_stays_below_the_run(poli
         warnings.simplefilter("ignore")
         m = run_one(spec).metrics
     left = largest_window_left(pd.DataFrame([m]))
-    assert left is not None and left["left_requests"] + left["backlog_end_unplaced"] == m["backlog_end"]
-    assert (left["backlog_end_unplaced"] > 0) == (rate > 50)
+    assert left is not None and left["left_requests"] + left["requests_unplaced"] == m["backlog_end"]
+    assert (left["requests_unplaced"] > 0) == (rate > 50)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         plain = bound_for_spec(spec, backlog_end=int(m["backlog_end"]))
@@ -108,7 +108,7 @@ def test_window_end_work_left_tightens_the_bound_and_it_stays_below_the_run(poli
 def test_largest_window_left_is_the_largest_of_each_figure_and_none_without_them():
     from carbon_gym.episode import LEFT_METRICS
 
-    cols = ["backlog_end_unplaced", *LEFT_METRICS]
+    cols = ["requests_unplaced", *LEFT_METRICS]
     a = {k: float(i + 1) for i, k in enumerate(cols)}
     b = {k: float(10 - i) for i, k in enumerate(cols)}
     assert largest_window_left(pd.DataFrame([a, b])) == {k: max(a[k], b[k]) for k in cols}
