@@ -690,8 +690,8 @@ class Simulator(CopyableState):
     def work_left(self) -> dict[str, np.ndarray]:
         """What every request placed and not finished has not computed yet, an upper count
         (:meth:`Engine.work_left <carbon_gym.sim.engine.Engine.work_left>`; a request still
-        travelling to its datacenter: all of it), by request id: ``request_id``, ``arrival_s``,
-        ``prompt_tokens``, ``output_tokens``, ``prompt_left`` (prompt positions), ``decode_left``
+        travelling to its datacenter: all of it), by request id: ``request_id``, ``prompt_tokens``,
+        ``output_tokens``, ``prompt_left`` (prompt positions), ``decode_left``
         (decode iterations after the first token), ``first_token_left`` (1 before the first
         token). A measurement window subtracts it from the bound at its end
         (:meth:`carbon_gym.episode.EpisodeTally.window_left`)."""
@@ -705,7 +705,6 @@ class Simulator(CopyableState):
         reqs = [x[0] for x in rows]
         return {
             "request_id": np.array([r.rid for r in reqs], dtype=np.int64),
-            "arrival_s": np.array([r.arrival_s for r in reqs], dtype=np.float64),
             "prompt_tokens": np.array([r.prompt_tokens for r in reqs], dtype=np.int64),
             "output_tokens": np.array([r.output_tokens for r in reqs], dtype=np.int64),
             "prompt_left": np.array([x[1] for x in rows], dtype=np.int64),
