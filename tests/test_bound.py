@@ -193,4 +193,5 @@ def test_window_end_figures_tighten_the_slo_bound_and_the_allowance_free_figure_
     assert (lo < mid).all() and (mid < hi).all() and (hi <= top + 1e-6).all()
     assert ((mid - lo) / (top - lo)).between(0.3, 0.7).all() and ((hi - lo) / (top - lo)).between(0.8, 1.0).all()
     assert (aged["bound_carbon_g"] == plain["bound_carbon_g"]).all() and (left["bound_carbon_g"] > plain["bound_carbon_g"]).all()
+    assert (served["bound_carbon_g"] >= left["bound_carbon_g"] - 1e-6).all()
     assert (left["carbon_g"] > left["slo_bound_carbon_g"]).all()
