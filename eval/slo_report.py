@@ -254,6 +254,38 @@ def _dirs(results_dir: str) -> tuple[list[str], dict[str, list[str]]]:
     return sel, {k: v for k, v in held.items() if v}
 
 
+def _deciding_capacity(d: str) -> bool:
+    """Whether a trade-off matrix has policies deciding capacity (``--set capacity.control=agent``
+    or ``POLICY+AUTOSCALER``): its rows go to their own subsection, apart from the always-on ones."""
+    with open(os.path.join(d, "config.json"), encoding="utf-8") as fh:
+        meta = json.load(fh).get("runs", [])
+    return any(str((r.get("overrides") or {}).get("capacity.control", "always_on")) == "agent" for r in meta)
+
+
+def as_settings(runs: Any, cfg: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """``runs`` and ``cfg`` with each alias of a policy (``milp-u0.8=milp`` with one policy argument,
+    ``capacity_util_cap`` 0.8) labelled as that policy's setting (``milp (capacity)[capacity_util_cap=0.8]``,
+    :func:`eval.frontiers.knob_label`, the table suffix kept), so that :func:`eval.slo_compare.best_within_slo`
+    reads the aliases as settings of one policy. The label is built from the argument the run
+    recorded; an alias with no argument or several keeps its label."""
+    from eval.frontiers import CAPACITY_SUFFIX, knob_label, parse_knob_label
+
+    names: dict[str, str] = {}
+    for r in cfg.get("runs", []):
+        label, pol = str(r.get("label") or r.get("policy")), str(r.get("policy"))
+        kw = r.get("policy_kwargs") or {}
+        suffix = CAPACITY_SUFFIX if label.endswith(CAPACITY_SUFFIX) else ""
+        if label in (pol, pol + suffix) or parse_knob_label(label) is not None or len(kw) != 1:
+            continue
+        (k, v), = kw.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            names[label] = knob_label(pol + suffix, str(k), float(v))
+    if not names:
+        return runs, cfg
+    cfg = {**cfg, "runs": [{**r, "label": names.get(str(r.get("label") or r.get("policy")), r.get("label"))} for r in cfg.get("runs", [])]}
+    return runs.assign(policy=runs["policy"].map(lambda p: names.get(str(p), p))), cfg
+
+
 def _merged(dirs: Sequence[str]) -> tuple[Any, dict[str, Any]]:
     """The runs of ``dirs`` as one table (a (scenario, policy, seed) run twice: the first kept, so a
     later matrix's rr repeat adds nothing) and their configs' ``runs`` lists joined."""
@@ -359,18 +391,34 @@ def slo_section(results_dir: str) -> str:
             body += _matrix_line(d, results_dir)
         body += [milp_vs_ilp_markdown(milp_vs_ilp_table(runs)),
                  "At equal p99 pass (module eval.slo_compare):\n", best_within_slo_markdown(best_within_slo(runs))]
-    if "tradeoff" in held:
+    deciding = [d for d in held.get("tradeoff", []) if _deciding_capacity(d)]
+    always_on = [d for d in held.get("tradeoff", []) if d not in deciding]
+    if always_on:
         from eval.frontiers import equal_violation, equal_violation_markdown
 
-        runs, cfg = _merged(held["tradeoff"])
+        runs, cfg = _merged(always_on)
         body += ["### Frontiers at the SLO-true point (held-out starts)\n",
                  "Each knob-driven policy at several settings; at equal p99 pass, the best setting passing MLPerf p99 "
                  "in every start (chosen on these starts: optimistic by up to the noise between settings), and at "
                  "equal violation, each frontier read per start at rr's and at the MILP default's violation "
                  "(eval/frontiers.py):\n"]
-        for d in held["tradeoff"]:
+        for d in always_on:
             body += _matrix_line(d, results_dir)
         body += [best_within_slo_markdown(best_within_slo(runs)), equal_violation_markdown(equal_violation(runs))]
+    if deciding:
+        from eval.frontiers import CAPACITY_SUFFIX
+
+        runs, cfg = as_settings(*_merged(deciding))
+        anchor = "milp" + CAPACITY_SUFFIX
+        body += ["### Capacity control: frontiers at the SLO-true point (held-out starts)\n",
+                 "Policies deciding the engines awake and the servers powered, each at several settings (an alias "
+                 "of a policy with one argument is shown as that policy's setting, `milp (capacity)[capacity_util_cap=0.8]`); "
+                 f"{_TABLE_NOTE} (the capacity-control bound). Then, at equal p99 pass, each policy's best setting "
+                 f"passing MLPerf p99 in every start (chosen on these starts: optimistic by up to the noise between "
+                 f"settings) against the capacity-deciding MILP's ({anchor}), paired by start:\n"]
+        for d in deciding:
+            body += _matrix_line(d, results_dir)
+        body += [slo_markdown(slo_rows(runs, cfg)), best_within_slo_markdown(best_within_slo(runs, anchor=anchor), anchor=anchor)]
     if "capacity" in held:
         runs, cfg = _merged(held["capacity"])
         rows = slo_rows(runs, cfg)
