@@ -343,6 +343,44 @@ _TABLE_NOTE = ("vs round-robin of the same start at the same polling period, alw
                "`python -m eval.bound` has checked the matrix")
 
 
+def _frontier_body(dirs: Sequence[str], results_dir: str) -> list[str]:
+    """The frontier subsections of the held-out trade-off matrices ``dirs``: the always-on ones
+    (anchor: the routing-only MILP) and, apart, those of policies deciding capacity (anchor: the
+    capacity-deciding MILP)."""
+    from eval.slo_compare import best_within_slo, best_within_slo_markdown
+
+    body: list[str] = []
+    deciding = [d for d in dirs if _deciding_capacity(d)]
+    always_on = [d for d in dirs if d not in deciding]
+    if always_on:
+        from eval.frontiers import equal_violation, equal_violation_markdown
+
+        runs, cfg = _merged(always_on)
+        body += ["### Frontiers at the SLO-true point (held-out starts)\n",
+                 "Each knob-driven policy at several settings; at equal p99 pass, the best setting passing MLPerf p99 "
+                 "in every start (chosen on these starts: optimistic by up to the noise between settings), and at "
+                 "equal violation, each frontier read per start at rr's and at the MILP default's violation "
+                 "(eval/frontiers.py):\n"]
+        for d in always_on:
+            body += _matrix_line(d, results_dir)
+        body += [best_within_slo_markdown(best_within_slo(runs)), equal_violation_markdown(equal_violation(runs))]
+    if deciding:
+        from eval.frontiers import CAPACITY_SUFFIX
+
+        runs, cfg = as_settings(*_merged(deciding))
+        anchor = "milp" + CAPACITY_SUFFIX
+        body += ["### Capacity control: frontiers at the SLO-true point (held-out starts)\n",
+                 "Policies deciding the engines awake and the servers powered, each at several settings (an alias "
+                 "of a policy with one argument is shown as that policy's setting, `milp (capacity)[capacity_util_cap=0.8]`); "
+                 f"{_TABLE_NOTE} (the capacity-control bound). Then, at equal p99 pass, each policy's best setting "
+                 f"passing MLPerf p99 in every start (chosen on these starts: optimistic by up to the noise between "
+                 f"settings) against the capacity-deciding MILP's ({anchor}), paired by start:\n"]
+        for d in deciding:
+            body += _matrix_line(d, results_dir)
+        body += [slo_markdown(slo_rows(runs, cfg)), best_within_slo_markdown(best_within_slo(runs, anchor=anchor), anchor=anchor)]
+    return body
+
+
 def slo_section(results_dir: str) -> str:
     """The section's text (between its markers) from the runs under ``results_dir`` (module doc)."""
     from eval.milp_vs_ilp import milp_vs_ilp_markdown, milp_vs_ilp_table
@@ -391,34 +429,7 @@ def slo_section(results_dir: str) -> str:
             body += _matrix_line(d, results_dir)
         body += [milp_vs_ilp_markdown(milp_vs_ilp_table(runs)),
                  "At equal p99 pass (module eval.slo_compare):\n", best_within_slo_markdown(best_within_slo(runs))]
-    deciding = [d for d in held.get("tradeoff", []) if _deciding_capacity(d)]
-    always_on = [d for d in held.get("tradeoff", []) if d not in deciding]
-    if always_on:
-        from eval.frontiers import equal_violation, equal_violation_markdown
-
-        runs, cfg = _merged(always_on)
-        body += ["### Frontiers at the SLO-true point (held-out starts)\n",
-                 "Each knob-driven policy at several settings; at equal p99 pass, the best setting passing MLPerf p99 "
-                 "in every start (chosen on these starts: optimistic by up to the noise between settings), and at "
-                 "equal violation, each frontier read per start at rr's and at the MILP default's violation "
-                 "(eval/frontiers.py):\n"]
-        for d in always_on:
-            body += _matrix_line(d, results_dir)
-        body += [best_within_slo_markdown(best_within_slo(runs)), equal_violation_markdown(equal_violation(runs))]
-    if deciding:
-        from eval.frontiers import CAPACITY_SUFFIX
-
-        runs, cfg = as_settings(*_merged(deciding))
-        anchor = "milp" + CAPACITY_SUFFIX
-        body += ["### Capacity control: frontiers at the SLO-true point (held-out starts)\n",
-                 "Policies deciding the engines awake and the servers powered, each at several settings (an alias "
-                 "of a policy with one argument is shown as that policy's setting, `milp (capacity)[capacity_util_cap=0.8]`); "
-                 f"{_TABLE_NOTE} (the capacity-control bound). Then, at equal p99 pass, each policy's best setting "
-                 f"passing MLPerf p99 in every start (chosen on these starts: optimistic by up to the noise between "
-                 f"settings) against the capacity-deciding MILP's ({anchor}), paired by start:\n"]
-        for d in deciding:
-            body += _matrix_line(d, results_dir)
-        body += [slo_markdown(slo_rows(runs, cfg)), best_within_slo_markdown(best_within_slo(runs, anchor=anchor), anchor=anchor)]
+    body += _frontier_body(held.get("tradeoff", []), results_dir)
     if "capacity" in held:
         runs, cfg = _merged(held["capacity"])
         rows = slo_rows(runs, cfg)
