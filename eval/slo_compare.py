@@ -18,7 +18,7 @@ setting per policy (defaults chosen on training starts) there is no such selecti
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -115,3 +115,59 @@ def best_within_slo_markdown(table: Any, *, anchor: str = "milp") -> str:
                     f"{fmt_ci(r['reduction_pct'], r['reduction_pct_ci95'])} | {r['violation_pct']:.2f} | {r['ttft_p99_ms']:.0f} | "
                     f"{r['tpot_p99_ms']:.0f} | {gap} |")
     return head + "\n".join(body) + "\n"
+
+
+def merged_matrices(dirs: Sequence[str], reference: str = "rr") -> Any:
+    """The runs of the matrices ``dirs`` (each a directory with ``runs.csv``) as one table, each
+    (scenario, policy, seed) once (the first matrix's). Pairing across matrices needs the same
+    episodes: every (scenario, seed) the matrices share must have the same ``reference`` carbon
+    to the last bit (the simulation is deterministic), else a ValueError names the first that
+    differs."""
+    import os
+
+    import pandas as pd
+
+    parts = [pd.read_csv(os.path.join(d, "runs.csv")) for d in dirs]
+    seen: dict[tuple[str, int], tuple[float, str]] = {}
+    for d, runs in zip(dirs, parts):
+        for _, r in runs[runs["policy"] == reference].iterrows():
+            key = (str(r["scenario"]), int(r["seed"]))
+            if key in seen and seen[key][0] != float(r["carbon_g"]):
+                raise ValueError(f"{key[0]} seed {key[1]}: {reference} emitted {seen[key][0]!r} g in {seen[key][1]} but "
+                                 f"{float(r['carbon_g'])!r} g in {d}: not the same episode, cannot pair")
+            seen.setdefault(key, (float(r["carbon_g"]), d))
+    runs = pd.concat(parts, ignore_index=True).drop_duplicates(["scenario", "policy", "seed"], keep="first")
+    return runs.reset_index(drop=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m eval.slo_compare MATRIX_DIR [MATRIX_DIR ...] --anchor LABEL``: each policy's
+    best setting passing MLPerf p99 in every start, against ``LABEL``'s, paired by start, over the
+    merged matrices (:func:`merged_matrices`: their round-robin runs must agree to the bit)."""
+    import argparse
+    import os
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m eval.slo_compare", description=main.__doc__.split("\n\n")[0] if main.__doc__ else None)
+    ap.add_argument("matrices", nargs="+", help="matrix directories (each with runs.csv)")
+    ap.add_argument("--anchor", default="milp", help="the table label every policy is compared with (default milp)")
+    ap.add_argument("--scenario", action="append", help="only these scenarios (repeatable; default all)")
+    a = ap.parse_args(argv)
+    for d in a.matrices:
+        if not os.path.isfile(os.path.join(d, "runs.csv")):
+            ap.error(f"{d!r}: no runs.csv there (a matrix directory, e.g. results/slo/mixtral8x7b/headline)")
+    try:
+        runs = merged_matrices(a.matrices)
+    except ValueError as e:
+        print(f"python -m eval.slo_compare: {e}", file=sys.stderr)
+        return 2
+    if a.scenario:
+        runs = runs[runs["scenario"].isin(a.scenario)]
+    if a.anchor not in set(runs["policy"]):
+        ap.error(f"--anchor {a.anchor!r}: no such policy in the matrices (they have: {', '.join(sorted(set(map(str, runs['policy']))))})")
+    print(best_within_slo_markdown(best_within_slo(runs, anchor=a.anchor), anchor=a.anchor))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -52,3 +52,26 @@ def test_reference_is_always_on_rr_where_the_matrix_has_it():
     on = r[r["policy"] == "rr"].assign(policy="rr (always on)", carbon_g=[200.0, 400.0])
     t = best_within_slo(pd.concat([r, on], ignore_index=True)).set_index("policy")
     assert "rr" in t.index and t.loc["milp", "reduction_pct"] == pytest.approx(70.0)  # vs always-on rr
+
+
+def test_matrices_merged_only_where_round_robin_agrees_and_the_cli_anchor(tmp_path, capsys):
+    from eval import slo_compare
+
+    r = _runs()
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    r[r["policy"].isin(["rr", "milp"])].to_csv(a / "runs.csv", index=False)
+    r[~r["policy"].isin(["milp"])].to_csv(b / "runs.csv", index=False)  # rr again, bit for bit
+    assert slo_compare.main([str(a), str(b), "--anchor", "greedy-cap"]) == 0
+    out = capsys.readouterr().out
+    assert "| s | milp | 1/2 | milp | 40.0 ± 0.0 | 0.40 | 1600 | 50 | -7.5 ± 31.8 (2) |" in out  # greedy-cap's 32.5 - 40
+    assert "greedy-cap - policy (pp, paired)" in out
+    other = r.copy()
+    other.loc[(other["policy"] == "rr") & (other["seed"] == 2), "carbon_g"] = 200.5  # another episode
+    other.to_csv(b / "runs.csv", index=False)
+    assert slo_compare.main([str(a), str(b)]) == 2
+    assert "s seed 2: rr emitted 200.0 g" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        slo_compare.main([str(a), "--anchor", "nope"])
+    assert "--anchor 'nope': no such policy" in capsys.readouterr().err
