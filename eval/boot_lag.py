@@ -107,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("policies", nargs="*", help="table labels of the policies to explain (default: every failing run)")
     ap.add_argument("--lookback-s", type=float, default=600.0, help="how far before the first late step to look for server power-ons (s)")
     ap.add_argument("--after-s", type=float, default=60.0, help="and how far after it (s)")
-    ap.add_argument("--write", action="store_true", help="also write the lines to MATRIX_DIR/boot_lag.txt (the step records "
+    ap.add_argument("--write", action="store_true", help="also write the lines to MATRIX_DIR/boot_lag.md (the step records "
                     "are not committed: results/**/steps/ is ignored, 250 MB a matrix)")
     a = ap.parse_args(argv)
     if not os.path.isfile(os.path.join(a.matrix, "runs.csv")):
@@ -116,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     lines = [_text(row) for row in rows] or ["no run failing MLPerf p99" + (f" among {', '.join(a.policies)}" if a.policies else "") + "."]
     print("\n".join(lines))
     if a.write:
-        with open(os.path.join(a.matrix, "boot_lag.txt"), "w", encoding="utf-8") as fh:
+        with open(os.path.join(a.matrix, "boot_lag.md"), "w", encoding="utf-8") as fh:
             fh.write(f"# python -m eval.boot_lag {' '.join(argv if argv is not None else sys.argv[1:])}\n" + "\n".join(lines) + "\n")
     return 0
 

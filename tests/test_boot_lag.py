@@ -45,6 +45,6 @@ def test_a_boot_unfinished_at_the_end_and_the_matrix_reader(tmp_path, capsys):
     assert len(rows) == 1 and rows[0]["lags"]["datacenters"][0]["boot_s"] is None
     assert boot_lag.main([str(tmp_path), "--lookback-s", "10", "--write"]) == 0
     out = capsys.readouterr().out
-    assert (tmp_path / "boot_lag.txt").read_text() == f"# python -m eval.boot_lag {tmp_path} --lookback-s 10 --write\n" + out
+    assert (tmp_path / "boot_lag.md").read_text() == f"# python -m eval.boot_lag {tmp_path} --lookback-s 10 --write\n" + out
     assert ("x planner+reactive seed 3 (TTFT p99 30.0 s): first step over the target at 42.0 s; no powered 1 -> 4 servers at 40.0 s "
             "with 1 engines awake, 8 after waking its sleeping ones, no more before the run's end (29 s later).") in out
