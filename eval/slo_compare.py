@@ -127,15 +127,21 @@ def merged_matrices(dirs: Sequence[str], reference: str = "rr") -> Any:
 
     import pandas as pd
 
+    from eval.versus import carbon_by_start, first_other_episode
+
     parts = [pd.read_csv(os.path.join(d, "runs.csv")) for d in dirs]
-    seen: dict[tuple[str, int], tuple[float, str]] = {}
+    seen: dict[tuple[str, int], float] = {}
+    where: dict[tuple[str, int], str] = {}
     for d, runs in zip(dirs, parts):
-        for _, r in runs[runs["policy"] == reference].iterrows():
-            key = (str(r["scenario"]), int(r["seed"]))
-            if key in seen and seen[key][0] != float(r["carbon_g"]):
-                raise ValueError(f"{key[0]} seed {key[1]}: {reference} emitted {seen[key][0]!r} g in {seen[key][1]} but "
-                                 f"{float(r['carbon_g'])!r} g in {d}: not the same episode, cannot pair")
-            seen.setdefault(key, (float(r["carbon_g"]), d))
+        mine = carbon_by_start(runs, reference)
+        other = first_other_episode(mine, seen)
+        if other is not None:
+            key, here, there = other
+            raise ValueError(f"{key[0]} seed {key[1]}: {reference} emitted {there!r} g in {where[key]} but "
+                             f"{here!r} g in {d}: not the same episode, cannot pair")
+        for key, c in mine.items():
+            seen.setdefault(key, c)
+            where.setdefault(key, d)
     runs = pd.concat(parts, ignore_index=True).drop_duplicates(["scenario", "policy", "seed"], keep="first")
     return runs.reset_index(drop=True)
 

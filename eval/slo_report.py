@@ -326,13 +326,13 @@ def _with_headline_milp(runs: Any, headline: Any) -> tuple[Any, str]:
     the note saying so; ``runs`` unchanged and "" when they are not."""
     import pandas as pd
 
-    keys = ["scenario", "seed"]
-    mine = runs[runs["policy"] == "rr"].set_index(keys)["carbon_g"]
-    theirs = headline[headline["policy"] == "rr"].set_index(keys)["carbon_g"]
-    common = mine.index.intersection(theirs.index)
-    if len(common) != len(mine) or not bool((mine.loc[common] == theirs.loc[common]).all()):
+    from eval.versus import carbon_by_start, first_other_episode
+
+    mine, theirs = carbon_by_start(runs, "rr"), carbon_by_start(headline, "rr")
+    if not set(mine) <= set(theirs) or first_other_episode(mine, theirs) is not None:
         return runs, ""
-    milp = headline[(headline["policy"] == "milp") & headline.set_index(keys).index.isin(common)]
+    starts = list(zip(headline["scenario"].astype(str), headline["seed"].astype(int)))
+    milp = headline[(headline["policy"] == "milp") & pd.Series([k in mine for k in starts], index=headline.index)]
     return (pd.concat([runs, milp], ignore_index=True),
             "; the MILP's rows are the held-out headline's runs of the same starts (its rr runs equal this "
             "matrix's to the last bit, so the MILP was not run twice)")

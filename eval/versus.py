@@ -35,9 +35,23 @@ def _runs(d: str) -> Any:
     return pd.read_csv(path)
 
 
-def _carbon(runs: Any, policy: str) -> dict[tuple[str, int], float]:
+def carbon_by_start(runs: Any, policy: str) -> dict[tuple[str, int], float]:
+    """{(scenario, seed): carbon_g} of ``policy``'s runs in ``runs`` (a runs table; the first of a
+    start run twice)."""
     sub = runs[runs["policy"] == policy].drop_duplicates(["scenario", "seed"], keep="first")
     return {(str(s), int(k)): float(c) for s, k, c in zip(sub["scenario"], sub["seed"], sub["carbon_g"])}
+
+
+def first_other_episode(mine: dict[tuple[str, int], float],
+                        theirs: dict[tuple[str, int], float]) -> tuple[tuple[str, int], float, float] | None:
+    """The first start (sorted) both :func:`carbon_by_start` tables have whose carbon differs,
+    with both figures (``mine``'s, ``theirs``), or None. The simulation is deterministic, so the
+    same policy's carbon differing to the last bit means another episode (start, scenario or
+    code), and runs of the two matrices cannot be paired there."""
+    for key in sorted(set(mine) & set(theirs)):
+        if mine[key] != theirs[key]:
+            return key, mine[key], theirs[key]
+    return None
 
 
 def versus_table(reference: Any, policy: str, matrices: Sequence[Any], names: Sequence[str] | None = None) -> Any:
@@ -47,17 +61,18 @@ def versus_table(reference: Any, policy: str, matrices: Sequence[Any], names: Se
     the reference has no ``policy``."""
     import pandas as pd
 
-    ref = _carbon(reference, policy)
+    ref = carbon_by_start(reference, policy)
     if not ref:
         raise ValueError(f"the reference matrix has no {policy!r} run (it has: {sorted(set(reference['policy']))})")
-    ref_on = _carbon(reference, ALWAYS_ON_LABEL)
+    ref_on = carbon_by_start(reference, ALWAYS_ON_LABEL)
     rows = []
     for j, runs in enumerate(matrices):
-        on = _carbon(runs, ALWAYS_ON_LABEL)
-        for key in sorted(set(on) & set(ref_on)):
-            if on[key] != ref_on[key]:
-                raise ValueError(f"{key[0]} seed {key[1]}: always-on rr {on[key]!r} g here, {ref_on[key]!r} g in the "
-                                 "reference: not the same episode")
+        on = carbon_by_start(runs, ALWAYS_ON_LABEL)
+        other = first_other_episode(on, ref_on)
+        if other is not None:
+            (scen, seed), here, there = other
+            raise ValueError(f"{scen} seed {seed}: always-on rr {here!r} g here, {there!r} g in the "
+                             "reference: not the same episode")
         for (scen, pol), sub in runs.groupby(["scenario", "policy"], sort=False):
             sub = sub.drop_duplicates("seed", keep="first")
             keys = [(str(scen), int(k)) for k in sub["seed"]]
