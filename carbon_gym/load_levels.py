@@ -2,8 +2,10 @@
 
 The packaged ``carbon_gym/data/load_levels.toml`` holds, per (model, GPU, TP), the serving
 capacity measured with the simulator (``carbon_gym.capacity``; ``eval/measure_capacity.py``):
-the engine figure (one engine fed every request at its arrival) and the cluster figure (the study
-topology under round-robin, placed every polling period, network delays in TTFT). The file's
+the engine figure (one engine fed every request at its arrival), the cluster figure (the study
+topology under round-robin, placed every polling period, network delays in TTFT) and the
+datacenter figures (one datacenter of E engines, placed every polling period, no network: the
+SLO operating point the facility MILP's step cap holds each datacenter to, per (E, period)). The file's
 ``level_basis`` says which one the fractions apply to (``cluster`` in the packaged file).
 """
 
@@ -19,12 +21,14 @@ from typing import Any
 from ._toml import data_path, load_toml
 from .errors import ConfigError, DataError
 
-__all__ = ["LEVEL_BASES", "Capacity", "LoadLevels", "capacity_key", "load_levels_path", "load_load_levels", "load_rate_per_s"]
+__all__ = ["DC_FIELDS", "LEVEL_BASES", "Capacity", "LoadLevels", "capacity_key", "load_levels_path", "load_load_levels", "load_rate_per_s"]
 
 #: What a load level is a fraction of (``level_basis`` of a load-level file): ``cluster`` = the
 #: whole study topology under round-robin with its polling period and network (the packaged
 #: file); ``engine`` = one engine fed every request at its arrival.
 LEVEL_BASES = ("cluster", "engine")
+#: The datacenter figures of an entry (:meth:`Capacity.datacenter_rate_per_s`): parallel lists.
+DC_FIELDS = ("dc_engines", "dc_polling_period_s", "dc_per_engine_rate_per_s")
 
 
 def capacity_key(model: str, gpu: str, tp: int) -> str:
@@ -78,6 +82,21 @@ class Capacity:
         with its polling period and network, requests/s per engine), or None if not measured."""
         v = self.conditions.get("cluster_per_engine_rate_per_s")
         return None if v is None else float(v)
+
+    def datacenter_rate_per_s(self, n_engines: int, polling_period_s: float) -> float | None:
+        """The datacenter figure (``dc_*`` fields, ``eval/measure_capacity.py --datacenter``):
+        requests/s per engine that one datacenter of ``n_engines`` engines, fed Poisson arrivals
+        placed every ``polling_period_s`` seconds behind its dispatcher (no network), serves within
+        the p99 targets; None where that (engines, period) was not measured. Near 0 where no rate
+        passes (at 2 s polling the wait alone takes the 2 s TTFT target)."""
+        c = self.conditions
+        engines, periods, rates = c.get("dc_engines"), c.get("dc_polling_period_s"), c.get("dc_per_engine_rate_per_s")
+        if engines is None or periods is None or rates is None:
+            return None
+        for e, p, r in zip(engines, periods, rates):
+            if int(e) == int(n_engines) and abs(float(p) - float(polling_period_s)) <= 1e-9 * max(1.0, float(p)):
+                return float(r)
+        return None
 
 
 @dataclass(frozen=True)
@@ -155,6 +174,12 @@ def _read_load_levels(p: Path) -> LoadLevels:
             )
             if cap.key != key:
                 raise ValueError(f"section [capacity.{key!r}] holds {cap.key!r}")
+            dc = [t.get(f) for f in DC_FIELDS]
+            if any(v is not None for v in dc):
+                if any(not isinstance(v, list) for v in dc) or len({len(v) for v in dc}) != 1:  # type: ignore[arg-type]
+                    raise ValueError(f"[capacity.{key!r}]: {', '.join(DC_FIELDS)} must be lists of one length")
+                if any(not (int(e) >= 1 and float(p) > 0 and float(r) >= 0) for e, p, r in zip(*dc)):  # type: ignore[call-overload]
+                    raise ValueError(f"[capacity.{key!r}]: dc_engines >= 1, dc_polling_period_s > 0, dc_per_engine_rate_per_s >= 0")
             caps[key] = cap
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise DataError(str(p), f"malformed load-level file: {exc!r}") from None

@@ -5,6 +5,7 @@
     python eval/measure_capacity.py --models llama-3.1-8b --duration 300 --seeds 0
     python eval/measure_capacity.py --models llama-3.1-8b --cluster   # + the cluster-level figure
     python eval/measure_capacity.py --cluster --skip-engine --write  # cluster figures beside the file's engine ones
+    python eval/measure_capacity.py --datacenter --skip-engine --write  # datacenter figures per polling period
 
 Method (carbon_gym/capacity.py): bisection over the Poisson rate offered to ONE engine for the
 highest rate at which p99 TTFT and p99 TPOT stay within the model's MLPerf targets; settings
@@ -18,6 +19,14 @@ prints it next to the engine figure; with ``--write`` it is written beside the e
 ``cluster_``). The load levels are fractions of the cluster figure (the file's ``level_basis =
 "cluster"``, kept in its header); the engine figure (``basis = "engine: ..."`` in every entry) is
 what one engine serves, used by the schedulers' capacity models.
+
+``--datacenter`` measures the datacenter figures: one datacenter of the study topology's engines
+(its GPUs / tp), fed Poisson arrivals placed every polling period (each of ``--periods``) behind its
+dispatcher, no network (``eval.bound_slo.measured_capacity``, the SLO-true bound's own probe and
+settings, so the two agree to the bit); written as parallel lists ``dc_engines``,
+``dc_polling_period_s``, ``dc_per_engine_rate_per_s`` (and ``dc_active_j_per_request``, J above
+idle per request there). The facility MILP's default step cap holds each datacenter to this
+figure (``solvers.facility_model.FacilityConfig.operating_point``).
 """
 
 from __future__ import annotations
@@ -59,7 +68,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cluster-duration", type=float, default=180.0, help="simulated seconds per cluster probe")
     ap.add_argument("--cluster-warmup", type=float, default=60.0, help="seconds of a cluster probe not counted")
     ap.add_argument("--cluster-seeds", type=int, nargs="+", default=[0], help="seeds pooled per cluster probe")
-    ap.add_argument("--skip-engine", action="store_true", help="with --cluster: quote the engine figure from the file")
+    ap.add_argument("--skip-engine", action="store_true",
+                    help="with --cluster / --datacenter: quote the engine figure from the file")
+    ap.add_argument("--datacenter", action="store_true",
+                    help="also measure the datacenter figures per polling period (written beside the engine figure with --write)")
+    ap.add_argument("--periods", type=float, nargs="+", default=[0.1, 0.25, 0.5, 1.0, 2.0], metavar="S",
+                    help="with --datacenter: polling periods, seconds")
+    ap.add_argument("--engines", type=int, nargs="+", default=None, metavar="E",
+                    help="with --datacenter: engines per datacenter (default: the study topology's)")
     args = ap.parse_args(argv)
 
     import warnings
@@ -85,9 +101,12 @@ def main(argv: list[str] | None = None) -> int:
         key = capacity_key(model, scenario.gpu, scenario.tp)
         print(f"{key} (SLO TTFT {scenario.ttft_s} s / TPOT {scenario.tpot_s} s):", flush=True)
         t0 = time.perf_counter()
-        if args.skip_engine and args.cluster and old.find(model, scenario.gpu, scenario.tp) is not None:
-            entries[key].update(_cluster(scenario, old.find(model, scenario.gpu, scenario.tp).per_engine_rate_per_s, args,
-                                         measure_cluster_capacity, command.strip()))
+        if args.skip_engine and (args.cluster or args.datacenter) and old.find(model, scenario.gpu, scenario.tp) is not None:
+            if args.cluster:
+                entries[key].update(_cluster(scenario, old.find(model, scenario.gpu, scenario.tp).per_engine_rate_per_s, args,
+                                             measure_cluster_capacity, command.strip()))
+            if args.datacenter:
+                entries[key].update(_datacenter(STUDY[model], gpu, args.periods, args.engines, command.strip()))
             continue
         try:
             res = measure_capacity(scenario, rel_tol=args.rel_tol, duration_s=args.duration, warmup_s=args.warmup,
@@ -119,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         if args.cluster:
             entries[key].update(_cluster(scenario, res.per_engine_rate_per_s, args, measure_cluster_capacity, command.strip()))
+        if args.datacenter:
+            entries[key].update(_datacenter(STUDY[model], gpu, args.periods, args.engines, command.strip()))
     if args.write:
         path = load_levels_path()
         text = path.read_text()
@@ -159,6 +180,40 @@ def _cluster(scenario: object, engine_rate: float, args: argparse.Namespace, mea
         "cluster_probe_seeds": list(args.cluster_seeds),
         "cluster_rel_tol": args.rel_tol,
         "cluster_command": command,
+    }
+
+
+def _datacenter(study: str, gpu: str | None, periods: list[float], engines: list[int] | None, command: str) -> dict:
+    """Measure and print the datacenter figures of ``<study>-moderate`` (on ``gpu``; datacenters of
+    ``engines`` engines, default its datacenters' counts) at each polling period; returns the
+    ``dc_*`` fields of its entry."""
+    from carbon_gym.scenario import load_scenario
+    from eval.bound_slo import PROBE, measured_capacity
+
+    rows: list[tuple[int, float, float, float]] = []
+    for period in periods:
+        over: dict[str, object] = {"workload.rate_per_s": 1.0, "polling_period_s": float(period)}
+        if gpu is not None:
+            over["gpu"] = gpu
+        s = load_scenario(f"{study}-moderate", overrides=over)
+        counts = sorted(set(engines) if engines else {max(1, int(round(d.gpus / s.tp))) for d in s.topology_spec().datacenters
+                                                       if str(d.gpu or s.gpu) == s.gpu})
+        for n in counts:
+            t0 = time.perf_counter()
+            res = measured_capacity(s, s.gpu, n)
+            print(f"  datacenter level: {n} engines, polling {period:g} s: {res.per_engine_rate_per_s:.4g} requests/s per "
+                  f"engine, {res.active_j_per_request:.4g} J per request above idle ({time.perf_counter() - t0:.1f} s wall)", flush=True)
+            rows.append((n, float(period), float(res.per_engine_rate_per_s), float(res.active_j_per_request)))
+    return {
+        "dc_engines": [r[0] for r in rows],
+        "dc_polling_period_s": [r[1] for r in rows],
+        "dc_per_engine_rate_per_s": [round(r[2], 4) for r in rows],
+        "dc_active_j_per_request": [round(r[3], 3) for r in rows],
+        "dc_basis": "datacenter: one datacenter of dc_engines engines, Poisson arrivals placed every dc_polling_period_s, "
+                    "its dispatcher, no network",
+        "dc_probe": (f"{PROBE['duration_s']:g} s probes, {PROBE['warmup_s']:g} s warm-up, seeds {list(PROBE['seeds'])}, "
+                     f"{PROBE['rel_tol']:g} relative width (eval.bound_slo.PROBE)"),
+        "dc_command": command,
     }
 
 

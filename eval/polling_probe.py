@@ -67,8 +67,9 @@ class ProgramProbe(EpisodeObserver):
         p = self._sched.problem_of(state)
         if p.n_requests == 0:
             return
-        data = compile_facility(p, self.config)
-        q0 = p.prefill_rate_cap_tokens(self.config.max_prefill_share)
+        cfg = self._sched.config  # (its operating point resolved for this env)
+        data = compile_facility(p, cfg)
+        q0 = p.prefill_rate_cap_tokens(cfg.prefill_share)
         own_theta = data.theta / np.maximum(data.beta, 1e-300)
         own = np.minimum(own_theta, data.prefill_cap)
         up = np.flatnonzero(p.up)

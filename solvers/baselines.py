@@ -57,7 +57,7 @@ from .problem import PlacementProblem
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CarbonGreedy", "LeastLoaded", "SharePlanner", "CapacityBudget", "capped_choice", "greenest_rank"]
+__all__ = ["CarbonGreedy", "LeastLoaded", "SharePlanner", "CapacityBudget", "capped_choice", "greenest_rank", "measured_step_cap"]
 
 
 class CapacityBudget:
@@ -69,7 +69,7 @@ class CapacityBudget:
     backlog. Datacenters that are down get no budget.
 
     Args:
-        cap: share of the measured capacity (0 < cap <= 2).
+        cap: share of the measured capacity (0 < cap <= 2); or (D,), one per datacenter.
         default_rps: per-engine rate when the model's is not measured.
         credit_s: unspent budget a datacenter may carry, in seconds of its budget; ``None``
             (default): two steps' budget plus one request. A longer credit lets a datacenter
@@ -78,12 +78,13 @@ class CapacityBudget:
             where a few requests keep otherwise idle engines active.
     """
 
-    def __init__(self, cap: float, default_rps: float = 4.0, credit_s: float | None = None) -> None:
-        if not 0.0 < float(cap) <= 2.0:
+    def __init__(self, cap: float | np.ndarray, default_rps: float = 4.0, credit_s: float | None = None) -> None:
+        caps = np.asarray(cap, dtype=np.float64)
+        if caps.ndim > 1 or caps.size == 0 or not bool(np.all((caps > 0.0) & (caps <= 2.0))):
             raise ConfigError("capacity_cap", f"must be in (0, 2] (share of the measured capacity) or None, got {cap!r}")
         if credit_s is not None and (isinstance(credit_s, bool) or not (isinstance(credit_s, (int, float)) and 0.0 < float(credit_s) <= 60.0)):
             raise ConfigError("capacity_credit_s", f"must be None or in (0, 60] seconds, got {credit_s!r}")
-        self.cap = float(cap)
+        self.cap: float | np.ndarray = float(caps) if caps.ndim == 0 else caps  # (D,): one per datacenter
         self.default_rps = float(default_rps)
         self.credit_s = None if credit_s is None else float(credit_s)
         self._credit: np.ndarray = np.zeros(0)  # (empty: no step yet)
@@ -243,6 +244,38 @@ def _per_engine_capacity_rps(env: Any, default: float) -> float | np.ndarray:
     if len(set(gpus)) == 1:
         return rates[gpus[0]]
     return np.array([rates[g] for g in gpus], dtype=np.float64)
+
+
+def measured_step_cap(env: Any) -> tuple[float | np.ndarray | None, str]:
+    """The step cap at each datacenter's measured SLO operating point: its datacenter figure
+    (:meth:`carbon_gym.load_levels.Capacity.datacenter_rate_per_s`: one datacenter of its engines,
+    arrivals placed every polling period of the env) over the engine figure, as a share for
+    :class:`CapacityBudget` (a float when every datacenter has the same one, else (D,)); and
+    ``(None, why)`` where some datacenter's figure is not measured, or no rate passes p99 there
+    (below 1% of the engine figure)."""
+    from carbon_gym.scenario import load_load_levels
+
+    u = env.unwrapped
+    sc = u.scenario
+    topo = u.world_parts.topology
+    levels = load_load_levels()
+    poll_s = float(sc.polling_period_s)
+    ratios: list[float] = []
+    for d in range(topo.n_datacenters):
+        gpu = str(topo.datacenter_gpu(d))
+        engines = max(1, int(round(float(topo.datacenters[d].gpus) / int(sc.tp))))
+        cap = levels.find(sc.model, gpu, sc.tp)
+        c_d = None if cap is None else cap.datacenter_rate_per_s(engines, poll_s)
+        where = f"{sc.model} / {gpu} / tp{sc.tp}, {engines} engines, polling {poll_s:g} s"
+        if cap is None or c_d is None:
+            return None, f"no datacenter figure measured for {where} (python eval/measure_capacity.py --datacenter --write)"
+        r = c_d / float(cap.per_engine_rate_per_s)
+        if not 0.01 <= r <= 2.0:
+            return None, f"the datacenter figure for {where} is {r:.3g} x the engine figure, outside [0.01, 2]"
+        ratios.append(r)
+    if len(set(ratios)) == 1:
+        return ratios[0], ""
+    return np.array(ratios, dtype=np.float64), ""
 
 
 class SharePlanner(Scheduler):

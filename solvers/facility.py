@@ -145,7 +145,7 @@ import numpy as np
 from carbon_gym.errors import ConfigError
 
 from .base import Scheduler
-from .baselines import CapacityBudget, capped_choice, greenest_rank
+from .baselines import CapacityBudget, capped_choice, greenest_rank, measured_step_cap
 from .facility_model import (
     FacilityConfig,
     FacilityData,
@@ -185,6 +185,13 @@ class FacilityMILP(Scheduler):
         env: the env (optional until :meth:`reset`).
         config: a :class:`FacilityConfig`; keyword arguments override its fields.
 
+    ``requested_config`` is the config as given; ``config`` the one in force this episode, its
+    ``operating_point`` resolved at each :meth:`reset` from the env (``"auto"``: ``"measured"``
+    when it routes only, ``"budget"`` under capacity control; ``"budget"`` without an env) and the
+    operating point's settings filled in (:meth:`FacilityConfig.at_operating_point`); ``step_cap``
+    (the share of the engine figure each datacenter keeps per step, a float or (D,)) is the
+    measured one unless given.
+
     ``stats`` holds per decision ``decision_s`` (wall time of :meth:`act`, problem building
     included), ``place_s`` (wall time of :meth:`place`), ``build_s``, ``solve_s``,
     ``n_classes``, ``status``, ``objective_g``, ``mip_gap``, ``limit`` (the work or time limit
@@ -206,8 +213,11 @@ class FacilityMILP(Scheduler):
             if unknown:
                 raise ConfigError(f"facility.{unknown[0]}", "unknown setting", allowed=sorted(FacilityConfig.__dataclass_fields__))
             cfg = replace(cfg, **overrides)
-        self.config = cfg
-        self._budget = CapacityBudget(float(cfg.step_cap), credit_s=cfg.step_cap_credit_s) if cfg.step_cap is not None else None
+        self.requested_config = cfg
+        self.config = cfg.at_operating_point("budget" if cfg.operating_point == "auto" else cfg.operating_point)
+        self.step_cap: float | np.ndarray | None = None
+        self.operating_point_note = ""
+        self._budget: CapacityBudget | None = None
         super().__init__(env, **base_kw)
 
     def reset_stats(self) -> None:
@@ -243,16 +253,43 @@ class FacilityMILP(Scheduler):
             # (capacity control only: the capacity stage's decisions and fallbacks to its greedy)
             **({"capacity_solves": float(len(st["capacity_s"])), "capacity_fallbacks": float(st["capacity_fallbacks"])}
                if st["capacity_s"] else {}),
+            # (the operating point in force: 1 = "measured", 0 = "budget"; the mean step cap, share of the engine figure)
+            "operating_point_measured": float(self.config.operating_point == "measured"),
+            "step_cap_mean": float(np.mean(self.step_cap)) if self.step_cap is not None else float("nan"),
         }
 
     def reset_state(self) -> None:
-        """Forget the capacity stage's memory (per-request work energy, static facts) and the
-        step cap's carried credit."""
+        """Forget the capacity stage's memory (per-request work energy, static facts), resolve the
+        operating point for the env (class docstring) and start the step cap's credit afresh."""
         self._cap_facts: CapacityFacts | None = None
         self._work_j: np.ndarray | None = None
-        budget: CapacityBudget | None = getattr(self, "_budget", None)
-        if budget is not None:
-            budget.reset()
+        self._resolve_operating_point()
+
+    def _resolve_operating_point(self) -> None:
+        """``config`` and the step cap for this episode (class docstring); a ``"measured"``
+        operating point without a measurement falls back to ``"budget"`` with a warning."""
+        req = self.requested_config
+        mode = req.operating_point
+        u = getattr(self.env, "unwrapped", None) if self.env is not None else None
+        sc = getattr(u, "scenario", None)
+        if mode == "auto":
+            mode = "measured" if sc is not None and sc.capacity.control != "agent" else "budget"
+        cap: float | np.ndarray | None = None if req.step_cap is None else float(req.step_cap)
+        note = ""
+        if mode == "measured" and cap is None:
+            if sc is None:
+                cap, note = None, "no env to look the datacenter figure up in"
+            else:
+                cap, note = measured_step_cap(self.env)
+            if cap is None:
+                if note != self.operating_point_note:
+                    log.warning("facility MILP: operating point 'measured' falls back to 'budget' (the prefill-token budget "
+                                "alone): %s", note)
+                mode = "budget"
+        self.operating_point_note = note
+        self.config = req.at_operating_point(mode)
+        self.step_cap = cap if mode == "measured" or req.step_cap is not None else None
+        self._budget = None if self.step_cap is None else CapacityBudget(self.step_cap, credit_s=self.config.step_cap_credit_s)
 
     def act(self, observation: Any, info: dict[str, Any]) -> Any:
         """The env action: the routing array, or with ``[capacity] control = "agent"`` at a capacity

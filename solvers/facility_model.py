@@ -16,8 +16,11 @@ from carbon_gym.errors import ConfigError
 
 from .problem import PlacementProblem
 
+#: ``FacilityConfig.operating_point``'s values.
+OPERATING_POINTS = ("auto", "measured", "budget")
+
 __all__ = [
-    "FacilityConfig", "FacilityData", "compile_facility", "facility_objective", "facility_greedy", "marginal_energy_j",
+    "OPERATING_POINTS", "FacilityConfig", "FacilityData", "compile_facility", "facility_objective", "facility_greedy", "marginal_energy_j",
     "assignment_from_counts", "pair_counts", "class_greedy",
 ]
 
@@ -36,7 +39,9 @@ class FacilityConfig:
             a split class's members carry a slightly different prompt total than count x mean
             (0 in the binary form).
         max_prefill_share: cap on the share of iteration time prefill may take at a datacenter
-            (rho in Q_d), a utilisation cap that leaves room for the randomness of arrivals.
+            (rho in Q_d), a utilisation cap that leaves room for the randomness of arrivals;
+            ``None`` (default): the operating point's (0.5 under ``"budget"``, 1.0 under
+            ``"measured"``, where the step cap holds the datacenter instead; :attr:`prefill_share`).
         prefill_horizon_s: H, seconds: ``Q0_d`` holds ``max(poll_s, H)`` seconds of prefill at
             share rho, so the backlog a datacenter may hold (queued and in transit, subtracted
             from ``Q0_d``) is the same in seconds at every period up to H; at periods >= H the
@@ -103,17 +108,35 @@ class FacilityConfig:
             ``kappa_cd += affinity x (max_d' cached_rd' - cached_rd) / 1000`` (0, the default: the
             cached prefixes count only through the prefill time, energy and TTFT they save). Its
             sweep traces the carbon-vs-affinity frontier (``carbon-gym experiment sessions``).
-        step_cap: ``None`` (default) or a share of the measured per-engine capacity (0..2]: after
-            each solve, a datacenter keeps at most ``step_cap x engines x capacity x poll_s``
-            of the step's requests (:class:`solvers.baselines.CapacityBudget`, the longest
-            waiting first), the rest going to the greenest allowed datacenters with budget left
-            (the ``greedy-cap`` rule). Tried on llama8b-high's training starts with the token
-            budget loosened so that the count binds: the same carbon as ``greedy-cap`` at that cap
-            but failing p99 TPOT (RESULTS.md, "The MILP's gap to the SLO-true bound"); kept for
-            that experiment, off by default.
+        operating_point: how each datacenter is held to what it serves within p99 TTFT / TPOT:
+            ``"measured"``: after each solve a datacenter keeps at most its measured SLO
+            capacity's share of the step (``step_cap``, by default the datacenter figure of the
+            load-level file at the env's polling period over the engine figure:
+            ``carbon_gym/data/load_levels.toml`` ``dc_*``, ``python eval/measure_capacity.py
+            --datacenter``; 1.205 / 1.204 / 1.036 on Llama / Qwen / Mixtral at 0.1 s polling, 0.76 /
+            0.77 / 0.75 at 1 s), with 1 s of carried credit (``step_cap_credit_s``), the prefill-token
+            budget loosened so that the cap binds (``max_prefill_share`` 1.0) and ``mix_fill`` on.
+            ``"budget"``: the prefill-token budget alone (``max_prefill_share`` 0.5 over
+            ``prefill_horizon_s``), the default before issue 40's operating point: it holds p99
+            but leaves 5-7 pp to the SLO-true bound at high load (RESULTS.md, "The MILP's gap to the
+            SLO-true bound"). ``"auto"`` (default): ``"measured"`` when the env routes only,
+            ``"budget"`` under ``[capacity] control = "agent"`` (the capacity stage's
+            ``capacity_util_cap`` is that MILP's operating point). Where the datacenter figure was
+            not measured for the env's (model, GPU, TP, engines, polling period), or no rate passes
+            p99 there (2 s polling), ``"measured"`` falls back to ``"budget"`` for the episode with a
+            warning (``episode_stats()["operating_point_measured"]`` 0).
+        step_cap: ``None`` (default: the operating point's; none under ``"budget"``) or a share of
+            the engine figure, the per-engine capacity of the load-level file (0..2]: after each
+            solve, a datacenter keeps at most ``step_cap x engines x capacity x poll_s`` of the step's
+            requests (:class:`solvers.baselines.CapacityBudget`, the longest waiting first), the
+            rest going to the greenest allowed datacenters with budget left (the ``greedy-cap``
+            rule). With the token budget at 0.5 it binds first and the cap changes little; with
+            ``max_prefill_share`` 1.0 and ``mix_fill`` the MILP matches ``greedy-cap`` at the same
+            cap (RESULTS.md, "The MILP at the operating point").
         step_cap_credit_s: the step cap's carried credit (:class:`solvers.baselines.CapacityBudget`
-            ``credit_s``), seconds of budget; ``None``: two steps.
-        mix_fill: after the solve (and ``step_cap``), keep the number of requests each datacenter
+            ``credit_s``), seconds of budget; ``None``: the operating point's (1 s under
+            ``"measured"``, chosen on greedy-op's training starts; two steps under ``"budget"``).
+        mix_fill: after the solve (and the step cap), keep the number of requests each datacenter
             gets but not which ones: the placed requests are dealt again, longest waiting first,
             each to the greenest allowed datacenter with some of its count left
             (:func:`solvers.facility.mix_preserving`), so every datacenter serves the step's
@@ -121,17 +144,15 @@ class FacilityConfig:
             budgets (prompt tokens, sequences) that do not grow the same way, so it sends the
             requests of one size to the cleanest datacenters (short prompts under the token
             budget, long ones under a count cap, ``python -m eval.request_mix``), and a
-            datacenter's p99 capacity holds for the mix, not for one end of it. With ``step_cap`` at
-            the measured operating point and ``max_prefill_share`` 1.0 the MILP matches
-            ``greedy-cap`` at that cap on the held-out high-load starts (RESULTS.md, "The MILP at
-            the operating point"). Off by default.
+            datacenter's p99 capacity holds for the mix, not for one end of it. ``None``: the
+            operating point's (on under ``"measured"``, off under ``"budget"``).
     """
 
     violation_penalty_g: float = 1.0
     defer_penalty_g: float = 2.0
     engine_model: str = "spread"
     ttft_budget_quantile: float = 0.02
-    max_prefill_share: float = 0.5
+    max_prefill_share: float | None = None
     overload_spread: bool = True
     overload_slack: float = 0.05
     class_budget_margin: float = 0.03
@@ -156,7 +177,27 @@ class FacilityConfig:
     prefill_horizon_s: float | None = 0.5
     step_cap: float | None = None
     step_cap_credit_s: float | None = None
-    mix_fill: bool = False
+    mix_fill: bool | None = None
+    operating_point: str = "auto"
+
+    @property
+    def prefill_share(self) -> float:
+        """``max_prefill_share``, or the operating point's where it is None: 1.0 under
+        ``"measured"``, 0.5 otherwise (``"budget"``, or ``"auto"`` not yet resolved)."""
+        if self.max_prefill_share is not None:
+            return float(self.max_prefill_share)
+        return 1.0 if self.operating_point == "measured" else 0.5
+
+    def at_operating_point(self, mode: str) -> FacilityConfig:
+        """This config with ``operating_point`` = ``mode`` (``"measured"`` or ``"budget"``) and the
+        settings left None filled with that operating point's (``max_prefill_share``, ``mix_fill``,
+        ``step_cap_credit_s``; ``step_cap`` stays: the measured cap is the solver's to look up)."""
+        if mode not in ("measured", "budget"):
+            raise ConfigError("facility.operating_point", f"cannot resolve to {mode!r}", allowed=["measured", "budget"])
+        m = mode == "measured"
+        return replace(self, operating_point=mode, max_prefill_share=self.max_prefill_share if self.max_prefill_share is not None
+                       else (1.0 if m else 0.5), mix_fill=bool(self.mix_fill) if self.mix_fill is not None else m,
+                       step_cap_credit_s=self.step_cap_credit_s if self.step_cap_credit_s is not None or not m else 1.0)
 
     def __post_init__(self) -> None:
         if self.engine_model not in ("spread", "pack"):
@@ -171,8 +212,10 @@ class FacilityConfig:
             raise ConfigError("facility.headroom_bin_s", f"must be > 0 or None, got {self.headroom_bin_s}")
         if not 0.0 <= self.class_budget_margin < 1.0:
             raise ConfigError("facility.class_budget_margin", "must be in [0, 1)")
-        if not 0.0 < self.max_prefill_share <= 1.0:
-            raise ConfigError("facility.max_prefill_share", "must be in (0, 1]")
+        if self.max_prefill_share is not None and not 0.0 < self.max_prefill_share <= 1.0:
+            raise ConfigError("facility.max_prefill_share", f"must be in (0, 1] or None (the operating point's), got {self.max_prefill_share!r}")
+        if self.operating_point not in OPERATING_POINTS:
+            raise ConfigError("facility.operating_point", f"unknown value {self.operating_point!r}", allowed=list(OPERATING_POINTS))
         if self.prefill_horizon_s is not None and not (math.isfinite(self.prefill_horizon_s) and self.prefill_horizon_s > 0):
             raise ConfigError("facility.prefill_horizon_s", f"must be > 0 seconds or None (one polling period), got {self.prefill_horizon_s!r}")
         if not 0.0 <= self.overload_slack <= 1.0:
@@ -212,8 +255,9 @@ class FacilityConfig:
         c = self.step_cap_credit_s
         if c is not None and (isinstance(c, bool) or not (isinstance(c, (int, float)) and 0.0 < float(c) <= 60.0)):
             raise ConfigError("facility.step_cap_credit_s", f"must be None (two steps) or in (0, 60] seconds, got {c!r}")
-        if not isinstance(self.mix_fill, (bool, np.bool_)):
-            raise ConfigError("facility.mix_fill", f"must be true or false, got {self.mix_fill!r}", allowed=[True, False])
+        if self.mix_fill is not None and not isinstance(self.mix_fill, (bool, np.bool_)):
+            raise ConfigError("facility.mix_fill", f"must be true or false (or None: the operating point's), got {self.mix_fill!r}",
+                              allowed=[True, False])
         if not 0.0 < self.capacity_util_cap <= 1.0:
             raise ConfigError("facility.capacity_util_cap", f"must be in (0, 1], got {self.capacity_util_cap}")
         for name in ("capacity_load_margin", "capacity_lookahead_s", "affinity_g_per_ktok"):
@@ -422,7 +466,7 @@ def compile_facility(problem: PlacementProblem, cfg: FacilityConfig = FacilityCo
     pbar = float(np.mean(p.prompt_tokens)) if p.n_requests else 1.0
     kvbar = float(np.mean(p.prompt_tokens + p.output_tokens)) if p.n_requests else 1.0
     lam = float(cfg.violation_penalty_g)
-    q_raw = p.prefill_rate_cap_tokens(cfg.max_prefill_share)
+    q_raw = p.prefill_rate_cap_tokens(cfg.prefill_share)
     if cfg.prefill_horizon_s is not None and p.poll_s < cfg.prefill_horizon_s:  # Q0_d over the horizon
         q_raw = q_raw * (cfg.prefill_horizon_s / p.poll_s)
     backlog = p.backlog_prompt_tokens

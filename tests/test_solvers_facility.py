@@ -332,7 +332,7 @@ def test_fleet_overload_is_spread_in_proportion_to_capacity(seed: int) -> None:
     prompts x (1 + slack) (plus one request), instead of piling the overflow on clean grids."""
     p = overloaded_problem(seed)
     cfg = FacilityConfig()
-    cap = p.prefill_rate_cap_tokens(cfg.max_prefill_share)
+    cap = p.prefill_rate_cap_tokens(cfg.prefill_share)
     assert p.prompt_tokens.sum() > 1.1 * cap.sum()  # the fleet really is overloaded
     share = cap / cap.sum() * p.prompt_tokens.sum() * (1.0 + cfg.overload_slack)
     for pol in (FacilityMILP(config=cfg), FacilityGreedyPolicy(cfg)):
@@ -361,7 +361,7 @@ def test_backlog_shrinks_budget_and_adds_wait() -> None:
     p.backlog_prompt_tokens = p.queue_len * 1000.0
     assert p.backlog_wait_s[1] == pytest.approx(1e5 * p.prefill_s_per_token[1] / p.n_engines[1])
     data = compile_facility(p, FacilityConfig())
-    q0 = p.prefill_rate_cap_tokens(FacilityConfig().max_prefill_share)
+    q0 = p.prefill_rate_cap_tokens(FacilityConfig().prefill_share)
     np.testing.assert_allclose(data.prefill_cap, np.maximum(q0 - p.backlog_prompt_tokens, 0.0))
     # default backlog: queue_len x the mean pending prompt
     q = replace(p, backlog_prompt_tokens=None)
@@ -377,7 +377,7 @@ def test_prefill_horizon_scales_the_per_poll_cap_at_short_periods_only() -> None
     p.queue_len = np.array([0.0, 100.0, 0.0, 20.0])
     p.backlog_prompt_tokens = p.queue_len * 1000.0
     p.poll_s = 0.1
-    share = FacilityConfig().max_prefill_share
+    share = FacilityConfig().prefill_share
     q0 = p.prefill_rate_cap_tokens(share)  # one 0.1 s period
     base = compile_facility(p, FacilityConfig(prefill_horizon_s=None))
     np.testing.assert_allclose(base.prefill_cap, np.maximum(q0 - p.backlog_prompt_tokens, 0.0))
