@@ -176,9 +176,9 @@ def _read_load_levels(p: Path) -> LoadLevels:
                 raise ValueError(f"section [capacity.{key!r}] holds {cap.key!r}")
             dc = [t.get(f) for f in DC_FIELDS]
             if any(v is not None for v in dc):
-                if any(not isinstance(v, list) for v in dc) or len({len(v) for v in dc}) != 1:  # type: ignore[arg-type]
+                if any(not isinstance(v, list) for v in dc) or len({len(v) for v in dc}) != 1:
                     raise ValueError(f"[capacity.{key!r}]: {', '.join(DC_FIELDS)} must be lists of one length")
-                if any(not (int(e) >= 1 and float(p) > 0 and float(r) >= 0) for e, p, r in zip(*dc)):  # type: ignore[call-overload]
+                if any(not (int(e) >= 1 and float(p) > 0 and float(r) >= 0) for e, p, r in zip(*dc)):
                     raise ValueError(f"[capacity.{key!r}]: dc_engines >= 1, dc_polling_period_s > 0, dc_per_engine_rate_per_s >= 0")
             caps[key] = cap
     except (KeyError, TypeError, ValueError, AttributeError) as exc:

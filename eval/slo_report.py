@@ -105,11 +105,20 @@ STANDARD_WINDOW_S = {"headline": 600.0, "milp-vs-ilp": 600.0, "tradeoff": 600.0,
 HEADLINE_SCENARIOS = tuple(f"{m}-{ld}" for m in ("llama8b", "qwen7b", "mixtral8x7b") for ld in ("low", "moderate", "high"))
 
 
-def _read(d: str) -> tuple[Any, dict[str, Any]]:
+#: The routing-only MILP at the prefill budget alone (``operating_point = "budget"``): how the
+#: headline names the ``milp`` rows of matrices run before the measured operating point became
+#: the default (their runs.csv has no ``policy_operating_point_measured``; :func:`_read`).
+MILP_BUDGET_LABEL = "milp (budget)"
+
+
+def _read(d: str, budget_label: bool = False) -> tuple[Any, dict[str, Any]]:
     """A matrix's runs (``runs.csv``, with ``slo_bound_carbon_g`` per run where ``python -m
     eval.bound`` wrote ``bound_check.csv``) and its config. A matrix measured over another window
     than its experiment's (:data:`STANDARD_WINDOW_S`) names its scenarios with the window
-    (``mixtral8x7b-high (3600 s window)``), so that its rows are not merged with the standard ones."""
+    (``mixtral8x7b-high (3600 s window)``), so that its rows are not merged with the standard ones.
+    With ``budget_label``, a routing-only matrix's ``milp`` runs at the prefill budget (run before
+    the measured operating point was the default, or fallen back to the budget) are labelled
+    :data:`MILP_BUDGET_LABEL`, apart from the default's."""
     import pandas as pd
 
     with open(os.path.join(d, "config.json"), encoding="utf-8") as fh:
@@ -127,6 +136,14 @@ def _read(d: str) -> tuple[Any, dict[str, Any]]:
         runs = runs.assign(scenario=runs["scenario"].astype(str) + tag)
         cfg = {**cfg, "runs": [{**r, "scenario_label": str(r.get("scenario_label") or r.get("scenario")) + tag}
                                for r in cfg.get("runs", [])]}
+    if budget_label and not _deciding_capacity(d):
+        col = "policy_operating_point_measured"
+        old = runs["policy"].eq("milp") & (~runs[col].eq(1.0) if col in runs else True)
+        if bool(old.any()):
+            runs = runs.assign(policy=runs["policy"].where(~old, MILP_BUDGET_LABEL))
+            if col not in runs:
+                cfg = {**cfg, "runs": [{**r, "label": MILP_BUDGET_LABEL} if (r.get("label") or r.get("policy")) == "milp" else r
+                                       for r in cfg.get("runs", [])]}
     return runs, cfg
 
 
@@ -286,12 +303,13 @@ def as_settings(runs: Any, cfg: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     return runs.assign(policy=runs["policy"].map(lambda p: names.get(str(p), p))), cfg
 
 
-def _merged(dirs: Sequence[str]) -> tuple[Any, dict[str, Any]]:
+def _merged(dirs: Sequence[str], budget_label: bool = False) -> tuple[Any, dict[str, Any]]:
     """The runs of ``dirs`` as one table (a (scenario, policy, seed) run twice: the first kept, so a
-    later matrix's rr repeat adds nothing) and their configs' ``runs`` lists joined."""
+    later matrix's rr repeat adds nothing) and their configs' ``runs`` lists joined
+    (``budget_label``: :func:`_read`)."""
     import pandas as pd
 
-    parts = [_read(d) for d in dirs]
+    parts = [_read(d, budget_label) for d in dirs]
     runs = pd.concat([r for r, _ in parts], ignore_index=True).drop_duplicates(["scenario", "policy", "seed"], keep="first")
     return runs.reset_index(drop=True), {"runs": [m for _, c in parts for m in c.get("runs", [])]}
 
@@ -343,6 +361,20 @@ _TABLE_NOTE = ("vs round-robin of the same start at the same polling period, alw
                "`python -m eval.bound` has checked the matrix")
 
 
+def _budget_note(dirs: Sequence[str]) -> str:
+    """A note for the matrices among ``dirs`` run before the measured operating point was the
+    routing MILP's default (no ``policy_operating_point_measured`` in their runs.csv): their
+    ``milp`` rows and knob points are the MILP at the prefill budget."""
+    import pandas as pd
+
+    old = [os.path.basename(os.path.dirname(os.path.normpath(d))) for d in dirs
+           if "policy_operating_point_measured" not in pd.read_csv(os.path.join(d, "runs.csv"), nrows=1).columns]
+    if not old:
+        return ""
+    return ("; in " + ", ".join(old) + " the `milp` rows and their knob points are the MILP at the prefill budget "
+            f"(`operating_point` budget, shown as `{MILP_BUDGET_LABEL}` in the headline), the default when they ran")
+
+
 def _frontier_body(dirs: Sequence[str], results_dir: str) -> list[str]:
     """The frontier subsections of the held-out trade-off matrices ``dirs``: the always-on ones
     (anchor: the routing-only MILP) and, apart, those of policies deciding capacity (anchor: the
@@ -360,7 +392,7 @@ def _frontier_body(dirs: Sequence[str], results_dir: str) -> list[str]:
                  "Each knob-driven policy at several settings; at equal p99 pass, the best setting passing MLPerf p99 "
                  "in every start (chosen on these starts: optimistic by up to the noise between settings), and at "
                  "equal violation, each frontier read per start at rr's and at the MILP default's violation "
-                 "(eval/frontiers.py):\n"]
+                 "(eval/frontiers.py)" + _budget_note(always_on) + ":\n"]
         for d in always_on:
             body += _matrix_line(d, results_dir)
         body += [best_within_slo_markdown(best_within_slo(runs)), equal_violation_markdown(equal_violation(runs))]
@@ -405,7 +437,7 @@ def slo_section(results_dir: str) -> str:
     all_held: list[dict[str, Any]] = []
     body: list[str] = []
     if "headline" in held:
-        runs, cfg = _merged(held["headline"])
+        runs, cfg = _merged(held["headline"], budget_label=True)
         rows = slo_rows(runs, cfg)
         all_held += rows
         body += ["### The headline at the SLO-true point (held-out starts)\n", f"({_TABLE_NOTE}.)\n"]
@@ -418,10 +450,10 @@ def slo_section(results_dir: str) -> str:
                  "module eval.slo_compare):\n",
                  best_within_slo_markdown(best_within_slo(runs))]
     if "milp-vs-ilp" in held:
-        runs, cfg = _merged(held["milp-vs-ilp"])
+        runs, cfg = _merged(held["milp-vs-ilp"], budget_label=True)
         borrowed = ""
         if "milp" not in set(runs["policy"]) and "headline" in held:
-            runs, borrowed = _with_headline_milp(runs, _merged(held["headline"])[0])
+            runs, borrowed = _with_headline_milp(runs, _merged(held["headline"], budget_label=True)[0])
         body += ["### Facility MILP vs per-request ILPs at the SLO-true point (held-out starts)\n",
                  "Reduction vs rr, % (SLO violation %; MLPerf p99 verdict), and the paired gap MILP - ILP in "
                  "percentage points (invalid = more than 1% of the work left unfinished in some start)" + borrowed + ":\n"]

@@ -119,15 +119,17 @@ def greenest_rank(p: PlacementProblem) -> tuple[np.ndarray, np.ndarray]:
     return allowed, np.where(allowed, score[None, :], np.inf)
 
 
-def capped_choice(order: np.ndarray, allowed: np.ndarray, rank: np.ndarray, budget: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def capped_choice(order: np.ndarray, allowed: np.ndarray, rank: np.ndarray, budget: np.ndarray,
+                  cap: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Each request (in ``order``) to its best-ranked allowed datacenter with budget left
     (``rank`` (R, D): lower is better, inf = not allowed); when every allowed one is full, to the
-    allowed one with the most budget left relative to its cap (spreading the excess). Returns
+    allowed one with the most budget left relative to its cap (``cap`` (D,), default ``budget``:
+    the excess spread in proportion to the caps, each datacenter over by the same share). Returns
     (assignment with D = defer for requests with no allowed datacenter, requests per datacenter)."""
     r_n, d_n = allowed.shape
     out = np.full(r_n, d_n, dtype=np.int64)
     left = budget.astype(np.float64).copy()
-    cap = np.maximum(budget.astype(np.float64), 1.0)
+    cap = np.maximum((budget if cap is None else cap).astype(np.float64), 1.0)
     used = np.zeros(d_n)
     for r in order:
         ok = allowed[r]

@@ -402,8 +402,9 @@ class FacilityMILP(Scheduler):
         """``config.step_cap``: each datacenter keeps at most its step budget of the requests the
         solve gave it (the longest waiting first); the others go, longest waiting first, to the
         greenest allowed datacenter with budget left (ties: lower PUE, then index), or when none
-        has any, to the allowed one with the most budget left relative to its cap
-        (:func:`solvers.baselines.capped_choice`). Deferred requests stay deferred."""
+        has any, to the allowed one with the most budget left relative to its whole step budget
+        (:func:`solvers.baselines.capped_choice`: the excess in proportion to the budgets, as
+        ``greedy-cap`` spreads it). Deferred requests stay deferred."""
         assert self._budget is not None
         p = problem
         d_n = p.n_datacenters
@@ -423,7 +424,8 @@ class FacilityMILP(Scheduler):
         if moved:
             allowed, s = greenest_rank(p)
             idx = np.asarray(moved, dtype=np.int64)
-            sub, _ = capped_choice(np.arange(idx.size), allowed[idx], s[idx], np.maximum(budget - kept, 0.0))
+            # (when every allowed one is full, the excess in proportion to the whole step budgets, as greedy-cap)
+            sub, _ = capped_choice(np.arange(idx.size), allowed[idx], s[idx], np.maximum(budget - kept, 0.0), cap=budget)
             out[idx] = np.where(sub < d_n, sub, out[idx])
         placed = out < d_n
         self._budget.spend(np.bincount(out[placed], minlength=d_n).astype(np.float64))

@@ -214,21 +214,30 @@ def test_rollouts_through_env_are_deterministic(dev_env) -> None:
 
 
 def test_milp_at_high_load_is_no_worse_than_round_robin() -> None:
-    """Regression: at ~0.95 of the dev fleet's capacity the facility MILP used to defer requests
-    (long prompts starved, some were never placed) and pile overload on the cleaner grid; now it
-    places everything and its SLO violation rate stays within 1 pp of round-robin's."""
+    """Regression: at ~0.95 of the dev fleet's engine-figure capacity (1.29x its measured SLO
+    capacity at 1 s polling, 3.875 requests/s per engine) the facility MILP used to defer
+    requests (long prompts starved, some were never placed) and pile overload on the cleaner
+    grid; now it places everything and its SLO violation rate stays within 1 pp of round-robin's.
+    At its default (measured) operating point every step overflows every datacenter's budget, and
+    the excess is spread in proportion to the budgets (as round-robin: each datacenter over by
+    the same share, carbon within 2% of rr's; it once went all to the datacenter with budget left,
+    the dirty one); the prefill-budget point still trades some violation for carbon."""
     from carbon_gym.env import GeoServeEnv
     from carbon_gym.policy import rollout
 
     out = {}
-    for name in ("round-robin", "facility-milp"):
+    for name, kw in (("round-robin", {}), ("facility-milp", {}), ("budget", {"operating_point": "budget"})):
         env = GeoServeEnv("dev", overrides={"workload.rate_per_s": 80.0, "duration_s": 40.0, "env.max_pending": 256})
-        out[name] = rollout(env, make_policy(name, env), seed=0)
-    rr, milp = out["round-robin"], out["facility-milp"]
-    assert milp["unplaced_at_end"] == 0 and milp["completed"] == milp["arrived"] == rr["arrived"]
+        out[name] = rollout(env, make_policy("round-robin" if name == "round-robin" else "facility-milp", env, **kw), seed=0)
+    rr, milp, budget = out["round-robin"], out["facility-milp"], out["budget"]
+    for m in (milp, budget):
+        assert m["unplaced_at_end"] == 0 and m["completed"] == m["arrived"] == rr["arrived"]
+        assert m["violation_rate"] <= rr["violation_rate"] + 0.01
     assert rr["violation_rate"] > 0.01  # the load really is high
-    assert milp["violation_rate"] <= rr["violation_rate"] + 0.01
-    assert milp["carbon_g"] < rr["carbon_g"]
+    share = milp["dc_completed"] / milp["completed"]
+    assert np.abs(share - 0.5).max() < 0.01  # (two datacenters of 8 engines: half each)
+    assert milp["carbon_g"] < 1.02 * rr["carbon_g"]
+    assert budget["carbon_g"] < rr["carbon_g"]
 
 
 def test_solvers_print_nothing_not_even_the_highs_banner():
