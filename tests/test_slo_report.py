@@ -12,13 +12,16 @@ from eval import slo_report
 from eval.cli import main
 
 
-def _matrix(d, scen: str, seeds, milp_carbon, milp_viol, passes, ttft_p99=1.5) -> None:
+def _matrix(d, scen: str, seeds, milp_carbon, milp_viol, passes, ttft_p99=1.5, measured=True) -> None:
+    """A matrix of rr and milp runs; ``measured``: the milp runs record the measured operating point
+    (``policy_operating_point_measured`` 1), as runs since it became the default do; else no column."""
     rows, meta = [], []
     for i, s in enumerate(seeds):
         for label, pol, c, v, ok in (("rr (always on)", "rr", 100.0, 0.0, True), ("milp", "milp", milp_carbon[i], milp_viol[i], passes[i])):
             rows.append({"scenario": scen, "policy": label, "seed": s, "carbon_g": c, "slo_violation_pct": v, "mlperf_p99_pass": ok,
                          "mlperf_ttft_p99_pass": ok, "mlperf_tpot_p99_pass": True, "ttft_p99_s": ttft_p99 if ok else 2.2,
-                         "tpot_p99_s": 0.05, "unfinished_pct": 0.0, "cpu_s": 60.0, "decision_p95_s": 0.012})
+                         "tpot_p99_s": 0.05, "unfinished_pct": 0.0, "cpu_s": 60.0, "decision_p95_s": 0.012,
+                         **({"policy_operating_point_measured": 1.0 if pol == "milp" else float("nan")} if measured else {})})
             meta.append({"scenario": scen, "policy": pol, "label": label, "seed": s, "polling_period_s": 0.1,
                          "policy_kwargs": {"prefill_horizon_s": 0.5} if pol == "milp" else {}, "start_utc": "2023-01-12T17:00:00Z"})
     d.mkdir(parents=True)
@@ -124,6 +127,29 @@ def test_held_out_matrices_of_each_experiment_are_merged_into_their_subsections(
     assert "| qwen7b-low | greedy-cap | 1/1 | greedy-cap | 32.0 ± 25.4 | 0.20 | 1500 | 50 | 6.0 ± 25.4 (2) |" in head
     fac = text.split("### Facility MILP vs per-request ILPs", 1)[1].split("###", 1)[0]
     assert "| mixtral8x7b-moderate | 40.0 ± 0.0 (0.0; 2/2 ✓) | 34.0 ± 25.4 (0.0; 2/2 ✓) | 6.0 ± 25.4 |" in fac
+
+
+def test_headline_milp_runs_before_the_measured_default_are_labelled_apart(tmp_path):
+    """A held-out headline matrix whose milp runs predate the measured operating point (no
+    ``policy_operating_point_measured``) shows them as ``milp (budget)``, beside (not replaced by,
+    nor replacing) a newer matrix's ``milp`` runs of the same starts; the bound-gap target reads
+    the new ones; the frontier subsection says which matrices ran the budget MILP."""
+    res = tmp_path / "results"
+    for name, carbon, measured in (("llama8b", [66.0, 66.0], False), ("milp-measured-llama8b", [62.0, 62.0], True)):
+        d = res / "slo" / name / "headline"
+        _matrix(d, "llama8b-high", [1, 24], carbon, [0.5, 0.5], [True, True], measured=measured)
+        runs = pd.read_csv(d / "runs.csv")
+        runs.loc[runs["policy"] == "rr (always on)", "policy"] = "rr"
+        runs.to_csv(d / "runs.csv", index=False)
+    text = slo_report.slo_section(str(res))
+    head = text.split("### The headline at the SLO-true point", 1)[1].split("###", 1)[0]
+    assert "| llama8b-high | milp (budget) | polling 0.1 s, prefill_horizon_s 0.5 | 2 | 34.0 ± 0.0 |" in head
+    assert "| llama8b-high | milp | polling 0.1 s, prefill_horizon_s 0.5 | 2 | 38.0 ± 0.0 |" in head
+    assert head.count("| llama8b-high | rr |") == 1
+    runs, _ = slo_report._read(str(res / "slo" / "llama8b" / "headline"))
+    assert set(runs["policy"]) == {"rr", "milp"}  # (only the SLO section's headline relabels)
+    assert slo_report._budget_note([str(res / "slo" / "llama8b" / "headline")]).startswith("; in llama8b the `milp` rows")
+    assert slo_report._budget_note([str(res / "slo" / "milp-measured-llama8b" / "headline")]) == ""
 
 
 def test_milp_vs_ilp_matrix_without_the_milp_borrows_the_headline_runs_only_when_rr_matches(tmp_path):
