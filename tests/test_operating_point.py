@@ -77,7 +77,10 @@ def test_operating_point_resolution(caplog) -> None:
     assert (own.step_cap, own.config.prefill_share, own.config.mix_fill, own.config.step_cap_credit_s) == (0.9, 0.7, False, 3.0)
     assert make_policy("milp", None).config.operating_point == "budget"
     cap_env = GeoServeEnv("dev", {**SHORT, "capacity.control": "agent"})
-    assert make_policy("milp", cap_env).config.operating_point == "budget"
+    cap_milp = make_policy("milp", cap_env)
+    cc = cap_milp.config
+    assert (cc.operating_point, cc.max_prefill_share, cc.mix_fill, cc.step_cap, cc.step_cap_credit_s, cap_milp.step_cap) == (
+        "budget", 0.5, False, None, None, None)  # (the capacity MILP's settings before the measured point)
     with caplog.at_level(logging.WARNING, logger="solvers.facility"):
         slow = make_policy("milp", GeoServeEnv("llama8b-moderate", {**SHORT, "polling_period_s": 2.0}))
     assert slow.config.operating_point == "budget" and slow.step_cap is None
