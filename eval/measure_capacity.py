@@ -22,8 +22,9 @@ what one engine serves, used by the schedulers' capacity models.
 
 ``--datacenter`` measures the datacenter figures: one datacenter of the study topology's engines
 (its GPUs / tp), fed Poisson arrivals placed every polling period (each of ``--periods``) behind its
-dispatcher, no network (``eval.bound_slo.measured_capacity``, the SLO-true bound's own probe and
-settings, so the two agree to the bit); written as parallel lists ``dc_engines``,
+dispatcher, no network, with the study scenario's engine settings, lengths and SLO
+(``eval.bound_slo.measured_capacity``, the SLO-true bound's own probe and settings: the same
+figures, rounded to 4 decimals); written as parallel lists ``dc_engines``,
 ``dc_polling_period_s``, ``dc_per_engine_rate_per_s`` (and ``dc_active_j_per_request``, J above
 idle per request there). The facility MILP's default step cap holds each datacenter to this
 figure (``solvers.facility_model.FacilityConfig.operating_point``).
