@@ -137,3 +137,26 @@ def test_measured_step_cap_holds_each_datacenter_in_a_rollout(monkeypatch) -> No
     assert len(within) >= 0.9 * len(steps) and all(within)
     assert metrics["completed"] == metrics["arrived"] > 0  # (every placement counted once: each arrival placed once)
     assert sum(int(u.sum()) for _, u in steps) == metrics["arrived"]
+
+
+def test_measure_capacity_writes_parallel_datacenter_lists(monkeypatch) -> None:
+    """``eval/measure_capacity.py --datacenter``: one probe per (period, engines), written as the
+    parallel ``dc_*`` lists the loader reads (the probe itself stubbed here: it is the bound's,
+    re-measured in :func:`test_file_figure_is_the_bound_probe`)."""
+    import types
+
+    import eval.bound_slo as bound_slo
+    from eval import measure_capacity
+
+    seen: list[tuple[float, int]] = []
+
+    def probe(s, gpu, n, log=None):
+        seen.append((float(s.polling_period_s), int(n)))
+        return types.SimpleNamespace(per_engine_rate_per_s=10.0 * s.polling_period_s + n, active_j_per_request=20.0 + n)
+
+    monkeypatch.setattr(bound_slo, "measured_capacity", probe)
+    out = measure_capacity._datacenter("llama8b", None, [0.1, 1.0], [8, 32], "cmd")
+    assert seen == [(0.1, 8), (0.1, 32), (1.0, 8), (1.0, 32)]
+    assert out["dc_engines"] == [8, 32, 8, 32] and out["dc_polling_period_s"] == [0.1, 0.1, 1.0, 1.0]
+    assert out["dc_per_engine_rate_per_s"] == [9.0, 33.0, 18.0, 42.0] and out["dc_active_j_per_request"] == [28.0, 52.0, 28.0, 52.0]
+    assert out["dc_command"] == "cmd" and "eval.bound_slo.PROBE" in out["dc_probe"]
