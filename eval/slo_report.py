@@ -145,7 +145,7 @@ def _read(d: str, budget_label: bool = False) -> tuple[Any, dict[str, Any]]:
         runs = runs.assign(scenario=runs["scenario"].astype(str) + tag)
         cfg = {**cfg, "runs": [{**r, "scenario_label": str(r.get("scenario_label") or r.get("scenario")) + tag}
                                for r in cfg.get("runs", [])]}
-    if budget_label and not _deciding_capacity(d):
+    if budget_label and not _decides_capacity(cfg):
         col = "policy_operating_point_measured"
         old = runs["policy"].eq("milp") & (~runs[col].eq(1.0) if col in runs else True)
         if bool(old.any()):
@@ -284,8 +284,12 @@ def _deciding_capacity(d: str) -> bool:
     """Whether a trade-off matrix has policies deciding capacity (``--set capacity.control=agent``
     or ``POLICY+AUTOSCALER``): its rows go to their own subsection, apart from the always-on ones."""
     with open(os.path.join(d, "config.json"), encoding="utf-8") as fh:
-        meta = json.load(fh).get("runs", [])
-    return any(str((r.get("overrides") or {}).get("capacity.control", "always_on")) == "agent" for r in meta)
+        return _decides_capacity(json.load(fh))
+
+
+def _decides_capacity(cfg: dict[str, Any]) -> bool:
+    """:func:`_deciding_capacity` of a matrix's loaded ``config.json``."""
+    return any(str((r.get("overrides") or {}).get("capacity.control", "always_on")) == "agent" for r in cfg.get("runs", []))
 
 
 def as_settings(runs: Any, cfg: dict[str, Any]) -> tuple[Any, dict[str, Any]]:

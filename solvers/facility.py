@@ -214,11 +214,8 @@ class FacilityMILP(Scheduler):
                 raise ConfigError(f"facility.{unknown[0]}", "unknown setting", allowed=sorted(FacilityConfig.__dataclass_fields__))
             cfg = replace(cfg, **overrides)
         self.requested_config = cfg
-        self.config = cfg.at_operating_point("budget" if cfg.operating_point == "auto" else cfg.operating_point)
-        self.step_cap: float | np.ndarray | None = None
         self.operating_point_note = ""
-        self._budget: CapacityBudget | None = None
-        super().__init__(env, **base_kw)
+        super().__init__(env, **base_kw)  # (its reset_state resolves config, step_cap and the budget)
 
     def reset_stats(self) -> None:
         """Clear the statistics."""
@@ -288,8 +285,8 @@ class FacilityMILP(Scheduler):
                 mode = "budget"
         self.operating_point_note = note
         self.config = req.at_operating_point(mode)
-        self.step_cap = cap if mode == "measured" or req.step_cap is not None else None
-        self._budget = None if self.step_cap is None else CapacityBudget(self.step_cap, credit_s=self.config.step_cap_credit_s)
+        self.step_cap: float | np.ndarray | None = cap  # (None: no step cap)
+        self._budget: CapacityBudget | None = None if cap is None else CapacityBudget(cap, credit_s=self.config.step_cap_credit_s)
 
     def act(self, observation: Any, info: dict[str, Any]) -> Any:
         """The env action: the routing array, or with ``[capacity] control = "agent"`` at a capacity

@@ -195,8 +195,8 @@ class FacilityConfig:
         if mode not in ("measured", "budget"):
             raise ConfigError("facility.operating_point", f"cannot resolve to {mode!r}", allowed=["measured", "budget"])
         m = mode == "measured"
-        return replace(self, operating_point=mode, max_prefill_share=self.max_prefill_share if self.max_prefill_share is not None
-                       else (1.0 if m else 0.5), mix_fill=bool(self.mix_fill) if self.mix_fill is not None else m,
+        at = replace(self, operating_point=mode)
+        return replace(at, max_prefill_share=at.prefill_share, mix_fill=bool(self.mix_fill) if self.mix_fill is not None else m,
                        step_cap_credit_s=self.step_cap_credit_s if self.step_cap_credit_s is not None or not m else 1.0)
 
     def __post_init__(self) -> None:
