@@ -118,6 +118,11 @@ HEADLINE_SCENARIOS = tuple(f"{m}-{ld}" for m in ("llama8b", "qwen7b", "mixtral8x
 #: headline names the ``milp`` rows of matrices run before the measured operating point became
 #: the default (their runs.csv has no ``policy_operating_point_measured``; :func:`_read`).
 MILP_BUDGET_LABEL = "milp (budget)"
+#: The same in a capacity matrix's always-on rows.
+MILP_BUDGET_ALWAYS_ON_LABEL = "milp (budget, always on)"
+#: The capacity MILP's utilisation cap before the measured one became its default: the
+#: ``milp`` rows of capacity matrices whose runs.csv has no ``policy_capacity_util_cap`` ran at it.
+OLD_CAPACITY_UTIL_CAP = 0.7
 
 
 def _read(d: str, budget_label: bool = False) -> tuple[Any, dict[str, Any]]:
@@ -127,7 +132,8 @@ def _read(d: str, budget_label: bool = False) -> tuple[Any, dict[str, Any]]:
     (``mixtral8x7b-high (3600 s window)``), so that its rows are not merged with the standard ones.
     With ``budget_label``, a routing-only matrix's ``milp`` runs at the prefill budget (run before
     the measured operating point was the default, or fallen back to the budget) are labelled
-    :data:`MILP_BUDGET_LABEL`, apart from the default's."""
+    :data:`MILP_BUDGET_LABEL`, apart from the default's; in a capacity-deciding matrix, the MILP
+    rows run before the current defaults are labelled apart (:func:`_label_capacity_defaults`)."""
     import pandas as pd
 
     with open(os.path.join(d, "config.json"), encoding="utf-8") as fh:
@@ -145,6 +151,8 @@ def _read(d: str, budget_label: bool = False) -> tuple[Any, dict[str, Any]]:
         runs = runs.assign(scenario=runs["scenario"].astype(str) + tag)
         cfg = {**cfg, "runs": [{**r, "scenario_label": str(r.get("scenario_label") or r.get("scenario")) + tag}
                                for r in cfg.get("runs", [])]}
+    if budget_label and _decides_capacity(cfg):
+        return _label_capacity_defaults(runs, cfg)
     if budget_label and not _decides_capacity(cfg):
         col = "policy_operating_point_measured"
         old = runs["policy"].eq("milp") & (~runs[col].eq(1.0) if col in runs else True)
@@ -154,6 +162,25 @@ def _read(d: str, budget_label: bool = False) -> tuple[Any, dict[str, Any]]:
                 cfg = {**cfg, "runs": [{**r, "label": MILP_BUDGET_LABEL} if (r.get("label") or r.get("policy")) == "milp" else r
                                        for r in cfg.get("runs", [])]}
     return runs, cfg
+
+
+def _label_capacity_defaults(runs: Any, cfg: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """A capacity-deciding matrix's MILP rows run before the current defaults, apart from them:
+    the capacity MILP's (``milp``, ``milp (capacity)``) without ``policy_capacity_util_cap`` ran
+    at :data:`OLD_CAPACITY_UTIL_CAP` and become that setting (``milp[capacity_util_cap=0.7]``);
+    the always-on MILP's without ``policy_operating_point_measured`` ran at the prefill budget
+    (:data:`MILP_BUDGET_ALWAYS_ON_LABEL`)."""
+    from eval.frontiers import CAPACITY_SUFFIX, knob_label
+
+    names: dict[str, str] = {}
+    if "policy_capacity_util_cap" not in runs:
+        names.update({lab: knob_label(lab, "capacity_util_cap", OLD_CAPACITY_UTIL_CAP) for lab in ("milp", "milp" + CAPACITY_SUFFIX)})
+    if "policy_operating_point_measured" not in runs:
+        names[MILP_ALWAYS_ON_LABEL] = MILP_BUDGET_ALWAYS_ON_LABEL
+    if not names:
+        return runs, cfg
+    cfg = {**cfg, "runs": [{**r, "label": names.get(str(r.get("label") or r.get("policy")), r.get("label"))} for r in cfg.get("runs", [])]}
+    return runs.assign(policy=runs["policy"].map(lambda p: names.get(str(p), p))), cfg
 
 
 def _setting(cfg: dict[str, Any], label: str, scenario: str | None = None) -> str:
@@ -237,7 +264,7 @@ def _gap_line(want: str, r: dict[str, Any]) -> str:
 def target_checks(rows: Sequence[dict[str, Any]]) -> list[str]:
     """One line per :data:`TARGETS` entry: met / not met on ``rows`` (held-out), with the figures."""
     out = []
-    by = {(r["scenario"], r["policy"]): r for r in rows}
+    by = {(r["scenario"], r["policy"]): r for r in rows if r.get("reference") == ALWAYS_ON_LABEL}  # (capacity matrices' rows)
     rt: list[str] = []
     routing = {r["scenario"]: r for r in rows if r["policy"] == MILP_ALWAYS_ON_LABEL}
     routing.update({r["scenario"]: r for r in rows if r["policy"] == "milp" and r.get("reference") == "rr"})  # headline runs
@@ -412,7 +439,7 @@ def _frontier_body(dirs: Sequence[str], results_dir: str) -> list[str]:
     if deciding:
         from eval.frontiers import CAPACITY_SUFFIX
 
-        runs, cfg = as_settings(*_merged(deciding))
+        runs, cfg = as_settings(*_merged(deciding, budget_label=True))
         anchor = "milp" + CAPACITY_SUFFIX
         body += ["### Capacity control: frontiers at the SLO-true point (held-out starts)\n",
                  "Policies deciding the engines awake and the servers powered, each at several settings (an alias "
@@ -476,7 +503,7 @@ def slo_section(results_dir: str) -> str:
                  "At equal p99 pass (module eval.slo_compare):\n", best_within_slo_markdown(best_within_slo(runs))]
     body += _frontier_body(held.get("tradeoff", []), results_dir)
     if "capacity" in held:
-        runs, cfg = _merged(held["capacity"])
+        runs, cfg = _merged(held["capacity"], budget_label=True)
         rows = slo_rows(runs, cfg)
         all_held += rows
         body += ["### Capacity control at the SLO-true point (held-out starts)\n", f"({_TABLE_NOTE}.)\n"]

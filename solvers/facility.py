@@ -109,7 +109,8 @@ lookahead T >= period (the carbon forecast, g/kWh x PUE) the floor energy of pow
 (host + idle GPUs, W x s; servers off at ``host_off_w``), the boot energy of servers and the wake
 energy of engines it turns on (J), and the routed work's energy (J per request x l_d x T), with
 the period's expected fleet arrivals within a_d x ``engine_capacity_per_s`` x
-``capacity_util_cap`` (servers off now cannot serve within the period: a boot takes ~345 s).
+``capacity_util_cap`` (servers off now cannot serve within the period: a boot takes ~345 s; by
+default 0.9, or 0.9 of the datacenter figure where that is below the engine figure: 1 s polling).
 The placement program above then runs on the capacity in force: ``E_d`` = the serving engines,
 datacenters with none masked where a request has another choice, the wake latency added to
 ``W0_d`` where no engine is awake. The action is then ``{"route", "capacity", "servers"}`` at a
@@ -147,6 +148,8 @@ from carbon_gym.errors import ConfigError
 from .base import Scheduler
 from .baselines import CapacityBudget, capped_choice, greenest_rank, measured_step_cap
 from .facility_model import (
+    CAPACITY_UTIL_CAP,
+    CAPACITY_UTIL_CAP_UNMEASURED,
     FacilityConfig,
     FacilityData,
     assignment_from_counts,
@@ -215,6 +218,7 @@ class FacilityMILP(Scheduler):
             cfg = replace(cfg, **overrides)
         self.requested_config = cfg
         self.operating_point_note = ""
+        self._util_cap_note = ""
         super().__init__(env, **base_kw)  # (its reset_state resolves config, step_cap and the budget)
 
     def reset_stats(self) -> None:
@@ -247,8 +251,10 @@ class FacilityMILP(Scheduler):
             # (ttft_margin="auto" only: the measured TTFT margin, s, over the decisions)
             **({"ttft_margin_mean_s": float(np.mean(st["ttft_margin_s"])), "ttft_margin_max_s": float(np.max(st["ttft_margin_s"]))}
                if st.get("ttft_margin_s") else {}),
-            # (capacity control only: the capacity stage's decisions and fallbacks to its greedy)
-            **({"capacity_solves": float(len(st["capacity_s"])), "capacity_fallbacks": float(st["capacity_fallbacks"])}
+            # (capacity control only: the capacity stage's decisions and fallbacks to its greedy,
+            # and its utilisation cap, share of the engine figure)
+            **({"capacity_solves": float(len(st["capacity_s"])), "capacity_fallbacks": float(st["capacity_fallbacks"]),
+                "capacity_util_cap": self.util_cap}
                if st["capacity_s"] else {}),
             # (the operating point in force: 1 = "measured", 0 = "budget"; the mean step cap, share of the engine figure)
             "operating_point_measured": float(self.config.operating_point == "measured"),
@@ -285,8 +291,25 @@ class FacilityMILP(Scheduler):
                 mode = "budget"
         self.operating_point_note = note
         self.config = req.at_operating_point(mode)
+        self.util_cap = float(req.capacity_util_cap) if req.capacity_util_cap is not None else self._default_util_cap(sc)
+        self.config = replace(self.config, capacity_util_cap=self.util_cap)  # (the capacity stage's cap, resolved)
         self.step_cap: float | np.ndarray | None = cap  # (None: no step cap)
         self._budget: CapacityBudget | None = None if cap is None else CapacityBudget(cap, credit_s=self.config.step_cap_credit_s)
+
+    def _default_util_cap(self, sc: Any) -> float:
+        """The capacity stage's utilisation cap when ``capacity_util_cap`` is None:
+        :data:`CAPACITY_UTIL_CAP` x min(1, the lowest datacenter figure / engine figure at the env's
+        polling period), or :data:`CAPACITY_UTIL_CAP_UNMEASURED` (with a warning under capacity
+        control) where the env has no datacenter figure."""
+        if sc is None:
+            return CAPACITY_UTIL_CAP_UNMEASURED
+        ratio, why = measured_step_cap(self.env)
+        if ratio is None:
+            if sc.capacity.control == "agent" and why != self._util_cap_note:
+                log.warning("facility MILP: capacity_util_cap falls back to %g: %s", CAPACITY_UTIL_CAP_UNMEASURED, why)
+            self._util_cap_note = why
+            return CAPACITY_UTIL_CAP_UNMEASURED
+        return CAPACITY_UTIL_CAP * min(1.0, float(np.min(ratio)))
 
     def act(self, observation: Any, info: dict[str, Any]) -> Any:
         """The env action: the routing array, or with ``[capacity] control = "agent"`` at a capacity
@@ -330,7 +353,7 @@ class FacilityMILP(Scheduler):
             self._cap_facts = CapacityFacts.from_env(self.env)
         cfg = self.config
         work = self._work_j if self._work_j is not None else np.zeros(problem.n_datacenters)
-        cp = capacity_problem(state, problem, self._cap_facts, work, cfg.capacity_util_cap, cfg.capacity_load_margin,
+        cp = capacity_problem(state, problem, self._cap_facts, work, self.util_cap, cfg.capacity_load_margin,
                               cfg.capacity_lookahead_s, cfg.violation_penalty_g)
         try:
             res = solve_capacity(cp, cfg.threads)

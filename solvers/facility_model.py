@@ -18,9 +18,14 @@ from .problem import PlacementProblem
 
 #: ``FacilityConfig.operating_point``'s values.
 OPERATING_POINTS = ("auto", "measured", "budget")
+#: The capacity stage's utilisation cap at the measured operating point, share of the datacenter
+#: figure where that is below the engine figure (``FacilityConfig.capacity_util_cap``).
+CAPACITY_UTIL_CAP = 0.9
+#: The cap where the env's datacenter figure was not measured (the default before issue 40).
+CAPACITY_UTIL_CAP_UNMEASURED = 0.7
 
 __all__ = [
-    "OPERATING_POINTS", "FacilityConfig", "FacilityData", "compile_facility", "facility_objective", "facility_greedy", "marginal_energy_j",
+    "OPERATING_POINTS", "CAPACITY_UTIL_CAP", "CAPACITY_UTIL_CAP_UNMEASURED", "FacilityConfig", "FacilityData", "compile_facility", "facility_objective", "facility_greedy", "marginal_energy_j",
     "assignment_from_counts", "pair_counts", "class_greedy",
 ]
 
@@ -100,6 +105,15 @@ class FacilityConfig:
         capacity_util_cap: with ``[capacity] control = "agent"`` (:mod:`solvers.facility_capacity`):
             the utilisation cap u, the share of the measured per-engine capacity
             (``EnvState.engine_capacity_per_s``) the awake engines are planned to carry (0..1].
+            ``None`` (default): :data:`CAPACITY_UTIL_CAP` (0.9) x min(1, r), r the datacenter
+            figure at the env's polling period over the engine figure (the ratio of the measured
+            operating point, lowest over the datacenters): 0.9 at 0.1 s polling on the three study
+            models (r 1.205 / 1.204 / 1.036), 0.68 at 1 s (r 0.76): the awake engines are never
+            planned past 90% of what they serve within p99 at that polling period. 0.9 is the
+            largest cap tried (0.7 / 0.8 / 0.9) passing MLPerf p99 in every training start of
+            llama8b-moderate, then checked on two training starts of each other headline
+            scenario (RESULTS.md, "The capacity-control frontier"). Without a datacenter figure
+            for the env: :data:`CAPACITY_UTIL_CAP_UNMEASURED` (0.7, the default before).
         capacity_load_margin: the planned load is the observed fleet arrival rate x (1 + this).
         capacity_lookahead_s: lookahead of the capacity decision, seconds (at least one
             ``capacity.period_s``: a smaller value means the period).
@@ -170,7 +184,7 @@ class FacilityConfig:
     warm_start: bool = True
     threads: int = 1
     bb_max_columns: int = 600
-    capacity_util_cap: float = 0.7
+    capacity_util_cap: float | None = None
     capacity_load_margin: float = 0.1
     capacity_lookahead_s: float = 0.0
     affinity_g_per_ktok: float = 0.0
@@ -258,8 +272,9 @@ class FacilityConfig:
         if self.mix_fill is not None and not isinstance(self.mix_fill, (bool, np.bool_)):
             raise ConfigError("facility.mix_fill", f"must be true or false (or None: the operating point's), got {self.mix_fill!r}",
                               allowed=[True, False])
-        if not 0.0 < self.capacity_util_cap <= 1.0:
-            raise ConfigError("facility.capacity_util_cap", f"must be in (0, 1], got {self.capacity_util_cap}")
+        u = self.capacity_util_cap
+        if u is not None and (isinstance(u, bool) or not (isinstance(u, (int, float)) and 0.0 < float(u) <= 1.0)):
+            raise ConfigError("facility.capacity_util_cap", f"must be in (0, 1] or None (the measured operating point's), got {u!r}")
         for name in ("capacity_load_margin", "capacity_lookahead_s", "affinity_g_per_ktok"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):

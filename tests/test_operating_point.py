@@ -94,6 +94,30 @@ def test_operating_point_resolution(caplog) -> None:
         FacilityConfig(max_prefill_share=1.5)
 
 
+def test_capacity_util_cap_default(caplog) -> None:
+    """``capacity_util_cap`` None: 0.9 where the datacenter figure is at least the engine figure
+    (0.1 s polling), 0.9 x the ratio below it (1 s: the engines never planned past 90% of what
+    they serve within p99), 0.7 with one warning under capacity control where nothing was measured
+    (dev's 8-engine datacenters at 0.5 s); an explicit cap wins and is recorded per episode; a cap
+    outside (0, 1] names the field."""
+    cap = load_load_levels().find("llama-3.1-8b", "a100-80gb", 1)
+    fast = make_policy("milp", GeoServeEnv("llama8b-moderate", {**SHORT, "polling_period_s": 0.1, "capacity.control": "agent"}))
+    assert fast.config.capacity_util_cap == 0.9 and fast.config.operating_point == "budget"
+    slow = make_policy("milp", GeoServeEnv("llama8b-moderate", {**SHORT, "polling_period_s": 1.0, "capacity.control": "agent"}))
+    assert slow.config.capacity_util_cap == pytest.approx(0.9 * cap.datacenter_rate_per_s(32, 1.0) / cap.per_engine_rate_per_s)
+    assert 0.6 < slow.config.capacity_util_cap < 0.7
+    with caplog.at_level(logging.WARNING, logger="solvers.facility"):
+        odd = make_policy("milp", GeoServeEnv("llama8b-moderate", {**SHORT, "polling_period_s": 0.2, "capacity.control": "agent"}))
+    assert odd.config.capacity_util_cap == 0.7 and "capacity_util_cap falls back to 0.7" in caplog.text
+    own = make_policy("milp", GeoServeEnv("llama8b-moderate", {**SHORT, "polling_period_s": 0.1, "capacity.control": "agent"}),
+                      capacity_util_cap=0.5)
+    assert own.config.capacity_util_cap == 0.5 and own.requested_config.capacity_util_cap == 0.5
+    assert make_policy("milp", None).config.capacity_util_cap == 0.7
+    for bad in (0.0, 1.5, True):
+        with pytest.raises(ConfigError, match="facility.capacity_util_cap"):
+            FacilityConfig(capacity_util_cap=bad)
+
+
 def test_per_datacenter_step_caps() -> None:
     """:class:`CapacityBudget` with one cap per datacenter (datacenters of different GPUs):
     ``floor(cap_d x E_d x r x poll_s)`` each; a cap outside (0, 2] anywhere is a ConfigError."""

@@ -233,3 +233,46 @@ def test_a_capacity_frontier_gets_its_own_subsection_with_aliases_read_as_settin
     assert "| llama8b-moderate | milp (capacity)[capacity_util_cap=0.9] |" in cap and "1/2 ✗ (TTFT)" in cap
     # of three settings two pass p99 in both starts; the best of them is u=0.8, 2.5 pp below the default's carbon
     assert "| llama8b-moderate | milp (capacity) | 2/3 | milp (capacity)[capacity_util_cap=0.8] | 81.5 ± 19.1 |" in cap
+
+
+def _capacity_matrix(d, seeds, milp_carbon, current: bool) -> None:
+    """A capacity matrix of ``experiment capacity``: rr and the MILP, each always on and deciding
+    capacity; ``current``: the MILP runs record ``policy_capacity_util_cap`` and
+    ``policy_operating_point_measured``, as runs since the measured defaults do."""
+    rows, meta = [], []
+    for s in seeds:
+        for label, pol, control, c in (("rr (always on)", "rr", "always_on", 100.0), ("rr", "rr", "agent", 100.0),
+                                       ("milp (always on)", "milp", "always_on", 60.0), ("milp", "milp", "agent", milp_carbon)):
+            extra = {}
+            if current and pol == "milp":
+                extra = {"policy_operating_point_measured": float(control == "always_on"),
+                         "policy_capacity_util_cap": 0.9 if control == "agent" else float("nan")}
+            rows.append({"scenario": "llama8b-low", "policy": label, "seed": s, "carbon_g": c, "slo_violation_pct": 0.2,
+                         "mlperf_p99_pass": True, "mlperf_ttft_p99_pass": True, "mlperf_tpot_p99_pass": True, "ttft_p99_s": 1.4,
+                         "tpot_p99_s": 0.08, "unfinished_pct": 0.0, "cpu_s": 60.0, "decision_p95_s": 0.01, **extra})
+            meta.append({"scenario": "llama8b-low", "policy": pol, "label": "" if label == pol else label, "seed": s,
+                         "polling_period_s": 0.1, "overrides": {"capacity.control": control, "polling_period_s": 0.1},
+                         "policy_kwargs": {}, "start_utc": "2023-01-12T17:00:00Z"})
+    d.mkdir(parents=True)
+    pd.DataFrame(rows).to_csv(d / "runs.csv", index=False)
+    (d / "config.json").write_text(json.dumps({"command": "carbon-gym experiment capacity", "runs": meta, "elapsed_s": 60.0, "workers": 2}))
+
+
+def test_capacity_milp_runs_before_the_measured_defaults_are_labelled_apart(tmp_path):
+    """A capacity matrix run before the capacity MILP's cap and the routing MILP's operating point
+    were measured (no ``policy_capacity_util_cap`` / ``policy_operating_point_measured``) shows its
+    MILP rows as ``milp[capacity_util_cap=0.7]`` and ``milp (budget, always on)``, beside a newer
+    matrix's ``milp`` and ``milp (always on)`` of the same starts; the capacity target reads the new."""
+    res = tmp_path / "results"
+    _capacity_matrix(res / "slo" / "capacity", [1, 4], 6.0, current=False)
+    _capacity_matrix(res / "slo" / "capacity-u09" / "capacity", [1, 4], 4.0, current=True)
+    text = slo_report.slo_section(str(res))
+    cap = text.split("### Capacity control at the SLO-true point", 1)[1].split("###", 1)[0]
+    for label, red in (("milp[capacity_util_cap=0.7]", "94.0"), ("milp (budget, always on)", "40.0"), ("milp", "96.0"),
+                       ("milp (always on)", "40.0")):
+        assert f"| llama8b-low | {label} | polling 0.1 s | 2 | {red} ± 0.0 |" in cap
+    assert cap.count("| llama8b-low | rr (always on) |") == 1
+    assert "- milp deciding capacity on llama8b-low (>= 80% below always-on rr, MLPerf p99 in every start, <= 1% violation): " \
+           "**met**: 96.0% at 0.20% violation, p99 2/2." in text
+    runs, _ = slo_report._read(str(res / "slo" / "capacity"))
+    assert set(runs["policy"]) == {"rr", "rr (always on)", "milp", "milp (always on)"}  # (only the section relabels)
