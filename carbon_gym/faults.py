@@ -219,7 +219,7 @@ def parse_faults(raw: Sequence[Any], topology: Topology, *, duration_s: float, t
                               if f.cut else "give rtt_factor (RTT multiplier >= 1) or cut = true")
         if isinstance(f, EngineDrain):
             d = topology.datacenters[dc_names.index(f.datacenter)]
-            n_eng = d.gpus // tp
+            n_eng = d.engines(tp)
             if f.engines > n_eng:
                 raise ctx.err(f"{path}.engines", f"datacenter {f.datacenter!r} has {n_eng} engines, got {f.engines}",
                               allowed=f"[1, {n_eng}]")

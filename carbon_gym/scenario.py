@@ -389,7 +389,7 @@ class Scenario:
     def n_engines(self) -> int:
         """Engines in the cluster (GPUs / TP)."""
         topo = self.topology_spec()
-        return sum(d.gpus // self.tp for d in topo.datacenters)
+        return sum(d.engines(self.tp) for d in topo.datacenters)
 
     # ---- GPUs ------------------------------------------------------------------------------
 
@@ -713,7 +713,7 @@ def _resolve(s: Scenario, ctx: Ctx, base_dir: Path | None) -> Scenario:  # noqa:
         if d.gpu and d.gpus_per_node % tp:
             raise ctx.err(f"topology.datacenters[{i}].gpu", f"engine.tp={tp} does not divide the {d.gpus_per_node} "
                           f"GPUs of a {d.gpu} node", allowed=[k for k in range(1, d.gpus_per_node + 1) if d.gpus_per_node % k == 0])
-    n_engines = sum(d.gpus // tp for d in topo.datacenters)
+    n_engines = sum(d.engines(tp) for d in topo.datacenters)
     if n_engines < 1:
         raise ctx.err("topology", f"no engine fits: datacenters have fewer GPUs than tp={tp}")
     if s.faults:  # [[faults]]: validated against the topology (carbon_gym.faults)
@@ -736,7 +736,7 @@ def _resolve(s: Scenario, ctx: Ctx, base_dir: Path | None) -> Scenario:  # noqa:
         raise ctx.err("workload.prompt_tokens", f"fixed lengths {w.prompt_tokens}+{w.output_tokens} exceed max_context_tokens = {w.max_context_tokens}")
     groups: dict[str, int] = {}  # engines per GPU type, in datacenter order
     for d in topo.datacenters:
-        groups[d.gpu or s.gpu] = groups.get(d.gpu or s.gpu, 0) + d.gpus // tp
+        groups[d.gpu or s.gpu] = groups.get(d.gpu or s.gpu, 0) + d.engines(tp)
     prefix = None if not is_prefix_workload(w) else resolve_prefix_workload(
         w, model=s.model, tp=tp, engine_groups=groups, base_dir=base_dir, ctx=ctx,
         fractions=load_load_levels().fractions if w.load else None)

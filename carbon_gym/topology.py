@@ -34,6 +34,10 @@ class DatacenterSpec:
         """Total GPUs in this datacenter."""
         return self.nodes * self.gpus_per_node
 
+    def engines(self, tp: int) -> int:
+        """Serving engines of ``tp`` GPUs each (the simulator's count: whole engines only)."""
+        return self.gpus // int(tp)
+
 
 @dataclass(frozen=True)
 class Topology:

@@ -179,7 +179,7 @@ def slo_operating_point(scenario: Any, parts: Any, log: Any = None) -> SloPoint:
     caps, joules = [], []
     for d, dc in enumerate(topo.datacenters):
         gpu = str(topo.datacenter_gpu(d))
-        n = max(1, int(round(float(dc.gpus) / tp)))
+        n = max(1, dc.engines(tp))
         res = measured_capacity(scenario, gpu, n, log=log)
         caps.append(float(res.per_engine_rate_per_s))
         joules.append(float(res.active_j_per_request))
@@ -449,7 +449,7 @@ def main(argv: Any = None) -> int:
     seen: set[tuple[str, int]] = set()
     for d, (c, e) in enumerate(zip(point.capacity_per_engine_per_s, point.active_j_per_request)):
         gpu = str(parts.topology.datacenter_gpu(d))
-        engines = max(1, int(round(float(parts.topology.datacenters[d].gpus) / int(parts.engine.tp))))
+        engines = max(1, parts.topology.datacenters[d].engines(parts.engine.tp))
         if (gpu, engines) in seen:
             continue
         seen.add((gpu, engines))

@@ -118,7 +118,7 @@ def probe_power(matrix_dir: str, scenario: str, seed: int) -> Any:
     from eval.bound_slo import measured_capacity
 
     sc, parts = _parts(next(iter(_specs(matrix_dir, scenario, seed).values())))
-    n = max(1, int(round(float(parts.topology.datacenters[0].gpus) / int(parts.engine.tp))))
+    n = max(1, parts.topology.datacenters[0].engines(parts.engine.tp))
     res = measured_capacity(sc, str(parts.topology.datacenter_gpu(0)), n)
     return pd.DataFrame([{"rate_per_engine_per_s": p.rate_per_s, "p99_ttft_s": p.p99_ttft_s, "p99_tpot_s": p.p99_tpot_s,
                           "within_p99": p.ok, "active_j_per_request": p.active_j_per_request,

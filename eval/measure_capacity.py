@@ -197,7 +197,7 @@ def _datacenter(study: str, gpu: str | None, periods: list[float], engines: list
         if gpu is not None:
             over["gpu"] = gpu
         s = load_scenario(f"{study}-moderate", overrides=over)
-        counts = sorted(set(engines) if engines else {max(1, int(round(d.gpus / s.tp))) for d in s.topology_spec().datacenters
+        counts = sorted(set(engines) if engines else {max(1, d.engines(s.tp)) for d in s.topology_spec().datacenters
                                                        if str(d.gpu or s.gpu) == s.gpu})
         for n in counts:
             t0 = time.perf_counter()

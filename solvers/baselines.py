@@ -265,7 +265,7 @@ def measured_step_cap(env: Any) -> tuple[float | np.ndarray | None, str]:
     ratios: list[float] = []
     for d in range(topo.n_datacenters):
         gpu = str(topo.datacenter_gpu(d))
-        engines = max(1, int(round(float(topo.datacenters[d].gpus) / int(sc.tp))))
+        engines = topo.datacenters[d].engines(sc.tp)
         cap = levels.find(sc.model, gpu, sc.tp)
         c_d = None if cap is None else cap.datacenter_rate_per_s(engines, poll_s)
         where = f"{sc.model} / {gpu} / tp{sc.tp}, {engines} engines, polling {poll_s:g} s"

@@ -275,3 +275,17 @@ def test_zone_clock_equals_the_trace_integral(interpolation):
 
     slow = ZoneClock(OtherTrace(), 0, 5.0)
     assert not slow.fast and slow(10.0) == pytest.approx(30.0)
+
+
+def test_datacenter_engine_count_is_the_simulators():
+    """``DatacenterSpec.engines(tp)`` (the one formula the tools use) equals the engines the
+    simulator builds: whole engines of ``tp`` GPUs, none where the datacenter has fewer GPUs."""
+    from carbon_gym.env import GeoServeEnv
+
+    assert [DatacenterSpec("x", "r", "Z", nodes=n, gpus_per_node=g).engines(tp) for n, g, tp in
+            ((4, 8, 1), (4, 8, 4), (1, 2, 4), (3, 8, 8))] == [32, 8, 0, 3]
+    for name in ("dev", "mixtral8x7b-moderate"):
+        env = GeoServeEnv(name, {"duration_s": 1.0})
+        env.reset(seed=0)
+        sc, topo = env.unwrapped.scenario, env.unwrapped.world_parts.topology
+        assert [d.n_engines for d in env.unwrapped.simulator.datacenters] == [d.engines(sc.tp) for d in topo.datacenters]
