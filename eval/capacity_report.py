@@ -314,6 +314,14 @@ def merged_runs(dirs: Sequence[str]):
     return runs.loc[keep].reset_index(drop=True)
 
 
+def _milp_util_cap(runs) -> str:
+    """The capacity MILP's utilisation cap in ``runs`` as text: the recorded
+    ``policy_capacity_util_cap`` values, or 0.7 (the default before runs recorded it)."""
+    col = runs.loc[runs["policy"] == "milp", "policy_capacity_util_cap"] if "policy_capacity_util_cap" in runs else None
+    vals = sorted({round(float(v), 3) for v in col.dropna()}) if col is not None else []
+    return " / ".join(f"{v:g}" for v in vals) if vals else "0.7"
+
+
 def capacity_section(results_dir: str) -> str:
     """RESULTS.md's "Capacity control" section (between the markers) from the capacity
     matrices under ``results_dir`` (:func:`capacity_dirs`, merged by :func:`merged_runs`)."""
@@ -413,8 +421,8 @@ def capacity_section(results_dir: str) -> str:
                  if both.loc[sc, "milp"] > both.loc[sc, MILP_ALWAYS_ON_LABEL] + 0.05]
         if worse:
             add("- Deciding capacity costs the MILP violations against its routing-only run in " + ", ".join(worse)
-                + " (per request): its capacity stage keeps awake what the arrival rate needs at a 0.7 utilisation cap "
-                "(solvers FacilityConfig.capacity_util_cap), not tuned on these cases (lower caps with `max_prefill_share` 0.3, "
+                + f" (per request): its capacity stage keeps awake what the arrival rate needs at a {_milp_util_cap(runs)} "
+                "utilisation cap (solvers FacilityConfig.capacity_util_cap), not tuned on these cases (lower caps with `max_prefill_share` 0.3, "
                 "`--policy-arg milp.capacity_util_cap=U`, trade carbon for violations: the `milp-s0.3-u*` points of "
                 "\"Carbon vs SLO trade-off\" where run).")
     missing = [sc for sc in CAPACITY_SCENARIOS if sc not in set(runs["scenario"])]

@@ -261,3 +261,10 @@ def test_experiment_end_to_end_on_dev(tmp_path):
     out = tmp_path / "R.md"
     assert cli.main(["report", str(tmp_path), "--section", "capacity", "--out", str(out)]) == 0
     assert "| dev | rr+reactive | 1 |" in out.read_text(encoding="utf-8")
+
+
+def test_milp_util_cap_text_reads_the_runs_or_names_the_old_default():
+    old = pd.DataFrame({"policy": ["milp", "rr"]})  # runs before policy_capacity_util_cap was recorded
+    assert cr._milp_util_cap(old) == "0.7"
+    new = pd.DataFrame({"policy": ["milp", "milp", "rr", "x"], "policy_capacity_util_cap": [0.68, 0.9, None, 0.5]})
+    assert cr._milp_util_cap(new) == "0.68 / 0.9"  # the MILP's rows only, every value recorded
