@@ -274,5 +274,6 @@ def test_capacity_milp_runs_before_the_measured_defaults_are_labelled_apart(tmp_
     assert cap.count("| llama8b-low | rr (always on) |") == 1
     assert "- milp deciding capacity on llama8b-low (>= 80% below always-on rr, MLPerf p99 in every start, <= 1% violation): " \
            "**met**: 96.0% at 0.20% violation, p99 2/2." in text
+    assert "- the same at the capacity stage's earlier cap 0.7 on llama8b-low: **met**: 94.0% at " in text
     runs, _ = slo_report._read(str(res / "slo" / "capacity"))
     assert set(runs["policy"]) == {"rr", "rr (always on)", "milp", "milp (always on)"}  # (only the section relabels)
