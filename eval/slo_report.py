@@ -380,14 +380,26 @@ def _matrix_line(d: str, results_dir: str) -> list[str]:
             starts_line(meta) + "\n"]
 
 
-def _estimate_error_markdown(dirs: Sequence[str]) -> str:
+def _estimate_error_markdown(dirs: Sequence[str], capacity_dirs: Sequence[str] = ()) -> str:
     """The estimate-error table (:func:`eval.estimate_error.error_table`) of the runs in ``dirs``
-    that logged estimates, one row per (scenario, policy); "" when none did."""
-    from eval.estimate_error import error_markdown, error_table
+    and ``capacity_dirs`` that logged estimates, one row per (scenario, policy); "" when none did.
+    A capacity matrix's policies deciding capacity under a plain name (``milp``) are shown with
+    the capacity suffix (``milp (capacity)``), apart from the routing-only runs of that name."""
+    import pandas as pd
 
-    if not dirs:
+    from eval.estimate_error import error_markdown, error_table
+    from eval.frontiers import CAPACITY_SUFFIX
+
+    frames = [_merged(dirs, budget_label=True)[0]] if dirs else []
+    if capacity_dirs:
+        cap = _merged(capacity_dirs, budget_label=True)[0]
+        plain = ~cap["policy"].isin([ALWAYS_ON_LABEL, MILP_ALWAYS_ON_LABEL, MILP_BUDGET_ALWAYS_ON_LABEL]) \
+            & ~cap["policy"].astype(str).str.contains(r"[(\[+]")
+        frames.append(cap.assign(policy=cap["policy"].where(~plain, cap["policy"].astype(str) + CAPACITY_SUFFIX)))
+    if not frames:
         return ""
-    return str(error_markdown(error_table(_merged(dirs, budget_label=True)[0])))
+    runs = pd.concat(frames, ignore_index=True).drop_duplicates(["scenario", "policy", "seed"], keep="first")
+    return str(error_markdown(error_table(runs)))
 
 
 def _with_headline_milp(runs: Any, headline: Any) -> tuple[Any, str]:
@@ -527,7 +539,7 @@ def slo_section(results_dir: str) -> str:
     lines.extend(target_checks(all_held) if all_held else ["- not run yet."])
     add("")
     lines.extend(body)
-    est = _estimate_error_markdown([d for exp in ("headline", "capacity") for d in held.get(exp, [])])
+    est = _estimate_error_markdown(held.get("headline", []), held.get("capacity", []))
     if est:
         add("### The schedulers' estimates on the held-out starts\n")
         add("Issue 40 item 1: predicted - realised, ms, per request at the datacenter chosen; quantiles over each "

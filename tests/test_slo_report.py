@@ -277,3 +277,26 @@ def test_capacity_milp_runs_before_the_measured_defaults_are_labelled_apart(tmp_
     assert "- the same at the capacity stage's earlier cap 0.7 on llama8b-low: **met**: 94.0% at " in text
     runs, _ = slo_report._read(str(res / "slo" / "capacity"))
     assert set(runs["policy"]) == {"rr", "rr (always on)", "milp", "milp (always on)"}  # (only the section relabels)
+
+
+def test_estimate_table_shows_the_capacity_milp_apart_from_the_routing_milp(tmp_path):
+    """The held-out estimate table keeps a capacity matrix's capacity-deciding ``milp`` as
+    ``milp (capacity)`` beside a headline matrix's routing-only ``milp`` of the same scenario."""
+    cap = tmp_path / "slo" / "capacity-u09" / "capacity"
+    _capacity_matrix(cap, [1, 4], 4.0, current=True)
+    from eval.estimate_error import ERROR_METRICS
+
+    runs = pd.read_csv(cap / "runs.csv")
+    for m in ERROR_METRICS:
+        runs[m] = [float("nan") if p.startswith("rr") else (300.0 if p == "milp" else 200.0) for p in runs["policy"]]
+    runs.to_csv(cap / "runs.csv", index=False)
+    head = tmp_path / "slo" / "headline"
+    head.mkdir(parents=True)
+    pd.DataFrame([{"scenario": "llama8b-low", "policy": "milp", "seed": s, "carbon_g": 60.0, "window_s": 600.0,
+                   "policy_operating_point_measured": 1.0, **{m: 100.0 for m in ERROR_METRICS}} for s in (1, 4)]).to_csv(
+        head / "runs.csv", index=False)
+    (head / "config.json").write_text(json.dumps({"command": "carbon-gym experiment headline", "runs": []}))
+    table = slo_report._estimate_error_markdown([str(head)], [str(cap)])
+    rows = {tuple(c.strip() for c in line.split("|")[1:3]): line for line in table.splitlines() if line.startswith("| llama8b-low")}
+    assert set(rows) == {("llama8b-low", "milp"), ("llama8b-low", "milp (always on)"), ("llama8b-low", "milp (capacity)")}
+    assert "| 100 |" in rows[("llama8b-low", "milp")] and "| 300 |" in rows[("llama8b-low", "milp (capacity)")]
