@@ -27,7 +27,7 @@ from eval.runner import VALID_UNFINISHED_PCT, RunSpec, always_on_overrides, free
 from eval.stats import mean_ci95
 from eval.writers import matrix_dirs, read_configs, starts_line
 
-__all__ = ["CAPACITY_SCENARIOS", "CAPACITY_POLICIES", "ALWAYS_ON_LABEL", "MILP_ALWAYS_ON_LABEL", "REACTIVE_REFERENCE", "CAPACITY_WINDOW_S",
+__all__ = ["CAPACITY_SCENARIOS", "CAPACITY_POLICIES", "ALWAYS_ON_LABEL", "MILP_ALWAYS_ON_LABEL", "OLD_CAPACITY_UTIL_CAP", "REACTIVE_REFERENCE", "CAPACITY_WINDOW_S",
            "CAPACITY_WARMUP_S", "ENERGY_GROUPS", "capacity_specs", "capacity_table", "capacity_markdown",
            "capacity_experiment", "capacity_section", "with_capacity_section", "write_capacity_section", "SECTION_BEGIN", "SECTION_END"]
 
@@ -314,12 +314,18 @@ def merged_runs(dirs: Sequence[str]):
     return runs.loc[keep].reset_index(drop=True)
 
 
+#: The capacity MILP's utilisation cap before the measured one became its default: the
+#: ``milp`` rows of capacity matrices whose runs.csv has no ``policy_capacity_util_cap`` ran at it.
+OLD_CAPACITY_UTIL_CAP = 0.7
+
+
 def _milp_util_cap(runs) -> str:
     """The capacity MILP's utilisation cap in ``runs`` as text: the recorded
-    ``policy_capacity_util_cap`` values, or 0.7 (the default before runs recorded it)."""
+    ``policy_capacity_util_cap`` values, or :data:`OLD_CAPACITY_UTIL_CAP` (the default before
+    runs recorded it)."""
     col = runs.loc[runs["policy"] == "milp", "policy_capacity_util_cap"] if "policy_capacity_util_cap" in runs else None
     vals = sorted({round(float(v), 3) for v in col.dropna()}) if col is not None else []
-    return " / ".join(f"{v:g}" for v in vals) if vals else "0.7"
+    return " / ".join(f"{v:g}" for v in vals) if vals else f"{OLD_CAPACITY_UTIL_CAP:g}"
 
 
 def capacity_section(results_dir: str) -> str:

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from eval.capacity_report import ALWAYS_ON_LABEL, MILP_ALWAYS_ON_LABEL
+from eval.capacity_report import ALWAYS_ON_LABEL, MILP_ALWAYS_ON_LABEL, OLD_CAPACITY_UTIL_CAP
 from eval.stats import mean_ci95
 from eval.writers import starts_line
 
@@ -125,9 +125,6 @@ HEADLINE_SCENARIOS = tuple(f"{m}-{ld}" for m in ("llama8b", "qwen7b", "mixtral8x
 MILP_BUDGET_LABEL = "milp (budget)"
 #: The same in a capacity matrix's always-on rows.
 MILP_BUDGET_ALWAYS_ON_LABEL = "milp (budget, always on)"
-#: The capacity MILP's utilisation cap before the measured one became its default: the
-#: ``milp`` rows of capacity matrices whose runs.csv has no ``policy_capacity_util_cap`` ran at it.
-OLD_CAPACITY_UTIL_CAP = 0.7
 
 
 def _read(d: str, budget_label: bool = False) -> tuple[Any, dict[str, Any]]:
@@ -266,6 +263,14 @@ def _gap_line(want: str, r: dict[str, Any]) -> str:
             f"rr at {r['violation_pct']:.2f}% violation, p99 {r['p99_pass']}/{r['seeds']} ({r['seeds']} held-out starts).")
 
 
+def _verdict(r: dict[str, Any], least: float, most: float | None) -> str:
+    """A capacity target's verdict on one row: met when its reduction is at least ``least`` %,
+    every start passes MLPerf p99 and (``most`` given) its violation is at most ``most`` %."""
+    ok = r["reduction_pct"] >= least and r["p99_pass"] == r["seeds"] and (most is None or r["violation_pct"] <= most)
+    return (f"**{'met' if ok else 'not met'}**: {r['reduction_pct']:.1f}% at {r['violation_pct']:.2f}% violation, "
+            f"p99 {r['p99_pass']}/{r['seeds']}.")
+
+
 def target_checks(rows: Sequence[dict[str, Any]]) -> list[str]:
     """One line per :data:`TARGETS` entry: met / not met on ``rows`` (held-out), with the figures
     (and the capacity targets again at the earlier cap where its rows are there)."""
@@ -295,14 +300,10 @@ def target_checks(rows: Sequence[dict[str, Any]]) -> list[str]:
         if r is None:
             out.append(f"- {pol} deciding capacity on {scen} ({want}): not run.")
             continue
-        ok = r["reduction_pct"] >= least and r["p99_pass"] == r["seeds"] and (most is None or r["violation_pct"] <= most)
-        out.append(f"- {pol} deciding capacity on {scen} ({want}): **{'met' if ok else 'not met'}**: "
-                   f"{r['reduction_pct']:.1f}% at {r['violation_pct']:.2f}% violation, p99 {r['p99_pass']}/{r['seeds']}.")
+        out.append(f"- {pol} deciding capacity on {scen} ({want}): {_verdict(r, least, most)}")
         old = by.get((scen, knob_label(pol, "capacity_util_cap", OLD_CAPACITY_UTIL_CAP)))  # (matrices run before the cap's default)
         if old is not None:
-            ok = old["reduction_pct"] >= least and old["p99_pass"] == old["seeds"] and (most is None or old["violation_pct"] <= most)
-            out.append(f"- the same at the capacity stage's earlier cap {OLD_CAPACITY_UTIL_CAP:g} on {scen}: **{'met' if ok else 'not met'}**: "
-                       f"{old['reduction_pct']:.1f}% at {old['violation_pct']:.2f}% violation, p99 {old['p99_pass']}/{old['seeds']}.")
+            out.append(f"- the same at the capacity stage's earlier cap {OLD_CAPACITY_UTIL_CAP:g} on {scen}: {_verdict(old, least, most)}")
     return out + rt
 
 
