@@ -110,7 +110,9 @@ lookahead T >= period (the carbon forecast, g/kWh x PUE) the floor energy of pow
 energy of engines it turns on (J), and the routed work's energy (J per request x l_d x T), with
 the period's expected fleet arrivals within a_d x ``engine_capacity_per_s`` x
 ``capacity_util_cap`` (servers off now cannot serve within the period: a boot takes ~345 s; by
-default 0.9, or 0.9 of the datacenter figure where that is below the engine figure: 1 s polling).
+default 0.9, or 0.9 of the datacenter figure where that is below the engine figure: 1 s polling),
+and the same load within the awake engines once the servers it boots are up (a shortfall the
+powered servers cannot hold is charged until a boot covers it, so the fleet grows back).
 The placement program above then runs on the capacity in force: ``E_d`` = the serving engines,
 datacenters with none masked where a request has another choice, the wake latency added to
 ``W0_d`` where no engine is awake. The action is then ``{"route", "capacity", "servers"}`` at a

@@ -24,10 +24,11 @@ Data, per datacenter d (``up`` datacenters only; one that is down keeps its targ
     e_d = energy of the routed work per request at d (the placement MILP's marginal energy at the
         current batch plus the engine's fixed energy over the batch, mean of the pending
         requests; remembered between steps), J
-    Lam = (1 + ``capacity_load_margin``) x max(sum_d arrival_rate_per_s_d, pending / poll_s)
-        the fleet's expected arrivals in the period, requests/s (the EWMA the simulator
-        publishes; it starts at 0 on an empty cluster, so the requests pending now over one
-        polling period bound it below)
+    r = max(sum_d arrival_rate_per_s_d, pending / poll_s)   the fleet's arrival rate, requests/s
+        (the EWMA the simulator publishes; it starts at 0 on an empty cluster, so the requests
+        pending now over one polling period bound it below)
+    Lam = (1 + ``capacity_load_margin``) x (r + z sqrt(r / t_obs))   the period's expected
+        arrivals, requests/s, at their 99% upper confidence bound (below)
     c = engine_capacity_per_s (measured requests/s per engine within the SLO), u =
         ``capacity_util_cap``; lam = ``violation_penalty_g`` grams per request over capacity
 
@@ -36,9 +37,10 @@ Variables
     l_d >= 0            the period's arrival rate routed to d, requests/s
     b_d >= 0            servers booted (>= n_d - N_d);  w_d >= 0  engines woken (>= a_d - A_d)
     o >= 0              requests/s the awake capacity cannot hold (penalised, never hidden)
+    l'_d >= 0, o' >= 0  the routing split and shortfall once the servers booted now are up
 
 Objective (grams over the lookahead)
-    sum_d gbar_d [T (P_on_d - P_off) n_d + T e_d l_d + J_boot_d b_d + J_wake w_d] + lam T o
+    sum_d gbar_d [T (P_on_d - P_off) n_d + T e_d l_d + J_boot_d b_d + J_wake w_d] + lam T (o + o')
     (the constant floor sum_d gbar_d T S_d P_off of the servers is left out)
 
 Constraints
@@ -47,6 +49,28 @@ Constraints
     capacity    l_d - c u a_d <= 0;  l_d <= c u U_d      (load within the awake capacity at the
                                                           utilisation cap; only usable engines)
     boots       b_d - n_d >= -N_d;   wakes  w_d - a_d >= -A_d
+    later       sum_d l'_d + o' = min(Lam, c sum_d E_d);  l'_d - c a_d <= 0
+                                                         (the same load once boots are up, within
+                                                         the measured capacity itself)
+
+Why the later rows: a server that is off only serves after its boot, so within the period the
+capacity rows alone never pay for a boot, and a fleet sized too small once (by a low rate
+estimate, or before the load grew) would stay short for good. The later rows charge a load the
+engines could not hold within p99 even once the servers booted now are up, at the price of
+load over capacity now: deferring the boot one period leaves it uncovered one period longer
+for the same boot energy, so the stage boots when lam T o' outweighs the boot and floor energy
+(about 0.5 requests/s short at 100 g/kWh). They count the measured capacity c, not c u: the
+period's routing plans at u, and a boot waits until the load would pass c itself, so the
+band between u and 1 keeps the EWMA's noise from booting and powering off servers in turn.
+Demand beyond the whole fleet's measured capacity is charged once, in o.
+
+The expected load Lam is an upper confidence bound: a bias-corrected EWMA over tau = 60 s of a
+Poisson stream of rate r, observed for t seconds, has variance r / t_obs with t_obs = 2 tau
+tanh(t / (2 tau)) (one polling period when only the requests pending now are known), so Lam =
+(1 + margin) (r + z sqrt(r / t_obs)) with z = 2.326, the one-sided 99% point to match the p99
+targets. On an empty cluster the first decision sees one polling period's count (~91 requests
+at 0.1 s on llama8b-moderate, +-10%); the bound keeps its fleet from being sized on a low
+count, and adds under 1% once a minute of arrivals is known.
 
 Routing between decisions (:func:`capacity_view`): the placement problem sees ``S_d =
 min(target_d, U_d)`` serving engines at d (its TPOT, prefill and TTFT budgets scale with them);
@@ -67,6 +91,7 @@ from typing import Any
 
 import numpy as np
 
+from carbon_gym.sim.simulator import RATE_TAU_S
 from carbon_gym.state import EnvState
 
 from ._highs import rowwise_model
@@ -74,7 +99,7 @@ from ._highs import run as run_highs
 from .problem import J_PER_KWH, PlacementProblem
 
 __all__ = ["CapacityFacts", "CapacityProblem", "CapacityResult", "capacity_problem", "solve_capacity",
-           "capacity_greedy", "capacity_view", "horizon_intensity_g_per_kwh"]
+           "capacity_greedy", "capacity_view", "horizon_intensity_g_per_kwh", "rate_upper_bound", "RATE_Z"]
 
 
 @dataclass(frozen=True)
@@ -185,10 +210,26 @@ def horizon_intensity_g_per_kwh(now: np.ndarray, forecast: np.ndarray, hour_utc:
     return total / max(horizon_s, 1e-12)
 
 
+#: One-sided 99% normal quantile: the expected load is planned at the rate's 99% upper
+#: confidence bound, to match the p99 targets (module docstring).
+RATE_Z = 2.326
+
+
+def rate_upper_bound(rate_per_s: float, time_s: float, poll_s: float, z: float = RATE_Z) -> float:
+    """Upper confidence bound of a Poisson arrival rate estimated by the simulator's bias-corrected
+    EWMA (``RATE_TAU_S``) after ``time_s`` seconds, requests/s: ``rate + z sqrt(rate / t_obs)``,
+    ``t_obs = max(poll_s, 2 tau tanh(time_s / (2 tau)))`` the equivalent observation time, s."""
+    r = max(float(rate_per_s), 0.0)
+    t_obs = max(float(poll_s), 2.0 * RATE_TAU_S * math.tanh(max(float(time_s), 0.0) / (2.0 * RATE_TAU_S)))
+    return r + z * math.sqrt(r / t_obs)
+
+
 def capacity_problem(state: EnvState, problem: PlacementProblem, facts: CapacityFacts, work_j: np.ndarray,
-                     util_cap: float, load_margin: float, lookahead_s: float, penalty_g: float) -> CapacityProblem:
+                     util_cap: float, load_margin: float, lookahead_s: float, penalty_g: float,
+                     rate_z: float = RATE_Z) -> CapacityProblem:
     """The :class:`CapacityProblem` of a decision step (``problem``: its placement problem, for the
-    carbon stand-ins and PUE)."""
+    carbon stand-ins and PUE; ``rate_z``: the arrival rate's upper confidence bound, 0 for the
+    estimate itself)."""
     dc = state.datacenters
     horizon = max(float(state.capacity_period_s), float(lookahead_s))
     fc = problem.carbon_forecast_g_per_kwh
@@ -203,6 +244,7 @@ def capacity_problem(state: EnvState, problem: PlacementProblem, facts: Capacity
     rate = np.where(np.isfinite(rate), np.maximum(rate, 0.0), 0.0)
     # the EWMA starts at 0 on an empty cluster: the requests pending now over one poll bound it below
     fleet = max(float(rate.sum()), float(state.pending_total) / max(problem.poll_s, 1e-9))
+    fleet = rate_upper_bound(fleet, float(state.time_s), float(problem.poll_s), rate_z)
     return CapacityProblem(
         up=np.asarray(dc.up, dtype=bool), engines=np.asarray(dc.n_engines, dtype=np.int64),
         servers=np.asarray(state.servers, dtype=np.int64), engines_per_node=epn, awake_now=awake,
@@ -219,8 +261,7 @@ def capacity_problem(state: EnvState, problem: PlacementProblem, facts: Capacity
 
 def _per_engine_cap(cp: CapacityProblem) -> np.ndarray:
     """(D,) requests/s one awake engine may carry: the measured capacity (1 where unknown) x the cap."""
-    c = cp.engine_capacity_per_s
-    return np.where(np.isfinite(c) & (c > 0), c, 1.0) * cp.util_cap
+    return _measured_cap(cp) * cp.util_cap
 
 
 def _objective_g(cp: CapacityProblem, a: np.ndarray, n: np.ndarray, rate: np.ndarray) -> float:
@@ -228,16 +269,30 @@ def _objective_g(cp: CapacityProblem, a: np.ndarray, n: np.ndarray, rate: np.nda
     b = np.maximum(n - cp.servers_now, 0)
     w = np.maximum(a - cp.awake_now, 0)
     over = max(cp.arrival_per_s - float(rate.sum()), 0.0)
+    over_later = max(_later_demand(cp) - float((_measured_cap(cp) * a)[live].sum()), 0.0)
     g = cp.g_per_j
     per = g * (cp.horizon_s * (cp.server_on_w - cp.server_off_w) * n + cp.horizon_s * cp.work_j * rate
                + cp.boot_j * b + cp.wake_j * w)
-    return float(per[live].sum()) + cp.penalty_g * cp.horizon_s * over
+    return float(per[live].sum()) + cp.penalty_g * cp.horizon_s * (over + over_later)
+
+
+def _measured_cap(cp: CapacityProblem) -> np.ndarray:
+    """(D,) requests/s one awake engine serves within p99: the measured capacity (1 where unknown)."""
+    c = cp.engine_capacity_per_s
+    return np.where(np.isfinite(c) & (c > 0), c, 1.0)
+
+
+def _later_demand(cp: CapacityProblem) -> float:
+    """Requests/s the later rows plan for: the expected load, at most what every engine of the
+    up datacenters serves within p99."""
+    return min(cp.arrival_per_s, float((_measured_cap(cp) * cp.engines)[cp.up].sum()))
 
 
 def capacity_greedy(cp: CapacityProblem) -> CapacityResult:
     """Fill the load into the up datacenters in order of carbon per request (floor share
-    included), each up to its usable capacity at the utilisation cap; the others keep what
-    they need (nothing) and datacenters that are down keep their targets."""
+    included), each up to its usable capacity at the utilisation cap, then boot, in the same
+    order, the engines the rest of the later rows' demand needs; the others keep what they need
+    (nothing) and datacenters that are down keep their targets."""
     d_n = cp.up.size
     cap = _per_engine_cap(cp)
     a = np.where(cp.up, 0, cp.target_engines).astype(np.int64)
@@ -255,6 +310,16 @@ def capacity_greedy(cp: CapacityProblem) -> CapacityResult:
         n[d] = -(-k // int(cp.engines_per_node[d]))
         rate[d] = take
         left -= take
+    full = _measured_cap(cp)
+    short = _later_demand(cp) - float((full * a)[cp.up].sum())
+    for d in np.argsort(per_req, kind="stable"):
+        if not cp.up[d] or short <= 1e-9:
+            continue
+        c = float(full[d])
+        k = int(min(math.ceil(short / c - 1e-9), cp.engines[d] - a[d]))
+        a[d] += k
+        n[d] = -(-int(a[d]) // int(cp.engines_per_node[d]))
+        short -= k * c
     return CapacityResult(a, n, rate, _objective_g(cp, a, n, rate), "greedy")
 
 
@@ -268,9 +333,10 @@ def solve_capacity(cp: CapacityProblem, threads: int = 1) -> CapacityResult:
     cap = _per_engine_cap(cp)
     T = cp.horizon_s
     g = cp.g_per_j[live]
-    # columns: a (m), n (m), l (m), b (m), w (m), o (1)
+    # columns: a (m), n (m), l (m), b (m), w (m), o (1), l' (m), o' (1)
     A0, N0, L0, B0, W0, O0 = 0, m, 2 * m, 3 * m, 4 * m, 5 * m
-    n_cols = 5 * m + 1
+    LL0, OL0 = 5 * m + 1, 6 * m + 1
+    n_cols = 6 * m + 2
     cost = np.zeros(n_cols)
     lo = np.zeros(n_cols)
     hi = np.full(n_cols, np.inf)
@@ -280,9 +346,12 @@ def solve_capacity(cp: CapacityProblem, threads: int = 1) -> CapacityResult:
     cost[B0:W0] = g * cp.boot_j[live]
     cost[W0:O0] = g * cp.wake_j[live]
     cost[O0] = cp.penalty_g * T
+    cost[OL0] = cp.penalty_g * T
     hi[A0:N0] = cp.engines[live]
     hi[N0:L0] = cp.servers[live]
     hi[L0:B0] = cap[live] * cp.usable_now[live]
+    full = _measured_cap(cp)
+    hi[LL0:OL0] = full[live] * cp.engines[live]
     integ[A0:L0] = 1
     rows: list[tuple[dict[int, float], float, float]] = []
     for j in range(m):
@@ -291,9 +360,14 @@ def solve_capacity(cp: CapacityProblem, threads: int = 1) -> CapacityResult:
         rows.append(({L0 + j: 1.0, A0 + j: -float(cap[d])}, -np.inf, 0.0))
         rows.append(({B0 + j: 1.0, N0 + j: -1.0}, -float(cp.servers_now[d]), np.inf))
         rows.append(({W0 + j: 1.0, A0 + j: -1.0}, -float(cp.awake_now[d]), np.inf))
+        rows.append(({LL0 + j: 1.0, A0 + j: -float(full[d])}, -np.inf, 0.0))
     demand = {L0 + j: 1.0 for j in range(m)}
     demand[O0] = 1.0
     rows.append((demand, cp.arrival_per_s, cp.arrival_per_s))
+    later = {LL0 + j: 1.0 for j in range(m)}
+    later[OL0] = 1.0
+    lam_later = _later_demand(cp)
+    rows.append((later, lam_later, lam_later))
     h = rowwise_model(threads, cost, lo, hi, integ, rows)
     h.setOptionValue("mip_rel_gap", 1e-4)
     run_highs(h)

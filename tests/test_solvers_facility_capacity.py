@@ -5,6 +5,8 @@ always-on unchanged."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -74,6 +76,44 @@ def test_servers_off_now_cannot_serve_within_the_period() -> None:
     np.testing.assert_allclose(res.rate_per_s, [20.0, 20.0], atol=1e-6)
     assert res.servers.tolist() == [1, 1]
     assert res.awake.tolist() == [8, 8]
+
+
+def test_a_shortfall_the_powered_servers_cannot_hold_boots_a_server() -> None:
+    # one server on at each datacenter: 16 engines hold 40 requests/s at the cap (2.5 each) and
+    # 80 at the measured capacity (5 each). At 100 requests/s the 60 beyond the cap are over
+    # capacity this period (penalised), and the later rows boot a server where the floor is
+    # cleaner with the 4 engines the 20 beyond the measured capacity need (before them nothing
+    # ever booted)
+    res = solve_capacity(two_dc(100.0, servers_now=(1, 1), awake_now=(8, 8)))
+    np.testing.assert_allclose(res.rate_per_s, [20.0, 20.0], atol=1e-6)
+    assert res.servers.tolist() == [2, 1]
+    assert res.awake.tolist() == [12, 8]
+    g = np.array([100.0, 800.0]) / 3.6e6
+    want = (float((g * T_S * ((SERVER_ON_W - 40.0) * np.array([2, 1]) + WORK_J * 20.0)).sum())
+            + g[0] * (345.0 * (1000 + 8 * 63.0) + 4 * 20.0) + 1.0 * T_S * 60.0)  # boot, 4 wakes, overflow
+    assert res.objective_g == pytest.approx(want, rel=1e-6)
+    greedy = capacity_greedy(two_dc(100.0, servers_now=(1, 1), awake_now=(8, 8)))
+    assert greedy.servers.tolist() == [2, 1] and greedy.awake.tolist() == [12, 8]
+    assert greedy.objective_g == pytest.approx(want, rel=1e-6)
+    # within the band between the cap and the measured capacity nothing boots: 70 requests/s
+    # are 30 over the cap now, but the powered engines hold them within p99
+    band = solve_capacity(two_dc(70.0, servers_now=(1, 1), awake_now=(8, 8)))
+    assert band.servers.tolist() == [1, 1] and band.awake.tolist() == [8, 8]
+    # a boot costs ~16 g at 100 g/kWh (14.4 g of boot energy, 1.2 g of floor over 30 s) against
+    # 30 g per request/s short over 30 s: 0.4 requests/s beyond 80 is not worth it, 0.6 is
+    for rate, servers in ((80.4, [1, 1]), (80.6, [2, 1])):
+        assert solve_capacity(two_dc(rate, servers_now=(1, 1), awake_now=(8, 8))).servers.tolist() == servers
+
+
+def test_the_rate_upper_bound() -> None:
+    from solvers.facility_capacity import RATE_Z, rate_upper_bound
+    # one 0.1 s poll on an empty cluster: the count's Poisson spread, sqrt(r / 0.1 s)
+    assert rate_upper_bound(900.0, 0.0, 0.1) == pytest.approx(900.0 + RATE_Z * math.sqrt(9000.0))
+    # the bias-corrected 60 s EWMA: t_obs = 2 tau tanh(t / 2 tau) ~ t early on, 2 tau = 120 s at length
+    assert rate_upper_bound(900.0, 30.0, 0.1) == pytest.approx(900.0 + RATE_Z * math.sqrt(900.0 / (120.0 * math.tanh(0.25))))
+    assert rate_upper_bound(900.0, 1e5, 0.1) == pytest.approx(900.0 + RATE_Z * math.sqrt(900.0 / 120.0))
+    assert rate_upper_bound(0.0, 10.0, 0.1) == 0.0
+    assert rate_upper_bound(900.0, 30.0, 0.1, z=0.0) == 900.0
 
 
 def test_wake_energy_prefers_engines_awake_now() -> None:

@@ -120,9 +120,10 @@ def test_plan_boots_ahead_of_a_known_load_step_the_one_period_stage_follows() ->
     assert first_boot >= step_t - BOOT_S - 300.0 - 30.0  # within one plan block of the latest useful start
     # ... and the capacity is ready when the step comes
     assert with_plan[-1][2] >= 60.0 / CAP
-    # the one-period stage sizes for the load now: one server until the step
-    assert all(powered == 1 for _, powered, _ in follow)
-    assert follow[-1][2] == 8.0
+    # the one-period stage sizes for the load now: one server until the step, then it boots the
+    # servers the step needs, which serve only boot_s later
+    assert all(powered == 1 for t, powered, _ in follow if t < step_t)
+    assert follow[-1][1] == 2 and follow[-1][2] == 8.0  # (60 requests/s within 5 per engine: 12 engines)
 
 
 def test_plan_never_below_the_slo_floor() -> None:
