@@ -24,11 +24,10 @@ Data, per datacenter d (``up`` datacenters only; one that is down keeps its targ
     e_d = energy of the routed work per request at d (the placement MILP's marginal energy at the
         current batch plus the engine's fixed energy over the batch, mean of the pending
         requests; remembered between steps), J
-    r = max(sum_d arrival_rate_per_s_d, pending / poll_s)   the fleet's arrival rate, requests/s
-        (the EWMA the simulator publishes; it starts at 0 on an empty cluster, so the requests
-        pending now over one polling period bound it below)
-    Lam = (1 + ``capacity_load_margin``) x (r + z sqrt(r / t_obs))   the period's expected
-        arrivals, requests/s, at their 99% upper confidence bound (below)
+    Lam = (1 + ``capacity_load_margin``) x r+   the period's expected arrivals, requests/s: r+ the
+        99% upper confidence bound of the fleet's arrival rate (:func:`fleet_rate_per_s`: the
+        EWMA the simulator publishes, sum_d arrival_rate_per_s_d; on an empty cluster, where
+        it is 0, the requests pending now over one polling period; a backlog raises it)
     c = engine_capacity_per_s (measured requests/s per engine within the SLO), u =
         ``capacity_util_cap``; lam = ``violation_penalty_g`` grams per request over capacity
 
@@ -66,21 +65,13 @@ Demand beyond the whole fleet's measured capacity is charged once, in o.
 
 The expected load Lam is an upper confidence bound: a bias-corrected EWMA over tau = 60 s of a
 Poisson stream of rate r, observed for t seconds, has variance r / t_obs with t_obs = 2 tau
-tanh(t / (2 tau)) (one polling period when only the requests pending now are known), so Lam =
-(1 + margin) (r + z sqrt(r / t_obs)) with z = 2.326, the one-sided 99% point to match the p99
-targets. On an empty cluster the first decision sees one polling period's count (~91 requests
-at 0.1 s on llama8b-moderate, +-10%); the bound keeps its fleet from being sized on a low
-count, and adds under 1% once a minute of arrivals is known.
-
-Routing between decisions (:func:`capacity_view`): the placement problem sees ``S_d =
-min(target_d, U_d)`` serving engines at d (its TPOT, prefill and TTFT budgets scale with them);
-a datacenter with no serving engine is masked for every request that has another datacenter
-allowed; where no engine is awake now, the wake latency (``wake_latency_s``) is added to the
-queue wait of the TTFT constraints. With ``control = "always_on"`` none of this runs and the
-facility MILP is exactly the routing MILP.
-
-Fallback: when HiGHS returns no incumbent, :func:`capacity_greedy` fills the awake capacity
-datacenter by datacenter in order of ``gbar_d``, counted in ``stats["capacity_fallbacks"]``.
+tanh(t / (2 tau)), so r+ = r + z sqrt(r / t_obs) with z = 2.326, the one-sided 99% point to
+match the p99 targets; under 1% above r once a minute of arrivals is known. The first decision
+on an empty cluster sees only one polling period's count (~91 requests at 0.1 s on
+llama8b-moderate, +-10%), and its bound keeps the fleet from being sized on a low count. The
+count's lower bound is a floor (a backlog raises the plan), but a count merely high by chance is
+not: taking max(EWMA, count) at every decision, as before, booted and powered off servers in
+turn once boots could pay.
 """
 
 from __future__ import annotations
@@ -99,7 +90,7 @@ from ._highs import run as run_highs
 from .problem import J_PER_KWH, PlacementProblem
 
 __all__ = ["CapacityFacts", "CapacityProblem", "CapacityResult", "capacity_problem", "solve_capacity",
-           "capacity_greedy", "capacity_view", "horizon_intensity_g_per_kwh", "rate_upper_bound", "RATE_Z"]
+           "capacity_greedy", "capacity_view", "horizon_intensity_g_per_kwh", "fleet_rate_per_s", "RATE_Z"]
 
 
 @dataclass(frozen=True)
@@ -215,13 +206,26 @@ def horizon_intensity_g_per_kwh(now: np.ndarray, forecast: np.ndarray, hour_utc:
 RATE_Z = 2.326
 
 
-def rate_upper_bound(rate_per_s: float, time_s: float, poll_s: float, z: float = RATE_Z) -> float:
-    """Upper confidence bound of a Poisson arrival rate estimated by the simulator's bias-corrected
-    EWMA (``RATE_TAU_S``) after ``time_s`` seconds, requests/s: ``rate + z sqrt(rate / t_obs)``,
-    ``t_obs = max(poll_s, 2 tau tanh(time_s / (2 tau)))`` the equivalent observation time, s."""
-    r = max(float(rate_per_s), 0.0)
-    t_obs = max(float(poll_s), 2.0 * RATE_TAU_S * math.tanh(max(float(time_s), 0.0) / (2.0 * RATE_TAU_S)))
-    return r + z * math.sqrt(r / t_obs)
+def fleet_rate_per_s(ewma_per_s: float, pending: float, time_s: float, poll_s: float, z: float = RATE_Z) -> float:
+    """The fleet's arrival rate the capacity stage plans for, requests/s (module docstring).
+
+    Two estimates of a Poisson rate r: the simulator's bias-corrected EWMA of the requests
+    reaching the datacenters (``ewma_per_s``, over ``RATE_TAU_S``; equivalent to counting for
+    ``t_obs = 2 tau tanh(time_s / (2 tau))`` seconds, variance r / t_obs) and the requests
+    pending now over one polling period (``pending / poll_s``, variance r / poll_s). The plan
+    takes the EWMA's upper bound ``r + z sqrt(r / t_obs)`` (the count's, over one poll, while
+    the EWMA has seen nothing: the first decision on an empty cluster), at least the count's
+    lower bound ``r_p - z sqrt(r_p / poll_s)``: a backlog, or requests deferred, well beyond one
+    poll's arrivals raises it, a count that is merely high by chance does not. With ``z`` 0 it
+    is ``max(ewma, pending / poll_s)``."""
+    r_p = max(float(pending), 0.0) / max(float(poll_s), 1e-9)
+    r_e = max(float(ewma_per_s), 0.0)
+    t_e = 2.0 * RATE_TAU_S * math.tanh(max(float(time_s), 0.0) / (2.0 * RATE_TAU_S))
+    if r_e > 0.0 and t_e > 0.0:
+        up = r_e + z * math.sqrt(r_e / t_e)
+    else:
+        up = r_p + z * math.sqrt(r_p / max(float(poll_s), 1e-9))
+    return max(up, r_p - z * math.sqrt(r_p / max(float(poll_s), 1e-9)))
 
 
 def capacity_problem(state: EnvState, problem: PlacementProblem, facts: CapacityFacts, work_j: np.ndarray,
@@ -242,9 +246,7 @@ def capacity_problem(state: EnvState, problem: PlacementProblem, facts: Capacity
     usable = awake + np.asarray(dc.sleeping_engines, dtype=np.int64)
     rate = np.asarray(dc.arrival_rate_per_s, dtype=np.float64)
     rate = np.where(np.isfinite(rate), np.maximum(rate, 0.0), 0.0)
-    # the EWMA starts at 0 on an empty cluster: the requests pending now over one poll bound it below
-    fleet = max(float(rate.sum()), float(state.pending_total) / max(problem.poll_s, 1e-9))
-    fleet = rate_upper_bound(fleet, float(state.time_s), float(problem.poll_s), rate_z)
+    fleet = fleet_rate_per_s(float(rate.sum()), float(state.pending_total), float(state.time_s), float(problem.poll_s), rate_z)
     return CapacityProblem(
         up=np.asarray(dc.up, dtype=bool), engines=np.asarray(dc.n_engines, dtype=np.int64),
         servers=np.asarray(state.servers, dtype=np.int64), engines_per_node=epn, awake_now=awake,

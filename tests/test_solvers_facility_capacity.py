@@ -105,15 +105,21 @@ def test_a_shortfall_the_powered_servers_cannot_hold_boots_a_server() -> None:
         assert solve_capacity(two_dc(rate, servers_now=(1, 1), awake_now=(8, 8))).servers.tolist() == servers
 
 
-def test_the_rate_upper_bound() -> None:
-    from solvers.facility_capacity import RATE_Z, rate_upper_bound
-    # one 0.1 s poll on an empty cluster: the count's Poisson spread, sqrt(r / 0.1 s)
-    assert rate_upper_bound(900.0, 0.0, 0.1) == pytest.approx(900.0 + RATE_Z * math.sqrt(9000.0))
+def test_the_fleet_rate_bounds() -> None:
+    from solvers.facility_capacity import RATE_Z, fleet_rate_per_s
+    z = RATE_Z
+    # the first decision on an empty cluster (EWMA 0): one 0.1 s poll's count and its spread
+    assert fleet_rate_per_s(0.0, 90.0, 0.1, 0.1) == pytest.approx(900.0 + z * math.sqrt(9000.0))
     # the bias-corrected 60 s EWMA: t_obs = 2 tau tanh(t / 2 tau) ~ t early on, 2 tau = 120 s at length
-    assert rate_upper_bound(900.0, 30.0, 0.1) == pytest.approx(900.0 + RATE_Z * math.sqrt(900.0 / (120.0 * math.tanh(0.25))))
-    assert rate_upper_bound(900.0, 1e5, 0.1) == pytest.approx(900.0 + RATE_Z * math.sqrt(900.0 / 120.0))
-    assert rate_upper_bound(0.0, 10.0, 0.1) == 0.0
-    assert rate_upper_bound(900.0, 30.0, 0.1, z=0.0) == 900.0
+    assert fleet_rate_per_s(900.0, 90.0, 30.0, 0.1) == pytest.approx(900.0 + z * math.sqrt(900.0 / (120.0 * math.tanh(0.25))))
+    assert fleet_rate_per_s(900.0, 90.0, 1e5, 0.1) == pytest.approx(900.0 + z * math.sqrt(900.0 / 120.0))
+    # a count 1.5 sigma high does not move it; a backlog (three polls' worth) does, at its lower bound
+    assert fleet_rate_per_s(900.0, 104.0, 1e5, 0.1) == pytest.approx(900.0 + z * math.sqrt(900.0 / 120.0))
+    assert fleet_rate_per_s(900.0, 270.0, 1e5, 0.1) == pytest.approx(2700.0 - z * math.sqrt(27000.0))
+    assert fleet_rate_per_s(0.0, 0.0, 10.0, 0.1) == 0.0
+    # z = 0: the rule before, max(EWMA, count) (milp-mpc's plan starts from it)
+    assert fleet_rate_per_s(900.0, 104.0, 30.0, 0.1, z=0.0) == pytest.approx(1040.0)
+    assert fleet_rate_per_s(900.0, 80.0, 30.0, 0.1, z=0.0) == 900.0
 
 
 def test_wake_energy_prefers_engines_awake_now() -> None:
