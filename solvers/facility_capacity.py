@@ -72,6 +72,17 @@ llama8b-moderate, +-10%), and its bound keeps the fleet from being sized on a lo
 count's lower bound is a floor (a backlog raises the plan), but a count merely high by chance is
 not: taking max(EWMA, count) at every decision, as before, booted and powered off servers in
 turn once boots could pay.
+
+Routing between decisions (:func:`capacity_view`): the placement problem sees ``S_d =
+min(target_d, U_d)`` serving engines at d (its TPOT, prefill and TTFT budgets scale with them);
+a datacenter with no serving engine is masked for every request that has another datacenter
+allowed; where no engine is awake now, the wake latency (``wake_latency_s``) is added to the
+queue wait of the TTFT constraints. With ``control = "always_on"`` none of this runs and the
+facility MILP is exactly the routing MILP.
+
+Fallback: when HiGHS returns no incumbent, :func:`capacity_greedy` fills the awake capacity
+datacenter by datacenter in order of ``gbar_d`` and boots what the later rows still lack,
+counted in ``stats["capacity_fallbacks"]``.
 """
 
 from __future__ import annotations
