@@ -229,14 +229,13 @@ def fleet_rate_per_s(ewma_per_s: float, pending: float, time_s: float, poll_s: f
     lower bound ``r_p - z sqrt(r_p / poll_s)``: a backlog, or requests deferred, well beyond one
     poll's arrivals raises it, a count that is merely high by chance does not. With ``z`` 0 it
     is ``max(ewma, pending / poll_s)``."""
-    r_p = max(float(pending), 0.0) / max(float(poll_s), 1e-9)
+    poll = max(float(poll_s), 1e-9)
+    r_p = max(float(pending), 0.0) / poll
+    spread_p = z * math.sqrt(r_p / poll)  # the count's, over one poll
     r_e = max(float(ewma_per_s), 0.0)
     t_e = 2.0 * RATE_TAU_S * math.tanh(max(float(time_s), 0.0) / (2.0 * RATE_TAU_S))
-    if r_e > 0.0 and t_e > 0.0:
-        up = r_e + z * math.sqrt(r_e / t_e)
-    else:
-        up = r_p + z * math.sqrt(r_p / max(float(poll_s), 1e-9))
-    return max(up, r_p - z * math.sqrt(r_p / max(float(poll_s), 1e-9)))
+    up = r_e + z * math.sqrt(r_e / t_e) if r_e > 0.0 and t_e > 0.0 else r_p + spread_p
+    return max(up, r_p - spread_p)
 
 
 def capacity_problem(state: EnvState, problem: PlacementProblem, facts: CapacityFacts, work_j: np.ndarray,
