@@ -130,8 +130,30 @@ MILP_BUDGET_LABEL = "milp (budget)"
 MILP_BUDGET_ALWAYS_ON_LABEL = "milp (budget, always on)"
 
 
+#: A matrix's file naming the policies (their labels in its ``runs.csv``) whose runs a later matrix
+#: replaces, with why: ``{"policies": [...], "reason": "...", "replaced_by": "slo/<name>"}``.
+SUPERSEDED_FILE = "superseded.json"
+
+
+def superseded_policies(d: str) -> set[str]:
+    """The labels of the policies in matrix ``d`` whose runs :data:`SUPERSEDED_FILE` says a later
+    matrix replaces (kept on disk for the record, left out of every table); empty without one.
+    A file without a non-empty ``policies`` list or a ``reason`` is refused (ValueError naming it)."""
+    path = os.path.join(d, SUPERSEDED_FILE)
+    if not os.path.isfile(path):
+        return set()
+    with open(path, encoding="utf-8") as fh:
+        spec = json.load(fh)
+    pols = spec.get("policies") if isinstance(spec, dict) else None
+    if not isinstance(pols, list) or not pols or not all(isinstance(p, str) for p in pols) or not str(spec.get("reason") or "").strip():
+        raise ValueError(f"{path}: needs 'policies' (a non-empty list of the labels in runs.csv) and 'reason' (why a later "
+                         "matrix replaces them), e.g. {\"policies\": [\"milp (capacity)\"], \"reason\": \"...\"}")
+    return set(pols)
+
+
 def _read(d: str, budget_label: bool = False) -> tuple[Any, dict[str, Any]]:
-    """A matrix's runs (``runs.csv``, with ``slo_bound_carbon_g`` per run where ``python -m
+    """A matrix's runs (``runs.csv`` less the policies a later matrix replaces,
+    :func:`superseded_policies`; with ``slo_bound_carbon_g`` per run where ``python -m
     eval.bound`` wrote ``bound_check.csv``) and its config. A matrix measured over another window
     than its experiment's (:data:`STANDARD_WINDOW_S`) names its scenarios with the window
     (``mixtral8x7b-high (3600 s window)``), so that its rows are not merged with the standard ones.
@@ -144,6 +166,14 @@ def _read(d: str, budget_label: bool = False) -> tuple[Any, dict[str, Any]]:
     with open(os.path.join(d, "config.json"), encoding="utf-8") as fh:
         cfg = json.load(fh)
     runs = pd.read_csv(os.path.join(d, "runs.csv"))
+    gone = superseded_policies(d)
+    if gone:
+        missing = sorted(gone - set(runs["policy"].astype(str)))
+        if missing:
+            raise ValueError(f"{os.path.join(d, SUPERSEDED_FILE)}: policies {missing} are not in its runs.csv "
+                             f"(its policies: {sorted(set(runs['policy'].astype(str)))})")
+        runs = runs[~runs["policy"].astype(str).isin(gone)].reset_index(drop=True)
+        cfg = {**cfg, "runs": [r for r in cfg.get("runs", []) if str(r.get("label") or r.get("policy")) not in gone]}
     check = os.path.join(d, "bound_check.csv")
     if os.path.isfile(check):
         b = pd.read_csv(check)
@@ -378,7 +408,16 @@ def _matrix_line(d: str, results_dir: str) -> list[str]:
     warm = sorted({float(r.get("overrides", {}).get("env.warmup_s", 0.0)) for r in meta})
     window = sorted({float(w) for w in runs["window_s"].dropna()}) if "window_s" in runs else []
     el = cfg.get("elapsed_s")
-    return [f"- {os.path.relpath(d, results_dir)}: {len(runs)} runs, {', '.join(f'{w:g}' for w in window) or '?'} s measured after "
+    gone = superseded_policies(d)
+    if gone:
+        with open(os.path.join(d, SUPERSEDED_FILE), encoding="utf-8") as fh:
+            spec = json.load(fh)
+        el = None  # the wall time was the whole matrix's
+        note = (f" (its runs of {', '.join(f'`{p}`' for p in sorted(gone))} left out: {str(spec['reason']).strip().rstrip('.')}"
+                + (f"; replaced by {spec['replaced_by']}" if spec.get("replaced_by") else "") + ")")
+    else:
+        note = ""
+    return [f"- {os.path.relpath(d, results_dir)}{note}: {len(runs)} runs, {', '.join(f'{w:g}' for w in window) or '?'} s measured after "
             f"{', '.join(f'{w:g}' for w in warm)} s of burn-in; {float(runs['cpu_s'].sum()) / 60:.1f} CPU-min"
             + (f", {float(el) / 60:.1f} min wall on {cfg.get('workers')} worker(s), 2 cores shared with other work" if el else ""),
             starts_line(meta) + "\n"]

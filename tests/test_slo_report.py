@@ -300,3 +300,29 @@ def test_estimate_table_shows_the_capacity_milp_apart_from_the_routing_milp(tmp_
     rows = {tuple(c.strip() for c in line.split("|")[1:3]): line for line in table.splitlines() if line.startswith("| llama8b-low")}
     assert set(rows) == {("llama8b-low", "milp"), ("llama8b-low", "milp (always on)"), ("llama8b-low", "milp (capacity)")}
     assert "| 100 |" in rows[("llama8b-low", "milp")] and "| 300 |" in rows[("llama8b-low", "milp (capacity)")]
+
+
+def test_runs_a_later_matrix_replaces_are_left_out_and_named(tmp_path):
+    """``superseded.json`` in a matrix drops its runs of the named policies from every table (the
+    later matrix's rows of the same label are the only ones left) and says so in the matrix line;
+    a name not in its runs.csv, or a file without a reason, is refused."""
+    res = tmp_path / "results"
+    old = res / "slo" / "capacity"
+    _capacity_matrix(old, [1, 4], 6.0, current=True)
+    _capacity_matrix(res / "slo" / "capacity-b09" / "capacity", [1, 4], 4.0, current=True)
+    # without the file the first matrix in name order wins: the old milp rows (94%)
+    assert "| llama8b-low | milp | polling 0.1 s | 2 | 94.0 ± 0.0 |" in slo_report.slo_section(str(res))
+    (old / "superseded.json").write_text(json.dumps({"policies": ["milp"], "reason": "run before the boot rows.",
+                                                     "replaced_by": "slo/capacity-b09"}))
+    text = slo_report.slo_section(str(res))
+    assert "| llama8b-low | milp | polling 0.1 s | 2 | 96.0 ± 0.0 |" in text and "94.0 ± 0.0" not in text
+    assert "- slo/capacity (its runs of `milp` left out: run before the boot rows; replaced by slo/capacity-b09): 6 runs," in text
+    runs, cfg = slo_report._read(str(old))
+    assert "milp" not in set(runs["policy"]) and "milp (always on)" in set(runs["policy"])
+    assert sorted({r["label"] or r["policy"] for r in cfg["runs"]}) == ["milp (always on)", "rr", "rr (always on)"]
+    (old / "superseded.json").write_text(json.dumps({"policies": ["milp-u0.5"], "reason": "x"}))
+    with pytest.raises(ValueError, match=r"\['milp-u0.5'\] are not in its runs.csv"):
+        slo_report._read(str(old))
+    (old / "superseded.json").write_text(json.dumps({"policies": ["milp"]}))
+    with pytest.raises(ValueError, match="needs 'policies'.*and 'reason'"):
+        slo_report._read(str(old))
