@@ -179,7 +179,7 @@ def test_capacity_training_seeds_per_scenario(tmp_path):
     runs = pd.read_csv(out / "capacity" / "runs.csv")
     _assert_own_seeds(runs, want)
     meta = json.loads((out / "capacity" / "config.json").read_text())["runs"]
-    assert meta and all(not is_heldout_day(pd.Timestamp(r["start_utc"]).dayofyear) for r in meta)
+    assert meta and all(not is_heldout_day(pd.Timestamp(r["start_utc"]).day_of_year) for r in meta)
     line = starts_line(meta)
     assert "(each scenario its own training seeds, `--training-seeds`: no held-out day" in line
     for sc in scens:
