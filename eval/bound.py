@@ -889,19 +889,23 @@ def check_matrix(matrix_dir: str, *, allowance: bool = True) -> Any:
     by_key = {v: rid for rid, v in label.items()}
     rows, bounds = [], {}
     group_rr: dict[tuple[str, int], float] = {}  # the always-on rr run of each (scenario, seed)
-    for r in runs.itertuples(index=False):
-        rid = by_key.get((str(r.scenario), str(r.policy), int(r.seed)))
-        if rid is not None and specs[rid].policy == "rr" and str(dict(specs[rid].overrides).get("capacity.control", "always_on")) == "always_on":
-            group_rr[(str(r.scenario), int(r.seed))] = float(r.carbon_g)
+    rids = []
     for r in runs.itertuples(index=False):
         rid = by_key.get((str(r.scenario), str(r.policy), int(r.seed)))
         if rid is None:
             raise KeyError(f"{matrix_dir}: run {r.scenario} / {r.policy} / seed {r.seed} is not in config.json")
+        rids.append(rid)
+    deciding = pd.Series([str(dict(specs[rid].overrides).get("capacity.control", "always_on")) != "always_on" for rid in rids],
+                         index=runs.index)
+    for r, rid, cap in zip(runs.itertuples(index=False), rids, deciding):
+        if specs[rid].policy == "rr" and not cap:
+            group_rr[(str(r.scenario), int(r.seed))] = float(r.carbon_g)
+    for r, rid, cap in zip(runs.itertuples(index=False), rids, deciding):
         sp = specs[rid]
-        cap = str(dict(sp.overrides).get("capacity.control", "always_on")) != "always_on"
         group = runs[(runs["scenario"] == r.scenario) & (runs["seed"] == r.seed)]
-        if cap:
-            group = group[group["policy"] == r.policy]
+        # the allowance of an always-on run: what that start's always-on runs left (not a
+        # capacity-deciding run's backlog, which its own bound takes); of a deciding run: its own
+        group = group[group["policy"] == r.policy] if cap else group[~deciding.loc[group.index]]
         backlog = largest_backlog_end(group) if allowance else 0
         ages = largest_backlog_ages(group) if allowance else None
         left = largest_window_left(group) if allowance else None

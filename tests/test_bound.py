@@ -195,3 +195,33 @@ def test_window_end_figures_tighten_the_slo_bound_and_the_allowance_free_figure_
     assert (aged["bound_carbon_g"] == plain["bound_carbon_g"]).all() and (left["bound_carbon_g"] > plain["bound_carbon_g"]).all()
     assert (served["bound_carbon_g"] >= left["bound_carbon_g"] - 1e-6).all()
     assert (left["carbon_g"] > left["slo_bound_carbon_g"]).all()
+
+
+def test_an_always_on_runs_allowance_ignores_the_backlog_of_runs_deciding_capacity(tmp_path):
+    """check_matrix: an always-on run's window-end allowance is the largest backlog of that start's
+    always-on runs, not of a capacity-deciding run beside it (rr+carbon-aware at 0.1 left 221k
+    requests on start 23 of the tracked autoscaler frontier; it once weakened rr's bound there):
+    the always-on rows' bounds are those of the same matrix without the deciding run, and the
+    deciding run keeps its own (weaker) bound."""
+    import shutil
+
+    import pandas as pd
+
+    from eval.bound import check_matrix
+
+    src = Path(__file__).resolve().parent.parent / "results" / "tradeoff-capacity" / "tradeoff"
+    runs = pd.read_csv(src / "runs.csv")
+    runs = runs[(runs["seed"] == 23) & runs["policy"].isin(["rr", "learned:llama8b_set", "rr+carbon-aware[dirty_cap_frac=0.1]"])]
+    assert runs.set_index("policy")["backlog_end"]["rr+carbon-aware[dirty_cap_frac=0.1]"] > 30 * runs["backlog_end"].iloc[:2].max()
+    tables = []
+    for name, part in (("all", runs), ("on", runs[~runs["policy"].str.contains("carbon-aware", regex=False)])):
+        d = tmp_path / name
+        d.mkdir()
+        shutil.copy(src / "config.json", d / "config.json")
+        part.to_csv(d / "runs.csv", index=False)
+        tables.append(check_matrix(str(d)).set_index("policy"))
+    both, on = tables
+    for col in ("bound_carbon_g", "slo_bound_carbon_g"):
+        assert (both.loc[on.index, col] == on[col]).all()
+    assert both.loc["rr+carbon-aware[dirty_cap_frac=0.1]", "capacity"]
+    assert both.loc["rr+carbon-aware[dirty_cap_frac=0.1]", "bound_carbon_g"] < 0.5 * both.loc["rr", "bound_carbon_g"]
