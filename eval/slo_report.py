@@ -135,25 +135,26 @@ MILP_BUDGET_ALWAYS_ON_LABEL = "milp (budget, always on)"
 SUPERSEDED_FILE = "superseded.json"
 
 
-def superseded_policies(d: str) -> set[str]:
-    """The labels of the policies in matrix ``d`` whose runs :data:`SUPERSEDED_FILE` says a later
-    matrix replaces (kept on disk for the record, left out of every table); empty without one.
-    A file without a non-empty ``policies`` list or a ``reason`` is refused (ValueError naming it)."""
+def superseded(d: str) -> dict[str, Any]:
+    """Matrix ``d``'s :data:`SUPERSEDED_FILE` (the policies whose runs a later matrix replaces,
+    kept on disk for the record and left out of every table), its ``policies`` as a set; ``{}``
+    without one. A file without a non-empty ``policies`` list or a ``reason`` is refused
+    (ValueError naming it)."""
     path = os.path.join(d, SUPERSEDED_FILE)
     if not os.path.isfile(path):
-        return set()
+        return {}
     with open(path, encoding="utf-8") as fh:
         spec = json.load(fh)
     pols = spec.get("policies") if isinstance(spec, dict) else None
     if not isinstance(pols, list) or not pols or not all(isinstance(p, str) for p in pols) or not str(spec.get("reason") or "").strip():
         raise ValueError(f"{path}: needs 'policies' (a non-empty list of the labels in runs.csv) and 'reason' (why a later "
                          "matrix replaces them), e.g. {\"policies\": [\"milp (capacity)\"], \"reason\": \"...\"}")
-    return set(pols)
+    return {**spec, "policies": set(pols)}
 
 
 def _read(d: str, budget_label: bool = False) -> tuple[Any, dict[str, Any]]:
     """A matrix's runs (``runs.csv`` less the policies a later matrix replaces,
-    :func:`superseded_policies`; with ``slo_bound_carbon_g`` per run where ``python -m
+    :func:`superseded`; with ``slo_bound_carbon_g`` per run where ``python -m
     eval.bound`` wrote ``bound_check.csv``) and its config. A matrix measured over another window
     than its experiment's (:data:`STANDARD_WINDOW_S`) names its scenarios with the window
     (``mixtral8x7b-high (3600 s window)``), so that its rows are not merged with the standard ones.
@@ -166,7 +167,7 @@ def _read(d: str, budget_label: bool = False) -> tuple[Any, dict[str, Any]]:
     with open(os.path.join(d, "config.json"), encoding="utf-8") as fh:
         cfg = json.load(fh)
     runs = pd.read_csv(os.path.join(d, "runs.csv"))
-    gone = superseded_policies(d)
+    gone = superseded(d).get("policies", set())
     if gone:
         missing = sorted(gone - set(runs["policy"].astype(str)))
         if missing:
@@ -408,12 +409,10 @@ def _matrix_line(d: str, results_dir: str) -> list[str]:
     warm = sorted({float(r.get("overrides", {}).get("env.warmup_s", 0.0)) for r in meta})
     window = sorted({float(w) for w in runs["window_s"].dropna()}) if "window_s" in runs else []
     el = cfg.get("elapsed_s")
-    gone = superseded_policies(d)
-    if gone:
-        with open(os.path.join(d, SUPERSEDED_FILE), encoding="utf-8") as fh:
-            spec = json.load(fh)
+    spec = superseded(d)
+    if spec:
         el = None  # the wall time was the whole matrix's
-        note = (f" (its runs of {', '.join(f'`{p}`' for p in sorted(gone))} left out: {str(spec['reason']).strip().rstrip('.')}"
+        note = (f" (its runs of {', '.join(f'`{p}`' for p in sorted(spec['policies']))} left out: {str(spec['reason']).strip().rstrip('.')}"
                 + (f"; replaced by {spec['replaced_by']}" if spec.get("replaced_by") else "") + ")")
     else:
         note = ""
