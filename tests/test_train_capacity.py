@@ -166,3 +166,63 @@ def test_tiny_dagger_run_learns_the_milps_capacity(tmp_path):
     assert h0[-1]["val_capacity_acc"] == 1.0
     pol = LearnedPolicy.load(out["best"])
     assert pol.net.capacity_head and pol.fingerprint[0]["action"] == "route+capacity"
+
+
+def test_count_scale_reads_a_step_as_the_training_periods_requests():
+    """``count_scale`` s multiplies every per-step count the network reads: the numpy and torch
+    logits with it equal those without it on s x the counts, and they agree with each other."""
+    env = _env(polling_period_s=0.5)
+    th.manual_seed(5)
+    net = SetNetwork(layout_spec(env), hidden=8, classes=True, demand_features=True, load_feedback=1, capacity_head=True)
+    obs, _ = _obs_after(env, 4)
+    K = net.K
+    sl = np.asarray(obs["slots"], dtype=np.float32).reshape(K, -1)
+    valid = sl[:, net._s_valid] > 0.5
+    assert valid.sum() >= 2
+    dc = th.from_numpy(np.asarray(obs["datacenters"], np.float32)).reshape(1, net.D, net.F_D)
+    gl = th.from_numpy(np.asarray(obs["globals"], np.float32)).reshape(1, -1)
+    slt, vt = th.from_numpy(sl).reshape(1, K, -1), th.from_numpy(valid)[None]
+    base = net.totals(slt, vt)
+    net.count_scale = 10.0
+    assert th.equal(net.totals(slt, vt), 10.0 * base)
+    sc = NumpySetScorer(net)
+    assert sc.count_scale == 10.0
+    flat = {"datacenters": dc.reshape(1, -1), "slots": slt.reshape(1, -1), "globals": gl}
+    zt = net.scores(flat)[0].detach().numpy()[valid]
+    logits, inv, _, _ = sc.class_logits(obs["datacenters"], sl[valid], obs["globals"])
+    np.testing.assert_allclose(logits[inv], zt, atol=1e-4, rtol=1e-4)  # (float64 against float32)
+    plain = NumpySetScorer(net)
+    plain.count_scale = 1.0
+    unscaled, inv1, _, _ = plain.class_logits(obs["datacenters"], sl[valid], obs["globals"])
+    assert np.abs(unscaled[inv1] - zt).max() > 1e-2  # (the scale moves the routing logits)
+    # the capacity head: scaled totals t read as 10 t by an unscaled scorer
+    t = np.array([3.0, 0.5, 0.7])
+    scaled = sc.capacity_logits(obs["datacenters"], obs["globals"], t)
+    np.testing.assert_allclose(scaled, plain.capacity_logits(obs["datacenters"], obs["globals"], 10.0 * t), rtol=1e-12)
+    assert not np.allclose(scaled, plain.capacity_logits(obs["datacenters"], obs["globals"], t))
+    env.close()
+
+
+def test_learned_policy_resolves_the_count_scale(tmp_path):
+    from train.checkpoint import env_fingerprint, save_set_checkpoint
+    from train.policy import LearnedPolicy
+
+    env = _env(polling_period_s=0.5)
+    net = SetNetwork(layout_spec(env), hidden=4, classes=True, capacity_head=True)
+    bare = save_set_checkpoint(tmp_path / "bare.npz", net)
+    fp = env_fingerprint(_env(polling_period_s=2.0))
+    assert fp["polling_period_s"] == 2.0
+    stamped = save_set_checkpoint(tmp_path / "fp.npz", net, fingerprint=[fp])
+    for path, kw, scale in ((bare, {}, 1.0), (bare, {"trained_polling_period_s": 1.0}, 2.0),
+                            (stamped, {"on_env_mismatch": "ignore"}, 4.0),
+                            (stamped, {"on_env_mismatch": "ignore", "trained_polling_period_s": 0.5}, 1.0)):
+        for backend in ("numpy", "torch"):
+            pol = LearnedPolicy.load(path, backend=backend, **kw)
+            pol.reset(env)
+            assert pol.count_scale == scale and pol.net.count_scale == scale
+            if backend == "numpy":
+                assert pol.scorer.count_scale == scale
+    for bad in (0, -1.0, float("nan"), True, "1"):
+        with pytest.raises(ConfigError, match="trained_polling_period_s"):
+            LearnedPolicy.load(bare, trained_polling_period_s=bad)
+    env.close()

@@ -589,7 +589,7 @@ def check_checkpoint_env(stored: dict[str, Any] | None, source: str) -> None:
 #: Fields of :func:`env_fingerprint` compared by :func:`check_env_fingerprint` (``git_commit`` is
 #: recorded, not compared: any commit would differ).
 FINGERPRINT_FIELDS = ("scenario", "n_datacenters", "n_regions", "max_pending", "forecast_hours", "capacity_control",
-                      "action", "layout_hash", "carbon_gym_version", "env_version", "rate_per_s")
+                      "action", "layout_hash", "carbon_gym_version", "env_version", "rate_per_s", "polling_period_s")
 #: What :func:`check_env_fingerprint` does with mismatches.
 ON_MISMATCH = ("warn", "error", "ignore")
 
@@ -624,7 +624,8 @@ def env_fingerprint(env: Any) -> dict[str, Any]:
     :func:`carbon_gym.observation.observation_signature`: columns, sizes, scales, action sizes),
     the carbon_gym and env versions, the scenario's mean request rate ``rate_per_s`` (requests/s,
     rounded to 4 significant digits: a load level's rate moves when its capacity basis does) and
-    the git commit of the code (None outside a checkout)."""
+    the git commit of the code (None outside a checkout) and the polling period ``polling_period_s``
+    (s; :class:`train.policy.LearnedPolicy` reads per-step counts in its units)."""
     import carbon_gym
     from carbon_gym.observation import ENV_VERSION, observation_signature
 
@@ -640,6 +641,7 @@ def env_fingerprint(env: Any) -> dict[str, Any]:
         "layout_hash": _digest(observation_signature(base)),
         "carbon_gym_version": str(carbon_gym.__version__), "env_version": ENV_VERSION, "git_commit": _git_commit(),
         "rate_per_s": None if sc is None else float(f"{float(sc.rate_per_s):.4g}"),
+        "polling_period_s": None if sc is None else float(sc.polling_period_s),
     }
 
 

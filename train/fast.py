@@ -93,6 +93,9 @@ class NumpySetScorer:
         # both from the encoder's hidden layer in one product, [W_s2 @ W_ps | W_s2 @ W_d_s]
         self._M_sd = np.hstack([self.W_s2 @ self.W_ps, self.W_s2 @ self.W_d_s])
         self._c_sd = np.concatenate([self.b_s2 @ self.W_ps, self.b_s2 @ self.W_d_s])
+        #: The network's :attr:`~train.set_policy.SetNetwork.count_scale` (per-step request
+        #: counts read as the training period's), copied; :class:`train.policy.LearnedPolicy` sets both.
+        self.count_scale = float(getattr(net, "count_scale", 1.0))
         self.load_feedback = int(getattr(net, "load_feedback", 0))
         if self.load_feedback:
             fb = net.fb_head
@@ -267,7 +270,7 @@ class NumpySetScorer:
         if totals is None and self._last_e is not None:
             e, n_rows = self._last_e, self._last_n
         else:
-            t = np.zeros(3) if totals is None else np.asarray(totals, dtype=np.float64)
+            t = np.zeros(3) if totals is None else np.asarray(totals, dtype=np.float64) * self.count_scale
             n_rows = float(t[0])
             e, _, _ = self._embed(dc64, n_rows, gl, t[1:3])
         S = self._cap_n.shape[0] - 1
@@ -290,9 +293,13 @@ class NumpySetScorer:
         dc = np.asarray(dc_flat, dtype=np.float32).reshape(D, self.F_D)
         crow, inv, rep, counts = self.group(rows, dc, inverse)
         dc64 = dc.astype(np.float64)
+        scale = self.count_scale
         demand = counts @ crow[:, :2] if self.demand_features else None
-        e, up, all_up = self._embed(dc64, float(rows.shape[0]), gl, demand)
-        self._last_e, self._last_n = e, float(rows.shape[0])
+        if demand is not None and scale != 1.0:
+            demand = demand * scale
+        n_rows = float(rows.shape[0]) * scale
+        e, up, all_up = self._embed(dc64, n_rows, gl, demand)
+        self._last_e, self._last_n = e, n_rows
         # classes: slot encoder (its output layer folded into the pair and defer layers), pair
         # inputs, pair layer, defer head
         prompt, waited = crow[:, 0], crow[:, 2]
@@ -326,6 +333,8 @@ class NumpySetScorer:
         logits[:, D] = hd @ self.w_d2 + self.b_d2
         if self.load_feedback:  # as SetNetwork._feedback, with class sizes as the row weights
             cnt = counts.astype(np.float64)
+            if scale != 1.0:
+                cnt = cnt * scale
             load_w = np.empty((C, 3))  # requests, prompt and predicted-output tokens per class
             load_w[:, 0] = cnt
             np.multiply(cnt[:, None], crow[:, :2], out=load_w[:, 1:])
@@ -344,6 +353,8 @@ class NumpySetScorer:
             z = np.exp(lg - lg.max(axis=1, keepdims=True))
             z /= z.sum(axis=1, keepdims=True)
             req = (counts.astype(np.float64) @ z[:, :D]) * self._inv_engines * 16.0  # (D,) requests per engine
+            if scale != 1.0:
+                req = req * scale
             mean = req[up].mean() if up.any() else 0.0
             logits[:, :D] -= self.load_price * (req - mean)[None, :]
         return logits, inv, rep, counts

@@ -36,6 +36,8 @@ Names in the policy registry (:func:`train.register_policies`, factory
 
 from __future__ import annotations
 
+import math
+
 import json
 from pathlib import Path
 from typing import Any
@@ -80,6 +82,14 @@ class LearnedPolicy:
             datacenters where their estimated TTFT headroom is below ``headroom_margin`` (SLO
             units); a larger ``load_price`` moves them off datacenters proposed more requests per
             engine than average.
+        trained_polling_period_s: the polling period (s) the network was trained at; None
+            (default): the checkpoint fingerprint's ``polling_period_s`` where it records one (for
+            the env's scenario, else its first training env), else the env's own. At :meth:`reset`
+            every per-step request count the network reads (pending load, demand, load feedback) is
+            multiplied by this over the env's polling period (``count_scale``): an agent trained at
+            1 s reads a 0.1 s step's requests as those of a 1 s step, i.e. as a rate, instead of a
+            tenth of its training load (its capacity head would power a tenth of the servers).
+            Bit-identical where the two periods are equal.
         on_env_mismatch: what :meth:`reset` does when the env differs from the training envs a
             checkpoint's fingerprint records (:func:`train.checkpoint.check_env_fingerprint`:
             scenario, topology size, slots, forecast hours, capacity control, layout hash, code
@@ -89,7 +99,8 @@ class LearnedPolicy:
 
     def __init__(self, model: Any, *, mode: str = "sample", seed: int = 0, threads: int = 1, backend: str = "auto",
                  load_price: float = 0.0,
-                 headroom_penalty: float = 0.0, headroom_margin: float = 0.0, on_env_mismatch: str = "warn") -> None:
+                 headroom_penalty: float = 0.0, headroom_margin: float = 0.0, on_env_mismatch: str = "warn",
+                 trained_polling_period_s: float | None = None) -> None:
         import torch as th
 
         from .set_policy import SetActorCriticPolicy, SetNetwork
@@ -101,6 +112,13 @@ class LearnedPolicy:
         if on_env_mismatch not in ON_MISMATCH:
             raise ConfigError("on_env_mismatch", f"unknown value {on_env_mismatch!r}", allowed=list(ON_MISMATCH))
         self.on_env_mismatch = on_env_mismatch
+        if trained_polling_period_s is not None:
+            v = trained_polling_period_s
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(float(v)) and float(v) > 0):
+                raise ConfigError("trained_polling_period_s", f"must be None or a polling period > 0 seconds, got {v!r}")
+        self.trained_polling_period_s = None if trained_polling_period_s is None else float(trained_polling_period_s)
+        #: Per-step request counts times this (see ``trained_polling_period_s``); resolved at :meth:`reset`.
+        self.count_scale = 1.0
         #: The checkpoint's training-env fingerprint (None: not recorded) and where it came from.
         self.fingerprint: list[dict[str, Any]] | None = None
         self.source = "policy"
@@ -193,8 +211,11 @@ class LearnedPolicy:
         self._cap_every = 0
         if self.kind == "set":
             self.net.bind(base.layout)
+            self.count_scale = self._count_scale(base)
+            self.net.count_scale = self.count_scale
             if self.backend == "numpy":
                 self.scorer.bind(self.net.spec)
+                self.scorer.count_scale = self.count_scale
             if getattr(self.net, "capacity_head", False) and bool(getattr(base.layout, "capacity_agent", False)):
                 sc = base.scenario
                 self._cap_every = max(int(round(float(sc.capacity.period_s) / float(sc.polling_period_s))), 1)
@@ -202,6 +223,18 @@ class LearnedPolicy:
             from carbon_gym.wrappers import RoutingWeightsWrapper
 
             self._router = RoutingWeightsWrapper(base)
+
+    def _count_scale(self, base: Any) -> float:
+        """The training polling period (given, else the fingerprint's) over the env's; 1.0 when
+        neither records one."""
+        sc = getattr(base, "scenario", None)
+        if sc is None:
+            return 1.0
+        trained = self.trained_polling_period_s
+        if trained is None and self.fingerprint:
+            same = [f for f in self.fingerprint if f.get("scenario") == str(sc.name)]
+            trained = (same[0] if same else self.fingerprint[0]).get("polling_period_s")
+        return 1.0 if trained is None else float(trained) / float(sc.polling_period_s)
 
     def act(self, observation: Any, info: dict[str, Any]) -> Any:
         """The per-request action (length K; D = defer) for this step; with a capacity head on an

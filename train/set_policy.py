@@ -228,6 +228,11 @@ class SetNetwork(nn.Module):
         if self.load_feedback:
             self.fb_head = _mlp([h + 3, h, 1])  # [datacenter embedding, proposed load x 3] -> score correction
         self.per_slot = False
+        #: Multiplies every per-step request count the network reads (the pending load and demand
+        #: of :meth:`totals`, the load-feedback weights): the training polling period over the
+        #: env's, so that a network trained at one period reads a step of another as the requests
+        #: of its own period (1.0: as trained; set by :class:`train.policy.LearnedPolicy`).
+        self.count_scale = 1.0
         self.capacity_head = bool(capacity_head)
         if self.capacity_head:
             self.cap_head = _mlp([h + N_CAPACITY_INPUTS, h, 1])  # [datacenter embedding, candidate] -> score
@@ -337,9 +342,11 @@ class SetNetwork(nn.Module):
         return dc, sl, gl
 
     def totals(self, sl: th.Tensor, valid: th.Tensor) -> th.Tensor:
-        """Per observation (B, 3): valid slots, their prompt and predicted-output sums (obs units)."""
+        """Per observation (B, 3): valid slots, their prompt and predicted-output sums (obs units),
+        times :attr:`count_scale`."""
         w = valid.to(sl.dtype)
-        return th.stack([w.sum(dim=1), (sl[:, :, self._s_prompt] * w).sum(dim=1), (sl[:, :, self._s_pred] * w).sum(dim=1)], dim=1)
+        t = th.stack([w.sum(dim=1), (sl[:, :, self._s_prompt] * w).sum(dim=1), (sl[:, :, self._s_pred] * w).sum(dim=1)], dim=1)
+        return t if self.count_scale == 1.0 else t * self.count_scale
 
     def class_keys(self, sl: th.Tensor, valid: th.Tensor, dc: th.Tensor) -> th.Tensor:
         """Class key of every slot (B, K) (int64; -1 on invalid slots): origin x output-length bin x
@@ -517,6 +524,8 @@ class SetNetwork(nn.Module):
         if weights is None or up is None:
             raise ConfigError("load_feedback", "needs the rows' weights and the up flags")
         w = weights.to(scores.dtype).unsqueeze(-1)  # (B, K, 1)
+        if self.count_scale != 1.0:
+            w = w * self.count_scale
         inv_eng = self._inv_engines.to(device=scores.device, dtype=scores.dtype)
         down = ~up.unsqueeze(1)  # (B, 1, D)
         load_w = th.stack([th.ones_like(slot_in[:, :, 0]), slot_in[:, :, 0], slot_in[:, :, 1]], dim=-1) * w  # (B, K, 3)
