@@ -19,6 +19,7 @@ rest of the file.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -73,23 +74,28 @@ def capacity_specs(scenarios: Sequence[str], policies: Sequence[str], seeds: Seq
                    policy_kwargs: Mapping[str, Mapping[str, Any]] | None = None) -> list[RunSpec]:
     """The always-on rr reference (when ``rr`` is in ``policies``: a matrix of more policies run
     later leaves it out and is merged with the first, :func:`merged_runs`), the routing-only MILP
-    (:data:`MILP_ALWAYS_ON_LABEL`, when ``milp`` is), then ``policies`` with
-    ``capacity.control = "agent"``, per scenario and seed (one scenario label: the same requests
-    and episode start)."""
-    pk = policy_kwargs or {}
+    (:data:`MILP_ALWAYS_ON_LABEL`, when ``milp`` is; an aliased MILP ``NAME=milp`` as ``NAME (always
+    on)``), then ``policies`` with ``capacity.control = "agent"``, per scenario and seed (one
+    scenario label: the same requests and episode start). Policies are named as everywhere
+    (:func:`eval.runner.make_specs`): registry names, ``learned:<checkpoint>``, ``NAME=POLICY``,
+    with ``policy_kwargs`` per name."""
+    from eval.runner import canonical_policy_name, make_specs
+
     on = always_on_overrides(overrides)  # (autoscaler settings are for the rows deciding capacity)
     agent = dict(overrides)
     agent[OVERRIDE_CONTROL] = "agent"
+    milp = canonical_policy_name("milp")
+    routed = make_specs(scenarios, list(policies), seeds, overrides=agent, policy_kwargs=policy_kwargs)
     specs = []
     for scen in scenarios:
         for k in seeds if "rr" in policies else ():
             specs.append(RunSpec(scenario=scen, policy="rr", seed=int(k), overrides=freeze(on), label=ALWAYS_ON_LABEL))
-        for p in policies:
-            for k in seeds:
-                if p == "milp":
-                    specs.append(RunSpec(scenario=scen, policy=p, seed=int(k), overrides=freeze(on),
-                                         policy_kwargs=freeze(pk.get(p)), label=MILP_ALWAYS_ON_LABEL))
-                specs.append(RunSpec(scenario=scen, policy=p, seed=int(k), overrides=freeze(agent), policy_kwargs=freeze(pk.get(p))))
+        for s in routed:
+            if s.scenario != scen:
+                continue
+            if s.policy == milp:
+                specs.append(replace(s, overrides=freeze(on), label=f"{s.label} (always on)" if s.label else MILP_ALWAYS_ON_LABEL))
+            specs.append(s)
     return specs
 
 

@@ -61,6 +61,22 @@ def test_specs_reference_always_on_then_agent_policies():
         (cr.MILP_ALWAYS_ON_LABEL, "always_on"), ("milp", "agent")]
 
 
+def test_specs_take_aliases_and_learned_checkpoints_as_everywhere():
+    """``NAME=POLICY`` and ``learned:<checkpoint>`` are named as in the other experiments, with
+    their ``--policy-arg`` settings; an aliased MILP brings its own routing-only run."""
+    specs = cr.capacity_specs(["a"], ["cap=learned:train/checkpoints/llama8b_capacity_set.npz", "m8=milp"], [0, 1], {},
+                              {"cap": {"trained_polling_period_s": 1.0}, "m8": {"capacity_util_cap": 0.8}})
+    got = [(s.policy, s.policy_name, dict(s.overrides)["capacity.control"], dict(s.policy_kwargs)) for s in specs]
+    assert got == [
+        ("learned:train/checkpoints/llama8b_capacity_set.npz", "cap", "agent", {"trained_polling_period_s": 1.0}),
+        ("learned:train/checkpoints/llama8b_capacity_set.npz", "cap", "agent", {"trained_polling_period_s": 1.0}),
+        ("milp", "m8 (always on)", "always_on", {"capacity_util_cap": 0.8}),
+        ("milp", "m8", "agent", {"capacity_util_cap": 0.8}),
+        ("milp", "m8 (always on)", "always_on", {"capacity_util_cap": 0.8}),
+        ("milp", "m8", "agent", {"capacity_util_cap": 0.8}),
+    ]
+
+
 def test_specs_autoscaler_settings_only_on_rows_deciding_capacity():
     """``--set capacity.params.<key>`` reaches the rows that decide capacity; the always-on
     references (which the simulator refuses autoscaler settings under) run without it."""
