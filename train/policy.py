@@ -36,9 +36,8 @@ Names in the policy registry (:func:`train.register_policies`, factory
 
 from __future__ import annotations
 
-import math
-
 import json
+import math
 from pathlib import Path
 from typing import Any
 
