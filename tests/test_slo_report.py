@@ -326,3 +326,20 @@ def test_runs_a_later_matrix_replaces_are_left_out_and_named(tmp_path):
     (old / "superseded.json").write_text(json.dumps({"policies": ["milp"]}))
     with pytest.raises(ValueError, match="needs 'policies'.*and 'reason'"):
         slo_report._read(str(old))
+
+
+def test_superseded_files_are_tracked_by_git():
+    """A matrix's ``superseded.json`` changes the tables RESULTS.md is written from, so git must
+    track it like the matrix's csv files (the results/ ignore rules let it through)."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    probe = "results/slo/some-matrix/tradeoff/" + slo_report.SUPERSEDED_FILE
+    out = subprocess.run(["git", "check-ignore", "--no-index", "-q", probe], cwd=root, capture_output=True)
+    assert out.returncode == 1, f"{probe} is ignored by git: its matrix's tables would differ on a clean checkout"
+    assert subprocess.run(["git", "check-ignore", "--no-index", "-q", "results/slo/some-matrix/tradeoff/steps/x.csv"],
+                          cwd=root, capture_output=True).returncode == 0  # (the rules do ignore per-step records)
