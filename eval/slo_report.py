@@ -194,10 +194,24 @@ def _read(d: str, budget_label: bool = False) -> tuple[Any, dict[str, Any]]:
         old = runs["policy"].eq("milp") & (~runs[col].eq(1.0) if col in runs else True)
         if bool(old.any()):
             runs = runs.assign(policy=runs["policy"].where(~old, MILP_BUDGET_LABEL))
-            if col not in runs:
-                cfg = {**cfg, "runs": [{**r, "label": MILP_BUDGET_LABEL} if (r.get("label") or r.get("policy")) == "milp" else r
-                                       for r in cfg.get("runs", [])]}
+        if col not in runs:  # (a matrix run before the measured operating point: its knob points too)
+            names = {lab: _budget_name(lab) for lab in set(runs["policy"].astype(str)) | {"milp"}}
+            names = {k: v for k, v in names.items() if v != k}
+            runs = runs.assign(policy=runs["policy"].map(lambda p: names.get(str(p), p)))
+            cfg = {**cfg, "runs": [{**r, "label": names[str(r.get("label") or r.get("policy"))]}
+                                   if str(r.get("label") or r.get("policy")) in names else r for r in cfg.get("runs", [])]}
     return runs, cfg
+
+
+def _budget_name(label: str) -> str:
+    """The name of a routing MILP row run at the prefill budget: ``milp`` -> :data:`MILP_BUDGET_LABEL`,
+    a knob point ``milp[k=v]`` -> ``milp (budget)[k=v]``; other labels unchanged."""
+    from eval.frontiers import parse_knob_label
+
+    if label == "milp":
+        return MILP_BUDGET_LABEL
+    parsed = parse_knob_label(label)
+    return f"{MILP_BUDGET_LABEL}{label[len('milp'):]}" if parsed is not None and parsed[0] == "milp" else label
 
 
 def _label_capacity_defaults(runs: Any, cfg: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
@@ -445,10 +459,11 @@ def _estimate_error_markdown(dirs: Sequence[str], capacity_dirs: Sequence[str] =
 
 
 def _with_headline_milp(runs: Any, headline: Any) -> tuple[Any, str]:
-    """``runs`` (a milp-vs-ilp matrix run without the MILP) with the held-out headline's MILP runs
-    of the same (scenario, seed) where the headline's rr run is the matrix's own bit for bit (same
-    start, same requests: then the MILP's run is too, the simulation being deterministic), and
-    the note saying so; ``runs`` unchanged and "" when they are not."""
+    """``runs`` (a matrix whose starts lack the routing MILP's default, ``milp``, in some or all
+    scenarios) with the held-out headline's ``milp`` runs of those (scenario, seed) where the
+    headline's rr run is the matrix's own bit for bit (same start, same requests: then the MILP's
+    run is too, the simulation being deterministic), and the note saying so; ``runs`` unchanged
+    and "" when they are not, or when nothing is missing."""
     import pandas as pd
 
     from eval.versus import carbon_by_start, first_other_episode
@@ -456,11 +471,17 @@ def _with_headline_milp(runs: Any, headline: Any) -> tuple[Any, str]:
     mine, theirs = carbon_by_start(runs, "rr"), carbon_by_start(headline, "rr")
     if not set(mine) <= set(theirs) or first_other_episode(mine, theirs) is not None:
         return runs, ""
+    own = runs[runs["policy"] == "milp"]
+    have = set(zip(own["scenario"].astype(str), own["seed"].astype(int)))
     starts = list(zip(headline["scenario"].astype(str), headline["seed"].astype(int)))
-    milp = headline[(headline["policy"] == "milp") & pd.Series([k in mine for k in starts], index=headline.index)]
+    take = pd.Series([k in mine and k not in have for k in starts], index=headline.index)
+    milp = headline[(headline["policy"] == "milp") & take]
+    if milp.empty:
+        return runs, ""
+    scen = ", ".join(dict.fromkeys(milp["scenario"].astype(str)))
     return (pd.concat([runs, milp], ignore_index=True),
-            "; the MILP's rows are the held-out headline's runs of the same starts (its rr runs equal this "
-            "matrix's to the last bit, so the MILP was not run twice)")
+            f"; the MILP's default rows (`milp`) on {scen} are the held-out headline's runs of the same starts (its rr "
+            "runs equal this matrix's to the last bit, so the MILP was not run twice)")
 
 
 _TABLE_NOTE = ("vs round-robin of the same start at the same polling period, always on; worst TTFT/TPOT p99 = the "
@@ -478,14 +499,17 @@ def _budget_note(dirs: Sequence[str]) -> str:
            if "policy_operating_point_measured" not in pd.read_csv(os.path.join(d, "runs.csv"), nrows=1).columns]
     if not old:
         return ""
-    return ("; in " + ", ".join(old) + " the `milp` rows and their knob points are the MILP at the prefill budget "
-            f"(`operating_point` budget, shown as `{MILP_BUDGET_LABEL}` in the headline), the default when they ran")
+    return ("; in " + ", ".join(old) + " the MILP rows are the MILP at the prefill budget (`operating_point` budget, "
+            f"the default when they ran), shown as `{MILP_BUDGET_LABEL}` and its knob points as "
+            f"`{MILP_BUDGET_LABEL}[...]`")
 
 
-def _frontier_body(dirs: Sequence[str], results_dir: str) -> list[str]:
+def _frontier_body(dirs: Sequence[str], results_dir: str, headline_dirs: Sequence[str] = ()) -> list[str]:
     """The frontier subsections of the held-out trade-off matrices ``dirs``: the always-on ones
-    (anchor: the routing-only MILP) and, apart, those of policies deciding capacity (anchor: the
-    capacity-deciding MILP)."""
+    (anchor: the routing-only MILP at its current default; where a matrix ran before it, its MILP
+    rows are :data:`MILP_BUDGET_LABEL` and its knob points ``milp (budget)[...]``, and the default's
+    rows come from the held-out headline matrices ``headline_dirs`` of the same starts) and, apart,
+    those of policies deciding capacity (anchor: the capacity-deciding MILP)."""
     from eval.slo_compare import best_within_slo, best_within_slo_markdown
 
     body: list[str] = []
@@ -494,12 +518,15 @@ def _frontier_body(dirs: Sequence[str], results_dir: str) -> list[str]:
     if always_on:
         from eval.frontiers import equal_violation, equal_violation_markdown
 
-        runs, cfg = _merged(always_on)
+        runs, cfg = _merged(always_on, budget_label=True)
+        borrowed = ""
+        if headline_dirs:
+            runs, borrowed = _with_headline_milp(runs, _merged(headline_dirs, budget_label=True)[0])
         body += ["### Frontiers at the SLO-true point (held-out starts)\n",
                  "Each knob-driven policy at several settings; at equal p99 pass, the best setting passing MLPerf p99 "
                  "in every start (chosen on these starts: optimistic by up to the noise between settings), and at "
                  "equal violation, each frontier read per start at rr's and at the MILP default's violation "
-                 "(eval/frontiers.py)" + _budget_note(always_on) + ":\n"]
+                 "(eval/frontiers.py)" + _budget_note(always_on) + borrowed + ":\n"]
         for d in always_on:
             body += _matrix_line(d, results_dir)
         body += [best_within_slo_markdown(best_within_slo(runs)), equal_violation_markdown(equal_violation(runs))]
@@ -568,7 +595,7 @@ def slo_section(results_dir: str) -> str:
             body += _matrix_line(d, results_dir)
         body += [milp_vs_ilp_markdown(milp_vs_ilp_table(runs)),
                  "At equal p99 pass (module eval.slo_compare):\n", best_within_slo_markdown(best_within_slo(runs))]
-    body += _frontier_body(held.get("tradeoff", []), results_dir)
+    body += _frontier_body(held.get("tradeoff", []), results_dir, held.get("headline", []))
     if "capacity" in held:
         runs, cfg = _merged(held["capacity"], budget_label=True)
         rows = slo_rows(runs, cfg)

@@ -148,7 +148,7 @@ def test_headline_milp_runs_before_the_measured_default_are_labelled_apart(tmp_p
     assert head.count("| llama8b-high | rr |") == 1
     runs, _ = slo_report._read(str(res / "slo" / "llama8b" / "headline"))
     assert set(runs["policy"]) == {"rr", "milp"}  # (only the SLO section's headline relabels)
-    assert slo_report._budget_note([str(res / "slo" / "llama8b" / "headline")]).startswith("; in llama8b the `milp` rows")
+    assert slo_report._budget_note([str(res / "slo" / "llama8b" / "headline")]).startswith("; in llama8b the MILP rows")
     assert slo_report._budget_note([str(res / "slo" / "milp-measured-llama8b" / "headline")]) == ""
 
 
@@ -167,12 +167,55 @@ def test_milp_vs_ilp_matrix_without_the_milp_borrows_the_headline_runs_only_when
     m["reduction_vs_rr_pct"] = 100.0 - m["carbon_g"]
     m.to_csv(d / "runs.csv", index=False)
     fac = slo_report.slo_section(str(res)).split("### Facility MILP", 1)[1].split("###", 1)[0]
-    assert "the MILP's rows are the held-out headline's runs" in fac
+    assert "the MILP's default rows (`milp`) on mixtral8x7b-high are the held-out headline's runs" in fac
     assert "| mixtral8x7b-high | 28.0 ± 25.4 (0.0; 2/2 ✓) | 20.0 ± 0.0 (0.0; 2/2 ✓) | 8.0 ± 25.4 |" in fac
     m.loc[(m["policy"] == "rr") & (m["seed"] == 22), "carbon_g"] = 100.5  # another start: nothing borrowed
     m.to_csv(d / "runs.csv", index=False)
     fac = slo_report.slo_section(str(res)).split("### Facility MILP", 1)[1].split("###", 1)[0]
     assert "headline's runs" not in fac and "| mixtral8x7b-high |" not in fac.split("At equal p99 pass")[0].split("|---|")[-1]
+
+
+def test_frontier_is_anchored_at_the_current_milp_default_borrowed_from_the_headline(tmp_path):
+    """A frontier matrix run before the measured operating point shows its MILP rows as ``milp
+    (budget)`` and its knob points as ``milp (budget)[...]``; ``milp`` (the anchor of the equal-p99
+    comparison) is the held-out headline's current default of the same starts, borrowed only
+    where the rr runs agree to the bit."""
+    res = tmp_path / "results"
+    h = res / "slo" / "milp-measured-qwen7b" / "headline"
+    _matrix(h, "qwen7b-moderate", [7, 28], [60.0, 62.0], [0.5, 0.5], [True, True])
+    d = res / "slo" / "tradeoff-qwen7b-moderate" / "tradeoff"
+    _matrix(d, "qwen7b-moderate", [7, 28], [63.0, 63.0], [0.2, 0.2], [True, True], measured=False)
+
+    def rewrite(path, extra=()):
+        runs = pd.read_csv(path)
+        runs.loc[runs["policy"] == "rr (always on)", "policy"] = "rr"
+        runs = pd.concat([runs, *[f(runs) for f in extra]], ignore_index=True)
+        runs.assign(reduction_vs_rr_pct=100.0 - runs["carbon_g"]).to_csv(path, index=False)
+
+    rewrite(h / "runs.csv")
+    rewrite(d / "runs.csv", (
+        lambda r: r[r["policy"] == "milp"].assign(policy="milp[max_prefill_share=1]", carbon_g=[59.0, 59.0], mlperf_p99_pass=False),
+        lambda r: r[r["policy"] == "milp"].assign(policy="greedy-cap[capacity_cap=1.2]", carbon_g=[61.0, 61.0])))
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["runs"] = [{**r, "label": "rr"} if r["label"] == "rr (always on)" else r for r in cfg["runs"]]
+    cfg["runs"] += [{**r, "label": lab} for r in cfg["runs"] if r["label"] == "milp"
+                    for lab in ("milp[max_prefill_share=1]", "greedy-cap[capacity_cap=1.2]")]
+    (d / "config.json").write_text(json.dumps(cfg))
+    front = slo_report.slo_section(str(res)).split("### Frontiers at the SLO-true point", 1)[1].split("###", 1)[0]
+    assert "the MILP's default rows (`milp`) on qwen7b-moderate are the held-out headline's runs" in front
+    assert "shown as `milp (budget)` and its knob points as `milp (budget)[...]`" in front
+    rows = {line.split("|")[2].strip(): line for line in front.splitlines() if line.startswith("| qwen7b-moderate |")
+            and "settings" not in line and line.count("|") == 10}
+    assert "| 1/1 | milp | 39.0 ± 12.7 | 0.50 |" in rows["milp"] and rows["milp"].endswith("| – |")
+    # the budget MILP's family (its knob point fails p99) and greedy-cap, each against the current default
+    assert "| 1/2 | milp (budget) | 37.0 ± 0.0 | 0.20 |" in rows["milp (budget)"] and rows["milp (budget)"].endswith("| 2.0 ± 12.7 (2) |")
+    assert "| 1/1 | greedy-cap[capacity_cap=1.2] | 39.0 ± 0.0 |" in rows["greedy-cap"] and rows["greedy-cap"].endswith("| 0.0 ± 12.7 (2) |")
+    # another start in the headline: nothing is borrowed, the budget MILP's family stays apart
+    hr = pd.read_csv(h / "runs.csv")
+    hr.loc[(hr["policy"] == "rr") & (hr["seed"] == 28), "carbon_g"] = 100.5
+    hr.to_csv(h / "runs.csv", index=False)
+    front = slo_report.slo_section(str(res)).split("### Frontiers at the SLO-true point", 1)[1].split("###", 1)[0]
+    assert "headline's runs" not in front and "| qwen7b-moderate | milp |" not in front
 
 
 def test_a_matrix_over_another_window_is_kept_apart_and_checked_on_its_own(tmp_path):
