@@ -249,8 +249,12 @@ def _setting(cfg: dict[str, Any], label: str, scenario: str | None = None) -> st
 def slo_rows(runs: Any, cfg: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per (scenario, policy) of a capacity matrix's ``runs``: the reduction vs the
     always-on rr of the same seed (%, mean and 95% CI half-width), the per-request violation (%),
-    the seeds passing MLPerf p99 (TTFT and TPOT), the worst seed's p99 TTFT and TPOT (ms) and the
-    setting (polling period, policy arguments)."""
+    the seeds passing MLPerf p99 (TTFT and TPOT) with their work done (an invalid start, more than
+    :data:`eval.runner.VALID_UNFINISHED_PCT` % of its window's work left unfinished, does not pass:
+    its late requests never reach the percentiles; ``invalid`` counts them), the worst seed's p99
+    TTFT and TPOT (ms) and the setting (polling period, policy arguments)."""
+    from eval.runner import VALID_UNFINISHED_PCT
+
     rows = []
     ref_label = ALWAYS_ON_LABEL if ALWAYS_ON_LABEL in set(runs["policy"]) else "rr"
     seen = list(dict.fromkeys(runs["scenario"]))  # the headline's scenarios in their order, then any other
@@ -267,9 +271,14 @@ def slo_rows(runs: Any, cfg: dict[str, Any]) -> list[dict[str, Any]]:
             v_m, v_ci = mean_ci95(g["slo_violation_pct"].to_numpy(np.float64))
             fails = [w for w, col in (("TTFT", "mlperf_ttft_p99_pass"), ("TPOT", "mlperf_tpot_p99_pass"))
                      if col in g and not bool(g[col].astype(bool).all())]
+            valid = (g["run_valid"].astype(bool) if "run_valid" in g else
+                     g["unfinished_pct"].astype(float) <= VALID_UNFINISHED_PCT if "unfinished_pct" in g else
+                     np.ones(len(g), dtype=bool))
+            valid = np.asarray(valid, dtype=bool)
             rows.append({"scenario": scen, "policy": pol, "seeds": len(g), "seed_list": sorted(int(s) for s in g["seed"]),
                          "reduction_pct": r_m, "reduction_ci95": r_ci, "violation_pct": v_m, "violation_ci95": v_ci,
-                         "p99_pass": int(g["mlperf_p99_pass"].astype(bool).sum()), "p99_fails": "+".join(fails),
+                         "p99_pass": int((g["mlperf_p99_pass"].astype(bool).to_numpy() & valid).sum()),
+                         "p99_fails": "+".join(fails), "invalid": int((~valid).sum()),
                          "ttft_p99_ms": 1e3 * float(g["ttft_p99_s"].max()), "tpot_p99_ms": 1e3 * float(g["tpot_p99_s"].max()),
                          "decision_p95_ms": 1e3 * float(g["decision_p95_s"].max()) if "decision_p95_s" in g else float("nan"),
                          "unfinished_pct": float(g["unfinished_pct"].max()) if "unfinished_pct" in g else 0.0,
@@ -297,10 +306,19 @@ def slo_markdown(rows: Sequence[dict[str, Any]]) -> str:
     body = "".join(
         f"| {r['scenario']} | {r['policy']} | {r['setting']} | {r['seeds']} | {_ci(r['reduction_pct'], r['reduction_ci95'], 1)} | "
         f"{_ci(r['violation_pct'], r['violation_ci95'], 2)} | {r['p99_pass']}/{r['seeds']} "
-        f"{'✓' if r['p99_pass'] == r['seeds'] else '✗ (' + (r['p99_fails'] or '?') + ')'} | {r['ttft_p99_ms']:.0f} | {r['tpot_p99_ms']:.0f} | {_num(r.get('decision_p95_ms', float('nan')), 1)} |"
+        f"{'✓' if r['p99_pass'] == r['seeds'] else '✗ (' + _fail_text(r) + ')'} | {r['ttft_p99_ms']:.0f} | {r['tpot_p99_ms']:.0f} | {_num(r.get('decision_p95_ms', float('nan')), 1)} |"
         + (f" {_ci(r['bound_gap_pp'], r['bound_gap_ci95'], 1) if np.isfinite(r.get('bound_gap_pp', float('nan'))) else '–'} |" if gaps else "")
         + "\n" for r in rows)
     return head + body
+
+
+def _fail_text(r: dict[str, Any]) -> str:
+    """Why a row fails MLPerf p99 in some start: the percentile(s), and the starts left invalid
+    (more than 1% of the window's work unfinished, the worst start's share)."""
+    parts = [r["p99_fails"]] if r["p99_fails"] else []
+    if r.get("invalid"):
+        parts.append(f"{r['invalid']} invalid: {r['unfinished_pct']:.1f}% unfinished")
+    return "; ".join(parts) or "?"
 
 
 def _gap_line(want: str, r: dict[str, Any]) -> str:

@@ -386,3 +386,21 @@ def test_superseded_files_are_tracked_by_git():
     assert out.returncode == 1, f"{probe} is ignored by git: its matrix's tables would differ on a clean checkout"
     assert subprocess.run(["git", "check-ignore", "--no-index", "-q", "results/slo/some-matrix/tradeoff/steps/x.csv"],
                           cwd=root, capture_output=True).returncode == 0  # (the rules do ignore per-step records)
+
+
+def test_a_start_leaving_work_undone_does_not_pass_p99():
+    """A start with more than 1% of its window's work unfinished (``run_valid`` False) passes no
+    MLPerf p99 check, whatever the percentiles of the requests it completed say, and the table
+    says why."""
+    rows = []
+    for seed, valid, unfinished in ((1, True, 0.0), (4, False, 1.15)):
+        for pol, c in (("rr (always on)", 100.0), ("planner+reactive", 50.0)):
+            rows.append({"scenario": "qwen7b-high", "policy": pol, "seed": seed, "carbon_g": c, "slo_violation_pct": 0.1,
+                         "mlperf_p99_pass": True, "mlperf_ttft_p99_pass": True, "mlperf_tpot_p99_pass": True,
+                         "ttft_p99_s": 1.1, "tpot_p99_s": 0.05, "unfinished_pct": unfinished if pol != "rr (always on)" else 0.0,
+                         "run_valid": valid or pol == "rr (always on)", "cpu_s": 10.0})
+    out = {r["policy"]: r for r in slo_report.slo_rows(pd.DataFrame(rows), {"runs": []})}
+    r = out["planner+reactive"]
+    assert (r["p99_pass"], r["invalid"], r["seeds"]) == (1, 1, 2)
+    assert out["rr (always on)"]["p99_pass"] == 2
+    assert "| 1/2 ✗ (1 invalid: 1.1% unfinished) |" in slo_report.slo_markdown([r])
