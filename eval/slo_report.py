@@ -191,10 +191,11 @@ def _read(d: str, budget_label: bool = False) -> tuple[Any, dict[str, Any]]:
         return _label_capacity_defaults(runs, cfg)
     if budget_label and not _decides_capacity(cfg):
         col = "policy_operating_point_measured"
-        old = runs["policy"].eq("milp") & (~runs[col].eq(1.0) if col in runs else True)
-        if bool(old.any()):
-            runs = runs.assign(policy=runs["policy"].where(~old, MILP_BUDGET_LABEL))
-        if col not in runs:  # (a matrix run before the measured operating point: its knob points too)
+        if col in runs:  # (a run fallen back to the budget, where no figure was measured)
+            old = runs["policy"].eq("milp") & ~runs[col].eq(1.0)
+            if bool(old.any()):
+                runs = runs.assign(policy=runs["policy"].where(~old, MILP_BUDGET_LABEL))
+        else:  # (a matrix run before the measured operating point: its milp rows and knob points)
             names = {lab: _budget_name(lab) for lab in set(runs["policy"].astype(str)) | {"milp"}}
             names = {k: v for k, v in names.items() if v != k}
             runs = runs.assign(policy=runs["policy"].map(lambda p: names.get(str(p), p)))
@@ -249,12 +250,10 @@ def _setting(cfg: dict[str, Any], label: str, scenario: str | None = None) -> st
 def slo_rows(runs: Any, cfg: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per (scenario, policy) of a capacity matrix's ``runs``: the reduction vs the
     always-on rr of the same seed (%, mean and 95% CI half-width), the per-request violation (%),
-    the seeds passing MLPerf p99 (TTFT and TPOT) with their work done (an invalid start, more than
-    :data:`eval.runner.VALID_UNFINISHED_PCT` % of its window's work left unfinished, does not pass:
-    its late requests never reach the percentiles; ``invalid`` counts them), the worst seed's p99
-    TTFT and TPOT (ms) and the setting (polling period, policy arguments)."""
-    from eval.runner import VALID_UNFINISHED_PCT
-
+    the seeds passing MLPerf p99 (TTFT and TPOT) with their work done (an invalid start, ``run_valid``
+    false: more than :data:`eval.runner.VALID_UNFINISHED_PCT` % of its window's work left unfinished,
+    does not pass: its late requests never reach the percentiles; ``invalid`` counts them), the worst
+    seed's p99 TTFT and TPOT (ms) and the setting (polling period, policy arguments)."""
     rows = []
     ref_label = ALWAYS_ON_LABEL if ALWAYS_ON_LABEL in set(runs["policy"]) else "rr"
     seen = list(dict.fromkeys(runs["scenario"]))  # the headline's scenarios in their order, then any other
@@ -271,10 +270,7 @@ def slo_rows(runs: Any, cfg: dict[str, Any]) -> list[dict[str, Any]]:
             v_m, v_ci = mean_ci95(g["slo_violation_pct"].to_numpy(np.float64))
             fails = [w for w, col in (("TTFT", "mlperf_ttft_p99_pass"), ("TPOT", "mlperf_tpot_p99_pass"))
                      if col in g and not bool(g[col].astype(bool).all())]
-            valid = (g["run_valid"].astype(bool) if "run_valid" in g else
-                     g["unfinished_pct"].astype(float) <= VALID_UNFINISHED_PCT if "unfinished_pct" in g else
-                     np.ones(len(g), dtype=bool))
-            valid = np.asarray(valid, dtype=bool)
+            valid = g["run_valid"].astype(bool).to_numpy() if "run_valid" in g else np.ones(len(g), dtype=bool)
             rows.append({"scenario": scen, "policy": pol, "seeds": len(g), "seed_list": sorted(int(s) for s in g["seed"]),
                          "reduction_pct": r_m, "reduction_ci95": r_ci, "violation_pct": v_m, "violation_ci95": v_ci,
                          "p99_pass": int((g["mlperf_p99_pass"].astype(bool).to_numpy() & valid).sum()),
