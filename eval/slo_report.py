@@ -518,11 +518,11 @@ def _budget_note(dirs: Sequence[str]) -> str:
             f"`{MILP_BUDGET_LABEL}[...]`")
 
 
-def _frontier_body(dirs: Sequence[str], results_dir: str, headline_dirs: Sequence[str] = ()) -> list[str]:
+def _frontier_body(dirs: Sequence[str], results_dir: str, headline: Any = None) -> list[str]:
     """The frontier subsections of the held-out trade-off matrices ``dirs``: the always-on ones
     (anchor: the routing-only MILP at its current default; where a matrix ran before it, its MILP
     rows are :data:`MILP_BUDGET_LABEL` and its knob points ``milp (budget)[...]``, and the default's
-    rows come from the held-out headline matrices ``headline_dirs`` of the same starts) and, apart,
+    rows come from the held-out headline's runs ``headline`` of the same starts) and, apart,
     those of policies deciding capacity (anchor: the capacity-deciding MILP)."""
     from eval.slo_compare import best_within_slo, best_within_slo_markdown
 
@@ -534,8 +534,8 @@ def _frontier_body(dirs: Sequence[str], results_dir: str, headline_dirs: Sequenc
 
         runs, cfg = _merged(always_on, budget_label=True)
         borrowed = ""
-        if headline_dirs:
-            runs, borrowed = _with_headline_milp(runs, _merged(headline_dirs, budget_label=True)[0])
+        if headline is not None:
+            runs, borrowed = _with_headline_milp(runs, headline)
         body += ["### Frontiers at the SLO-true point (held-out starts)\n",
                  "Each knob-driven policy at several settings; at equal p99 pass, the best setting passing MLPerf p99 "
                  "in every start (chosen on these starts: optimistic by up to the noise between settings), and at "
@@ -584,8 +584,10 @@ def slo_section(results_dir: str) -> str:
     add("```\n")
     all_held: list[dict[str, Any]] = []
     body: list[str] = []
+    headline = None  # (the held-out headline's runs, read once)
     if "headline" in held:
         runs, cfg = _merged(held["headline"], budget_label=True)
+        headline = runs
         rows = slo_rows(runs, cfg)
         all_held += rows
         body += ["### The headline at the SLO-true point (held-out starts)\n", f"({_TABLE_NOTE}.)\n"]
@@ -600,8 +602,8 @@ def slo_section(results_dir: str) -> str:
     if "milp-vs-ilp" in held:
         runs, cfg = _merged(held["milp-vs-ilp"], budget_label=True)
         borrowed = ""
-        if "milp" not in set(runs["policy"]) and "headline" in held:
-            runs, borrowed = _with_headline_milp(runs, _merged(held["headline"], budget_label=True)[0])
+        if "milp" not in set(runs["policy"]) and headline is not None:
+            runs, borrowed = _with_headline_milp(runs, headline)
         body += ["### Facility MILP vs per-request ILPs at the SLO-true point (held-out starts)\n",
                  "Reduction vs rr, % (SLO violation %; MLPerf p99 verdict), and the paired gap MILP - ILP in "
                  "percentage points (invalid = more than 1% of the work left unfinished in some start)" + borrowed + ":\n"]
@@ -609,7 +611,7 @@ def slo_section(results_dir: str) -> str:
             body += _matrix_line(d, results_dir)
         body += [milp_vs_ilp_markdown(milp_vs_ilp_table(runs)),
                  "At equal p99 pass (module eval.slo_compare):\n", best_within_slo_markdown(best_within_slo(runs))]
-    body += _frontier_body(held.get("tradeoff", []), results_dir, held.get("headline", []))
+    body += _frontier_body(held.get("tradeoff", []), results_dir, headline)
     if "capacity" in held:
         runs, cfg = _merged(held["capacity"], budget_label=True)
         rows = slo_rows(runs, cfg)
