@@ -254,9 +254,10 @@ class FacilityMILP(Scheduler):
             **({"ttft_margin_mean_s": float(np.mean(st["ttft_margin_s"])), "ttft_margin_max_s": float(np.max(st["ttft_margin_s"]))}
                if st.get("ttft_margin_s") else {}),
             # (capacity control only: the capacity stage's decisions and fallbacks to its greedy,
-            # and its utilisation cap, share of the engine figure)
+            # and its utilisation cap: share of the engine figure, or of the datacenter figure where
+            # capacity_basis_datacenter is 1)
             **({"capacity_solves": float(len(st["capacity_s"])), "capacity_fallbacks": float(st["capacity_fallbacks"]),
-                "capacity_util_cap": self.util_cap}
+                "capacity_util_cap": self.util_cap, "capacity_basis_datacenter": float(self.capacity_basis == "datacenter")}
                if st["capacity_s"] else {}),
             # (the operating point in force: 1 = "measured", 0 = "budget"; the mean step cap, share of the engine figure)
             "operating_point_measured": float(self.config.operating_point == "measured"),
@@ -293,10 +294,31 @@ class FacilityMILP(Scheduler):
                 mode = "budget"
         self.operating_point_note = note
         self.config = req.at_operating_point(mode)
-        self.util_cap = float(req.capacity_util_cap) if req.capacity_util_cap is not None else self._default_util_cap(sc)
+        self.capacity_scale: float | np.ndarray = self._capacity_scale(sc)
+        if req.capacity_util_cap is not None:
+            self.util_cap = float(req.capacity_util_cap)
+        else:
+            self.util_cap = CAPACITY_UTIL_CAP if self.capacity_basis == "datacenter" else self._default_util_cap(sc)
         self.config = replace(self.config, capacity_util_cap=self.util_cap)  # (the capacity stage's cap, resolved)
         self.step_cap: float | np.ndarray | None = cap  # (None: no step cap)
         self._budget: CapacityBudget | None = None if cap is None else CapacityBudget(cap, credit_s=self.config.step_cap_credit_s)
+
+    def _capacity_scale(self, sc: Any) -> float | np.ndarray:
+        """The capacity stage's per-engine figure over the engine figure: 1 with ``capacity_basis``
+        ``"engine"``; with ``"datacenter"`` each datacenter's figure at the env's polling period over
+        the engine figure (:func:`solvers.baselines.measured_step_cap`), or 1 with a warning where
+        it was not measured (``capacity_basis`` then reads ``"engine"``)."""
+        self.capacity_basis = self.requested_config.capacity_basis
+        if self.capacity_basis != "datacenter" or sc is None or sc.capacity.control != "agent":
+            return 1.0
+        ratio, why = measured_step_cap(self.env)
+        if ratio is None:
+            if why != self._util_cap_note:
+                log.warning("facility MILP: capacity_basis 'datacenter' falls back to 'engine': %s", why)
+            self._util_cap_note = why
+            self.capacity_basis = "engine"
+            return 1.0
+        return ratio
 
     def _default_util_cap(self, sc: Any) -> float:
         """The capacity stage's utilisation cap when ``capacity_util_cap`` is None:
@@ -356,7 +378,7 @@ class FacilityMILP(Scheduler):
         cfg = self.config
         work = self._work_j if self._work_j is not None else np.zeros(problem.n_datacenters)
         cp = capacity_problem(state, problem, self._cap_facts, work, self.util_cap, cfg.capacity_load_margin,
-                              cfg.capacity_lookahead_s, cfg.violation_penalty_g)
+                              cfg.capacity_lookahead_s, cfg.violation_penalty_g, capacity_scale=self.capacity_scale)
         try:
             res = solve_capacity(cp, cfg.threads)
         except Exception as exc:  # noqa: BLE001 - any solver failure falls back, counted and logged

@@ -240,10 +240,11 @@ def fleet_rate_per_s(ewma_per_s: float, pending: float, time_s: float, poll_s: f
 
 def capacity_problem(state: EnvState, problem: PlacementProblem, facts: CapacityFacts, work_j: np.ndarray,
                      util_cap: float, load_margin: float, lookahead_s: float, penalty_g: float,
-                     rate_z: float = RATE_Z) -> CapacityProblem:
+                     rate_z: float = RATE_Z, capacity_scale: float | np.ndarray = 1.0) -> CapacityProblem:
     """The :class:`CapacityProblem` of a decision step (``problem``: its placement problem, for the
     carbon stand-ins and PUE; ``rate_z``: the arrival rate's upper confidence bound, 0 for the
-    estimate itself)."""
+    estimate itself; ``capacity_scale``: c is the state's engine figure x this, a float or (D,):
+    the datacenter figure over the engine figure with ``capacity_basis = "datacenter"``)."""
     dc = state.datacenters
     horizon = max(float(state.capacity_period_s), float(lookahead_s))
     fc = problem.carbon_forecast_g_per_kwh
@@ -266,7 +267,8 @@ def capacity_problem(state: EnvState, problem: PlacementProblem, facts: Capacity
         g_per_j=ci * problem.pue / J_PER_KWH, server_on_w=facts.host_w + gpus * facts.idle_w,
         server_off_w=np.asarray(facts.host_off_w), boot_j=boot_host_j + gpus * boot_gpu_j, wake_j=np.asarray(facts.wake_j),
         work_j=np.asarray(work_j, dtype=np.float64), arrival_per_s=fleet * (1.0 + load_margin),
-        engine_capacity_per_s=np.asarray(state.engine_capacity_per_s), util_cap=float(util_cap), horizon_s=horizon,
+        engine_capacity_per_s=np.asarray(state.engine_capacity_per_s, dtype=np.float64) * np.asarray(capacity_scale, dtype=np.float64),
+        util_cap=float(util_cap), horizon_s=horizon,
         penalty_g=float(penalty_g),
     )
 

@@ -23,9 +23,11 @@ OPERATING_POINTS = ("auto", "measured", "budget")
 CAPACITY_UTIL_CAP = 0.9
 #: The cap where the env's datacenter figure was not measured (the default before issue 40).
 CAPACITY_UTIL_CAP_UNMEASURED = 0.7
+#: What the capacity stage plans one awake engine to carry (``FacilityConfig.capacity_basis``).
+CAPACITY_BASES = ("engine", "datacenter")
 
 __all__ = [
-    "OPERATING_POINTS", "CAPACITY_UTIL_CAP", "CAPACITY_UTIL_CAP_UNMEASURED", "FacilityConfig", "FacilityData", "compile_facility", "facility_objective", "facility_greedy", "marginal_energy_j",
+    "OPERATING_POINTS", "CAPACITY_UTIL_CAP", "CAPACITY_UTIL_CAP_UNMEASURED", "CAPACITY_BASES", "FacilityConfig", "FacilityData", "compile_facility", "facility_objective", "facility_greedy", "marginal_energy_j",
     "assignment_from_counts", "pair_counts", "class_greedy",
 ]
 
@@ -114,6 +116,17 @@ class FacilityConfig:
             llama8b-moderate, then checked on two training starts of each other headline
             scenario (RESULTS.md, "The capacity-control frontier"). Without a datacenter figure
             for the env: :data:`CAPACITY_UTIL_CAP_UNMEASURED` (0.7, the default before).
+        capacity_basis: what one awake engine is planned to carry in the capacity stage, before
+            the cap u: ``"engine"`` (default) the engine figure c (the load-level file's
+            ``per_engine_rate_per_s``, one engine at its p99 capacity); ``"datacenter"`` the
+            datacenter figure r x c at the env's polling period (what a datacenter of those
+            engines serves within p99 per engine, r 1.205 / 1.204 / 1.036 at 0.1 s), each
+            datacenter its own, for both the period's capacity rows and the later rows, with the
+            default cap :data:`CAPACITY_UTIL_CAP` (0.9) x 1. Where the datacenter figure is not
+            measured, ``"datacenter"`` falls back to ``"engine"`` with a warning. (Why: the router
+            under the stage loads the cleanest datacenters to about the datacenter figure, so a plan
+            at 0.9 c keeps the engines of 2-3 more datacenters awake that then serve under 1% of the
+            requests; RESULTS.md, "Why the capacity MILP stays far from the bound at high load".)
         capacity_load_margin: the planned load is the observed fleet arrival rate x (1 + this).
         capacity_lookahead_s: lookahead of the capacity decision, seconds (at least one
             ``capacity.period_s``: a smaller value means the period).
@@ -185,6 +198,7 @@ class FacilityConfig:
     threads: int = 1
     bb_max_columns: int = 600
     capacity_util_cap: float | None = None
+    capacity_basis: str = "engine"
     capacity_load_margin: float = 0.1
     capacity_lookahead_s: float = 0.0
     affinity_g_per_ktok: float = 0.0
@@ -275,6 +289,8 @@ class FacilityConfig:
         u = self.capacity_util_cap
         if u is not None and (isinstance(u, bool) or not (isinstance(u, (int, float)) and 0.0 < float(u) <= 1.0)):
             raise ConfigError("facility.capacity_util_cap", f"must be in (0, 1] or None (the measured operating point's), got {u!r}")
+        if self.capacity_basis not in CAPACITY_BASES:
+            raise ConfigError("facility.capacity_basis", f"unknown basis {self.capacity_basis!r}", allowed=list(CAPACITY_BASES))
         for name in ("capacity_load_margin", "capacity_lookahead_s", "affinity_g_per_ktok"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):

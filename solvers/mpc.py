@@ -416,7 +416,8 @@ class MPCFacilityMILP(FacilityMILP):
         cfg = self.config
         work = self._work_j if self._work_j is not None else np.zeros(problem.n_datacenters)
         # (the rate estimate itself, rate_z 0: the plan's load forecast starts from it)
-        cp = capacity_problem(state, problem, facts, work, self.util_cap, 0.0, 0.0, cfg.violation_penalty_g, rate_z=0.0)
+        cp = capacity_problem(state, problem, facts, work, self.util_cap, 0.0, 0.0, cfg.violation_penalty_g, rate_z=0.0,
+                              capacity_scale=self.capacity_scale)
         period = float(state.capacity_period_s)
         starts, lens = plan_blocks(period, self.mpc.horizon_s, self.mpc.block_s)
         fc = problem.carbon_forecast_g_per_kwh

@@ -5,6 +5,7 @@ figures (``dc_*``, ``eval/measure_capacity.py --datacenter``)."""
 from __future__ import annotations
 
 import logging
+import math
 
 import numpy as np
 import pytest
@@ -116,6 +117,49 @@ def test_capacity_util_cap_default(caplog) -> None:
     for bad in (0.0, 1.5, True):
         with pytest.raises(ConfigError, match="facility.capacity_util_cap"):
             FacilityConfig(capacity_util_cap=bad)
+
+
+def test_capacity_basis_datacenter(caplog) -> None:
+    """``capacity_basis = "datacenter"``: the capacity stage plans each engine at the datacenter
+    figure (c x 6.25 / 5.1875 on Llama at 0.1 s polling) with the cap 0.9 of it, so at a decision it
+    keeps fewer engines awake than the engine basis (0.9 c), by about that ratio; the engine basis
+    is the default and unchanged; an unmeasured figure falls back to the engine basis with a
+    warning; an unknown basis names the field and the allowed values."""
+    from solvers.facility_capacity import capacity_problem, solve_capacity
+
+    opts = {**SHORT, "polling_period_s": 0.1, "capacity.control": "agent"}
+    env = GeoServeEnv("llama8b-moderate", opts)
+    eng = make_policy("milp", env)
+    dc = make_policy("milp", env, capacity_basis="datacenter")
+    assert (eng.capacity_basis, eng.capacity_scale, eng.util_cap) == ("engine", 1.0, 0.9)
+    assert dc.capacity_basis == "datacenter" and dc.util_cap == 0.9
+    assert dc.capacity_scale == pytest.approx(6.25 / 5.1875)
+    env.reset(seed=3)
+    for _ in range(20):  # 2 s of arrivals: the rate estimate is the arrivals' own
+        env.step(eng.act(None, {}))
+    state = env.unwrapped.state()
+    problem = eng.problem_of(state)
+    work = np.full(problem.n_datacenters, 100.0)
+    plans = {}
+    for name, pol in (("engine", eng), ("datacenter", dc)):
+        cp = capacity_problem(state, problem, eng._cap_facts, work, pol.util_cap, 0.1, 0.0, 1.0, capacity_scale=pol.capacity_scale)
+        c = np.asarray(state.engine_capacity_per_s, dtype=np.float64) * pol.capacity_scale
+        np.testing.assert_allclose(cp.engine_capacity_per_s, np.broadcast_to(c, cp.engine_capacity_per_s.shape))
+        res = solve_capacity(cp)
+        plans[name] = int(res.awake.sum())
+        # the awake engines hold the planned load at the cap, and not one engine more than that needs
+        per = float(np.min(cp.engine_capacity_per_s)) * pol.util_cap
+        assert plans[name] * per >= cp.arrival_per_s - 1e-6
+        assert plans[name] <= math.ceil(cp.arrival_per_s / per) + problem.n_datacenters
+    assert plans["datacenter"] < plans["engine"]
+    assert plans["engine"] / plans["datacenter"] == pytest.approx(6.25 / 5.1875, rel=0.1)
+    with caplog.at_level(logging.WARNING, logger="solvers.facility"):
+        odd = make_policy("milp", GeoServeEnv("llama8b-moderate", {**opts, "polling_period_s": 0.2}), capacity_basis="datacenter")
+    assert (odd.capacity_basis, odd.capacity_scale) == ("engine", 1.0)
+    assert "capacity_basis 'datacenter' falls back to 'engine'" in caplog.text
+    with pytest.raises(ConfigError, match="facility.capacity_basis") as exc:
+        FacilityConfig(capacity_basis="fleet")
+    assert "datacenter" in str(exc.value) and "engine" in str(exc.value)
 
 
 def test_per_datacenter_step_caps() -> None:
