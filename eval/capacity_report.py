@@ -70,12 +70,21 @@ SECTION_END = "<!-- capacity:end -->"
 SECTION_TITLE = "## Capacity control"
 
 
+def _capacity_only(kwargs: Any) -> bool:
+    """Whether a MILP's settings (``RunSpec.policy_kwargs``) are all its capacity stage's
+    (``capacity_*``), which do nothing with capacity always on."""
+    keys = [k for k, _ in kwargs] if isinstance(kwargs, tuple) else list(dict(kwargs))
+    return bool(keys) and all(str(k).startswith("capacity_") for k in keys)
+
+
 def capacity_specs(scenarios: Sequence[str], policies: Sequence[str], seeds: Sequence[int], overrides: Mapping[str, Any],
                    policy_kwargs: Mapping[str, Mapping[str, Any]] | None = None) -> list[RunSpec]:
     """The always-on rr reference (when ``rr`` is in ``policies``: a matrix of more policies run
     later leaves it out and is merged with the first, :func:`merged_runs`), the routing-only MILP
     (:data:`MILP_ALWAYS_ON_LABEL`, when ``milp`` is; an aliased MILP ``NAME=milp`` as ``NAME (always
-    on)``), then ``policies`` with ``capacity.control = "agent"``, per scenario and seed (one
+    on)``, unless its settings are all the capacity stage's, ``capacity_*``: always on it is then
+    ``milp (always on)`` to the bit, the stage never running), then ``policies`` with
+    ``capacity.control = "agent"``, per scenario and seed (one
     scenario label: the same requests and episode start). Policies are named as everywhere
     (:func:`eval.runner.make_specs`): registry names, ``learned:<checkpoint>``, ``NAME=POLICY``,
     with ``policy_kwargs`` per name."""
@@ -93,7 +102,7 @@ def capacity_specs(scenarios: Sequence[str], policies: Sequence[str], seeds: Seq
         for s in routed:
             if s.scenario != scen:
                 continue
-            if s.policy == milp:
+            if s.policy == milp and not (s.label and _capacity_only(s.policy_kwargs)):
                 specs.append(replace(s, overrides=freeze(on), label=f"{s.label} (always on)" if s.label else MILP_ALWAYS_ON_LABEL))
             specs.append(s)
     return specs

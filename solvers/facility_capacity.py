@@ -28,7 +28,8 @@ Data, per datacenter d (``up`` datacenters only; one that is down keeps its targ
         99% upper confidence bound of the fleet's arrival rate (:func:`fleet_rate_per_s`: the
         EWMA the simulator publishes, sum_d arrival_rate_per_s_d; on an empty cluster, where
         it is 0, the requests pending now over one polling period; a backlog raises it)
-    c = engine_capacity_per_s (measured requests/s per engine within the SLO), u =
+    c = engine_capacity_per_s (measured requests/s per engine within the SLO; with
+        ``capacity_basis = "datacenter"`` x r_d, the datacenter figure over it), u =
         ``capacity_util_cap``; lam = ``violation_penalty_g`` grams per request over capacity
 
 Variables

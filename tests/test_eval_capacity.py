@@ -63,18 +63,25 @@ def test_specs_reference_always_on_then_agent_policies():
 
 def test_specs_take_aliases_and_learned_checkpoints_as_everywhere():
     """``NAME=POLICY`` and ``learned:<checkpoint>`` are named as in the other experiments, with
-    their ``--policy-arg`` settings; an aliased MILP brings its own routing-only run."""
-    specs = cr.capacity_specs(["a"], ["cap=learned:train/checkpoints/llama8b_capacity_set.npz", "m8=milp"], [0, 1], {},
-                              {"cap": {"trained_polling_period_s": 1.0}, "m8": {"capacity_util_cap": 0.8}})
+    their ``--policy-arg`` settings; an aliased MILP brings its own routing-only run, unless its
+    settings are all the capacity stage's (always on it would be ``milp (always on)`` to the bit)."""
+    specs = cr.capacity_specs(["a"], ["cap=learned:train/checkpoints/llama8b_capacity_set.npz", "m8=milp", "p7=milp"], [0, 1], {},
+                              {"cap": {"trained_polling_period_s": 1.0}, "m8": {"capacity_util_cap": 0.8, "capacity_basis": "datacenter"},
+                               "p7": {"capacity_util_cap": 0.8, "max_prefill_share": 0.7}})
     got = [(s.policy, s.policy_name, dict(s.overrides)["capacity.control"], dict(s.policy_kwargs)) for s in specs]
+    m8 = {"capacity_util_cap": 0.8, "capacity_basis": "datacenter"}
+    p7 = {"capacity_util_cap": 0.8, "max_prefill_share": 0.7}
     assert got == [
         ("learned:train/checkpoints/llama8b_capacity_set.npz", "cap", "agent", {"trained_polling_period_s": 1.0}),
         ("learned:train/checkpoints/llama8b_capacity_set.npz", "cap", "agent", {"trained_polling_period_s": 1.0}),
-        ("milp", "m8 (always on)", "always_on", {"capacity_util_cap": 0.8}),
-        ("milp", "m8", "agent", {"capacity_util_cap": 0.8}),
-        ("milp", "m8 (always on)", "always_on", {"capacity_util_cap": 0.8}),
-        ("milp", "m8", "agent", {"capacity_util_cap": 0.8}),
+        ("milp", "m8", "agent", m8),
+        ("milp", "m8", "agent", m8),
+        ("milp", "p7 (always on)", "always_on", p7),
+        ("milp", "p7", "agent", p7),
+        ("milp", "p7 (always on)", "always_on", p7),
+        ("milp", "p7", "agent", p7),
     ]
+    assert cr._capacity_only(()) is False and cr._capacity_only((("capacity_load_margin", 0.0),)) is True
 
 
 def test_specs_autoscaler_settings_only_on_rows_deciding_capacity():
