@@ -1,9 +1,9 @@
 """Awake engines the router leaves idle: where a capacity-deciding run's carbon goes that the
 SLO-true bound does not spend.
 
-``python -m eval.idle_capacity MATRIX_DIR [MATRIX_DIR ...] [--policy milp] [--share 0.01] [--write]``
+``python -m eval.idle_capacity MATRIX_DIR [MATRIX_DIR ...] [--policy milp[,NAME...]] [--share 0.01] [--write]``
 
-For every run of ``--policy`` that decides capacity (``capacity.control`` not ``always_on``) in
+For every run of each ``--policy`` that decides capacity (``capacity.control`` not ``always_on``) in
 each finished matrix (``config.json``, ``runs.csv`` and the runs' ``steps/<run id>.parquet``,
 which git does not track: run it where the matrix ran), over its measurement window (the steps
 after the burn-in):
@@ -16,7 +16,7 @@ after the burn-in):
 - ``gap_pp``: the run above its SLO-true bound, pp of the same rr carbon, where ``python -m
   eval.bound`` has checked the matrix (``bound_check.csv``; NaN otherwise).
 
-Printed per scenario (means over the starts), then ``idle_awake_carbon_pp=<mean over every
+Printed per scenario and policy (means over the starts), then ``idle_awake_carbon_pp=<mean over every
 run>``; ``--write`` keeps each matrix's rows in its ``idle_capacity.csv`` (tracked, beside
 ``bound_check.csv``). A datacenter kept awake with nothing to do costs its engines' idle power and its
 servers' host power for the whole window; the bound (which powers a datacenter only for work it
@@ -53,13 +53,16 @@ def _carbon(runs: Any, m: dict[str, Any]) -> float:
     return float(row["carbon_g"].iloc[0])
 
 
-def idle_capacity_runs(matrix_dir: str, policy: str = "milp", share: float = 0.01) -> Any:
-    """One row per capacity-deciding run of ``policy`` in ``matrix_dir`` (module docstring):
-    ``scenario``, ``seed``, ``idle_dcs``, ``idle_engines``, ``idle_carbon_pp``, ``gap_pp``."""
+def idle_capacity_runs(matrix_dir: str, policies: str | Sequence[str] = "milp", share: float = 0.01) -> Any:
+    """One row per capacity-deciding run of ``policies`` (names in ``runs.csv``, `` (capacity)``
+    implied) in ``matrix_dir`` (module docstring): ``scenario``, ``policy``, ``seed``,
+    ``idle_dcs``, ``idle_engines``, ``idle_carbon_pp``, ``gap_pp``."""
     import pandas as pd
 
     if not 0.0 < share < 1.0:
         raise ValueError(f"share must be in (0, 1), got {share!r}")
+    names = [policies] if isinstance(policies, str) else list(policies)
+    wanted = {n for p in names for n in (p, p + CAPACITY_SUFFIX)}
     with open(os.path.join(matrix_dir, "config.json"), encoding="utf-8") as f:
         specs = {m["run_id"]: m for m in json.load(f)["runs"]}
     runs = pd.read_csv(os.path.join(matrix_dir, "runs.csv"))
@@ -70,7 +73,8 @@ def idle_capacity_runs(matrix_dir: str, policy: str = "milp", share: float = 0.0
     rows = []
     for rid, m in specs.items():
         over = dict(m.get("overrides", {}))
-        if _name(m) not in (policy, policy + CAPACITY_SUFFIX) or over.get("capacity.control", "always_on") == "always_on":
+        name = _name(m)
+        if name not in wanted or over.get("capacity.control", "always_on") == "always_on":
             continue
         key = (str(m["scenario"]), int(m["seed"]))
         if key not in rr:
@@ -90,17 +94,17 @@ def idle_capacity_runs(matrix_dir: str, policy: str = "milp", share: float = 0.0
             c = check[(check["scenario"] == key[0]) & (check["seed"] == key[1]) & (check["policy"] == _name(m))]
             if not c.empty:
                 gap = 100.0 * float(c["carbon_g"].iloc[0] - c["slo_bound_carbon_g"].iloc[0]) / rr[key]
-        rows.append({"scenario": key[0], "seed": key[1], "idle_dcs": int(idle.sum()), "idle_engines": float(awake[idle].sum()),
+        rows.append({"scenario": key[0], "policy": name, "seed": key[1], "idle_dcs": int(idle.sum()), "idle_engines": float(awake[idle].sum()),
                      "idle_carbon_pp": 100.0 * float(carbon[idle].sum()) / rr[key], "gap_pp": gap})
-    return pd.DataFrame(rows, columns=["scenario", "seed", "idle_dcs", "idle_engines", "idle_carbon_pp", "gap_pp"])
+    return pd.DataFrame(rows, columns=["scenario", "policy", "seed", "idle_dcs", "idle_engines", "idle_carbon_pp", "gap_pp"])
 
 
 def idle_capacity_markdown(table: Any) -> str:
-    """A markdown table of :func:`idle_capacity_runs`' rows, means per scenario."""
-    lines = ["| scenario | starts | idle datacenters | idle engines | idle carbon (pp of rr) | above the SLO-true bound (pp) |",
-             "|---|---|---|---|---|---|"]
-    for scen, g in table.groupby("scenario", sort=False):
-        lines.append(f"| {scen} | {len(g)} | {g['idle_dcs'].mean():.1f} | {g['idle_engines'].mean():.1f} | "
+    """A markdown table of :func:`idle_capacity_runs`' rows, means per scenario and policy."""
+    lines = ["| scenario | policy | starts | idle datacenters | idle engines | idle carbon (pp of rr) | above the SLO-true bound (pp) |",
+             "|---|---|---|---|---|---|---|"]
+    for (scen, pol), g in table.groupby(["scenario", "policy"], sort=False):
+        lines.append(f"| {scen} | {pol} | {len(g)} | {g['idle_dcs'].mean():.1f} | {g['idle_engines'].mean():.1f} | "
                      f"{g['idle_carbon_pp'].mean():.1f} | {g['gap_pp'].mean():.1f} |")
     return "\n".join(lines) + "\n"
 
@@ -111,17 +115,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m eval.idle_capacity", description=__doc__.split("\n\n")[0])
     ap.add_argument("matrix", nargs="+", help="finished matrix directories (config.json, runs.csv, steps/)")
-    ap.add_argument("--policy", default="milp", help="the capacity-deciding policy's name in the matrix's runs.csv, "
-                    "' (capacity)' implied (default: milp)")
+    ap.add_argument("--policy", default="milp", help="the capacity-deciding policies' names in the matrix's runs.csv, "
+                    "comma-separated, ' (capacity)' implied (default: milp)")
     ap.add_argument("--share", type=float, default=0.01, help="a datacenter is idle below this share of the requests (default: 0.01)")
     ap.add_argument("--write", action="store_true", help="write each matrix's rows to its idle_capacity.csv")
     args = ap.parse_args(argv)
     tables = []
     for d in args.matrix:
-        t = idle_capacity_runs(d, args.policy, args.share)
+        t = idle_capacity_runs(d, [p.strip() for p in args.policy.split(",") if p.strip()], args.share)
         if args.write:
             t.to_csv(os.path.join(d, "idle_capacity.csv"), index=False)
-        print(f"{d} ({args.policy}):\n{idle_capacity_markdown(t)}")
+        print(f"{d}:\n{idle_capacity_markdown(t)}")
         tables.append(t)
     every = pd.concat(tables, ignore_index=True)
     print(f"idle_awake_carbon_pp={every['idle_carbon_pp'].mean():.2f}")

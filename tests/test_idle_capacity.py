@@ -44,11 +44,12 @@ def test_idle_datacenters_and_their_carbon(tmp_path, capsys) -> None:
     t = idle_capacity_runs(str(_matrix(tmp_path)))
     assert len(t) == 1
     r = t.iloc[0]
-    assert (r.scenario, r.seed, r.idle_dcs) == ("s", 1, 1)
+    assert (r.scenario, r.policy, r.seed, r.idle_dcs) == ("s", "milp (capacity)", 1, 1)
     assert r.idle_engines == pytest.approx(4.0) and r.idle_carbon_pp == pytest.approx(5.0) and r.gap_pp == pytest.approx(8.0)
     # a threshold below dc1's share (0.42%) finds nothing idle
     assert idle_capacity_runs(str(tmp_path), share=0.004).iloc[0].idle_dcs == 0
-    assert "| s | 1 | 1.0 | 4.0 | 5.0 | 8.0 |" in idle_capacity_markdown(t)
+    assert "| s | milp (capacity) | 1 | 1.0 | 4.0 | 5.0 | 8.0 |" in idle_capacity_markdown(t)
+    assert idle_capacity_runs(str(tmp_path), ["other", "milp"]).equals(t)
     assert main([str(tmp_path), "--write"]) == 0
     assert capsys.readouterr().out.strip().endswith("idle_awake_carbon_pp=5.00")
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "idle_capacity.csv"), t, check_dtype=False)
