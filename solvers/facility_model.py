@@ -126,7 +126,9 @@ class FacilityConfig:
             measured, ``"datacenter"`` falls back to ``"engine"`` with a warning. (Why: the router
             under the stage loads the cleanest datacenters to about the datacenter figure, so a plan
             at 0.9 c keeps the engines of 2-3 more datacenters awake that then serve under 1% of the
-            requests; RESULTS.md, "Why the capacity MILP stays far from the bound at high load".)
+            requests; RESULTS.md, Discussion, "Why the capacity MILP stayed far from the bound at high
+            load": with ``capacity_load_margin`` 0 it was chosen on training starts and held on the
+            held-out starts at high load, 7-13 pp more reduction at p99 8/8.)
         capacity_load_margin: the planned load is the observed fleet arrival rate x (1 + this).
         capacity_lookahead_s: lookahead of the capacity decision, seconds (at least one
             ``capacity.period_s``: a smaller value means the period).
