@@ -221,6 +221,7 @@ class FacilityMILP(Scheduler):
         self.requested_config = cfg
         self.operating_point_note = ""
         self._util_cap_note = ""
+        self._basis_note = ""
         super().__init__(env, **base_kw)  # (its reset_state resolves config, step_cap and the budget)
 
     def reset_stats(self) -> None:
@@ -313,9 +314,9 @@ class FacilityMILP(Scheduler):
             return 1.0
         ratio, why = measured_step_cap(self.env)
         if ratio is None:
-            if why != self._util_cap_note:
+            if why != self._basis_note:
                 log.warning("facility MILP: capacity_basis 'datacenter' falls back to 'engine': %s", why)
-            self._util_cap_note = why
+            self._basis_note = why
             self.capacity_basis = "engine"
             return 1.0
         return ratio

@@ -157,6 +157,7 @@ def test_capacity_basis_datacenter(caplog) -> None:
         odd = make_policy("milp", GeoServeEnv("llama8b-moderate", {**opts, "polling_period_s": 0.2}), capacity_basis="datacenter")
     assert (odd.capacity_basis, odd.capacity_scale) == ("engine", 1.0)
     assert "capacity_basis 'datacenter' falls back to 'engine'" in caplog.text
+    assert odd.util_cap == 0.7 and "capacity_util_cap falls back to 0.7" in caplog.text
     with pytest.raises(ConfigError, match="facility.capacity_basis") as exc:
         FacilityConfig(capacity_basis="fleet")
     assert "datacenter" in str(exc.value) and "engine" in str(exc.value)
