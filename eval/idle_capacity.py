@@ -6,7 +6,7 @@ SLO-true bound does not spend.
 For every run of each ``--policy`` that decides capacity (``capacity.control`` not ``always_on``) in
 each finished matrix (``config.json``, ``runs.csv`` and the runs' ``steps/<run id>.parquet``,
 which git does not track: run it where the matrix ran), over its measurement window (the steps
-after the burn-in):
+after ``runs.csv``'s ``window_start_s``, as :func:`eval.dc_carbon.dc_carbon` reads them):
 
 - ``idle_dcs``: datacenters whose engines are awake (mean awake engines over the window >= 0.5)
   while they receive under ``--share`` (1%) of the window's requests (``dc_placed``);
@@ -45,12 +45,12 @@ def _name(m: dict[str, Any]) -> str:
     return str(m.get("label") or m["policy"])
 
 
-def _carbon(runs: Any, m: dict[str, Any]) -> float:
-    """The run's ``carbon_g`` in ``runs.csv`` (KeyError if it is not there)."""
+def _row(runs: Any, m: dict[str, Any]) -> Any:
+    """The run's row of ``runs.csv`` (KeyError if it is not there)."""
     row = runs[(runs["scenario"] == m["scenario"]) & (runs["seed"] == m["seed"]) & (runs["policy"] == _name(m))]
     if row.empty:
         raise KeyError(f"run {m['run_id']} ({_name(m)}) is not in runs.csv")
-    return float(row["carbon_g"].iloc[0])
+    return row.iloc[0]
 
 
 def idle_capacity_runs(matrix_dir: str, policies: str | Sequence[str] = "milp", share: float = 0.01) -> Any:
@@ -66,7 +66,7 @@ def idle_capacity_runs(matrix_dir: str, policies: str | Sequence[str] = "milp", 
     with open(os.path.join(matrix_dir, "config.json"), encoding="utf-8") as f:
         specs = {m["run_id"]: m for m in json.load(f)["runs"]}
     runs = pd.read_csv(os.path.join(matrix_dir, "runs.csv"))
-    rr = {(str(m["scenario"]), int(m["seed"])): _carbon(runs, m) for m in specs.values()
+    rr = {(str(m["scenario"]), int(m["seed"])): float(_row(runs, m)["carbon_g"]) for m in specs.values()
           if m["policy"] == "rr" and dict(m.get("overrides", {})).get("capacity.control", "always_on") == "always_on"}
     check_path = os.path.join(matrix_dir, "bound_check.csv")
     check = pd.read_csv(check_path) if os.path.exists(check_path) else None
@@ -82,8 +82,9 @@ def idle_capacity_runs(matrix_dir: str, policies: str | Sequence[str] = "milp", 
         path = os.path.join(matrix_dir, "steps", f"{rid}.parquet")
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path}: the run's steps are not here (git does not track steps/: run this where the matrix ran)")
+        t0 = float(_row(runs, m).get("window_start_s", float("nan")))
         steps = pd.read_parquet(path)
-        w = steps[steps["time_s"] > float(over.get("env.warmup_s", 0.0))]
+        w = steps[steps["time_s"] > (t0 if np.isfinite(t0) else 0.0) + 1e-9]
         placed = np.asarray(m["dc_placed"], dtype=np.float64)
         n = placed.size
         awake = np.array([w[f"awake_engines_dc{d}"].mean() for d in range(n)])
@@ -91,7 +92,7 @@ def idle_capacity_runs(matrix_dir: str, policies: str | Sequence[str] = "milp", 
         idle = (awake >= 0.5) & (placed < share * max(placed.sum(), 1.0))
         gap = float("nan")
         if check is not None:
-            c = check[(check["scenario"] == key[0]) & (check["seed"] == key[1]) & (check["policy"] == _name(m))]
+            c = check[(check["scenario"] == key[0]) & (check["seed"] == key[1]) & (check["policy"] == name)]
             if not c.empty:
                 gap = 100.0 * float(c["carbon_g"].iloc[0] - c["slo_bound_carbon_g"].iloc[0]) / rr[key]
         rows.append({"scenario": key[0], "policy": name, "seed": key[1], "idle_dcs": int(idle.sum()), "idle_engines": float(awake[idle].sum()),

@@ -22,7 +22,7 @@ def _matrix(tmp_path, name: str = "milp (capacity)", check: bool = True):
     ]
     (tmp_path / "config.json").write_text(json.dumps({"runs": runs}))
     pd.DataFrame({"scenario": ["s"] * 3, "policy": ["rr", name, "milp (always on)"], "seed": [1, 1, 1],
-                  "carbon_g": [1000.0, 300.0, 600.0]}).to_csv(tmp_path / "runs.csv", index=False)
+                  "carbon_g": [1000.0, 300.0, 600.0], "window_start_s": [1.0] * 3}).to_csv(tmp_path / "runs.csv", index=False)
     (tmp_path / "steps").mkdir()
     # burn-in step at 0.5 and 1.0 s (not counted), window steps at 1.5 and 2.0 s
     pd.DataFrame({"time_s": [0.5, 1.0, 1.5, 2.0],
