@@ -197,11 +197,17 @@ def _read(d: str, budget_label: bool = False) -> tuple[Any, dict[str, Any]]:
                 runs = runs.assign(policy=runs["policy"].where(~old, MILP_BUDGET_LABEL))
         else:  # (a matrix run before the measured operating point: its milp rows and knob points)
             names = {lab: _budget_name(lab) for lab in set(runs["policy"].astype(str)) | {"milp"}}
-            names = {k: v for k, v in names.items() if v != k}
-            runs = runs.assign(policy=runs["policy"].map(lambda p: names.get(str(p), p)))
-            cfg = {**cfg, "runs": [{**r, "label": names[str(r.get("label") or r.get("policy"))]}
-                                   if str(r.get("label") or r.get("policy")) in names else r for r in cfg.get("runs", [])]}
+            return _relabelled(runs, cfg, {k: v for k, v in names.items() if v != k})
     return runs, cfg
+
+
+def _relabelled(runs: Any, cfg: dict[str, Any], names: dict[str, str]) -> tuple[Any, dict[str, Any]]:
+    """``runs`` and ``cfg`` with every run named in ``names`` (its label, else its policy) renamed."""
+    if not names:
+        return runs, cfg
+    cfg = {**cfg, "runs": [{**r, "label": names[str(r.get("label") or r.get("policy"))]}
+                           if str(r.get("label") or r.get("policy")) in names else r for r in cfg.get("runs", [])]}
+    return runs.assign(policy=runs["policy"].map(lambda p: names.get(str(p), p))), cfg
 
 
 def _budget_name(label: str) -> str:
@@ -228,10 +234,7 @@ def _label_capacity_defaults(runs: Any, cfg: dict[str, Any]) -> tuple[Any, dict[
         names.update({lab: knob_label(lab, "capacity_util_cap", OLD_CAPACITY_UTIL_CAP) for lab in ("milp", "milp" + CAPACITY_SUFFIX)})
     if "policy_operating_point_measured" not in runs:
         names[MILP_ALWAYS_ON_LABEL] = MILP_BUDGET_ALWAYS_ON_LABEL
-    if not names:
-        return runs, cfg
-    cfg = {**cfg, "runs": [{**r, "label": names.get(str(r.get("label") or r.get("policy")), r.get("label"))} for r in cfg.get("runs", [])]}
-    return runs.assign(policy=runs["policy"].map(lambda p: names.get(str(p), p))), cfg
+    return _relabelled(runs, cfg, names)
 
 
 def _setting(cfg: dict[str, Any], label: str, scenario: str | None = None) -> str:
@@ -413,10 +416,7 @@ def as_settings(runs: Any, cfg: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         (k, v), = kw.items()
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             names[label] = knob_label(pol + suffix, str(k), float(v))
-    if not names:
-        return runs, cfg
-    cfg = {**cfg, "runs": [{**r, "label": names.get(str(r.get("label") or r.get("policy")), r.get("label"))} for r in cfg.get("runs", [])]}
-    return runs.assign(policy=runs["policy"].map(lambda p: names.get(str(p), p))), cfg
+    return _relabelled(runs, cfg, names)
 
 
 def _merged(dirs: Sequence[str], budget_label: bool = False) -> tuple[Any, dict[str, Any]]:
