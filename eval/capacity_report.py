@@ -70,11 +70,10 @@ SECTION_END = "<!-- capacity:end -->"
 SECTION_TITLE = "## Capacity control"
 
 
-def _capacity_only(kwargs: Any) -> bool:
-    """Whether a MILP's settings (``RunSpec.policy_kwargs``) are all its capacity stage's
-    (``capacity_*``), which do nothing with capacity always on."""
-    keys = [k for k, _ in kwargs] if isinstance(kwargs, tuple) else list(dict(kwargs))
-    return bool(keys) and all(str(k).startswith("capacity_") for k in keys)
+def _capacity_only(kwargs: tuple[tuple[str, Any], ...]) -> bool:
+    """Whether a MILP's settings (``RunSpec.policy_kwargs``, frozen pairs) are all its capacity
+    stage's (``capacity_*``), which do nothing with capacity always on."""
+    return bool(kwargs) and all(str(k).startswith("capacity_") for k, _ in kwargs)
 
 
 def capacity_specs(scenarios: Sequence[str], policies: Sequence[str], seeds: Sequence[int], overrides: Mapping[str, Any],

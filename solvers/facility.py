@@ -295,7 +295,7 @@ class FacilityMILP(Scheduler):
                 mode = "budget"
         self.operating_point_note = note
         self.config = req.at_operating_point(mode)
-        self.capacity_scale: float | np.ndarray = self._capacity_scale(sc)
+        self.capacity_basis, self.capacity_scale = self._capacity_basis(sc)
         if req.capacity_util_cap is not None:
             self.util_cap = float(req.capacity_util_cap)
         else:
@@ -304,22 +304,21 @@ class FacilityMILP(Scheduler):
         self.step_cap: float | np.ndarray | None = cap  # (None: no step cap)
         self._budget: CapacityBudget | None = None if cap is None else CapacityBudget(cap, credit_s=self.config.step_cap_credit_s)
 
-    def _capacity_scale(self, sc: Any) -> float | np.ndarray:
-        """The capacity stage's per-engine figure over the engine figure: 1 with ``capacity_basis``
-        ``"engine"``; with ``"datacenter"`` each datacenter's figure at the env's polling period over
-        the engine figure (:func:`solvers.baselines.measured_step_cap`), or 1 with a warning where
-        it was not measured (``capacity_basis`` then reads ``"engine"``)."""
-        self.capacity_basis = self.requested_config.capacity_basis
-        if self.capacity_basis != "datacenter" or sc is None or sc.capacity.control != "agent":
-            return 1.0
+    def _capacity_basis(self, sc: Any) -> tuple[str, float | np.ndarray]:
+        """The capacity stage's basis in force and its per-engine figure over the engine figure: 1
+        with ``capacity_basis`` ``"engine"``; with ``"datacenter"`` each datacenter's figure at the
+        env's polling period over the engine figure (:func:`solvers.baselines.measured_step_cap`),
+        or ``("engine", 1)`` with a warning where it was not measured."""
+        basis = self.requested_config.capacity_basis
+        if basis != "datacenter" or sc is None or sc.capacity.control != "agent":
+            return basis, 1.0
         ratio, why = measured_step_cap(self.env)
         if ratio is None:
             if why != self._basis_note:
                 log.warning("facility MILP: capacity_basis 'datacenter' falls back to 'engine': %s", why)
             self._basis_note = why
-            self.capacity_basis = "engine"
-            return 1.0
-        return ratio
+            return "engine", 1.0
+        return basis, ratio
 
     def _default_util_cap(self, sc: Any) -> float:
         """The capacity stage's utilisation cap when ``capacity_util_cap`` is None:
