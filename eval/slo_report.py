@@ -128,6 +128,12 @@ HEADLINE_SCENARIOS = tuple(f"{m}-{ld}" for m in ("llama8b", "qwen7b", "mixtral8x
 MILP_BUDGET_LABEL = "milp (budget)"
 #: The same in a capacity matrix's always-on rows.
 MILP_BUDGET_ALWAYS_ON_LABEL = "milp (budget, always on)"
+#: The capacity-deciding MILP on the engine basis (``capacity_basis = "engine"``, load margin 0.1,
+#: the default before 2026-12-08): how a capacity matrix names its ``milp`` rows run there
+#: (:func:`_label_capacity_defaults`); in a trade-off matrix, whose capacity rows carry the suffix
+#: ``" (capacity)"``, :data:`MILP_CAPACITY_ENGINE_LABEL`.
+MILP_ENGINE_LABEL = "milp (engine basis)"
+MILP_CAPACITY_ENGINE_LABEL = "milp (capacity, engine basis)"
 
 
 #: A matrix's file naming the policies (their labels in its ``runs.csv``) whose runs a later matrix
@@ -223,18 +229,50 @@ def _budget_name(label: str) -> str:
 
 def _label_capacity_defaults(runs: Any, cfg: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """A capacity-deciding matrix's MILP rows run before the current defaults, apart from them:
-    the capacity MILP's (``milp``, ``milp (capacity)``) without ``policy_capacity_util_cap`` ran
-    at :data:`OLD_CAPACITY_UTIL_CAP` and become that setting (``milp[capacity_util_cap=0.7]``);
-    the always-on MILP's without ``policy_operating_point_measured`` ran at the prefill budget
-    (:data:`MILP_BUDGET_ALWAYS_ON_LABEL`)."""
-    from eval.frontiers import CAPACITY_SUFFIX, knob_label
+    the capacity MILP's (``milp``, ``milp (capacity)`` and their aliases) run on the engine basis
+    (``policy_capacity_basis_datacenter`` absent or 0 in runs.csv) become
+    :data:`MILP_ENGINE_LABEL` / :data:`MILP_CAPACITY_ENGINE_LABEL` (an alias with one argument a
+    setting of it, ``milp (engine basis)[capacity_util_cap=0.8]``; those without
+    ``policy_capacity_util_cap`` ran at :data:`OLD_CAPACITY_UTIL_CAP`, ``...[capacity_util_cap=0.7]``);
+    one run on the datacenter basis with arguments equal to today's defaults (``capacity_basis``
+    datacenter, ``capacity_load_margin`` 0) is the default, ``milp`` (its remaining argument, if
+    one, a setting of it); the always-on MILP's without ``policy_operating_point_measured`` ran at
+    the prefill budget (:data:`MILP_BUDGET_ALWAYS_ON_LABEL`)."""
+    from eval.frontiers import CAPACITY_SUFFIX, knob_label, parse_knob_label
+    from solvers.facility_model import CAPACITY_LOAD_MARGIN
 
+    at_default = {"capacity_basis": ("datacenter", "auto"), "capacity_load_margin": (CAPACITY_LOAD_MARGIN["datacenter"],)}
+    col = "policy_capacity_basis_datacenter"
     names: dict[str, str] = {}
-    if "policy_capacity_util_cap" not in runs:
-        names.update({lab: knob_label(lab, "capacity_util_cap", OLD_CAPACITY_UTIL_CAP) for lab in ("milp", "milp" + CAPACITY_SUFFIX)})
+    stripped: dict[str, dict[str, Any]] = {}  # (a default-basis run's arguments less those equal to today's defaults)
+    for r in cfg.get("runs", []):
+        label = str(r.get("label") or r.get("policy"))
+        if r.get("policy") != "milp" or str((r.get("overrides") or {}).get("capacity.control", "always_on")) != "agent" or label in names:
+            continue
+        suffix = CAPACITY_SUFFIX if label.endswith(CAPACITY_SUFFIX) else ""
+        kw = dict(r.get("policy_kwargs") or {})
+        mine = runs[runs["policy"].astype(str) == label]
+        if col in runs and len(mine) and bool(mine[col].eq(1.0).all()):
+            base, tag = "milp" + suffix, ""
+            kw = stripped[label] = {k: v for k, v in kw.items() if k not in at_default or v not in at_default[k]}
+        else:
+            base, tag = (MILP_CAPACITY_ENGINE_LABEL if suffix else MILP_ENGINE_LABEL), " (engine basis)"
+            if "policy_capacity_util_cap" not in runs and "capacity_util_cap" not in kw:
+                kw = {"capacity_util_cap": OLD_CAPACITY_UTIL_CAP}
+        parsed = parse_knob_label(label)
+        v = next(iter(kw.values()), None)
+        if not kw:
+            names[label] = base if parsed is None else base + label[len(parsed[0]):]
+        elif len(kw) == 1 and isinstance(v, (int, float)) and not isinstance(v, bool):
+            names[label] = knob_label(base, str(next(iter(kw))), float(v))
+        else:
+            names[label] = label + tag
+    cfg = {**cfg, "runs": [{**r, "policy_kwargs": stripped[str(r.get("label") or r.get("policy"))]}
+                           if r.get("policy") == "milp" and str(r.get("label") or r.get("policy")) in stripped else r
+                           for r in cfg.get("runs", [])]}
     if "policy_operating_point_measured" not in runs:
         names[MILP_ALWAYS_ON_LABEL] = MILP_BUDGET_ALWAYS_ON_LABEL
-    return _relabelled(runs, cfg, names)
+    return _relabelled(runs, cfg, {k: v for k, v in names.items() if v != k})
 
 
 def _setting(cfg: dict[str, Any], label: str, scenario: str | None = None) -> str:
@@ -338,7 +376,8 @@ def _verdict(r: dict[str, Any], least: float, most: float | None) -> str:
 
 def target_checks(rows: Sequence[dict[str, Any]]) -> list[str]:
     """One line per :data:`TARGETS` entry: met / not met on ``rows`` (held-out), with the figures
-    (and the capacity targets again at the earlier cap where its rows are there)."""
+    (and the capacity MILP's targets again at its earlier defaults, the engine basis and the cap
+    0.7, where their rows are there)."""
     from eval.frontiers import knob_label
 
     out = []
@@ -366,9 +405,15 @@ def target_checks(rows: Sequence[dict[str, Any]]) -> list[str]:
             out.append(f"- {pol} deciding capacity on {scen} ({want}): not run.")
             continue
         out.append(f"- {pol} deciding capacity on {scen} ({want}): {_verdict(r, least, most)}")
-        old = by.get((scen, knob_label(pol, "capacity_util_cap", OLD_CAPACITY_UTIL_CAP)))  # (matrices run before the cap's default)
+        if pol != "milp":
+            continue
+        old = by.get((scen, MILP_ENGINE_LABEL))  # (matrices run before the datacenter basis was the default)
         if old is not None:
-            out.append(f"- the same at the capacity stage's earlier cap {OLD_CAPACITY_UTIL_CAP:g} on {scen}: {_verdict(old, least, most)}")
+            out.append(f"- the same on the engine basis (the default before 2026-12-08) on {scen}: {_verdict(old, least, most)}")
+        old = by.get((scen, knob_label(MILP_ENGINE_LABEL, "capacity_util_cap", OLD_CAPACITY_UTIL_CAP)))  # (before the cap's default)
+        if old is not None:
+            out.append(f"- the same on the engine basis at the capacity stage's earlier cap {OLD_CAPACITY_UTIL_CAP:g} on {scen}: "
+                       f"{_verdict(old, least, most)}")
     return out + rt
 
 
@@ -417,6 +462,12 @@ def as_settings(runs: Any, cfg: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             names[label] = knob_label(pol + suffix, str(k), float(v))
     return _relabelled(runs, cfg, names)
+
+
+def _deciding_rows(runs: Any) -> Any:
+    """A capacity matrix's runs less the always-on ones other than their reference
+    (``rr (always on)``) and less ``rr`` deciding nothing (always on in effect)."""
+    return runs[~runs["policy"].isin(["rr", MILP_ALWAYS_ON_LABEL, MILP_BUDGET_ALWAYS_ON_LABEL])].reset_index(drop=True)
 
 
 def _merged(dirs: Sequence[str], budget_label: bool = False) -> tuple[Any, dict[str, Any]]:
@@ -619,7 +670,12 @@ def slo_section(results_dir: str) -> str:
         body += ["### Capacity control at the SLO-true point (held-out starts)\n", f"({_TABLE_NOTE}.)\n"]
         for d in held["capacity"]:
             body += _matrix_line(d, results_dir)
-        body += [slo_markdown(rows)]
+        body += [slo_markdown(rows),
+                 "**At equal p99 pass** against the capacity MILP at its default (`milp`), paired by start (module "
+                 "eval.slo_compare; every policy here ran at its default, so nothing was selected on these starts, "
+                 f"except that the MILP's earlier defaults, `{MILP_ENGINE_LABEL}` and its cap 0.7, are one policy whose "
+                 "better setting is shown):\n",
+                 best_within_slo_markdown(best_within_slo(_deciding_rows(runs), anchor="milp"))]
     add("**Issue 40's targets on the held-out starts:**\n")
     lines.extend(target_checks(all_held) if all_held else ["- not run yet."])
     add("")

@@ -150,6 +150,7 @@ from carbon_gym.errors import ConfigError
 from .base import Scheduler
 from .baselines import CapacityBudget, capped_choice, greenest_rank, measured_step_cap
 from .facility_model import (
+    CAPACITY_LOAD_MARGIN,
     CAPACITY_UTIL_CAP,
     CAPACITY_UTIL_CAP_UNMEASURED,
     FacilityConfig,
@@ -255,10 +256,11 @@ class FacilityMILP(Scheduler):
             **({"ttft_margin_mean_s": float(np.mean(st["ttft_margin_s"])), "ttft_margin_max_s": float(np.max(st["ttft_margin_s"]))}
                if st.get("ttft_margin_s") else {}),
             # (capacity control only: the capacity stage's decisions and fallbacks to its greedy,
-            # and its utilisation cap: share of the engine figure, or of the datacenter figure where
-            # capacity_basis_datacenter is 1)
+            # its utilisation cap: share of the engine figure, or of the datacenter figure where
+            # capacity_basis_datacenter is 1, and its load margin)
             **({"capacity_solves": float(len(st["capacity_s"])), "capacity_fallbacks": float(st["capacity_fallbacks"]),
-                "capacity_util_cap": self.util_cap, "capacity_basis_datacenter": float(self.capacity_basis == "datacenter")}
+                "capacity_util_cap": self.util_cap, "capacity_basis_datacenter": float(self.capacity_basis == "datacenter"),
+                "capacity_load_margin": float(self.config.capacity_load_margin or 0.0)}
                if st["capacity_s"] else {}),
             # (the operating point in force: 1 = "measured", 0 = "budget"; the mean step cap, share of the engine figure)
             "operating_point_measured": float(self.config.operating_point == "measured"),
@@ -300,25 +302,30 @@ class FacilityMILP(Scheduler):
             self.util_cap = float(req.capacity_util_cap)
         else:
             self.util_cap = CAPACITY_UTIL_CAP if self.capacity_basis == "datacenter" else self._default_util_cap(sc)
-        self.config = replace(self.config, capacity_util_cap=self.util_cap)  # (the capacity stage's cap, resolved)
+        margin = req.capacity_load_margin
+        margin = CAPACITY_LOAD_MARGIN[self.capacity_basis] if margin is None else float(margin)
+        # (the capacity stage's cap and load margin, resolved)
+        self.config = replace(self.config, capacity_util_cap=self.util_cap, capacity_load_margin=margin)
         self.step_cap: float | np.ndarray | None = cap  # (None: no step cap)
         self._budget: CapacityBudget | None = None if cap is None else CapacityBudget(cap, credit_s=self.config.step_cap_credit_s)
 
     def _capacity_basis(self, sc: Any) -> tuple[str, float | np.ndarray]:
         """The capacity stage's basis in force and its per-engine figure over the engine figure: 1
-        with ``capacity_basis`` ``"engine"``; with ``"datacenter"`` each datacenter's figure at the
-        env's polling period over the engine figure (:func:`solvers.baselines.measured_step_cap`),
-        or ``("engine", 1)`` with a warning where it was not measured."""
+        on the engine basis; on the datacenter basis (``"datacenter"``, or ``"auto"`` under
+        capacity control) each datacenter's figure at the env's polling period over the engine
+        figure (:func:`solvers.baselines.measured_step_cap`), or ``("engine", 1)`` where it was not
+        measured (with a warning when ``"datacenter"`` was asked for; under ``"auto"`` the
+        utilisation cap's own warning says so)."""
         basis = self.requested_config.capacity_basis
-        if basis != "datacenter" or sc is None or sc.capacity.control != "agent":
-            return basis, 1.0
+        if basis == "engine" or sc is None or sc.capacity.control != "agent":
+            return "engine", 1.0
         ratio, why = measured_step_cap(self.env)
         if ratio is None:
-            if why != self._basis_note:
+            if basis == "datacenter" and why != self._basis_note:
                 log.warning("facility MILP: capacity_basis 'datacenter' falls back to 'engine': %s", why)
             self._basis_note = why
             return "engine", 1.0
-        return basis, ratio
+        return "datacenter", ratio
 
     def _default_util_cap(self, sc: Any) -> float:
         """The capacity stage's utilisation cap when ``capacity_util_cap`` is None:
@@ -377,7 +384,7 @@ class FacilityMILP(Scheduler):
             self._cap_facts = CapacityFacts.from_env(self.env)
         cfg = self.config
         work = self._work_j if self._work_j is not None else np.zeros(problem.n_datacenters)
-        cp = capacity_problem(state, problem, self._cap_facts, work, self.util_cap, cfg.capacity_load_margin,
+        cp = capacity_problem(state, problem, self._cap_facts, work, self.util_cap, cfg.capacity_load_margin or 0.0,
                               cfg.capacity_lookahead_s, cfg.violation_penalty_g, capacity_scale=self.capacity_scale)
         try:
             res = solve_capacity(cp, cfg.threads)

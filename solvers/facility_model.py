@@ -24,10 +24,14 @@ CAPACITY_UTIL_CAP = 0.9
 #: The cap where the env's datacenter figure was not measured (the default before issue 40).
 CAPACITY_UTIL_CAP_UNMEASURED = 0.7
 #: What the capacity stage plans one awake engine to carry (``FacilityConfig.capacity_basis``).
-CAPACITY_BASES = ("engine", "datacenter")
+CAPACITY_BASES = ("auto", "engine", "datacenter")
+#: The capacity stage's load margin on each basis when ``FacilityConfig.capacity_load_margin`` is
+#: None: the setting each was chosen with on training starts (RESULTS.md, "Why the capacity MILP
+#: stayed far from the bound at high load").
+CAPACITY_LOAD_MARGIN = {"engine": 0.1, "datacenter": 0.0}
 
 __all__ = [
-    "OPERATING_POINTS", "CAPACITY_UTIL_CAP", "CAPACITY_UTIL_CAP_UNMEASURED", "CAPACITY_BASES", "FacilityConfig", "FacilityData", "compile_facility", "facility_objective", "facility_greedy", "marginal_energy_j",
+    "OPERATING_POINTS", "CAPACITY_UTIL_CAP", "CAPACITY_UTIL_CAP_UNMEASURED", "CAPACITY_BASES", "CAPACITY_LOAD_MARGIN", "FacilityConfig", "FacilityData", "compile_facility", "facility_objective", "facility_greedy", "marginal_energy_j",
     "assignment_from_counts", "pair_counts", "class_greedy",
 ]
 
@@ -117,19 +121,25 @@ class FacilityConfig:
             scenario (RESULTS.md, "The capacity-control frontier"). Without a datacenter figure
             for the env: :data:`CAPACITY_UTIL_CAP_UNMEASURED` (0.7, the default before).
         capacity_basis: what one awake engine is planned to carry in the capacity stage, before
-            the cap u: ``"engine"`` (default) the engine figure c (the load-level file's
-            ``per_engine_rate_per_s``, one engine at its p99 capacity); ``"datacenter"`` the
-            datacenter figure r x c at the env's polling period (what a datacenter of those
-            engines serves within p99 per engine, r 1.205 / 1.204 / 1.036 at 0.1 s), each
-            datacenter its own, for both the period's capacity rows and the later rows, with the
-            default cap :data:`CAPACITY_UTIL_CAP` (0.9) x 1. Where the datacenter figure is not
-            measured, ``"datacenter"`` falls back to ``"engine"`` with a warning. (Why: the router
-            under the stage loads the cleanest datacenters to about the datacenter figure, so a plan
-            at 0.9 c keeps the engines of 2-3 more datacenters awake that then serve under 1% of the
-            requests; RESULTS.md, Discussion, "Why the capacity MILP stayed far from the bound at high
-            load": with ``capacity_load_margin`` 0 it was chosen on training starts and held on the
-            held-out starts at high load, 7-13 pp more reduction at p99 8/8.)
-        capacity_load_margin: the planned load is the observed fleet arrival rate x (1 + this).
+            the cap u: ``"datacenter"`` the datacenter figure r x c at the env's polling period
+            (what a datacenter of those engines serves within p99 per engine, r 1.205 / 1.204 /
+            1.036 at 0.1 s on the three study models, 0.76 at 1 s), each datacenter its own, for
+            both the period's capacity rows and the later rows, with the default cap
+            :data:`CAPACITY_UTIL_CAP` (0.9) x 1; ``"engine"`` the engine figure c (the load-level
+            file's ``per_engine_rate_per_s``, one engine at its p99 capacity), the default cap then
+            0.9 x min(1, lowest r); ``"auto"`` (default) ``"datacenter"`` where the env's datacenter
+            figure is measured, else ``"engine"`` (``"datacenter"`` asked for explicitly falls back
+            the same way, with a warning). (Why the datacenter basis: the router under the stage
+            loads the cleanest datacenters to about the datacenter figure, so a plan at 0.9 c keeps
+            the engines of 2-3 more datacenters awake that then serve under 1% of the requests;
+            chosen on training starts with the load margin 0 and held on the held-out starts: 7-13 pp
+            more reduction at high load, 3.5-5.4 at moderate, 0.7-0.9 at low, p99 8/8 everywhere;
+            RESULTS.md, Discussion, "Why the capacity MILP stayed far from the bound at high load".
+            The engine basis was the default before 2026-12-08.)
+        capacity_load_margin: the planned load is the observed fleet arrival rate's 99% upper
+            bound x (1 + this). ``None`` (default): :data:`CAPACITY_LOAD_MARGIN` of the basis in
+            force, 0 on the datacenter basis (the rate bound is the only load margin), 0.1 on the
+            engine basis (the default before 2026-12-08).
         capacity_lookahead_s: lookahead of the capacity decision, seconds (at least one
             ``capacity.period_s``: a smaller value means the period).
         affinity_g_per_ktok: the cache-affinity knob (prefix workloads), grams CO2eq charged per
@@ -200,8 +210,8 @@ class FacilityConfig:
     threads: int = 1
     bb_max_columns: int = 600
     capacity_util_cap: float | None = None
-    capacity_basis: str = "engine"
-    capacity_load_margin: float = 0.1
+    capacity_basis: str = "auto"
+    capacity_load_margin: float | None = None
     capacity_lookahead_s: float = 0.0
     affinity_g_per_ktok: float = 0.0
     prefill_horizon_s: float | None = 0.5
@@ -295,8 +305,11 @@ class FacilityConfig:
             raise ConfigError("facility.capacity_basis", f"unknown basis {self.capacity_basis!r}", allowed=list(CAPACITY_BASES))
         for name in ("capacity_load_margin", "capacity_lookahead_s", "affinity_g_per_ktok"):
             v = getattr(self, name)
-            if not (math.isfinite(v) and v >= 0):
-                raise ConfigError(f"facility.{name}", f"must be finite and >= 0, got {v!r}")
+            if v is None and name == "capacity_load_margin":
+                continue
+            if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                what = " (or None: the basis's own)" if name == "capacity_load_margin" else ""
+                raise ConfigError(f"facility.{name}", f"must be finite and >= 0{what}, got {v!r}")
 
 
 # ---------------------------------------------------------------------------------- coefficients

@@ -323,13 +323,18 @@ class MPCFacilityMILP(FacilityMILP):
     """The facility MILP with a receding-horizon capacity plan (``name = "milp-mpc"``; module
     docstring). Keyword arguments: :class:`MPCSettings` fields, then any
     :class:`~solvers.facility_model.FacilityConfig` field (the routing MILP's and the shared
-    capacity settings ``capacity_util_cap``, ``capacity_load_margin``)."""
+    capacity settings ``capacity_util_cap``, ``capacity_basis``, ``capacity_load_margin``).
+    Unlike ``milp``, its ``capacity_basis`` defaults to ``"engine"`` (the load margin then 0.1):
+    its plan sizes for the load forecast's peak, not the arrival rate's 99% bound, and every row
+    of it was measured there; the datacenter basis is not tested for it."""
 
     name = "milp-mpc"
 
     def __init__(self, env: Any = None, config: Any = None, **overrides: Any) -> None:
         names = MPCSettings.__dataclass_fields__
         self.mpc = MPCSettings(**{k: overrides.pop(k) for k in list(overrides) if k in names})
+        if config is None:
+            overrides.setdefault("capacity_basis", "engine")
         super().__init__(env, config, **overrides)
 
     def reset_stats(self) -> None:
@@ -431,7 +436,7 @@ class MPCFacilityMILP(FacilityMILP):
             n_pts = max(int(math.ceil(L / FORECAST_SAMPLE_S)), 1)
             ts = now + s + np.linspace(0.0, L, n_pts + 1)
             lam[b] = float(self.load_forecast_per_s(state, now_rate, ts).max())
-        lam *= 1.0 + cfg.capacity_load_margin
+        lam *= 1.0 + (cfg.capacity_load_margin or 0.0)
         ready, pend = self._ready_and_pending(state, cp, starts, lens, facts)
         # boot_s: the slowest GPU's boot when the datacenters' GPUs differ (a conservative ready time)
         return PlanProblem(cp=cp, starts=starts, lens=lens, g_per_j=g, arrival_per_s=lam, ready_now=ready,

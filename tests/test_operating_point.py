@@ -96,16 +96,23 @@ def test_operating_point_resolution(caplog) -> None:
 
 
 def test_capacity_util_cap_default(caplog) -> None:
-    """``capacity_util_cap`` None: 0.9 where the datacenter figure is at least the engine figure
+    """``capacity_util_cap`` None: 0.9 of the datacenter figure on the default basis at any measured
+    polling period (at 1 s that figure is 0.76 of the engine figure, so an engine is planned at
+    0.68 c); on the engine basis 0.9 where the datacenter figure is at least the engine figure
     (0.1 s polling), 0.9 x the ratio below it (1 s: the engines never planned past 90% of what
-    they serve within p99), 0.7 with one warning under capacity control where nothing was measured
+    they serve within p99); 0.7 with one warning under capacity control where nothing was measured
     (dev's 8-engine datacenters at 0.5 s); an explicit cap wins and is recorded per episode; a cap
     outside (0, 1] names the field."""
     cap = load_load_levels().find("llama-3.1-8b", "a100-80gb", 1)
     fast = make_policy("milp", GeoServeEnv("llama8b-moderate", {**SHORT, "polling_period_s": 0.1, "capacity.control": "agent"}))
     assert fast.config.capacity_util_cap == 0.9 and fast.config.operating_point == "budget"
-    slow = make_policy("milp", GeoServeEnv("llama8b-moderate", {**SHORT, "polling_period_s": 1.0, "capacity.control": "agent"}))
-    assert slow.config.capacity_util_cap == pytest.approx(0.9 * cap.datacenter_rate_per_s(32, 1.0) / cap.per_engine_rate_per_s)
+    env_1s = GeoServeEnv("llama8b-moderate", {**SHORT, "polling_period_s": 1.0, "capacity.control": "agent"})
+    ratio = cap.datacenter_rate_per_s(32, 1.0) / cap.per_engine_rate_per_s
+    slow = make_policy("milp", env_1s)
+    assert (slow.capacity_basis, slow.config.capacity_util_cap, slow.config.capacity_load_margin) == ("datacenter", 0.9, 0.0)
+    assert slow.capacity_scale == pytest.approx(ratio) and 0.7 < ratio < 0.8
+    slow = make_policy("milp", env_1s, capacity_basis="engine")
+    assert slow.config.capacity_util_cap == pytest.approx(0.9 * ratio) and slow.config.capacity_load_margin == 0.1
     assert 0.6 < slow.config.capacity_util_cap < 0.7
     with caplog.at_level(logging.WARNING, logger="solvers.facility"):
         odd = make_policy("milp", GeoServeEnv("llama8b-moderate", {**SHORT, "polling_period_s": 0.2, "capacity.control": "agent"}))
@@ -120,20 +127,29 @@ def test_capacity_util_cap_default(caplog) -> None:
 
 
 def test_capacity_basis_datacenter(caplog) -> None:
-    """``capacity_basis = "datacenter"``: the capacity stage plans each engine at the datacenter
-    figure (c x 6.25 / 5.1875 on Llama at 0.1 s polling) with the cap 0.9 of it, so at a decision it
-    keeps fewer engines awake than the engine basis (0.9 c), by about that ratio; the engine basis
-    is the default and unchanged; an unmeasured figure falls back to the engine basis with a
-    warning; an unknown basis names the field and the allowed values."""
+    """``capacity_basis = "datacenter"`` (the default's choice, ``"auto"``, where the figure is
+    measured): the capacity stage plans each engine at the datacenter figure (c x 6.25 / 5.1875 on
+    Llama at 0.1 s polling) with the cap 0.9 of it and no load margin, so at a decision it keeps
+    fewer engines awake than the engine basis (0.9 c, margin 0.1), by about that ratio; an
+    unmeasured figure falls back to the engine basis (with a warning when the datacenter basis was
+    asked for, silently under ``"auto"``); ``milp-mpc`` keeps the engine basis; an unknown basis
+    or a negative margin names the field and the allowed values."""
     from solvers.facility_capacity import capacity_problem, solve_capacity
 
     opts = {**SHORT, "polling_period_s": 0.1, "capacity.control": "agent"}
     env = GeoServeEnv("llama8b-moderate", opts)
-    eng = make_policy("milp", env)
+    eng = make_policy("milp", env, capacity_basis="engine")
     dc = make_policy("milp", env, capacity_basis="datacenter")
-    assert (eng.capacity_basis, eng.capacity_scale, eng.util_cap) == ("engine", 1.0, 0.9)
-    assert dc.capacity_basis == "datacenter" and dc.util_cap == 0.9
+    auto = make_policy("milp", env)
+    assert (eng.capacity_basis, eng.capacity_scale, eng.util_cap, eng.config.capacity_load_margin) == ("engine", 1.0, 0.9, 0.1)
+    assert dc.capacity_basis == "datacenter" and dc.util_cap == 0.9 and dc.config.capacity_load_margin == 0.0
     assert dc.capacity_scale == pytest.approx(6.25 / 5.1875)
+    assert (auto.requested_config.capacity_basis, auto.capacity_basis, auto.config.capacity_load_margin) == ("auto", "datacenter", 0.0)
+    assert np.all(auto.capacity_scale == dc.capacity_scale)
+    assert make_policy("milp", env, capacity_load_margin=0.2).config.capacity_load_margin == 0.2
+    mpc = make_policy("milp-mpc", env)
+    assert (mpc.capacity_basis, mpc.config.capacity_load_margin) == ("engine", 0.1)
+    assert make_policy("milp", GeoServeEnv("llama8b-moderate", SHORT)).capacity_basis == "engine"  # (routing only: no stage)
     env.reset(seed=3)
     for _ in range(20):  # 2 s of arrivals: the rate estimate is the arrivals' own
         env.step(eng.act(None, {}))
@@ -158,9 +174,18 @@ def test_capacity_basis_datacenter(caplog) -> None:
     assert (odd.capacity_basis, odd.capacity_scale) == ("engine", 1.0)
     assert "capacity_basis 'datacenter' falls back to 'engine'" in caplog.text
     assert odd.util_cap == 0.7 and "capacity_util_cap falls back to 0.7" in caplog.text
+    assert odd.config.capacity_load_margin == 0.1
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="solvers.facility"):
+        quiet = make_policy("milp", GeoServeEnv("llama8b-moderate", {**opts, "polling_period_s": 0.2}))
+    assert (quiet.capacity_basis, quiet.config.capacity_load_margin) == ("engine", 0.1)
+    assert "capacity_basis" not in caplog.text and "capacity_util_cap falls back to 0.7" in caplog.text
     with pytest.raises(ConfigError, match="facility.capacity_basis") as exc:
         FacilityConfig(capacity_basis="fleet")
-    assert "datacenter" in str(exc.value) and "engine" in str(exc.value)
+    assert all(b in str(exc.value) for b in ("auto", "datacenter", "engine"))
+    for bad in (-0.1, float("nan"), True):
+        with pytest.raises(ConfigError, match="facility.capacity_load_margin"):
+            FacilityConfig(capacity_load_margin=bad)
 
 
 def test_per_datacenter_step_caps() -> None:
