@@ -129,7 +129,7 @@ MILP_BUDGET_LABEL = "milp (budget)"
 #: The same in a capacity matrix's always-on rows.
 MILP_BUDGET_ALWAYS_ON_LABEL = "milp (budget, always on)"
 #: The capacity-deciding MILP on the engine basis (``capacity_basis = "engine"``, load margin 0.1,
-#: the default before 2026-12-08): how a capacity matrix names its ``milp`` rows run there
+#: the default before 89a9dcb): how a capacity matrix names its ``milp`` rows run there
 #: (:func:`_label_capacity_defaults`); in a trade-off matrix, whose capacity rows carry the suffix
 #: ``" (capacity)"``, :data:`MILP_CAPACITY_ENGINE_LABEL`.
 MILP_ENGINE_LABEL = "milp (engine basis)"
@@ -409,7 +409,7 @@ def target_checks(rows: Sequence[dict[str, Any]]) -> list[str]:
             continue
         old = by.get((scen, MILP_ENGINE_LABEL))  # (matrices run before the datacenter basis was the default)
         if old is not None:
-            out.append(f"- the same on the engine basis (the default before 2026-12-08) on {scen}: {_verdict(old, least, most)}")
+            out.append(f"- the same on the engine basis (the default before 89a9dcb) on {scen}: {_verdict(old, least, most)}")
         old = by.get((scen, knob_label(MILP_ENGINE_LABEL, "capacity_util_cap", OLD_CAPACITY_UTIL_CAP)))  # (before the cap's default)
         if old is not None:
             out.append(f"- the same on the engine basis at the capacity stage's earlier cap {OLD_CAPACITY_UTIL_CAP:g} on {scen}: "

@@ -135,11 +135,11 @@ class FacilityConfig:
             chosen on training starts with the load margin 0 and held on the held-out starts: 7-13 pp
             more reduction at high load, 3.5-5.4 at moderate, 0.7-0.9 at low, p99 8/8 everywhere;
             RESULTS.md, Discussion, "Why the capacity MILP stayed far from the bound at high load".
-            The engine basis was the default before 2026-12-08.)
+            The engine basis was the default before 89a9dcb.)
         capacity_load_margin: the planned load is the observed fleet arrival rate's 99% upper
             bound x (1 + this). ``None`` (default): :data:`CAPACITY_LOAD_MARGIN` of the basis in
             force, 0 on the datacenter basis (the rate bound is the only load margin), 0.1 on the
-            engine basis (the default before 2026-12-08).
+            engine basis (the default before 89a9dcb).
         capacity_lookahead_s: lookahead of the capacity decision, seconds (at least one
             ``capacity.period_s``: a smaller value means the period).
         affinity_g_per_ktok: the cache-affinity knob (prefix workloads), grams CO2eq charged per

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -256,6 +257,7 @@ def test_a_capacity_frontier_gets_its_own_subsection_with_aliases_read_as_settin
     runs = pd.read_csv(d / "runs.csv")
     runs.loc[runs["policy"] == "rr (always on)", "policy"] = "rr"
     runs.loc[runs["policy"] == "milp", "policy"] = "milp (capacity)"
+    runs["policy_capacity_basis_datacenter"] = np.where(runs["policy"] == "rr", np.nan, 1.0)  # (the datacenter basis, the default)
     alias = runs[runs["policy"] == "milp (capacity)"].assign(policy="milp-u0.8 (capacity)", carbon_g=[17.0, 20.0])
     failing = runs[runs["policy"] == "milp (capacity)"].assign(policy="milp-u0.9 (capacity)", carbon_g=[10.0, 12.0],
                                                                 mlperf_p99_pass=[True, False], mlperf_ttft_p99_pass=[True, False])
@@ -278,24 +280,27 @@ def test_a_capacity_frontier_gets_its_own_subsection_with_aliases_read_as_settin
     assert "| llama8b-moderate | milp (capacity) | 2/3 | milp (capacity)[capacity_util_cap=0.8] | 81.5 ± 19.1 |" in cap
 
 
-def _capacity_matrix(d, seeds, milp_carbon, current: bool) -> None:
+def _capacity_matrix(d, seeds, milp_carbon, current: bool | str, milp_label: str = "milp", milp_kwargs=None) -> None:
     """A capacity matrix of ``experiment capacity``: rr and the MILP, each always on and deciding
     capacity; ``current``: the MILP runs record ``policy_capacity_util_cap`` and
-    ``policy_operating_point_measured``, as runs since the measured defaults do."""
+    ``policy_operating_point_measured``, as runs since the measured defaults do, and
+    ``policy_capacity_basis_datacenter`` 1 (``current="engine"``: 0, as runs on the engine basis
+    since that column was recorded)."""
     rows, meta = [], []
     for s in seeds:
         for label, pol, control, c in (("rr (always on)", "rr", "always_on", 100.0), ("rr", "rr", "agent", 100.0),
-                                       ("milp (always on)", "milp", "always_on", 60.0), ("milp", "milp", "agent", milp_carbon)):
+                                       ("milp (always on)", "milp", "always_on", 60.0), (milp_label, "milp", "agent", milp_carbon)):
             extra = {}
             if current and pol == "milp":
                 extra = {"policy_operating_point_measured": float(control == "always_on"),
-                         "policy_capacity_util_cap": 0.9 if control == "agent" else float("nan")}
+                         "policy_capacity_util_cap": 0.9 if control == "agent" else float("nan"),
+                         "policy_capacity_basis_datacenter": float(current != "engine") if control == "agent" else float("nan")}
             rows.append({"scenario": "llama8b-low", "policy": label, "seed": s, "carbon_g": c, "slo_violation_pct": 0.2,
                          "mlperf_p99_pass": True, "mlperf_ttft_p99_pass": True, "mlperf_tpot_p99_pass": True, "ttft_p99_s": 1.4,
                          "tpot_p99_s": 0.08, "unfinished_pct": 0.0, "cpu_s": 60.0, "decision_p95_s": 0.01, **extra})
             meta.append({"scenario": "llama8b-low", "policy": pol, "label": "" if label == pol else label, "seed": s,
                          "polling_period_s": 0.1, "overrides": {"capacity.control": control, "polling_period_s": 0.1},
-                         "policy_kwargs": {}, "start_utc": "2023-01-12T17:00:00Z"})
+                         "policy_kwargs": dict(milp_kwargs or {}) if label == milp_label else {}, "start_utc": "2023-01-12T17:00:00Z"})
     d.mkdir(parents=True)
     pd.DataFrame(rows).to_csv(d / "runs.csv", index=False)
     (d / "config.json").write_text(json.dumps({"command": "carbon-gym experiment capacity", "runs": meta, "elapsed_s": 60.0, "workers": 2}))
@@ -304,20 +309,30 @@ def _capacity_matrix(d, seeds, milp_carbon, current: bool) -> None:
 def test_capacity_milp_runs_before_the_measured_defaults_are_labelled_apart(tmp_path):
     """A capacity matrix run before the capacity MILP's cap and the routing MILP's operating point
     were measured (no ``policy_capacity_util_cap`` / ``policy_operating_point_measured``) shows its
-    MILP rows as ``milp[capacity_util_cap=0.7]`` and ``milp (budget, always on)``, beside a newer
-    matrix's ``milp`` and ``milp (always on)`` of the same starts; the capacity target reads the new."""
+    MILP rows as ``milp (engine basis)[capacity_util_cap=0.7]`` and ``milp (budget, always on)``; one
+    run on the engine basis since (``policy_capacity_basis_datacenter`` 0) as ``milp (engine basis)``;
+    an alias run on the datacenter basis with today's default arguments (``milp-dc``,
+    ``capacity_basis`` datacenter, ``capacity_load_margin`` 0) is the default ``milp``, its setting
+    shown without them; the capacity target reads the default and repeats itself for the earlier ones."""
     res = tmp_path / "results"
     _capacity_matrix(res / "slo" / "capacity", [1, 4], 6.0, current=False)
-    _capacity_matrix(res / "slo" / "capacity-u09" / "capacity", [1, 4], 4.0, current=True)
+    _capacity_matrix(res / "slo" / "capacity-u09" / "capacity", [1, 4], 5.0, current="engine")
+    _capacity_matrix(res / "slo" / "capacity-dc" / "capacity", [1, 4], 4.0, current=True, milp_label="milp-dc",
+                     milp_kwargs={"capacity_basis": "datacenter", "capacity_load_margin": 0})
     text = slo_report.slo_section(str(res))
     cap = text.split("### Capacity control at the SLO-true point", 1)[1].split("###", 1)[0]
-    for label, red in (("milp[capacity_util_cap=0.7]", "94.0"), ("milp (budget, always on)", "40.0"), ("milp", "96.0"),
-                       ("milp (always on)", "40.0")):
+    for label, red in (("milp (engine basis)[capacity_util_cap=0.7]", "94.0"), ("milp (budget, always on)", "40.0"),
+                       ("milp (engine basis)", "95.0"), ("milp", "96.0"), ("milp (always on)", "40.0")):
         assert f"| llama8b-low | {label} | polling 0.1 s | 2 | {red} ± 0.0 |" in cap
-    assert cap.count("| llama8b-low | rr (always on) |") == 1
+    assert cap.count("| llama8b-low | rr (always on) |") == 1 and "milp-dc" not in cap
     assert "- milp deciding capacity on llama8b-low (>= 80% below always-on rr, MLPerf p99 in every start, <= 1% violation): " \
            "**met**: 96.0% at 0.20% violation, p99 2/2." in text
-    assert "- the same at the capacity stage's earlier cap 0.7 on llama8b-low: **met**: 94.0% at " in text
+    assert "- the same on the engine basis (the default before 89a9dcb) on llama8b-low: **met**: 95.0% at " in text
+    assert "- the same on the engine basis at the capacity stage's earlier cap 0.7 on llama8b-low: **met**: 94.0% at " in text
+    # at equal p99 pass against the default, paired by start: the engine basis (its better setting) 1.0 pp behind
+    eq = cap.split("**At equal p99 pass**", 1)[1]
+    assert "| llama8b-low | milp (engine basis) | 2/2 | milp (engine basis) | 95.0 ± 0.0 | 0.20 | 1400 | 80 | 1.0 ± 0.0 (2) |" in eq
+    assert "| llama8b-low | rr |" not in eq and "milp (always on)" not in eq
     runs, _ = slo_report._read(str(res / "slo" / "capacity"))
     assert set(runs["policy"]) == {"rr", "rr (always on)", "milp", "milp (always on)"}  # (only the section relabels)
 
