@@ -128,6 +128,9 @@ HEADLINE_SCENARIOS = tuple(f"{m}-{ld}" for m in ("llama8b", "qwen7b", "mixtral8x
 MILP_BUDGET_LABEL = "milp (budget)"
 #: The same in a capacity matrix's always-on rows.
 MILP_BUDGET_ALWAYS_ON_LABEL = "milp (budget, always on)"
+#: The per-step capped heuristics whose default is the measured SLO operating point
+#: (``capacity_cap="measured"``; 0.9 before): their earlier rows are labelled apart (:func:`_label_cap_defaults`).
+CAP_POLICIES = ("greedy-cap", "ilp-cap")
 #: The capacity-deciding MILP on the engine basis (``capacity_basis = "engine"``, load margin 0.1,
 #: the default before 89a9dcb): how a capacity matrix names its ``milp`` rows run there
 #: (:func:`_label_capacity_defaults`); in a trade-off matrix, whose capacity rows carry the suffix
@@ -196,6 +199,7 @@ def _read(d: str, budget_label: bool = False) -> tuple[Any, dict[str, Any]]:
     if budget_label and _decides_capacity(cfg):
         return _label_capacity_defaults(runs, cfg)
     if budget_label and not _decides_capacity(cfg):
+        runs, cfg = _label_cap_defaults(runs, cfg)
         col = "policy_operating_point_measured"
         if col in runs:  # (a run fallen back to the budget, where no figure was measured)
             old = runs["policy"].eq("milp") & ~runs[col].eq(1.0)
@@ -205,6 +209,22 @@ def _read(d: str, budget_label: bool = False) -> tuple[Any, dict[str, Any]]:
             names = {lab: _budget_name(lab) for lab in set(runs["policy"].astype(str)) | {"milp"}}
             return _relabelled(runs, cfg, {k: v for k, v in names.items() if v != k})
     return runs, cfg
+
+
+def _label_cap_defaults(runs: Any, cfg: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """A routing matrix's ``greedy-cap`` / ``ilp-cap`` rows not at the measured operating point
+    (no ``policy_capacity_cap_measured`` 1 in runs.csv: run before it was their default, at 0.9, or
+    fallen back to 0.9 where nothing was measured) as that setting, ``greedy-cap[capacity_cap=0.9]``."""
+    from eval.frontiers import knob_label
+    from solvers.baselines import CAPACITY_CAP_UNMEASURED
+
+    col = "policy_capacity_cap_measured"
+    names = {}
+    for lab in CAP_POLICIES:
+        mine = runs["policy"].astype(str) == lab
+        if bool(mine.any()) and not (col in runs and bool(runs.loc[mine, col].eq(1.0).all())):
+            names[lab] = knob_label(lab, "capacity_cap", CAPACITY_CAP_UNMEASURED)
+    return _relabelled(runs, cfg, names)
 
 
 def _relabelled(runs: Any, cfg: dict[str, Any], names: dict[str, str]) -> tuple[Any, dict[str, Any]]:
@@ -523,12 +543,12 @@ def _estimate_error_markdown(dirs: Sequence[str], capacity_dirs: Sequence[str] =
     return str(error_markdown(error_table(runs)))
 
 
-def _with_headline_milp(runs: Any, headline: Any) -> tuple[Any, str]:
-    """``runs`` (a matrix whose starts lack the routing MILP's default, ``milp``, in some or all
-    scenarios) with the held-out headline's ``milp`` runs of those (scenario, seed) where the
-    headline's rr run is the matrix's own bit for bit (same start, same requests: then the MILP's
-    run is too, the simulation being deterministic), and the note saying so; ``runs`` unchanged
-    and "" when they are not, or when nothing is missing."""
+def _with_headline_defaults(runs: Any, headline: Any, policies: Sequence[str] = ("milp",)) -> tuple[Any, str]:
+    """``runs`` (a matrix whose starts lack some of ``policies`` at their current defaults, e.g. the
+    routing MILP's ``milp``, in some or all scenarios) with the held-out headline's runs of those
+    labels and (scenario, seed) where the headline's rr run is the matrix's own bit for bit (same
+    start, same requests: then the policy's run is too, the simulation being deterministic), and
+    the note saying so; ``runs`` unchanged and "" when they are not, or when nothing is missing."""
     import pandas as pd
 
     from eval.versus import carbon_by_start, first_other_episode
@@ -536,17 +556,21 @@ def _with_headline_milp(runs: Any, headline: Any) -> tuple[Any, str]:
     mine, theirs = carbon_by_start(runs, "rr"), carbon_by_start(headline, "rr")
     if not set(mine) <= set(theirs) or first_other_episode(mine, theirs) is not None:
         return runs, ""
-    own = runs[runs["policy"] == "milp"]
-    have = set(zip(own["scenario"].astype(str), own["seed"].astype(int)))
     starts = list(zip(headline["scenario"].astype(str), headline["seed"].astype(int)))
-    take = pd.Series([k in mine and k not in have for k in starts], index=headline.index)
-    milp = headline[(headline["policy"] == "milp") & take]
-    if milp.empty:
+    parts, notes = [runs], []
+    for pol in policies:
+        own = runs[runs["policy"] == pol]
+        have = set(zip(own["scenario"].astype(str), own["seed"].astype(int)))
+        take = pd.Series([k in mine and k not in have for k in starts], index=headline.index)
+        got = headline[(headline["policy"] == pol) & take]
+        if not got.empty:
+            parts.append(got)
+            notes.append(f"`{pol}` on {', '.join(dict.fromkeys(got['scenario'].astype(str)))}")
+    if not notes:
         return runs, ""
-    scen = ", ".join(dict.fromkeys(milp["scenario"].astype(str)))
-    return (pd.concat([runs, milp], ignore_index=True),
-            f"; the MILP's default rows (`milp`) on {scen} are the held-out headline's runs of the same starts (its rr "
-            "runs equal this matrix's to the last bit, so the MILP was not run twice)")
+    return (pd.concat(parts, ignore_index=True),
+            f"; the default rows of {'; '.join(notes)} are the held-out headline's runs of the same starts (its rr "
+            "runs equal this matrix's to the last bit, so they were not run twice)")
 
 
 _TABLE_NOTE = ("vs round-robin of the same start at the same polling period, always on; worst TTFT/TPOT p99 = the "
@@ -586,7 +610,7 @@ def _frontier_body(dirs: Sequence[str], results_dir: str, headline: Any = None) 
         runs, cfg = _merged(always_on, budget_label=True)
         borrowed = ""
         if headline is not None:
-            runs, borrowed = _with_headline_milp(runs, headline)
+            runs, borrowed = _with_headline_defaults(runs, headline, ("milp", *CAP_POLICIES))
         body += ["### Frontiers at the SLO-true point (held-out starts)\n",
                  "Each knob-driven policy at several settings; at equal p99 pass, the best setting passing MLPerf p99 "
                  "in every start (chosen on these starts: optimistic by up to the noise between settings), and at "
@@ -653,8 +677,8 @@ def slo_section(results_dir: str) -> str:
     if "milp-vs-ilp" in held:
         runs, cfg = _merged(held["milp-vs-ilp"], budget_label=True)
         borrowed = ""
-        if "milp" not in set(runs["policy"]) and headline is not None:
-            runs, borrowed = _with_headline_milp(runs, headline)
+        if headline is not None:
+            runs, borrowed = _with_headline_defaults(runs, headline, ("milp", "ilp-cap"))
         body += ["### Facility MILP vs per-request ILPs at the SLO-true point (held-out starts)\n",
                  "Reduction vs rr, % (SLO violation %; MLPerf p99 verdict), and the paired gap MILP - ILP in "
                  "percentage points (invalid = more than 1% of the work left unfinished in some start)" + borrowed + ":\n"]

@@ -24,7 +24,7 @@ planner                          "earlier studies": shares re-planned every 15 m
 planner-1h                       the same, re-planned every hour
 ilp            ilp-static        per-request ILP, load-independent latency
 ilp-state                        per-request ILP, state-aware latency (estimates updated after each placement)
-greedy-cap                       carbon-greedy capped at 0.9 of each datacenter's measured capacity per step
+greedy-cap                       carbon-greedy capped at each datacenter's measured SLO operating point per step
 ilp-cap                          load-independent per-request ILP with the same capacity cap
 milp           facility-milp     facility MILP (shared per-datacenter engine energy), HiGHS
 milp-greedy    facility-greedy   state-aware greedy on the facility objective (the MILP's fallback)
@@ -83,7 +83,7 @@ def _ilp_static(env: Any = None, **kw: Any) -> Any:
 def _greedy_cap(env: Any = None, **kw: Any) -> Any:
     from .baselines import CarbonGreedy
 
-    kw.setdefault("capacity_cap", 0.9)
+    kw.setdefault("capacity_cap", "measured")
     pol = CarbonGreedy(env, **kw)
     pol.name = "greedy-cap"
     return pol
@@ -92,7 +92,7 @@ def _greedy_cap(env: Any = None, **kw: Any) -> Any:
 def _ilp_cap(env: Any = None, **kw: Any) -> Any:
     from .per_request import PerRequestILP
 
-    kw.setdefault("capacity_cap", 0.9)
+    kw.setdefault("capacity_cap", "measured")
     pol = PerRequestILP(env, state_aware=False, **kw)
     pol.name = "ilp-cap"
     return pol
@@ -135,8 +135,8 @@ def register_policies() -> None:
         ("planner-1h", _planner_1h, (), "the same, re-planned every hour"),
         ("ilp", _ilp_static, ("ilp-static",), "per-request ILP, load-independent latency"),
         ("ilp-state", _ilp_state, (), "per-request ILP, state-aware latency"),
-        ("greedy-cap", _greedy_cap, (), "carbon-greedy with a static capacity cap (0.9 of the measured capacity per step)"),
-        ("ilp-cap", _ilp_cap, (), "load-independent per-request ILP with a static capacity cap (0.9)"),
+        ("greedy-cap", _greedy_cap, (), "carbon-greedy with a static capacity cap (each datacenter's measured SLO operating point per step)"),
+        ("ilp-cap", _ilp_cap, (), "load-independent per-request ILP with a static capacity cap (the measured SLO operating point)"),
         ("milp", _milp, ("facility-milp",), "facility MILP (shared engine energy), HiGHS"),
         ("milp-greedy", _milp_greedy, ("facility-greedy",), "greedy on the facility objective (the MILP's fallback)"),
     ):

@@ -57,7 +57,15 @@ from .problem import PlacementProblem
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CarbonGreedy", "LeastLoaded", "SharePlanner", "CapacityBudget", "capped_choice", "greenest_rank", "measured_step_cap"]
+__all__ = ["CarbonGreedy", "LeastLoaded", "SharePlanner", "CapacityBudget", "MEASURED_CAP", "CAPACITY_CAP_UNMEASURED", "capped_choice", "greenest_rank", "measured_step_cap"]
+
+
+#: ``capacity_cap`` for the measured SLO operating point (:func:`measured_step_cap`), resolved
+#: from the env at an episode's first step.
+MEASURED_CAP = "measured"
+#: The cap ``"measured"`` falls back to where the env's datacenter figure is not measured
+#: (``greedy-cap`` / ``ilp-cap``'s default before the measured operating point, 0.9).
+CAPACITY_CAP_UNMEASURED = 0.9
 
 
 class CapacityBudget:
@@ -69,7 +77,12 @@ class CapacityBudget:
     backlog. Datacenters that are down get no budget.
 
     Args:
-        cap: share of the measured capacity (0 < cap <= 2); or (D,), one per datacenter.
+        cap: share of the measured capacity (0 < cap <= 2); or (D,), one per datacenter; or
+            :data:`MEASURED_CAP` (``"measured"``): each datacenter's measured SLO operating point
+            at the env's polling period (:func:`measured_step_cap`: its datacenter figure over the
+            engine figure, 1.205 / 1.204 / 1.036 on Llama / Qwen / Mixtral at 0.1 s, 0.76 at 1 s),
+            resolved at the first step of each episode; :data:`CAPACITY_CAP_UNMEASURED` (0.9)
+            where it is not measured (with a warning) or without an env. ``measured`` says which.
         default_rps: per-engine rate when the model's is not measured.
         credit_s: unspent budget a datacenter may carry, in seconds of its budget; ``None``
             (default): two steps' budget plus one request. A longer credit lets a datacenter
@@ -78,22 +91,44 @@ class CapacityBudget:
             where a few requests keep otherwise idle engines active.
     """
 
-    def __init__(self, cap: float | np.ndarray, default_rps: float = 4.0, credit_s: float | None = None) -> None:
+    def __init__(self, cap: float | np.ndarray | str, default_rps: float = 4.0, credit_s: float | None = None) -> None:
+        self.requested: float | np.ndarray | str = cap
+        if isinstance(cap, str):
+            if cap != MEASURED_CAP:
+                raise ConfigError("capacity_cap", f"must be a share in (0, 2], {MEASURED_CAP!r} or None, got {cap!r}",
+                                  allowed=[MEASURED_CAP, "a share in (0, 2]", None])
+            cap = CAPACITY_CAP_UNMEASURED  # (until resolved from the env)
         caps = np.asarray(cap, dtype=np.float64)
         if caps.ndim > 1 or caps.size == 0 or not bool(np.all((caps > 0.0) & (caps <= 2.0))):
-            raise ConfigError("capacity_cap", f"must be in (0, 2] (share of the measured capacity) or None, got {cap!r}")
+            raise ConfigError("capacity_cap", f"must be in (0, 2] (share of the measured capacity), {MEASURED_CAP!r} or None, got {cap!r}")
         if credit_s is not None and (isinstance(credit_s, bool) or not (isinstance(credit_s, (int, float)) and 0.0 < float(credit_s) <= 60.0)):
             raise ConfigError("capacity_credit_s", f"must be None or in (0, 60] seconds, got {credit_s!r}")
         self.cap: float | np.ndarray = float(caps) if caps.ndim == 0 else caps  # (D,): one per datacenter
+        self.measured = False
         self.default_rps = float(default_rps)
         self.credit_s = None if credit_s is None else float(credit_s)
         self._credit: np.ndarray = np.zeros(0)  # (empty: no step yet)
+        self._resolved = not isinstance(self.requested, str)
+        self._note = ""
 
     def reset(self) -> None:
+        """Forget the carried credit (and, with ``"measured"``, the cap read from the env)."""
         self._credit = np.zeros(0)
+        self._resolved = not isinstance(self.requested, str)
+
+    def _resolve(self, env: Any) -> None:
+        """``cap`` and ``measured`` from the env's measured operating point (``"measured"``)."""
+        ratio, why = measured_step_cap(env) if env is not None else (None, "")
+        if ratio is None and why and why != self._note:
+            log.warning("capacity_cap 'measured' falls back to %g: %s", CAPACITY_CAP_UNMEASURED, why)
+        self._note = why
+        self.cap, self.measured = (CAPACITY_CAP_UNMEASURED, False) if ratio is None else (ratio, True)
+        self._resolved = True
 
     def budget(self, p: PlacementProblem, env: Any) -> np.ndarray:
         """Requests each datacenter may take this step (integers; the remainder carried)."""
+        if not self._resolved:
+            self._resolve(env)
         rate = _per_engine_capacity_rps(env, self.default_rps)
         per_step = np.where(p.up, self.cap * p.n_engines * rate * p.poll_s, 0.0)
         if self._credit.shape != per_step.shape:
@@ -101,6 +136,11 @@ class CapacityBudget:
         most = 2.0 * per_step + 1.0 if self.credit_s is None else np.maximum(per_step * self.credit_s / max(p.poll_s, 1e-9), per_step)
         self._credit = np.minimum(self._credit + per_step, most)  # (no hoarding beyond the credit)
         return np.floor(self._credit + 1e-9)
+
+    def stats(self) -> dict[str, float]:
+        """The cap in force (mean over the datacenters, share of the engine figure) and whether it
+        is the measured operating point (1) or a given share / the fallback (0)."""
+        return {"capacity_cap_mean": float(np.mean(self.cap)), "capacity_cap_measured": float(self.measured)}
 
     def spend(self, used: np.ndarray) -> None:
         """Charge the requests placed this step."""
@@ -151,23 +191,28 @@ class CarbonGreedy(Scheduler):
 
     Args:
         capacity_cap: ``None`` (default, the load-blind strawman: every request to the greenest
-            datacenter) or a share of the measured capacity (:class:`CapacityBudget`): each
-            request to the greenest datacenter with budget left this step (``greedy-cap``, 0.9).
+            datacenter), a share of the measured capacity or ``"measured"`` (:class:`CapacityBudget`):
+            each request to the greenest datacenter with budget left this step (``greedy-cap``:
+            ``"measured"``, each datacenter's measured SLO operating point).
         capacity_credit_s: the budget's ``credit_s`` (:class:`CapacityBudget`; None: two steps).
     """
 
     name = "carbon-greedy"
 
-    def __init__(self, env: Any = None, *, capacity_cap: float | None = None, capacity_credit_s: float | None = None,
+    def __init__(self, env: Any = None, *, capacity_cap: float | str | None = None, capacity_credit_s: float | None = None,
                  **kwargs: Any) -> None:
         self.capacity = CapacityBudget(capacity_cap, credit_s=capacity_credit_s) if capacity_cap is not None else None
         super().__init__(env, **kwargs)
 
     def reset_state(self) -> None:
-        """Forget the carried capacity credit."""
+        """Forget the carried capacity credit (and a measured cap: read again from the env)."""
         capacity: CapacityBudget | None = getattr(self, "capacity", None)
         if capacity is not None:
             capacity.reset()
+
+    def episode_stats(self) -> dict[str, float]:
+        """With a capacity cap: the cap in force (:meth:`CapacityBudget.stats`)."""
+        return self.capacity.stats() if self.capacity is not None else {}
 
     def place(self, problem: PlacementProblem) -> np.ndarray:
         """Each request to its greenest allowed datacenter (with budget left, when capped)."""

@@ -21,8 +21,9 @@ same program with HiGHS instead, used by the tests to check the two agree).
 Variants (``state_aware``):
 
 * load-independent: ``W_d = 0``, ``TPOT_d = tpot_idle_d`` (the lone-request latency); nothing
-  changes between requests. With ``capacity_cap`` (registered as ``ilp-cap``, 0.9) each
-  datacenter also takes at most that share of its measured capacity per step
+  changes between requests. With ``capacity_cap`` (registered as ``ilp-cap``: ``"measured"``,
+  each datacenter's measured SLO operating point) each datacenter also takes at most that share
+  of its measured capacity per step
   (:class:`solvers.baselines.CapacityBudget`): requests, oldest first, each to its cheapest
   datacenter with capacity left, as earlier carbon-aware schedulers were capped.
 * state-aware: ``W_d`` starts at the queue-wait estimate (from an env: the larger of the
@@ -113,7 +114,7 @@ class PerRequestILP(Scheduler):
     """
 
     def __init__(self, env: Any = None, *, state_aware: bool = True, violation_penalty_g: float = 1.0,
-                 solver: str = "enumerate", max_prefill_share: float = 0.5, capacity_cap: float | None = None,
+                 solver: str = "enumerate", max_prefill_share: float = 0.5, capacity_cap: float | str | None = None,
                  **kwargs: Any) -> None:
         if solver not in ("enumerate", "highs"):
             raise ConfigError("solver", f"unknown value {solver!r}", allowed=["enumerate", "highs"])
@@ -132,10 +133,14 @@ class PerRequestILP(Scheduler):
         super().__init__(env, **kwargs)
 
     def reset_state(self) -> None:
-        """Forget the carried capacity credit."""
+        """Forget the carried capacity credit (and a measured cap: read again from the env)."""
         capacity = getattr(self, "capacity", None)
         if capacity is not None:
             capacity.reset()
+
+    def episode_stats(self) -> dict[str, float]:
+        """With a capacity cap: the cap in force (:meth:`solvers.baselines.CapacityBudget.stats`)."""
+        return self.capacity.stats() if self.capacity is not None else {}
 
     def reset_stats(self) -> None:
         """Clear the statistics."""

@@ -254,3 +254,42 @@ def test_measure_capacity_writes_parallel_datacenter_lists(monkeypatch) -> None:
     assert out["dc_engines"] == [8, 32, 8, 32] and out["dc_polling_period_s"] == [0.1, 0.1, 1.0, 1.0]
     assert out["dc_per_engine_rate_per_s"] == [9.0, 33.0, 18.0, 42.0] and out["dc_active_j_per_request"] == [28.0, 52.0, 28.0, 52.0]
     assert out["dc_command"] == "cmd" and "eval.bound_slo.PROBE" in out["dc_probe"]
+
+
+def test_greedy_cap_and_ilp_cap_default_to_the_measured_operating_point(caplog) -> None:
+    """``greedy-cap`` / ``ilp-cap`` default to ``capacity_cap="measured"``: at the first step of an
+    episode each datacenter's step cap is its datacenter figure over the engine figure at the env's
+    polling period (6.25 / 5.1875 on Llama at 0.1 s; 0.76 at 1 s), recorded per episode
+    (``capacity_cap_mean``, ``capacity_cap_measured`` 1); where nothing is measured (0.2 s) 0.9,
+    once with a warning, ``capacity_cap_measured`` 0; a given share wins; an unknown word names the
+    field and the allowed values."""
+    cap = load_load_levels().find("llama-3.1-8b", "a100-80gb", 1)
+    for name in ("greedy-cap", "ilp-cap"):
+        for poll_s, want in ((0.1, 6.25 / 5.1875), (1.0, cap.datacenter_rate_per_s(32, 1.0) / cap.per_engine_rate_per_s)):
+            env = GeoServeEnv("llama8b-moderate", {**SHORT, "polling_period_s": poll_s})
+            pol = make_policy(name, env)
+            assert pol.capacity is not None and pol.capacity.requested == "measured"
+            env.reset(seed=1)
+            pol.reset(env)
+            env.step(pol.act(None, {}))
+            assert pol.capacity.cap == pytest.approx(want) and pol.episode_stats() == {
+                "capacity_cap_mean": pytest.approx(want), "capacity_cap_measured": 1.0}
+        env = GeoServeEnv("llama8b-moderate", {**SHORT, "polling_period_s": 0.2})
+        pol = make_policy(name, env)
+        env.reset(seed=1)
+        pol.reset(env)
+        with caplog.at_level(logging.WARNING, logger="solvers.baselines"):
+            for _ in range(3):
+                env.step(pol.act(None, {}))
+        assert pol.episode_stats() == {"capacity_cap_mean": 0.9, "capacity_cap_measured": 0.0}
+        assert caplog.text.count("capacity_cap 'measured' falls back to 0.9") == 1
+        caplog.clear()
+        own = make_policy(name, env, capacity_cap=1.0)
+        env.reset(seed=1)
+        own.reset(env)
+        env.step(own.act(None, {}))
+        assert own.episode_stats() == {"capacity_cap_mean": 1.0, "capacity_cap_measured": 0.0}
+    with pytest.raises(ConfigError, match="capacity_cap") as exc:
+        make_policy("greedy-cap", None, capacity_cap="measure")
+    assert "measured" in str(exc.value)
+    assert make_policy("greedy-cap", None).capacity.cap == 0.9  # (no env yet: the fallback until the first step)

@@ -113,6 +113,7 @@ def test_held_out_matrices_of_each_experiment_are_merged_into_their_subsections(
         if "more" in str(d):
             runs.loc[runs["policy"] == "milp", "policy"] = "greedy-cap"
             runs.loc[runs["policy"] == "greedy-cap", "carbon_g"] = [70.0, 66.0]
+            runs["policy_capacity_cap_measured"] = np.where(runs["policy"] == "greedy-cap", 1.0, np.nan)  # (today's default)
         runs.to_csv(d / "runs.csv", index=False)
     d = res / "slo" / "mixtral" / "milp-vs-ilp"
     _matrix(d, "mixtral8x7b-moderate", [7, 13], [60.0, 60.0], [0.0, 0.0], [True, True])
@@ -168,12 +169,47 @@ def test_milp_vs_ilp_matrix_without_the_milp_borrows_the_headline_runs_only_when
     m["reduction_vs_rr_pct"] = 100.0 - m["carbon_g"]
     m.to_csv(d / "runs.csv", index=False)
     fac = slo_report.slo_section(str(res)).split("### Facility MILP", 1)[1].split("###", 1)[0]
-    assert "the MILP's default rows (`milp`) on mixtral8x7b-high are the held-out headline's runs" in fac
+    assert "the default rows of `milp` on mixtral8x7b-high are the held-out headline's runs" in fac
     assert "| mixtral8x7b-high | 28.0 ± 25.4 (0.0; 2/2 ✓) | 20.0 ± 0.0 (0.0; 2/2 ✓) | 8.0 ± 25.4 |" in fac
     m.loc[(m["policy"] == "rr") & (m["seed"] == 22), "carbon_g"] = 100.5  # another start: nothing borrowed
     m.to_csv(d / "runs.csv", index=False)
     fac = slo_report.slo_section(str(res)).split("### Facility MILP", 1)[1].split("###", 1)[0]
     assert "headline's runs" not in fac and "| mixtral8x7b-high |" not in fac.split("At equal p99 pass")[0].split("|---|")[-1]
+
+
+def test_capped_heuristics_before_the_measured_default_are_labelled_apart_and_the_default_borrowed(tmp_path):
+    """``greedy-cap`` / ``ilp-cap`` rows not at the measured operating point (no
+    ``policy_capacity_cap_measured`` 1: run at 0.9 before it was the default) show as
+    ``greedy-cap[capacity_cap=0.9]``; a matrix lacking the default's rows (the Mixtral milp-vs-ilp
+    matrix's ``ilp-cap``) takes the held-out headline's of the same starts, where rr agrees."""
+    res = tmp_path / "results"
+    h = res / "slo" / "cap-measured" / "headline"
+    _matrix(h, "mixtral8x7b-high", [2, 22], [70.0, 72.0], [0.0, 0.0], [True, True])
+    hr = pd.read_csv(h / "runs.csv")
+    hr.loc[hr["policy"] == "rr (always on)", "policy"] = "rr"
+    cap = hr[hr["policy"] == "milp"].assign(policy="ilp-cap", carbon_g=[71.0, 73.0], policy_capacity_cap_measured=1.0)
+    greedy = hr[hr["policy"] == "milp"].assign(policy="greedy-cap", carbon_g=[72.0, 74.0], policy_capacity_cap_measured=1.0)
+    pd.concat([hr, cap, greedy], ignore_index=True).assign(reduction_vs_rr_pct=lambda r: 100.0 - r["carbon_g"]).to_csv(
+        h / "runs.csv", index=False)
+    d = res / "slo" / "mixtral" / "milp-vs-ilp"
+    _matrix(d, "mixtral8x7b-high", [2, 22], [76.0, 76.0], [0.0, 0.0], [True, True])
+    m = pd.read_csv(d / "runs.csv")
+    m.loc[m["policy"] == "rr (always on)", "policy"] = "rr"
+    m.loc[m["policy"] == "milp", "policy"] = "ilp-cap"
+    m.assign(reduction_vs_rr_pct=100.0 - m["carbon_g"]).to_csv(d / "runs.csv", index=False)
+    text = slo_report.slo_section(str(res))
+    fac = text.split("### Facility MILP", 1)[1].split("###", 1)[0]
+    assert "the default rows of `milp` on mixtral8x7b-high; `ilp-cap` on mixtral8x7b-high are the held-out headline's runs" in fac
+    # MILP 29.0, ilp-cap (measured, borrowed) 28.0: 1.0 pp paired; the 0.9 rows (24.0) are a setting of ilp-cap
+    assert "| mixtral8x7b-high | 29.0 ± 12.7 (0.0; 2/2 ✓) | 28.0 ± 12.7 (0.0; 2/2 ✓) | 1.0 ± 0.0 |" in fac
+    assert "| mixtral8x7b-high | ilp-cap | 2/2 | ilp-cap | 28.0 ± 12.7 |" in fac
+    head = text.split("### The headline at the SLO-true point", 1)[1].split("###", 1)[0]
+    assert "| mixtral8x7b-high | greedy-cap | 1/1 | greedy-cap | 27.0 ± 12.7 |" in head
+    m = pd.read_csv(d / "runs.csv")
+    m["policy_capacity_cap_measured"] = 0.0  # (fallen back to 0.9 where nothing was measured)
+    m.to_csv(d / "runs.csv", index=False)
+    runs, _ = slo_report._read(str(d), budget_label=True)
+    assert set(runs["policy"]) == {"rr", "ilp-cap[capacity_cap=0.9]"}
 
 
 def test_frontier_is_anchored_at_the_current_milp_default_borrowed_from_the_headline(tmp_path):
@@ -203,7 +239,7 @@ def test_frontier_is_anchored_at_the_current_milp_default_borrowed_from_the_head
                     for lab in ("milp[max_prefill_share=1]", "greedy-cap[capacity_cap=1.2]")]
     (d / "config.json").write_text(json.dumps(cfg))
     front = slo_report.slo_section(str(res)).split("### Frontiers at the SLO-true point", 1)[1].split("###", 1)[0]
-    assert "the MILP's default rows (`milp`) on qwen7b-moderate are the held-out headline's runs" in front
+    assert "the default rows of `milp` on qwen7b-moderate are the held-out headline's runs" in front
     assert "shown as `milp (budget)` and its knob points as `milp (budget)[...]`" in front
     rows = {line.split("|")[2].strip(): line for line in front.splitlines() if line.startswith("| qwen7b-moderate |")
             and "settings" not in line and line.count("|") == 10}
