@@ -109,17 +109,19 @@ class FacilityConfig:
             (HiGHS's root cut separation alone took 0.3-0.75 s at ~1,600 columns here and does
             not honour the interrupt callback, so it cannot fit a 0.25 s decision).
         capacity_util_cap: with ``[capacity] control = "agent"`` (:mod:`solvers.facility_capacity`):
-            the utilisation cap u, the share of the measured per-engine capacity
-            (``EnvState.engine_capacity_per_s``) the awake engines are planned to carry (0..1].
-            ``None`` (default): :data:`CAPACITY_UTIL_CAP` (0.9) x min(1, r), r the datacenter
-            figure at the env's polling period over the engine figure (the ratio of the measured
-            operating point, lowest over the datacenters): 0.9 at 0.1 s polling on the three study
-            models (r 1.205 / 1.204 / 1.036), 0.68 at 1 s (r 0.76): the awake engines are never
-            planned past 90% of what they serve within p99 at that polling period. 0.9 is the
-            largest cap tried (0.7 / 0.8 / 0.9) passing MLPerf p99 in every training start of
-            llama8b-moderate, then checked on two training starts of each other headline
-            scenario (RESULTS.md, "The capacity-control frontier"). Without a datacenter figure
-            for the env: :data:`CAPACITY_UTIL_CAP_UNMEASURED` (0.7, the default before).
+            the utilisation cap u, the share of what one awake engine is planned to carry
+            (``capacity_basis``) that the awake engines are planned to carry (0..1]. ``None``
+            (default): :data:`CAPACITY_UTIL_CAP` (0.9) of the datacenter figure on the datacenter
+            basis; on the engine basis 0.9 x min(1, r) of the engine figure
+            (``EnvState.engine_capacity_per_s``), r the datacenter figure at the env's polling
+            period over the engine figure, lowest over the datacenters (0.9 at 0.1 s polling on the
+            three study models, r 1.205 / 1.204 / 1.036; 0.68 at 1 s, r 0.76): either way the awake
+            engines are never planned past 90% of what they serve within p99 at that polling
+            period. 0.9 is the largest cap tried (0.7 / 0.8 / 0.9) passing MLPerf p99 in every
+            training start of llama8b-moderate on the engine basis, then checked on two training
+            starts of each other headline scenario (RESULTS.md, "The capacity-control frontier"),
+            and kept on the datacenter basis. Without a datacenter figure for the env:
+            :data:`CAPACITY_UTIL_CAP_UNMEASURED` (0.7, the default before).
         capacity_basis: what one awake engine is planned to carry in the capacity stage, before
             the cap u: ``"datacenter"`` the datacenter figure r x c at the env's polling period
             (what a datacenter of those engines serves within p99 per engine, r 1.205 / 1.204 /
