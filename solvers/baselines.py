@@ -107,13 +107,12 @@ class CapacityBudget:
         self.measured = False
         self.default_rps = float(default_rps)
         self.credit_s = None if credit_s is None else float(credit_s)
-        self._credit: np.ndarray = np.zeros(0)  # (empty: no step yet)
-        self._resolved = not isinstance(self.requested, str)
         self._note = ""
+        self.reset()
 
     def reset(self) -> None:
         """Forget the carried credit (and, with ``"measured"``, the cap read from the env)."""
-        self._credit = np.zeros(0)
+        self._credit: np.ndarray = np.zeros(0)  # (empty: no step yet)
         self._resolved = not isinstance(self.requested, str)
 
     def _resolve(self, env: Any) -> None:

@@ -260,7 +260,7 @@ class FacilityMILP(Scheduler):
             # capacity_basis_datacenter is 1, and its load margin)
             **({"capacity_solves": float(len(st["capacity_s"])), "capacity_fallbacks": float(st["capacity_fallbacks"]),
                 "capacity_util_cap": self.util_cap, "capacity_basis_datacenter": float(self.capacity_basis == "datacenter"),
-                "capacity_load_margin": float(self.config.capacity_load_margin or 0.0)}
+                "capacity_load_margin": self.load_margin}
                if st["capacity_s"] else {}),
             # (the operating point in force: 1 = "measured", 0 = "budget"; the mean step cap, share of the engine figure)
             "operating_point_measured": float(self.config.operating_point == "measured"),
@@ -303,9 +303,9 @@ class FacilityMILP(Scheduler):
         else:
             self.util_cap = CAPACITY_UTIL_CAP if self.capacity_basis == "datacenter" else self._default_util_cap(sc)
         margin = req.capacity_load_margin
-        margin = CAPACITY_LOAD_MARGIN[self.capacity_basis] if margin is None else float(margin)
+        self.load_margin = CAPACITY_LOAD_MARGIN[self.capacity_basis] if margin is None else float(margin)
         # (the capacity stage's cap and load margin, resolved)
-        self.config = replace(self.config, capacity_util_cap=self.util_cap, capacity_load_margin=margin)
+        self.config = replace(self.config, capacity_util_cap=self.util_cap, capacity_load_margin=self.load_margin)
         self.step_cap: float | np.ndarray | None = cap  # (None: no step cap)
         self._budget: CapacityBudget | None = None if cap is None else CapacityBudget(cap, credit_s=self.config.step_cap_credit_s)
 
@@ -384,7 +384,7 @@ class FacilityMILP(Scheduler):
             self._cap_facts = CapacityFacts.from_env(self.env)
         cfg = self.config
         work = self._work_j if self._work_j is not None else np.zeros(problem.n_datacenters)
-        cp = capacity_problem(state, problem, self._cap_facts, work, self.util_cap, cfg.capacity_load_margin or 0.0,
+        cp = capacity_problem(state, problem, self._cap_facts, work, self.util_cap, self.load_margin,
                               cfg.capacity_lookahead_s, cfg.violation_penalty_g, capacity_scale=self.capacity_scale)
         try:
             res = solve_capacity(cp, cfg.threads)

@@ -436,7 +436,7 @@ class MPCFacilityMILP(FacilityMILP):
             n_pts = max(int(math.ceil(L / FORECAST_SAMPLE_S)), 1)
             ts = now + s + np.linspace(0.0, L, n_pts + 1)
             lam[b] = float(self.load_forecast_per_s(state, now_rate, ts).max())
-        lam *= 1.0 + (cfg.capacity_load_margin or 0.0)
+        lam *= 1.0 + self.load_margin
         ready, pend = self._ready_and_pending(state, cp, starts, lens, facts)
         # boot_s: the slowest GPU's boot when the datacenters' GPUs differ (a conservative ready time)
         return PlanProblem(cp=cp, starts=starts, lens=lens, g_per_j=g, arrival_per_s=lam, ready_now=ready,
