@@ -283,3 +283,23 @@ def test_checkpoint_records_env_and_rejects_another_env_version(tmp_path):
     junk.write_text("not a zip")
     with pytest.raises(ConfigError, match="not a carbon-gym checkpoint"):
         LearnedPolicy.load(junk)
+
+
+def test_every_shipped_config_loads_and_the_capacity_p01_recipe_differs_only_in_polling():
+    """Each ``train/configs/*.toml`` passes validation; the 0.1 s capacity agent's recipe is the
+    1 s one's with only the polling period (and the pending cap sized for it) changed."""
+    import dataclasses
+    from pathlib import Path
+
+    from train.config import load_config
+
+    configs = sorted(Path("train/configs").glob("*.toml"))
+    assert len(configs) >= 20
+    for p in configs:
+        load_config(p)
+    a, b = (dataclasses.asdict(load_config(n)) for n in ("llama8b_dagger_capacity", "llama8b_dagger_capacity_p01"))
+    assert b["overrides"].pop("polling_period_s") == 0.1 and b["dagger"]["overrides"].pop("polling_period_s") == 0.1
+    assert (a["overrides"].pop("env.max_pending"), b["overrides"].pop("env.max_pending")) == (2048, 1024)
+    assert (a.pop("name"), b.pop("name")) == ("llama8b_dagger_capacity", "llama8b_dagger_capacity_p01")
+    assert Path(a.pop("source")).name == "llama8b_dagger_capacity.toml" and Path(b.pop("source")).name.endswith("_p01.toml")
+    assert a == b
