@@ -672,7 +672,7 @@ def slo_section(results_dir: str) -> str:
     all_held: list[dict[str, Any]] = []
     body: list[str] = []
     headline = None  # (the held-out headline's runs, read once)
-    claims: dict[str, Any] = {"headline_rows": [], "capacity_rows": []}  # (eval.study.slo_claims's inputs)
+    claims: dict[str, Any] = {"headline_rows": [], "capacity_rows": [], "bound_target_pp": BOUND_GAP_PP}  # (eval.study.slo_claims's inputs)
     if "headline" in held:
         runs, cfg = _merged(held["headline"], budget_label=True)
         headline = runs
